@@ -1,0 +1,75 @@
+//! One error type for the whole domain, free of any transport. The server maps each variant to an
+//! HTTP status and a JSON body; the CLI prints the message. Internal causes stay in the logs.
+
+use std::fmt;
+
+/// What went wrong, in terms a caller can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed or breaks a rule; `field` names the offending input.
+    #[error("{field}: {message}")]
+    InvalidInput { field: String, message: String },
+    /// No such object for this caller. Also returned for other tenants' objects, so that
+    /// existence never leaks across tenants.
+    #[error("{kind} not found")]
+    NotFound { kind: ObjectKind },
+    /// The request carries no valid credentials.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller is known but its role does not allow this action.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request conflicts with the current state (a finished job cannot be cancelled, an
+    /// idempotency key was reused with a different request, a name is taken).
+    #[error("{0}")]
+    Conflict(String),
+    /// A dependency (the database) is not answering.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug or an unexpected failure. The message is logged, never sent to the caller.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The kinds of objects a caller can ask for; used in not-found errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    Job,
+    Tenant,
+    User,
+    Token,
+    Attempt,
+    Log,
+    /// A path the API does not have.
+    Route,
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Job => "job",
+            ObjectKind::Tenant => "tenant",
+            ObjectKind::User => "user",
+            ObjectKind::Token => "token",
+            ObjectKind::Attempt => "attempt",
+            ObjectKind::Log => "log",
+            ObjectKind::Route => "route",
+        })
+    }
+}
+
+impl Error {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::InvalidInput { field: field.into(), message: message.into() }
+    }
+
+    pub fn not_found(kind: ObjectKind) -> Self {
+        Error::NotFound { kind }
+    }
+
+    pub fn internal(cause: impl fmt::Display) -> Self {
+        Error::Internal(cause.to_string())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

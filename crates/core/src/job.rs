@@ -1,0 +1,404 @@
+//! Jobs: what a user submits ([`JobSubmission`]), what Trainyard keeps after checking it
+//! ([`JobSpec`]), and the state machine every job follows ([`JobState`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::Error;
+use crate::resources::{MAX_GPUS_PER_REPLICA, Resources};
+
+pub const MAX_NAME_LEN: usize = 128;
+pub const MAX_REPLICAS: u32 = 1024;
+pub const MAX_ARGV_ITEMS: usize = 4096;
+pub const MAX_ARGV_BYTES: usize = 256 * 1024;
+pub const MAX_ENV_VARS: usize = 256;
+pub const MAX_ENV_BYTES: usize = 256 * 1024;
+pub const MAX_RESTARTS: u32 = 100;
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
+
+/// Environment variables Trainyard sets on every replica; a job may not override them.
+pub const RESERVED_ENV: [&str; 7] =
+    ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"];
+pub const RESERVED_ENV_PREFIX: &str = "TRAINYARD_";
+
+/// A job as submitted. Unknown fields are rejected so that a typo never goes unnoticed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSubmission {
+    /// A name for people; defaults to the program's file name. Letters, digits, `.`, `_`, `-`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The program and its leading arguments, as an argv array. Never run through a shell.
+    pub command: Vec<String>,
+    /// More arguments, appended to `command`.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables for every replica.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// What each replica needs.
+    #[serde(default)]
+    pub resources: Resources,
+    /// How many replicas run together (all-or-nothing). Default 1.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Higher runs first within a tenant. Default 0, range -1000..=1000.
+    #[serde(default)]
+    pub priority: i32,
+    /// How many times a failed attempt is relaunched before the job fails. Default 0.
+    #[serde(default)]
+    pub max_restarts: u32,
+    /// A retried submit with the same key returns the first job instead of creating another.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// What runs: the checked, canonical form of a submission, stored with the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct JobSpec {
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub resources: Resources,
+    pub replicas: u32,
+}
+
+impl JobSpec {
+    /// The full argv of each replica: `command` then `args`.
+    pub fn argv(&self) -> Vec<String> {
+        self.command.iter().chain(self.args.iter()).cloned().collect()
+    }
+}
+
+/// A submission that passed every check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidSubmission {
+    pub name: String,
+    pub spec: JobSpec,
+    pub priority: i32,
+    pub max_restarts: u32,
+    pub idempotency_key: Option<String>,
+}
+
+impl JobSubmission {
+    /// Checks every rule and returns the canonical job, or an error naming the first bad field.
+    pub fn validate(self) -> Result<ValidSubmission, Error> {
+        if self.command.is_empty() || self.command[0].trim().is_empty() {
+            return Err(Error::invalid("command", "must name a program to run, e.g. [\"python\", \"train.py\"]"));
+        }
+        let argv_bytes: usize = self.command.iter().chain(&self.args).map(|a| a.len()).sum();
+        if self.command.len() + self.args.len() > MAX_ARGV_ITEMS || argv_bytes > MAX_ARGV_BYTES {
+            return Err(Error::invalid(
+                "args",
+                format!("command and args together may have at most {MAX_ARGV_ITEMS} items and {MAX_ARGV_BYTES} bytes"),
+            ));
+        }
+        for (field, items) in [("command", &self.command), ("args", &self.args)] {
+            if let Some(i) = items.iter().position(|a| a.contains('\0')) {
+                return Err(Error::invalid(format!("{field}[{i}]"), "must not contain a NUL byte"));
+            }
+        }
+        validate_env(&self.env)?;
+
+        let name = match self.name {
+            Some(name) => {
+                validate_name(&name)?;
+                name
+            }
+            None => default_name(&self.command[0]),
+        };
+        if self.replicas == 0 || self.replicas > MAX_REPLICAS {
+            return Err(Error::invalid("replicas", format!("must be between 1 and {MAX_REPLICAS}")));
+        }
+        if self.resources.cpu.millis() == 0 {
+            return Err(Error::invalid("resources.cpu", "must be more than 0"));
+        }
+        if self.resources.gpus > MAX_GPUS_PER_REPLICA {
+            return Err(Error::invalid(
+                "resources.gpus",
+                format!("at most {MAX_GPUS_PER_REPLICA} GPUs per replica; use more replicas for more GPUs"),
+            ));
+        }
+        if let Some(gpu_type) = &self.resources.gpu_type {
+            let ok = !gpu_type.is_empty()
+                && gpu_type.len() <= 63
+                && gpu_type.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if !ok {
+                return Err(Error::invalid(
+                    "resources.gpu_type",
+                    "must be 1 to 63 letters, digits, '-', '_' or '.', e.g. nvidia-h100-80gb",
+                ));
+            }
+        }
+        if !PRIORITY_RANGE.contains(&self.priority) {
+            return Err(Error::invalid(
+                "priority",
+                format!("must be between {} and {}", PRIORITY_RANGE.start(), PRIORITY_RANGE.end()),
+            ));
+        }
+        if self.max_restarts > MAX_RESTARTS {
+            return Err(Error::invalid("max_restarts", format!("must be at most {MAX_RESTARTS}")));
+        }
+        if let Some(key) = &self.idempotency_key
+            && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN || key.chars().any(char::is_control))
+        {
+            return Err(Error::invalid(
+                "idempotency_key",
+                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} printable characters"),
+            ));
+        }
+        Ok(ValidSubmission {
+            name,
+            spec: JobSpec {
+                command: self.command,
+                args: self.args,
+                env: self.env,
+                resources: self.resources,
+                replicas: self.replicas,
+            },
+            priority: self.priority,
+            max_restarts: self.max_restarts,
+            idempotency_key: self.idempotency_key,
+        })
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        let shown: String = name.chars().take(40).collect();
+        Err(Error::invalid(
+            "name",
+            format!(
+                "must be 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-', starting with a letter or digit (got {} characters: {shown:?}{})",
+                name.chars().count(),
+                if name.chars().count() > 40 { "..." } else { "" }
+            ),
+        ))
+    }
+}
+
+fn validate_env(env: &BTreeMap<String, String>) -> Result<(), Error> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(Error::invalid("env", format!("at most {MAX_ENV_VARS} variables")));
+    }
+    let bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_ENV_BYTES {
+        return Err(Error::invalid("env", format!("at most {MAX_ENV_BYTES} bytes in all")));
+    }
+    for (key, value) in env {
+        let well_formed = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !well_formed {
+            return Err(Error::invalid(
+                format!("env.{key}"),
+                "variable names are letters, digits and '_', not starting with a digit",
+            ));
+        }
+        if RESERVED_ENV.contains(&key.as_str()) || key.starts_with(RESERVED_ENV_PREFIX) {
+            return Err(Error::invalid(format!("env.{key}"), "is set by Trainyard for every replica and cannot be overridden"));
+        }
+        if value.contains('\0') {
+            return Err(Error::invalid(format!("env.{key}"), "must not contain a NUL byte"));
+        }
+    }
+    Ok(())
+}
+
+/// `python3` from `/usr/bin/python3`, cleaned to the name rules.
+fn default_name(program: &str) -> String {
+    let base = program.rsplit('/').next().unwrap_or(program);
+    let cleaned: String = base
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '-' })
+        .take(MAX_NAME_LEN)
+        .collect();
+    let cleaned = cleaned.trim_start_matches(|c: char| !c.is_ascii_alphanumeric()).to_string();
+    if cleaned.is_empty() { "job".to_string() } else { cleaned }
+}
+
+/// Where a job is in its life. See [`JobState::TRANSITIONS`] for the legal moves; the database
+/// holds the same table and refuses any other update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting for admission.
+    Queued,
+    /// Capacity is reserved; the executor will launch it.
+    Admitted,
+    /// An attempt is being launched; not every replica is running yet.
+    Starting,
+    /// Every replica of the current attempt is running.
+    Running,
+    /// An attempt failed and restarts remain; the next attempt is about to launch.
+    Restarting,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 8] = [
+        JobState::Queued,
+        JobState::Admitted,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Restarting,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    /// Every legal transition. Mirrored by the `job_state_transitions` table in Postgres, and a
+    /// test checks that the two agree.
+    pub const TRANSITIONS: &'static [(JobState, JobState)] = {
+        use JobState::*;
+        &[
+            (Queued, Admitted),
+            (Queued, Cancelled),
+            (Admitted, Starting),
+            (Admitted, Queued),
+            (Admitted, Cancelled),
+            (Starting, Running),
+            (Starting, Succeeded),
+            (Starting, Failed),
+            (Starting, Restarting),
+            (Starting, Cancelled),
+            (Running, Succeeded),
+            (Running, Failed),
+            (Running, Restarting),
+            (Running, Cancelled),
+            (Restarting, Starting),
+            (Restarting, Failed),
+            (Restarting, Cancelled),
+        ]
+    };
+
+    pub fn can_transition_to(self, to: JobState) -> bool {
+        JobState::TRANSITIONS.contains(&(self, to))
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+
+    /// States in which the job holds capacity (admitted and not yet finished).
+    pub fn holds_capacity(self) -> bool {
+        matches!(self, JobState::Admitted | JobState::Starting | JobState::Running | JobState::Restarting)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Admitted => "admitted",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Restarting => "restarting",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submission(json: serde_json::Value) -> Result<ValidSubmission, Error> {
+        serde_json::from_value::<JobSubmission>(json).map_err(|e| Error::invalid("body", e.to_string()))?.validate()
+    }
+
+    fn field_of(err: Error) -> String {
+        match err {
+            Error::InvalidInput { field, .. } => field,
+            other => panic!("expected invalid input, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_submission_gets_defaults() {
+        let job = submission(serde_json::json!({"command": ["/usr/bin/python3", "-c", "print(1)"]})).unwrap();
+        assert_eq!(job.name, "python3");
+        assert_eq!(job.spec.replicas, 1);
+        assert_eq!(job.spec.resources, Resources::default());
+        assert_eq!(job.spec.argv(), ["/usr/bin/python3", "-c", "print(1)"]);
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        let cases = [
+            (serde_json::json!({"command": []}), "command"),
+            (serde_json::json!({"command": [""]}), "command"),
+            (serde_json::json!({"command": ["x"], "name": "a b"}), "name"),
+            (serde_json::json!({"command": ["x"], "name": "n".repeat(129)}), "name"),
+            (serde_json::json!({"command": ["x"], "replicas": 0}), "replicas"),
+            (serde_json::json!({"command": ["x"], "replicas": 100000}), "replicas"),
+            (serde_json::json!({"command": ["x"], "resources": {"gpus": 1000}}), "resources.gpus"),
+            (serde_json::json!({"command": ["x"], "resources": {"cpu": 0}}), "resources.cpu"),
+            (serde_json::json!({"command": ["x"], "priority": 5000}), "priority"),
+            (serde_json::json!({"command": ["x"], "max_restarts": 1000}), "max_restarts"),
+            (serde_json::json!({"command": ["x"], "env": {"RANK": "3"}}), "env.RANK"),
+            (serde_json::json!({"command": ["x"], "env": {"TRAINYARD_TOKEN": "3"}}), "env.TRAINYARD_TOKEN"),
+            (serde_json::json!({"command": ["x"], "env": {"1BAD": "3"}}), "env.1BAD"),
+            (serde_json::json!({"command": ["x", "a\u{0}b"]}), "command[1]"),
+            (serde_json::json!({"command": ["x"], "idempotency_key": ""}), "idempotency_key"),
+        ];
+        for (json, field) in cases {
+            let err = submission(json.clone()).expect_err(&json.to_string());
+            assert_eq!(field_of(err), field, "{json}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = serde_json::from_value::<JobSubmission>(serde_json::json!({"command": ["x"], "replica": 2}))
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown field `replica`"), "{err}");
+    }
+
+    #[test]
+    fn state_machine_allows_the_documented_path_only() {
+        use JobState::*;
+        for (from, to) in [(Queued, Admitted), (Admitted, Starting), (Starting, Running), (Running, Succeeded)] {
+            assert!(from.can_transition_to(to), "{from} -> {to}");
+        }
+        assert!(Running.can_transition_to(Restarting) && Restarting.can_transition_to(Starting));
+        for terminal in [Succeeded, Failed, Cancelled] {
+            assert!(terminal.is_terminal());
+            assert!(JobState::ALL.iter().all(|to| !terminal.can_transition_to(*to)), "{terminal} is final");
+        }
+        assert!(!Queued.can_transition_to(Running));
+        assert!(!Succeeded.can_transition_to(Queued));
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for state in JobState::ALL {
+            assert_eq!(JobState::parse(state.as_str()), Some(state));
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
+    }
+}

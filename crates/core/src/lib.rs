@@ -1,0 +1,16 @@
+//! Trainyard's domain: the types every other crate speaks, and the rules that hold no matter
+//! where a request came from. Nothing here does I/O.
+//!
+//! - [`error`]: the one transport-agnostic error type; the HTTP layer maps it to status codes.
+//! - [`auth`]: roles within a tenant and what each may do.
+//! - [`resources`]: per-replica resource requests (cpu, memory, GPUs) and their parsing.
+//! - [`job`]: the job spec a user submits, its validation, and the job state machine.
+//! - [`api`]: request and response bodies of the REST API, shared by the server and the CLI.
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod job;
+pub mod resources;
+
+pub use error::{Error, Result};

@@ -1,0 +1,355 @@
+//! The local executor: each replica is a child process on this machine.
+//!
+//! Layout under the data directory, per job:
+//! - `jobs/<job>/replica-<r>/`: the replica's working directory (and `HOME`), kept across
+//!   attempts so that a restarted replica finds what the last one wrote;
+//! - `jobs/<job>/attempt-<n>/replica-<r>.log`: its stdout and stderr;
+//! - `jobs/<job>/attempt-<n>/replica-<r>.pid`: the supervisor's pid and start time;
+//! - `jobs/<job>/attempt-<n>/replica-<r>.exit`: how it ended, written by the supervisor.
+//!
+//! Each replica runs under a supervisor ([`shim`]) that leads its own process group, so that
+//! stopping a replica stops everything it started, a Ctrl-C to the server does not reach jobs,
+//! and replicas keep running (and are re-adopted) when the server restarts.
+
+pub mod gpus;
+pub mod process;
+pub mod shim;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncRead;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::{AttemptRef, Executor, ExecutorError, Inventory, LaunchRequest, ReplicaStatus};
+
+/// Settings of the local executor.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// Where job folders live.
+    pub data_dir: PathBuf,
+    /// The `trainyard` binary, run as `<supervisor> shim ...` in front of each replica.
+    pub supervisor: PathBuf,
+    /// CPU cores offered to jobs; this machine's count when `None`.
+    pub cpus: Option<f64>,
+    /// Memory offered to jobs; this machine's total when `None`.
+    pub memory_bytes: Option<u64>,
+}
+
+/// Where one replica ran, as stored in Postgres.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaPlacement {
+    pub rank: u32,
+    /// The supervisor's pid, which is also the replica's process group id.
+    pub pid: u32,
+    /// Its start time, so that a recycled pid is never mistaken for it.
+    pub start_time: u64,
+    pub gpus: Vec<u32>,
+}
+
+/// Where an attempt ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalPlacement {
+    pub executor: String,
+    pub host: String,
+    pub master_port: u16,
+    pub replicas: Vec<ReplicaPlacement>,
+}
+
+pub struct LocalExecutor {
+    config: LocalConfig,
+    inventory: Inventory,
+    /// GPUs held by live attempts. Rebuilt from placements as attempts are observed after a
+    /// restart; durable truth is the placement in Postgres.
+    gpus_held: Mutex<HashMap<(Uuid, i32), Vec<u32>>>,
+    changes: Arc<Notify>,
+}
+
+impl LocalExecutor {
+    pub fn new(config: LocalConfig) -> std::io::Result<LocalExecutor> {
+        std::fs::create_dir_all(config.data_dir.join("jobs"))?;
+        let cpus = config
+            .cpus
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get() as f64).unwrap_or(1.0));
+        let inventory = Inventory {
+            cpu_millis: (cpus * 1000.0) as u64,
+            memory_bytes: config.memory_bytes.unwrap_or_else(total_memory),
+            gpus: gpus::discover(),
+        };
+        Ok(LocalExecutor { config, inventory, gpus_held: Mutex::new(HashMap::new()), changes: Arc::new(Notify::new()) })
+    }
+
+    fn attempt_dir(&self, job_id: Uuid, attempt: i32) -> PathBuf {
+        self.config.data_dir.join("jobs").join(job_id.to_string()).join(format!("attempt-{attempt}"))
+    }
+
+    fn replica_workdir(&self, job_id: Uuid, rank: u32) -> PathBuf {
+        self.config.data_dir.join("jobs").join(job_id.to_string()).join(format!("replica-{rank}"))
+    }
+
+    /// Picks `per_replica` free GPUs of the wanted type for each of `replicas` replicas.
+    fn gpus_reserve(&self, request: &LaunchRequest) -> Result<Vec<Vec<u32>>, ExecutorError> {
+        let per_replica = request.spec.resources.gpus as usize;
+        let replicas = request.spec.replicas as usize;
+        if per_replica == 0 {
+            return Ok(vec![Vec::new(); replicas]);
+        }
+        let mut held = self.gpus_held.lock().expect("gpu table poisoned");
+        let busy: Vec<u32> = held.values().flatten().copied().collect();
+        let wanted = request.spec.resources.gpu_type.as_deref();
+        let mut free = self
+            .inventory
+            .gpus
+            .iter()
+            .filter(|gpu| !busy.contains(&gpu.index) && wanted.is_none_or(|t| t == gpu.gpu_type))
+            .map(|gpu| gpu.index);
+        let mut assignment = Vec::with_capacity(replicas);
+        for _ in 0..replicas {
+            let chunk: Vec<u32> = free.by_ref().take(per_replica).collect();
+            if chunk.len() < per_replica {
+                return Err(ExecutorError::Launch(format!(
+                    "{} GPUs per replica x {replicas} replicas are not free on this machine",
+                    per_replica
+                )));
+            }
+            assignment.push(chunk);
+        }
+        held.insert((request.job_id, request.attempt), assignment.iter().flatten().copied().collect());
+        Ok(assignment)
+    }
+
+    fn gpus_free(&self, job_id: Uuid, attempt: i32) {
+        self.gpus_held.lock().expect("gpu table poisoned").remove(&(job_id, attempt));
+    }
+
+    fn spawn_replica(
+        &self,
+        request: &LaunchRequest,
+        rank: u32,
+        gpus: &[u32],
+        master_port: u16,
+        attempt_dir: &Path,
+    ) -> Result<ReplicaPlacement, ExecutorError> {
+        let workdir = self.replica_workdir(request.job_id, rank);
+        std::fs::create_dir_all(&workdir)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(attempt_dir.join(format!("replica-{rank}.log")))?;
+        let argv = request.spec.argv();
+        let mut command = tokio::process::Command::new(&self.config.supervisor);
+        command
+            .arg("shim")
+            .arg("--exit-file")
+            .arg(attempt_dir.join(format!("replica-{rank}.exit")))
+            .arg("--")
+            .args(&argv)
+            .current_dir(&workdir)
+            // Jobs see only what they are given: never the server's own environment, which may
+            // hold database credentials.
+            .env_clear()
+            .envs(replica_env(request, rank, gpus, master_port, &workdir))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut child = command
+            .spawn()
+            .map_err(|err| ExecutorError::Launch(format!("cannot start the supervisor {}: {err}", self.config.supervisor.display())))?;
+        let pid = child.id().ok_or_else(|| ExecutorError::Launch("the supervisor exited at once".into()))?;
+        let start_time = process::start_time(pid).unwrap_or_default();
+        std::fs::write(attempt_dir.join(format!("replica-{rank}.pid")), format!("{pid} {start_time}\n"))?;
+        // Reap the supervisor when it ends and wake the reconciler. After a restart of the
+        // server, supervisors are no longer our children; observing finds their end instead.
+        let changes = Arc::clone(&self.changes);
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+            changes.notify_one();
+        });
+        Ok(ReplicaPlacement { rank, pid, start_time, gpus: gpus.to_vec() })
+    }
+
+    fn placement_of(attempt: &AttemptRef) -> Option<LocalPlacement> {
+        serde_json::from_value(attempt.placement.clone()?).ok()
+    }
+}
+
+/// The environment of one replica: a clean base, the job's own variables, then the
+/// distributed-training variables Trainyard owns.
+fn replica_env(
+    request: &LaunchRequest,
+    rank: u32,
+    gpus: &[u32],
+    master_port: u16,
+    workdir: &Path,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".into(), std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()));
+    env.insert("HOME".into(), workdir.display().to_string());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    env.insert("PYTHONUNBUFFERED".into(), "1".into());
+    env.extend(request.spec.env.clone());
+    let replicas = request.spec.replicas.to_string();
+    let gpu_list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    for (key, value) in [
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", replicas.clone()),
+        // All replicas share this one machine, so the local rank is the rank.
+        ("LOCAL_RANK", rank.to_string()),
+        ("LOCAL_WORLD_SIZE", replicas),
+        ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ("MASTER_PORT", master_port.to_string()),
+        // Empty when the replica has no GPU: it must not see any.
+        ("CUDA_VISIBLE_DEVICES", gpu_list.join(",")),
+        ("TRAINYARD_JOB_ID", request.job_id.to_string()),
+        ("TRAINYARD_ATTEMPT", request.attempt.to_string()),
+    ] {
+        env.insert(key.to_string(), value);
+    }
+    env
+}
+
+#[async_trait::async_trait]
+impl Executor for LocalExecutor {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn inventory(&self) -> Inventory {
+        self.inventory.clone()
+    }
+
+    async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError> {
+        let attempt_dir = self.attempt_dir(request.job_id, request.attempt);
+        if attempt_dir.join("replica-0.pid").exists() {
+            return Err(ExecutorError::Launch(format!("attempt {} was launched already", request.attempt)));
+        }
+        std::fs::create_dir_all(&attempt_dir)?;
+        let gpus = self.gpus_reserve(request)?;
+        let master_port = free_port()?;
+        let mut replicas = Vec::with_capacity(gpus.len());
+        for (rank, replica_gpus) in gpus.iter().enumerate() {
+            match self.spawn_replica(request, rank as u32, replica_gpus, master_port, &attempt_dir) {
+                Ok(placement) => replicas.push(placement),
+                Err(err) => {
+                    // All or nothing: stop the replicas that did start.
+                    for started in &replicas {
+                        process::signal_group(started.pid, Signal::SIGKILL);
+                    }
+                    self.gpus_free(request.job_id, request.attempt);
+                    return Err(err);
+                }
+            }
+        }
+        let placement = LocalPlacement {
+            executor: "local".into(),
+            host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+            master_port,
+            replicas,
+        };
+        Ok(serde_json::to_value(placement).expect("placement serialises"))
+    }
+
+    async fn observe(&self, attempt: &AttemptRef) -> Vec<ReplicaStatus> {
+        let Some(placement) = Self::placement_of(attempt) else {
+            return vec![ReplicaStatus::Lost; attempt.replicas as usize];
+        };
+        let dir = self.attempt_dir(attempt.job_id, attempt.attempt);
+        let statuses: Vec<ReplicaStatus> = placement
+            .replicas
+            .iter()
+            .map(|replica| {
+                // Liveness first, then the exit file: the supervisor writes the file before it
+                // exits, so a dead supervisor without a file really vanished.
+                let alive = process::is_alive(replica.pid, replica.start_time);
+                match shim::read_exit_record(&dir.join(format!("replica-{}.exit", replica.rank))) {
+                    Some(record) => ReplicaStatus::Exited(record.exit_code),
+                    None if alive => ReplicaStatus::Running,
+                    None => ReplicaStatus::Lost,
+                }
+            })
+            .collect();
+        if statuses.contains(&ReplicaStatus::Running) {
+            // Re-adopting after a restart: remember the GPUs this attempt holds.
+            let held: Vec<u32> = placement.replicas.iter().flat_map(|r| r.gpus.iter().copied()).collect();
+            self.gpus_held.lock().expect("gpu table poisoned").entry((attempt.job_id, attempt.attempt)).or_insert(held);
+        }
+        statuses
+    }
+
+    async fn terminate(&self, attempt: &AttemptRef, grace: Duration) {
+        let Some(placement) = Self::placement_of(attempt) else { return };
+        let live: Vec<u32> = placement
+            .replicas
+            .iter()
+            .filter(|r| process::is_alive(r.pid, r.start_time))
+            .map(|r| r.pid)
+            .collect();
+        for pgid in &live {
+            process::signal_group(*pgid, Signal::SIGTERM);
+        }
+        let changes = Arc::clone(&self.changes);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            for pgid in live {
+                if process::group_exists(pgid) {
+                    tracing::info!(pgid, "replica outlived its grace period; killing it");
+                    process::signal_group(pgid, Signal::SIGKILL);
+                }
+            }
+            changes.notify_one();
+        });
+    }
+
+    async fn release(&self, attempt: &AttemptRef) {
+        if let Some(placement) = Self::placement_of(attempt) {
+            for replica in &placement.replicas {
+                // Whatever the replica left running in its group goes with it.
+                if process::group_exists(replica.pid) {
+                    process::signal_group(replica.pid, Signal::SIGKILL);
+                }
+            }
+        }
+        self.gpus_free(attempt.job_id, attempt.attempt);
+    }
+
+    async fn log_reader(
+        &self,
+        job_id: Uuid,
+        attempt: i32,
+        replica: u32,
+    ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError> {
+        let path = self.attempt_dir(job_id, attempt).join(format!("replica-{replica}.log"));
+        match tokio::fs::File::open(&path).await {
+            Ok(file) => Ok(Some(Box::new(file))),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    fn changes(&self) -> Arc<Notify> {
+        Arc::clone(&self.changes)
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn total_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(8 << 30)
+}

@@ -1,0 +1,49 @@
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use trainyard_core::api::{ErrorBody, MemberAdd, MemberAdded, Tenant, TenantCreate};
+
+use crate::AppState;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, Auth};
+
+/// Every tenant (platform admins).
+#[utoipa::path(get, path = "/api/v1/admin/tenants", tag = "admin", security(("bearer" = [])),
+    responses((status = 200, body = Vec<Tenant>), (status = 403, body = ErrorBody)))]
+pub async fn tenants_list(State(state): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<Vec<Tenant>>> {
+    Ok(Json(state.app.tenants_list(&caller).await?))
+}
+
+/// Create a tenant (platform admins).
+#[utoipa::path(post, path = "/api/v1/admin/tenants", tag = "admin", request_body = TenantCreate, security(("bearer" = [])),
+    responses(
+        (status = 201, body = Tenant),
+        (status = 403, body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+pub async fn tenant_create(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    ApiJson(body): ApiJson<TenantCreate>,
+) -> ApiResult<(StatusCode, Json<Tenant>)> {
+    Ok((StatusCode::CREATED, Json(state.app.tenant_create(&caller, &body.name).await?)))
+}
+
+/// Add a member to a tenant (or change their role) and issue them a token.
+#[utoipa::path(post, path = "/api/v1/admin/tenants/{tenant}/members", tag = "admin", request_body = MemberAdd,
+    params(("tenant" = String, Path, description = "Tenant name")), security(("bearer" = [])),
+    responses(
+        (status = 201, body = MemberAdded),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+pub async fn member_add(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path(tenant): Path<String>,
+    ApiJson(body): ApiJson<MemberAdd>,
+) -> ApiResult<(StatusCode, Json<MemberAdded>)> {
+    Ok((StatusCode::CREATED, Json(state.app.member_add(&caller, &tenant, body).await?)))
+}

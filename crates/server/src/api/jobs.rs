@@ -1,0 +1,140 @@
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use trainyard_core::api::{ErrorBody, Job, JobAttempt, JobEvent, JobPage};
+use trainyard_core::error::ObjectKind;
+use trainyard_core::job::{JobState, JobSubmission};
+use trainyard_core::{Error, Result};
+use trainyard_store::jobs::{JobFilter, Submitted};
+use utoipa::IntoParams;
+
+use crate::AppState;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, ApiQuery, Auth, parse_id};
+
+/// Submit a job. With an `idempotency_key` used before, returns the earlier job (200).
+#[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs", request_body = JobSubmission,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Queued", body = Job),
+        (status = 200, description = "Same idempotency key and request as before: the earlier job", body = Job),
+        (status = 400, description = "The body is not JSON", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "Your role may not submit", body = ErrorBody),
+        (status = 409, description = "Idempotency key reused for a different request", body = ErrorBody),
+        (status = 413, description = "Body over 2 MiB", body = ErrorBody),
+        (status = 422, description = "A field is wrong; `field` names it", body = ErrorBody),
+    ))]
+pub async fn job_submit(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    ApiJson(submission): ApiJson<JobSubmission>,
+) -> ApiResult<(StatusCode, Json<Job>)> {
+    Ok(match state.app.job_submit(&caller, submission).await? {
+        Submitted::Created(job) => (StatusCode::CREATED, Json(job)),
+        Submitted::Replayed(job) => (StatusCode::OK, Json(job)),
+    })
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// Only jobs in this state.
+    #[param(value_type = Option<String>)]
+    state: Option<String>,
+    /// Only jobs with exactly this name.
+    name: Option<String>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    limit: Option<u32>,
+}
+
+/// List the tenant's jobs, newest first.
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", params(ListParams), security(("bearer" = [])),
+    responses(
+        (status = 200, body = JobPage),
+        (status = 401, body = ErrorBody),
+        (status = 422, description = "A bad filter or cursor", body = ErrorBody),
+    ))]
+pub async fn jobs_list(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> ApiResult<Json<JobPage>> {
+    let filter = list_filter(params)?;
+    Ok(Json(state.app.jobs_list(&caller, &filter).await?))
+}
+
+fn list_filter(params: ListParams) -> Result<JobFilter> {
+    let state = params
+        .state
+        .map(|s| {
+            JobState::parse(&s).ok_or_else(|| {
+                let known: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+                Error::invalid("state", format!("unknown state {s:?}; one of {}", known.join(", ")))
+            })
+        })
+        .transpose()?;
+    let before = params
+        .cursor
+        .map(|c| uuid::Uuid::parse_str(&c).map_err(|_| Error::invalid("cursor", "not a cursor from a previous page")))
+        .transpose()?;
+    let limit = params.limit.unwrap_or(50);
+    if !(1..=trainyard_store::jobs::MAX_PAGE).contains(&limit) {
+        return Err(Error::invalid("limit", format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE)));
+    }
+    Ok(JobFilter { state, name: params.name, before, limit })
+}
+
+/// One job.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path, description = "Job id")),
+    security(("bearer" = [])),
+    responses((status = 200, body = Job), (status = 404, body = ErrorBody)))]
+pub async fn job_get(State(state): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<Job>> {
+    let id = parse_id(&id, ObjectKind::Job)?;
+    Ok(Json(state.app.job_get(&caller, id).await?))
+}
+
+/// Cancel a job. Its processes get SIGTERM, then SIGKILL after a grace period; the job ends
+/// `cancelled`. Cancelling a cancelled job is harmless.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = String, Path, description = "Job id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Cancelled, or being stopped (`cancel_requested_at` set)", body = Job),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The job had already finished", body = ErrorBody),
+    ))]
+pub async fn job_cancel(State(state): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<Job>> {
+    let id = parse_id(&id, ObjectKind::Job)?;
+    Ok(Json(state.app.job_cancel(&caller, id).await?))
+}
+
+/// Every state change of a job, oldest first, with who or what caused it and why.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/events", tag = "jobs", params(("id" = String, Path, description = "Job id")),
+    security(("bearer" = [])),
+    responses((status = 200, body = Vec<JobEvent>), (status = 404, body = ErrorBody)))]
+pub async fn job_events(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<JobEvent>>> {
+    let id = parse_id(&id, ObjectKind::Job)?;
+    Ok(Json(state.app.job_events(&caller, id).await?))
+}
+
+/// Every launch of a job: placement, exit codes per replica, reason, start and end.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/attempts", tag = "jobs", params(("id" = String, Path, description = "Job id")),
+    security(("bearer" = [])),
+    responses((status = 200, body = Vec<JobAttempt>), (status = 404, body = ErrorBody)))]
+pub async fn job_attempts(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<JobAttempt>>> {
+    let id = parse_id(&id, ObjectKind::Job)?;
+    Ok(Json(state.app.job_attempts(&caller, id).await?))
+}

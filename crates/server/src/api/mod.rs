@@ -1,0 +1,85 @@
+//! The REST API under `/api/v1`: routes, handlers and the OpenAPI document generated from them.
+//! Handlers are thin: extract, call one [`App`](crate::app::App) operation, shape the response.
+
+mod admin;
+mod health;
+mod jobs;
+mod logs;
+mod tokens;
+
+use axum::Router;
+use axum::routing::{delete, get, post};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::AppState;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/api/v1/openapi.json", get(health::openapi_json))
+        .route("/api/v1/me", get(tokens::me))
+        .route("/api/v1/jobs", post(jobs::job_submit).get(jobs::jobs_list))
+        .route("/api/v1/jobs/{id}", get(jobs::job_get))
+        .route("/api/v1/jobs/{id}/cancel", post(jobs::job_cancel))
+        .route("/api/v1/jobs/{id}/events", get(jobs::job_events))
+        .route("/api/v1/jobs/{id}/attempts", get(jobs::job_attempts))
+        .route("/api/v1/jobs/{id}/logs", get(logs::job_logs))
+        .route("/api/v1/tokens", get(tokens::tokens_list).post(tokens::token_create))
+        .route("/api/v1/tokens/{id}", delete(tokens::token_revoke))
+        .route("/api/v1/admin/tenants", get(admin::tenants_list).post(admin::tenant_create))
+        .route("/api/v1/admin/tenants/{tenant}/members", post(admin::member_add))
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Trainyard API",
+        description = "Submit and watch deep-learning jobs on a shared cluster. Every call but \
+            the health checks needs `Authorization: Bearer <token>`. Errors are \
+            `{\"error\": {\"code\", \"message\", \"field\"?}}`."
+    ),
+    paths(
+        health::healthz,
+        health::readyz,
+        tokens::me,
+        jobs::job_submit,
+        jobs::jobs_list,
+        jobs::job_get,
+        jobs::job_cancel,
+        jobs::job_events,
+        jobs::job_attempts,
+        logs::job_logs,
+        tokens::tokens_list,
+        tokens::token_create,
+        tokens::token_revoke,
+        admin::tenants_list,
+        admin::tenant_create,
+        admin::member_add,
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "jobs", description = "Submit, list, watch and cancel jobs"),
+        (name = "tokens", description = "Your identity and API tokens"),
+        (name = "admin", description = "Tenants and members"),
+        (name = "health", description = "Liveness and readiness"),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// The OpenAPI document as committed under `docs/openapi.json`.
+pub fn openapi_document() -> String {
+    let mut text = ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serialises");
+    text.push('\n');
+    text
+}

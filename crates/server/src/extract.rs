@@ -1,0 +1,113 @@
+//! Request extractors that turn every kind of bad input into a typed [`ApiError`] naming the
+//! field, instead of axum's plain-text rejections.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use trainyard_core::Error;
+use trainyard_core::auth::Caller;
+use trainyard_core::error::ObjectKind;
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::error::ApiError;
+
+/// The largest request body the API reads.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// A JSON body. Syntax errors are 400; well-formed JSON with a wrong, missing or unknown field is
+/// 422 with the field's path (`resources.gpus`, `env.RANK`).
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+        if !is_json {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge(format!("the request body is over the limit of {MAX_BODY_BYTES} bytes"))
+            } else {
+                ApiError::MalformedJson(rejection.body_text())
+            }
+        })?;
+        json_decode(&bytes).map(ApiJson)
+    }
+}
+
+/// Decodes JSON, naming the path of the first bad value.
+pub fn json_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return ApiError::MalformedJson(format!("the body is not valid JSON: {inner}"));
+        }
+        let message = inner.to_string();
+        let field = unknown_field(&message)
+            .map(|name| if path == "." { name.to_string() } else { format!("{path}.{name}") })
+            .unwrap_or_else(|| if path == "." { "body".to_string() } else { path });
+        // serde appends " at line 1 column 42"; the field path says more.
+        let message = message.split(" at line ").next().unwrap_or(&message).to_string();
+        ApiError::Domain(Error::invalid(field, message))
+    })
+}
+
+/// The name in serde's "unknown field `x`, expected ..." message.
+fn unknown_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("unknown field `")?;
+    rest.split('`').next()
+}
+
+/// Query parameters, with a 422 naming the parameter when one is wrong.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or_default();
+        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(deserializer).map(ApiQuery).map_err(|err| {
+            let path = err.path().to_string();
+            let message = err.into_inner().to_string();
+            let field = unknown_field(&message).map(str::to_string).unwrap_or(path);
+            ApiError::Domain(Error::invalid(field, message))
+        })
+    }
+}
+
+/// The authenticated caller, from `Authorization: Bearer <token>`.
+pub struct Auth(pub Caller);
+
+impl FromRequestParts<AppState> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let header = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
+            Error::Unauthenticated("send your API token as `Authorization: Bearer <token>`".into())
+        })?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(|| Error::Unauthenticated("the Authorization header must be `Bearer <token>`".into()))?;
+        Ok(Auth(state.app.store.token_authenticate(token).await?))
+    }
+}
+
+/// An object id from the path. A malformed id names no object: 404, like an unknown one.
+pub fn parse_id(text: &str, kind: ObjectKind) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(text).map_err(|_| ApiError::Domain(Error::not_found(kind)))
+}

@@ -1,0 +1,105 @@
+//! The Trainyard control plane: the REST API, authentication, and the reconciler that drives
+//! jobs through the executor. `trainyard` (see `main.rs`) runs it.
+//!
+//! - [`app`]: the operations, independent of HTTP.
+//! - [`api`]: routes, thin handlers and the OpenAPI document.
+//! - [`error`], [`extract`]: how bad input and failures become typed JSON errors.
+//! - [`reconciler`]: the control loop (admission, launch, observation).
+//! - [`logs`]: reading and following replica logs.
+//! - [`dev`]: `trainyard dev`, everything on one machine with a private Postgres.
+
+pub mod api;
+pub mod app;
+pub mod dev;
+pub mod error;
+pub mod extract;
+pub mod logs;
+pub mod reconciler;
+mod web;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+use trainyard_executor::Executor;
+use trainyard_store::Store;
+
+use crate::app::App;
+use crate::error::ApiError;
+use crate::reconciler::{Reconciler, ReconcilerSettings};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub app: App,
+    /// Cancelled when the server shuts down, so long-lived responses (log follows) end.
+    pub shutdown: CancellationToken,
+}
+
+/// The HTTP application: API, health checks, landing page.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .merge(api::routes())
+        .merge(web::routes())
+        .fallback(|| async { ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route }) })
+        .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
+        .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
+            axum::response::IntoResponse::into_response(ApiError::Domain(trainyard_core::Error::internal("a handler panicked")))
+        }))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// A running control plane: the store, the executor and the reconciler, ready to serve.
+pub struct Server {
+    pub state: AppState,
+    reconciler: Reconciler,
+}
+
+impl Server {
+    pub fn new(store: Store, executor: Arc<dyn Executor>, settings: ReconcilerSettings) -> Server {
+        let wake = Arc::new(Notify::new());
+        let app = App { store: store.clone(), executor: Arc::clone(&executor), reconciler_wake: Arc::clone(&wake) };
+        let reconciler = Reconciler::new(store, executor, wake, settings);
+        Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler }
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then stops in order: stop accepting and
+    /// finish requests in flight (at most `drain` long), end log streams, stop the reconciler,
+    /// close the database pool. Job processes are left running; the next start re-adopts them.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static, drain: Duration) -> std::io::Result<()> {
+        let Server { state, reconciler } = self;
+        let token = state.shutdown.clone();
+        let store = state.app.store.clone();
+        let reconciler_task = tokio::spawn(reconciler.run(token.clone()));
+
+        let signal_token = token.clone();
+        let http_shutdown = async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections");
+            signal_token.cancel();
+        };
+        let router = app(state);
+        let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(http_shutdown);
+        let served = tokio::select! {
+            result = server => result,
+            _ = async { token.cancelled().await; tokio::time::sleep(drain).await } => {
+                tracing::warn!("requests still running after {drain:?}; closing them");
+                Ok(())
+            }
+        };
+        token.cancel();
+        let _ = reconciler_task.await;
+        store.close().await;
+        served
+    }
+}

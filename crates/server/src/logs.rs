@@ -1,0 +1,186 @@
+//! Reading a replica's log, once or following it until the job ends.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use trainyard_core::auth::{Action, Caller};
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::app::App;
+
+/// How often a follower looks for new output and for the job's end.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone)]
+pub struct LogRequest {
+    pub job_id: Uuid,
+    pub replica: u32,
+    pub attempt: Option<i32>,
+    pub follow: bool,
+}
+
+type Chunk = std::result::Result<Bytes, std::io::Error>;
+
+/// The log as a stream of chunks. Checks access and the replica and attempt numbers first, so
+/// that errors are proper responses rather than a broken stream.
+pub async fn job_logs(
+    app: &App,
+    caller: &Caller,
+    request: LogRequest,
+    shutdown: CancellationToken,
+) -> Result<impl Stream<Item = Chunk> + use<>> {
+    caller.authorize(Action::ReadJobs)?;
+    let job = app.store.job_get(caller.tenant_id, request.job_id).await?;
+    if request.replica >= job.spec.replicas {
+        return Err(Error::invalid(
+            "replica",
+            format!("the job has {} replicas, numbered from 0", job.spec.replicas),
+        ));
+    }
+    let attempts = app.store.job_attempts(caller.tenant_id, request.job_id).await?;
+    if let Some(wanted) = request.attempt
+        && !attempts.iter().any(|a| a.attempt == wanted)
+    {
+        return Err(Error::invalid("attempt", format!("the job has {} attempts so far", attempts.len())));
+    }
+    let (sender, receiver) = mpsc::channel::<Chunk>(16);
+    let follower = Follower { app: app.clone(), tenant_id: caller.tenant_id, request, sender, shutdown };
+    tokio::spawn(follower.run());
+    Ok(ReceiverStream::new(receiver))
+}
+
+struct Follower {
+    app: App,
+    tenant_id: Uuid,
+    request: LogRequest,
+    sender: mpsc::Sender<Chunk>,
+    shutdown: CancellationToken,
+}
+
+enum Next {
+    /// Keep reading the current attempt.
+    Wait,
+    /// A newer attempt started: read that one.
+    Switch(i32),
+    /// The job ended: read what is left, then stop.
+    Finish,
+}
+
+impl Follower {
+    async fn run(self) {
+        match self.follow().await {
+            // Shutdown or a departed client: the stream just ends.
+            Ok(()) | Err(Error::Unavailable(_)) => {}
+            Err(err) => {
+                tracing::warn!(job = %self.request.job_id, %err, "log stream failed");
+                let _ = self.sender.send(Err(std::io::Error::other(err.to_string()))).await;
+            }
+        }
+    }
+
+    async fn follow(&self) -> Result<()> {
+        let mut attempt = match self.request.attempt {
+            Some(n) => Some(n),
+            None => self.latest_attempt().await?,
+        };
+        loop {
+            let Some(current) = attempt else {
+                // Not launched yet: a follower waits for the first attempt, a reader is done.
+                if !self.request.follow {
+                    return Ok(());
+                }
+                match self.next_step(None).await? {
+                    Next::Switch(n) => attempt = Some(n),
+                    Next::Finish => return Ok(()),
+                    Next::Wait => self.pause().await?,
+                }
+                continue;
+            };
+            let mut reader = self.open(current).await?;
+            loop {
+                if let Some(reader) = reader.as_mut()
+                    && self.forward(reader).await?
+                {
+                    continue;
+                }
+                if !self.request.follow {
+                    return Ok(());
+                }
+                match self.next_step(Some(current)).await? {
+                    Next::Wait => {
+                        self.pause().await?;
+                        if reader.is_none() {
+                            reader = self.open(current).await?;
+                        }
+                    }
+                    Next::Switch(n) => {
+                        if let Some(reader) = reader.as_mut() {
+                            while self.forward(reader).await? {}
+                        }
+                        attempt = Some(n);
+                        break;
+                    }
+                    Next::Finish => {
+                        if let Some(reader) = reader.as_mut() {
+                            while self.forward(reader).await? {}
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn open(&self, attempt: i32) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>> {
+        self.app
+            .executor
+            .log_reader(self.request.job_id, attempt, self.request.replica)
+            .await
+            .map_err(Error::internal)
+    }
+
+    /// Sends what the reader has now. True when it sent something.
+    async fn forward(&self, reader: &mut (dyn AsyncRead + Send + Unpin)) -> Result<bool> {
+        let mut buffer = vec![0u8; 64 * 1024];
+        let n = reader.read(&mut buffer).await.map_err(Error::internal)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        buffer.truncate(n);
+        if self.sender.send(Ok(Bytes::from(buffer))).await.is_err() {
+            // The client went away.
+            return Err(Error::Unavailable("the client disconnected".into()));
+        }
+        Ok(true)
+    }
+
+    async fn next_step(&self, current: Option<i32>) -> Result<Next> {
+        let job = self.app.store.job_get(self.tenant_id, self.request.job_id).await?;
+        if self.request.attempt.is_none()
+            && let Some(latest) = self.latest_attempt().await?
+            && Some(latest) != current
+        {
+            return Ok(Next::Switch(latest));
+        }
+        Ok(if job.state.is_terminal() { Next::Finish } else { Next::Wait })
+    }
+
+    async fn latest_attempt(&self) -> Result<Option<i32>> {
+        let attempts = self.app.store.job_attempts(self.tenant_id, self.request.job_id).await?;
+        Ok(attempts.last().map(|a| a.attempt))
+    }
+
+    async fn pause(&self) -> Result<()> {
+        tokio::select! {
+            _ = tokio::time::sleep(FOLLOW_POLL) => Ok(()),
+            _ = self.shutdown.cancelled() => Err(Error::Unavailable("the server is shutting down".into())),
+            _ = self.sender.closed() => Err(Error::Unavailable("the client disconnected".into())),
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `trainyard`: the control plane's binary.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+use trainyard_server::dev::{self, DevOptions};
+use trainyard_server::reconciler::ReconcilerSettings;
+use trainyard_store::Store;
+use trainyard_store::embedded::{Durability, EmbeddedPostgres};
+
+#[derive(Parser)]
+#[command(name = "trainyard", version, about = "The Trainyard control plane for shared deep-learning clusters")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// A Postgres URL that never shows its password in `Debug` output or logs.
+#[derive(Clone)]
+struct DatabaseUrl(String);
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.split_once('@') {
+            Some((_, host)) => write!(f, "postgres://<redacted>@{host}"),
+            None => f.write_str(&self.0),
+        }
+    }
+}
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(DatabaseUrl(s.to_string()))
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Everything on this machine: a private Postgres in the data directory, the local executor,
+    /// the API and dashboard on 127.0.0.1:8080. Prints the admin token on first start.
+    Dev {
+        #[arg(long, default_value = ".trainyard")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// CPU cores offered to jobs (default: this machine's).
+        #[arg(long)]
+        cpus: Option<f64>,
+    },
+    /// Production mode: Postgres by URL; applies pending migrations first.
+    Serve {
+        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
+        database_url: DatabaseUrl,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Where the local executor keeps job folders and logs.
+        #[arg(long, default_value = ".trainyard")]
+        data_dir: PathBuf,
+        /// CPU cores offered to jobs (default: this machine's).
+        #[arg(long)]
+        cpus: Option<f64>,
+        /// Database connections in the pool.
+        #[arg(long, default_value_t = 16)]
+        max_connections: u32,
+        /// Seconds between SIGTERM and SIGKILL when stopping a job.
+        #[arg(long, default_value_t = 10)]
+        grace_seconds: u64,
+    },
+    /// Applies pending migrations and exits.
+    Migrate {
+        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
+        database_url: DatabaseUrl,
+    },
+    /// On an empty database: creates the first tenant, a platform admin and its token (printed).
+    Bootstrap {
+        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
+        database_url: DatabaseUrl,
+        #[arg(long, default_value = dev::DEFAULT_TENANT)]
+        tenant: String,
+        #[arg(long, default_value = dev::DEFAULT_ADMIN)]
+        admin: String,
+    },
+    /// Prints the OpenAPI document of the REST API.
+    Openapi,
+    /// A private Postgres cluster in a directory, without the server (used by tests/run).
+    Postgres {
+        #[command(subcommand)]
+        action: PostgresAction,
+    },
+    /// Supervises one replica (started by the local executor; not for people).
+    #[command(hide = true)]
+    Shim {
+        #[arg(long)]
+        exit_file: PathBuf,
+        #[arg(last = true, required = true)]
+        argv: Vec<OsString>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PostgresAction {
+    /// Starts (creating on first use) and prints the URL of its `postgres` database.
+    Start {
+        #[arg(long)]
+        dir: PathBuf,
+        /// No fsync: for throwaway test clusters.
+        #[arg(long)]
+        throwaway: bool,
+    },
+    Stop {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Command::Shim { exit_file, argv } = &cli.command {
+        // The supervisor stays a plain synchronous process: no runtime, no logging setup.
+        std::process::exit(trainyard_executor::local::shim::shim_main(exit_file, argv));
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn,tower_http=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Dev { data_dir, listen, cpus } => dev::run(DevOptions { data_dir, listen, cpus }).await,
+        Command::Serve { database_url, listen, data_dir, cpus, max_connections, grace_seconds } => {
+            let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
+            store.migrate().await.context("running migrations")?;
+            std::fs::create_dir_all(&data_dir)?;
+            let settings = ReconcilerSettings { grace: Duration::from_secs(grace_seconds), ..Default::default() };
+            let server = dev::local_server(store, &data_dir.canonicalize()?, cpus, settings)?;
+            let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+            // Tests and scripts read this line to find the port when listening on port 0.
+            println!("trainyard: listening on http://{}", listener.local_addr()?);
+            server.serve(listener, dev::shutdown_signal(), dev::DRAIN).await?;
+            Ok(())
+        }
+        Command::Migrate { database_url } => {
+            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
+            store.migrate().await.context("running migrations")?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Bootstrap { database_url, tenant, admin } => {
+            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
+            store.migrate().await.context("running migrations")?;
+            match store.bootstrap(&tenant, &admin).await? {
+                Some(token) => println!("{}", token.token),
+                None => anyhow::bail!("the database has users already; bootstrap is only for an empty one"),
+            }
+            Ok(())
+        }
+        Command::Openapi => {
+            print!("{}", trainyard_server::api::openapi_document());
+            Ok(())
+        }
+        Command::Postgres { action: PostgresAction::Start { dir, throwaway } } => {
+            let durability = if throwaway { Durability::Throwaway } else { Durability::Durable };
+            let postgres = EmbeddedPostgres::start(&dir, durability).await?;
+            println!("{}", postgres.url("postgres"));
+            Ok(())
+        }
+        Command::Postgres { action: PostgresAction::Stop { dir } } => {
+            EmbeddedPostgres::stop_in(&dir).await?;
+            Ok(())
+        }
+        Command::Shim { .. } => unreachable!("handled before the runtime starts"),
+    }
+}

@@ -1,0 +1,273 @@
+//! The control loop: compares intent (jobs in Postgres) with what the executor observes, and
+//! moves each job along its state machine. Level-triggered and idempotent: every pass looks at
+//! the whole picture again, so a pass after a crash of the server does the right thing with no
+//! memory of the last one. That is how running jobs are re-adopted after a restart, and how a
+//! job whose processes vanished meanwhile is found and marked `lost`.
+//!
+//! One pass:
+//! 1. observe every launched attempt and record what ended (succeeded, failed, restarting,
+//!    cancelled, lost); stop the attempts of cancelled jobs and the rest of a failed gang;
+//! 2. admission: ask the scheduler which queued jobs fit, admit them, and keep each waiting
+//!    job's reason current;
+//! 3. launch admitted and restarting jobs, one attempt each.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use trainyard_core::Result;
+use trainyard_core::job::JobState;
+use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaStatus};
+use trainyard_scheduler::{Capacity, Decision, PendingJob, Snapshot, admission_cycle};
+use trainyard_store::Store;
+use trainyard_store::reconcile::{AttemptEnd, UnfinishedJob};
+use uuid::Uuid;
+
+const ACTOR_SCHEDULER: &str = "scheduler";
+const ACTOR_EXECUTOR: &str = "executor";
+const ACTOR_RECONCILER: &str = "reconciler";
+
+/// The reason recorded when a replica vanished without an exit status.
+pub const REASON_LOST: &str = "lost";
+
+#[derive(Debug, Clone)]
+pub struct ReconcilerSettings {
+    /// The longest wait between passes when nothing wakes the loop.
+    pub tick: Duration,
+    /// Between SIGTERM and SIGKILL when stopping replicas.
+    pub grace: Duration,
+}
+
+impl Default for ReconcilerSettings {
+    fn default() -> Self {
+        ReconcilerSettings { tick: Duration::from_secs(1), grace: Duration::from_secs(10) }
+    }
+}
+
+pub struct Reconciler {
+    store: Store,
+    executor: Arc<dyn Executor>,
+    wake: Arc<Notify>,
+    settings: ReconcilerSettings,
+    /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
+    /// this on restart is harmless: the next pass signals again.
+    stopping: HashMap<(Uuid, i32), Instant>,
+}
+
+impl Reconciler {
+    pub fn new(store: Store, executor: Arc<dyn Executor>, wake: Arc<Notify>, settings: ReconcilerSettings) -> Self {
+        Reconciler { store, executor, wake, settings, stopping: HashMap::new() }
+    }
+
+    /// Runs passes until `shutdown`. A failed pass (database away) is logged and retried.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let executor_changes = self.executor.changes();
+        loop {
+            if let Err(err) = self.pass().await {
+                tracing::warn!(%err, "reconciler pass failed; retrying");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = self.wake.notified() => {}
+                _ = executor_changes.notified() => {}
+                _ = tokio::time::sleep(self.settings.tick) => {}
+            }
+        }
+        tracing::info!("reconciler stopped");
+    }
+
+    /// One full pass over every unfinished job.
+    pub async fn pass(&mut self) -> Result<()> {
+        let jobs = self.store.jobs_unfinished().await?;
+        let mut ended = HashSet::new();
+        for job in jobs.iter().filter(|j| matches!(j.state, JobState::Starting | JobState::Running)) {
+            if self.observe(job).await? {
+                ended.insert(job.id);
+            }
+        }
+        for job in jobs.iter().filter(|j| j.state == JobState::Restarting && j.cancel_requested) {
+            self.store
+                .job_transition(job.id, &[JobState::Restarting], JobState::Cancelled, ACTOR_RECONCILER, job.reason.as_deref())
+                .await?;
+            ended.insert(job.id);
+        }
+        let admitted = self.admit(&jobs, &ended).await?;
+        let launchable = jobs
+            .iter()
+            .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
+            .chain(admitted.iter().copied());
+        let mut launched = false;
+        for job in launchable {
+            self.launch(job).await?;
+            launched = true;
+        }
+        if launched || !ended.is_empty() {
+            // Capacity was freed, a restart is due, or new replicas should be seen running: go
+            // again now rather than at the next tick.
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Looks at a launched job's current attempt; records its end when it has ended. True when
+    /// the job ended or left its attempt (so it holds no capacity any more).
+    async fn observe(&mut self, job: &UnfinishedJob) -> Result<bool> {
+        let Some(record) = &job.attempt else {
+            return Ok(false);
+        };
+        let attempt = AttemptRef {
+            job_id: job.id,
+            attempt: record.number,
+            replicas: job.spec.replicas,
+            placement: record.placement.clone(),
+        };
+        let statuses = self.executor.observe(&attempt).await;
+        let running = statuses.iter().filter(|s| **s == ReplicaStatus::Running).count();
+        let failure = statuses.iter().enumerate().find_map(|(rank, status)| match status {
+            ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
+            ReplicaStatus::Exited(code) => Some(format!("replica {rank} exited with code {code}")),
+            ReplicaStatus::Lost => Some(REASON_LOST.to_string()),
+        });
+
+        if running > 0 && (job.cancel_requested || failure.is_some()) {
+            // Stop the attempt (cancelled, or one replica failed so the gang fails); its end is
+            // recorded when no replica runs any more.
+            self.stop(&attempt);
+            return Ok(false);
+        }
+        if running > 0 {
+            if job.state == JobState::Starting {
+                self.store
+                    .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
+                    .await?;
+            }
+            return Ok(false);
+        }
+
+        let exit_codes: Vec<Option<i32>> = statuses
+            .iter()
+            .map(|s| match s {
+                ReplicaStatus::Exited(code) => Some(*code),
+                _ => None,
+            })
+            .collect();
+        let (to, reason) = if job.cancel_requested {
+            (JobState::Cancelled, job.reason.clone().unwrap_or_else(|| "cancelled".into()))
+        } else if let Some(failure) = failure {
+            if job.restart_count < job.max_restarts {
+                (JobState::Restarting, failure)
+            } else {
+                (JobState::Failed, failure)
+            }
+        } else {
+            (JobState::Succeeded, "every replica exited with code 0".to_string())
+        };
+        self.store
+            .attempt_end(AttemptEnd {
+                job_id: job.id,
+                attempt: record.number,
+                exit_codes: &exit_codes,
+                to,
+                reason: Some(&reason),
+                actor: ACTOR_EXECUTOR,
+            })
+            .await?;
+        self.executor.release(&attempt).await;
+        self.stopping.remove(&(job.id, record.number));
+        tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
+        Ok(true)
+    }
+
+    fn stop(&mut self, attempt: &AttemptRef) {
+        let key = (attempt.job_id, attempt.attempt);
+        let due = self
+            .stopping
+            .get(&key)
+            .is_none_or(|asked| asked.elapsed() > self.settings.grace + Duration::from_secs(5));
+        if due {
+            self.stopping.insert(key, Instant::now());
+            let executor = Arc::clone(&self.executor);
+            let attempt = attempt.clone();
+            let grace = self.settings.grace;
+            tokio::spawn(async move { executor.terminate(&attempt, grace).await });
+        }
+    }
+
+    /// Admits what fits, in queue order; returns the jobs admitted in this pass.
+    async fn admit<'a>(&self, jobs: &'a [UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<&'a UnfinishedJob>> {
+        let queue: Vec<&UnfinishedJob> = jobs.iter().filter(|j| j.state == JobState::Queued).collect();
+        if queue.is_empty() {
+            return Ok(Vec::new());
+        }
+        let inventory = self.executor.inventory();
+        let mut in_use = Capacity::default();
+        for job in jobs.iter().filter(|j| j.state.holds_capacity() && !ended.contains(&j.id)) {
+            let need = Capacity::of_job(&job.spec.resources, job.spec.replicas);
+            in_use.cpu_millis += need.cpu_millis;
+            in_use.memory_bytes += need.memory_bytes;
+            in_use.gpus += need.gpus;
+        }
+        let snapshot = Snapshot {
+            total: Capacity {
+                cpu_millis: inventory.cpu_millis,
+                memory_bytes: inventory.memory_bytes,
+                gpus: inventory.gpus.len() as u64,
+            },
+            in_use,
+            gpu_types: inventory.gpu_types(),
+            queue: queue
+                .iter()
+                .map(|j| PendingJob { id: j.id, resources: j.spec.resources.clone(), replicas: j.spec.replicas })
+                .collect(),
+        };
+        let mut admitted = Vec::new();
+        for (decision, job) in admission_cycle(&snapshot).into_iter().zip(queue) {
+            match decision {
+                Decision::Admit(_) => {
+                    if self.store.job_transition(job.id, &[JobState::Queued], JobState::Admitted, ACTOR_SCHEDULER, None).await? {
+                        admitted.push(job);
+                    }
+                }
+                Decision::Wait { reason, .. } => {
+                    if job.reason.as_deref() != Some(reason.as_str()) {
+                        self.store.job_pending_reason_set(job.id, &reason).await?;
+                    }
+                }
+            }
+        }
+        Ok(admitted)
+    }
+
+    /// Opens the job's next attempt and starts it. A launch that fails ends the attempt like a
+    /// failed run (restarting while restarts remain).
+    async fn launch(&self, job: &UnfinishedJob) -> Result<()> {
+        let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR).await? else {
+            return Ok(()); // cancelled or moved meanwhile
+        };
+        let request = LaunchRequest { job_id: job.id, tenant_id: job.tenant_id, attempt, spec: job.spec.clone() };
+        match self.executor.launch(&request).await {
+            Ok(placement) => {
+                self.store.attempt_placement_set(job.id, attempt, &placement).await?;
+                tracing::info!(job = %job.id, attempt, "attempt launched");
+            }
+            Err(err) => {
+                let reason = err.to_string();
+                let to = if job.restart_count < job.max_restarts { JobState::Restarting } else { JobState::Failed };
+                tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
+                self.store
+                    .attempt_end(AttemptEnd {
+                        job_id: job.id,
+                        attempt,
+                        exit_codes: &[],
+                        to,
+                        reason: Some(&reason),
+                        actor: ACTOR_EXECUTOR,
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}

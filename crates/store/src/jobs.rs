@@ -1,0 +1,287 @@
+//! Job queries made on behalf of a caller. Each takes the caller's tenant id and filters by it,
+//! so another tenant's job id finds nothing (and the API answers 404, leaking no existence).
+
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use trainyard_core::api::{Job, JobAttempt, JobEvent, JobPage};
+use trainyard_core::auth::Caller;
+use trainyard_core::error::ObjectKind;
+use trainyard_core::job::{JobSpec, JobState, ValidSubmission};
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::{Store, db_error};
+
+/// Filters and paging of a job listing.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub name: Option<String>,
+    /// Jobs older than this id (the previous page's last job).
+    pub before: Option<Uuid>,
+    pub limit: u32,
+}
+
+pub const MAX_PAGE: u32 = 500;
+
+/// A `SELECT` of every column a job read needs, joined with the names people know, followed by
+/// the rest of the statement. A macro rather than `format!` so the SQL stays a static string.
+macro_rules! job_select {
+    ($rest:literal) => {
+        concat!(
+            "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
+                    j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
+                    j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash
+             FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
+            $rest
+        )
+    };
+}
+
+pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
+    let state: String = row.get("state");
+    let spec: sqlx::types::Json<JobSpec> = row.try_get("spec").map_err(Error::internal)?;
+    Ok(Job {
+        id: row.get("id"),
+        tenant: row.get("tenant_name"),
+        name: row.get("name"),
+        state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown job state {state}")))?,
+        reason: row.get("reason"),
+        priority: row.get("priority"),
+        max_restarts: row.get("max_restarts"),
+        restart_count: row.get("restart_count"),
+        spec: spec.0,
+        idempotency_key: row.get("idempotency_key"),
+        created_by: row.get("created_by_name"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+        started_at: row.get("started_at"),
+        finished_at: row.get("finished_at"),
+        cancel_requested_at: row.get("cancel_requested_at"),
+    })
+}
+
+/// What a submit did.
+#[derive(Debug)]
+pub enum Submitted {
+    Created(Job),
+    /// The idempotency key was used before with the same request: the job from then.
+    Replayed(Job),
+}
+
+impl Store {
+    /// Writes a new queued job (the trigger records its first event in the same statement).
+    /// With an idempotency key seen before, returns the earlier job when the request is the
+    /// same and a conflict when it differs.
+    pub async fn job_submit(&self, caller: &Caller, job: ValidSubmission, request_hash: &[u8]) -> Result<Submitted> {
+        let spec = serde_json::to_value(&job.spec).map_err(Error::internal)?;
+        // language=PostgreSQL
+        let inserted = sqlx::query(
+            "INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
+                               idempotency_key, request_hash, created_by)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+             RETURNING id, state, created_at, updated_at",
+        )
+        .bind(Uuid::now_v7())
+        .bind(caller.tenant_id)
+        .bind(&job.name)
+        .bind(&spec)
+        .bind(job.priority)
+        .bind(job.max_restarts as i32)
+        .bind(caller.actor())
+        .bind(&job.idempotency_key)
+        .bind(request_hash)
+        .bind(caller.user_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+
+        if let Some(row) = inserted {
+            return Ok(Submitted::Created(Job {
+                id: row.get("id"),
+                tenant: caller.tenant.clone(),
+                name: job.name,
+                state: JobState::Queued,
+                reason: None,
+                priority: job.priority,
+                max_restarts: job.max_restarts as i32,
+                restart_count: 0,
+                spec: job.spec,
+                idempotency_key: job.idempotency_key,
+                created_by: caller.user.clone(),
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+                started_at: None,
+                finished_at: None,
+                cancel_requested_at: None,
+            }));
+        }
+        // Only a conflicting idempotency key makes the insert do nothing.
+        let key = job.idempotency_key.as_deref().unwrap_or_default();
+        let row = sqlx::query(job_select!("WHERE j.tenant_id = $1 AND j.idempotency_key = $2"))
+            .bind(caller.tenant_id)
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)?;
+        let earlier_hash: Option<Vec<u8>> = row.get("request_hash");
+        if earlier_hash.as_deref() != Some(request_hash) {
+            return Err(Error::Conflict(format!(
+                "idempotency key {key:?} was already used for a different request; use a new key for a new job"
+            )));
+        }
+        Ok(Submitted::Replayed(job_from_row(&row)?))
+    }
+
+    pub async fn job_get(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Job> {
+        let row = sqlx::query(job_select!("WHERE j.tenant_id = $1 AND j.id = $2"))
+            .bind(tenant_id)
+            .bind(job_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| Error::not_found(ObjectKind::Job))?;
+        job_from_row(&row)
+    }
+
+    /// One page of the tenant's jobs, newest first. Keyset pagination on the time-ordered id, so
+    /// a page costs the same however deep it is.
+    pub async fn jobs_list(&self, tenant_id: Uuid, filter: &JobFilter) -> Result<JobPage> {
+        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let rows = sqlx::query(job_select!(
+            "WHERE j.tenant_id = $1
+               AND ($2::text IS NULL OR j.state = $2)
+               AND ($3::text IS NULL OR j.name = $3)
+               AND ($4::uuid IS NULL OR j.id < $4)
+             ORDER BY j.id DESC
+             LIMIT $5"
+        ))
+            .bind(tenant_id)
+            .bind(filter.state.map(JobState::as_str))
+            .bind(&filter.name)
+            .bind(filter.before)
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        let mut items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        let next_cursor = if items.len() > limit as usize {
+            items.truncate(limit as usize);
+            items.last().map(|job| job.id.to_string())
+        } else {
+            None
+        };
+        Ok(JobPage { items, next_cursor })
+    }
+
+    /// Cancels a job. A job that has not launched is cancelled at once; a launched one is marked
+    /// and the reconciler stops its processes, then records `cancelled`. Cancelling a cancelled
+    /// job is harmless; cancelling a finished one is a conflict.
+    pub async fn job_cancel(&self, caller: &Caller, job_id: Uuid) -> Result<Job> {
+        let reason = format!("cancelled by {}", caller.actor());
+        // One statement decides and writes, so a racing admission cannot slip between.
+        // language=PostgreSQL
+        let changed = sqlx::query(
+            "UPDATE jobs SET
+                 state = CASE WHEN state IN ('queued', 'admitted') THEN 'cancelled' ELSE state END,
+                 reason = $3,
+                 last_actor = CASE WHEN state IN ('queued', 'admitted') THEN $4 ELSE last_actor END,
+                 cancel_requested_at = coalesce(cancel_requested_at, now())
+             WHERE id = $1 AND tenant_id = $2 AND state NOT IN ('succeeded', 'failed', 'cancelled')
+             RETURNING id",
+        )
+        .bind(job_id)
+        .bind(caller.tenant_id)
+        .bind(&reason)
+        .bind(caller.actor())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        let job = self.job_get(caller.tenant_id, job_id).await?;
+        if changed.is_none() && job.state != JobState::Cancelled {
+            return Err(Error::Conflict(format!("the job has already {}; there is nothing to cancel", job.state)));
+        }
+        Ok(job)
+    }
+
+    pub async fn job_events(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Vec<JobEvent>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT seq, from_state, to_state, actor, reason, at FROM job_events
+             WHERE tenant_id = $1 AND job_id = $2 ORDER BY seq",
+        )
+        .bind(tenant_id)
+        .bind(job_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        // Every job has at least its `queued` event, so no rows means no such job here.
+        if rows.is_empty() {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        rows.iter()
+            .map(|row| {
+                let state = |column: &str| -> Result<Option<JobState>> {
+                    let text: Option<String> = row.get(column);
+                    text.map(|s| JobState::parse(&s).ok_or_else(|| Error::internal(format!("unknown state {s}"))))
+                        .transpose()
+                };
+                Ok(JobEvent {
+                    seq: row.get("seq"),
+                    from_state: state("from_state")?,
+                    to_state: state("to_state")?.ok_or_else(|| Error::internal("event without a state"))?,
+                    actor: row.get("actor"),
+                    reason: row.get("reason"),
+                    at: row.get("at"),
+                })
+            })
+            .collect()
+    }
+
+    pub async fn job_attempts(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Vec<JobAttempt>> {
+        // The job row anchors the query so that "no attempts yet" and "no such job" differ.
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT a.attempt, a.placement, a.exit_codes, a.reason, a.started_at, a.ended_at
+             FROM jobs j LEFT JOIN job_attempts a ON a.job_id = j.id AND a.tenant_id = j.tenant_id
+             WHERE j.tenant_id = $1 AND j.id = $2
+             ORDER BY a.attempt",
+        )
+        .bind(tenant_id)
+        .bind(job_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        if rows.is_empty() {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let attempt: Option<i32> = row.get("attempt");
+                let exit_codes: Vec<i32> = row.get::<Option<Vec<i32>>, _>("exit_codes").unwrap_or_default();
+                Some(JobAttempt {
+                    attempt: attempt?,
+                    placement: row.get("placement"),
+                    exit_codes: exit_codes.into_iter().map(from_stored_exit_code).collect(),
+                    reason: row.get("reason"),
+                    started_at: row.get("started_at"),
+                    ended_at: row.get("ended_at"),
+                })
+            })
+            .collect())
+    }
+}
+
+/// Exit codes are stored as integers with this marker for "unknown" (killed, lost, running),
+/// because Postgres arrays of nullable integers do not map cleanly to `Vec<Option<i32>>`.
+pub(crate) const UNKNOWN_EXIT: i32 = -1;
+
+pub(crate) fn from_stored_exit_code(code: i32) -> Option<i32> {
+    (code != UNKNOWN_EXIT).then_some(code)
+}
+
+pub(crate) fn to_stored_exit_code(code: Option<i32>) -> i32 {
+    code.unwrap_or(UNKNOWN_EXIT)
+}

@@ -1,0 +1,88 @@
+//! Postgres persistence for Trainyard.
+//!
+//! Everything durable lives here: tenants, users, memberships, token hashes, jobs with their
+//! state, attempts and events. Nothing is cached in memory across calls, so any number of server
+//! processes can share one database, and a restarted server picks up exactly where the last one
+//! stopped.
+//!
+//! Two kinds of queries, kept in separate modules:
+//! - [`tenancy`] and [`jobs`] answer requests. Every query of tenant data takes the caller's
+//!   tenant id and filters by it; an id from another tenant finds nothing.
+//! - [`reconcile`] serves the control loops. They act for the platform across tenants, by job
+//!   id, and are never reachable from a request.
+//!
+//! [`embedded`] runs a private Postgres cluster for `trainyard dev` and the tests.
+
+pub mod embedded;
+pub mod jobs;
+pub mod reconcile;
+pub mod tenancy;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+use trainyard_core::Error;
+
+/// The migrations in the workspace's top-level `migrations/` folder, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// A handle on the database. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects with a pool sized for `max_connections` and a short acquire timeout, so that an
+    /// overloaded or absent database turns into a quick 503 rather than a hung request.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, sqlx::Error> {
+        let options: PgConnectOptions = url.parse::<PgConnectOptions>()?.disable_statement_logging();
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        Ok(Store { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Store {
+        Store { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        MIGRATOR.run(&self.pool).await
+    }
+
+    /// True when the database answers a trivial query.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Maps a database error to the domain error. Named constraints become user errors in the
+/// modules that know what they mean; what reaches here is either unavailability or a bug.
+pub(crate) fn db_error(err: sqlx::Error) -> Error {
+    match err {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            Error::Unavailable("the database is not answering; try again shortly".into())
+        }
+        other => Error::internal(other),
+    }
+}
+
+/// The name of the constraint a database error violated, if any.
+pub(crate) fn violated_constraint(err: &sqlx::Error) -> Option<&str> {
+    match err {
+        sqlx::Error::Database(db) => db.constraint(),
+        _ => None,
+    }
+}

@@ -1,0 +1,224 @@
+//! Queries of the control loops (admission and the reconciler). They act for the platform,
+//! across tenants, by job id; no request reaches them. Every write is a conditional statement
+//! on the state it expects, so a loop that raced a user (a cancel) or another loop simply
+//! finds nothing to change.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use trainyard_core::job::{JobSpec, JobState};
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::jobs::to_stored_exit_code;
+use crate::{Store, db_error};
+
+/// An unfinished job as the loops see it.
+#[derive(Debug, Clone)]
+pub struct UnfinishedJob {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub state: JobState,
+    pub reason: Option<String>,
+    pub spec: JobSpec,
+    pub priority: i32,
+    pub max_restarts: i32,
+    pub restart_count: i32,
+    pub cancel_requested: bool,
+    pub created_at: DateTime<Utc>,
+    /// The latest attempt, if the job was ever launched.
+    pub attempt: Option<AttemptRecord>,
+}
+
+/// What the database holds of one attempt.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub number: i32,
+    pub placement: Option<serde_json::Value>,
+    pub ended: bool,
+}
+
+/// How many queued jobs one admission pass looks at: the head of the queue, not all of it.
+pub const QUEUE_WINDOW: i64 = 1000;
+
+impl Store {
+    /// Every job that holds capacity or is being stopped, and the head of the queue in
+    /// admission order (priority, then submit order).
+    pub async fn jobs_unfinished(&self) -> Result<Vec<UnfinishedJob>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "(SELECT j.id, j.tenant_id, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
+                     j.cancel_requested_at IS NOT NULL AS cancel_requested, j.created_at,
+                     a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended
+              FROM jobs j
+              LEFT JOIN LATERAL (SELECT attempt, placement, ended_at FROM job_attempts
+                                 WHERE job_id = j.id ORDER BY attempt DESC LIMIT 1) a ON true
+              WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
+             UNION ALL
+             (SELECT j.id, j.tenant_id, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
+                     false, j.created_at, NULL, NULL, NULL
+              FROM jobs j WHERE j.state = 'queued'
+              ORDER BY j.priority DESC, j.id
+              LIMIT $1)",
+        )
+        .bind(QUEUE_WINDOW)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        rows.iter()
+            .map(|row| {
+                let state: String = row.get("state");
+                let spec: sqlx::types::Json<JobSpec> = row.try_get("spec").map_err(Error::internal)?;
+                let attempt: Option<i32> = row.get("attempt");
+                Ok(UnfinishedJob {
+                    id: row.get("id"),
+                    tenant_id: row.get("tenant_id"),
+                    state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown state {state}")))?,
+                    reason: row.get("reason"),
+                    spec: spec.0,
+                    priority: row.get("priority"),
+                    max_restarts: row.get("max_restarts"),
+                    restart_count: row.get("restart_count"),
+                    cancel_requested: row.get("cancel_requested"),
+                    created_at: row.get("created_at"),
+                    attempt: attempt.map(|number| AttemptRecord {
+                        number,
+                        placement: row.get("placement"),
+                        ended: row.get::<Option<bool>, _>("attempt_ended").unwrap_or(false),
+                    }),
+                })
+            })
+            .collect()
+    }
+
+    /// Moves a job from one of `from` to `to`, recording who and why. False when the job was
+    /// not in any of `from` (someone else moved it first).
+    pub async fn job_transition(
+        &self,
+        job_id: Uuid,
+        from: &[JobState],
+        to: JobState,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<bool> {
+        let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+        // language=PostgreSQL
+        let result = sqlx::query(
+            "UPDATE jobs SET state = $3, reason = $4, last_actor = $5
+             WHERE id = $1 AND state = ANY($2)",
+        )
+        .bind(job_id)
+        .bind(&from)
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(actor)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Keeps a queued job's "why pending" up to date; writes only when it changed.
+    pub async fn job_pending_reason_set(&self, job_id: Uuid, reason: &str) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query("UPDATE jobs SET reason = $2 WHERE id = $1 AND state = 'queued' AND reason IS DISTINCT FROM $2")
+            .bind(job_id)
+            .bind(reason)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Moves an admitted or restarting job to `starting` and opens its next attempt, in one
+    /// transaction. Returns the attempt number, or `None` when the job was no longer launchable.
+    pub async fn attempt_begin(&self, job_id: Uuid, actor: &str) -> Result<Option<i32>> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        // language=PostgreSQL
+        let tenant_id: Option<Uuid> = sqlx::query_scalar(
+            "UPDATE jobs SET state = 'starting', reason = NULL, last_actor = $2
+             WHERE id = $1 AND state IN ('admitted', 'restarting') AND cancel_requested_at IS NULL
+             RETURNING tenant_id",
+        )
+        .bind(job_id)
+        .bind(actor)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        let Some(tenant_id) = tenant_id else {
+            return Ok(None);
+        };
+        // language=PostgreSQL
+        let attempt: i32 = sqlx::query_scalar(
+            "INSERT INTO job_attempts (job_id, tenant_id, attempt)
+             SELECT $1, $2, coalesce(max(attempt), 0) + 1 FROM job_attempts WHERE job_id = $1
+             RETURNING attempt",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(Some(attempt))
+    }
+
+    pub async fn attempt_placement_set(&self, job_id: Uuid, attempt: i32, placement: &serde_json::Value) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query("UPDATE job_attempts SET placement = $3 WHERE job_id = $1 AND attempt = $2")
+            .bind(job_id)
+            .bind(attempt)
+            .bind(placement)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Closes an attempt with its exit codes and moves the job on, in one transaction:
+    /// to `to` (succeeded, failed, cancelled) or, for `restarting`, counting one more restart.
+    pub async fn attempt_end(&self, end: AttemptEnd<'_>) -> Result<bool> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let codes: Vec<i32> = end.exit_codes.iter().copied().map(to_stored_exit_code).collect();
+        // language=PostgreSQL
+        sqlx::query(
+            "UPDATE job_attempts SET exit_codes = $3, reason = $4, ended_at = coalesce(ended_at, now())
+             WHERE job_id = $1 AND attempt = $2",
+        )
+        .bind(end.job_id)
+        .bind(end.attempt)
+        .bind(&codes)
+        .bind(end.reason)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        let restart = i32::from(end.to == JobState::Restarting);
+        // language=PostgreSQL
+        let moved = sqlx::query(
+            "UPDATE jobs SET state = $2, reason = $3, last_actor = $4, restart_count = restart_count + $5
+             WHERE id = $1 AND state IN ('starting', 'running')",
+        )
+        .bind(end.job_id)
+        .bind(end.to.as_str())
+        .bind(end.reason)
+        .bind(end.actor)
+        .bind(restart)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?
+        .rows_affected()
+            == 1;
+        tx.commit().await.map_err(db_error)?;
+        Ok(moved)
+    }
+}
+
+/// The end of an attempt, for [`Store::attempt_end`].
+#[derive(Debug, Clone)]
+pub struct AttemptEnd<'a> {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub exit_codes: &'a [Option<i32>],
+    pub to: JobState,
+    pub reason: Option<&'a str>,
+    pub actor: &'a str,
+}

@@ -1,0 +1,306 @@
+//! Tenants, users, memberships and API tokens, and turning a bearer token into a [`Caller`].
+
+use chrono::{DateTime, Duration, Utc};
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+use trainyard_core::api::{Tenant, TokenCreated, TokenInfo};
+use trainyard_core::auth::{Caller, Role};
+use trainyard_core::error::ObjectKind;
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::{Store, db_error, violated_constraint};
+
+/// Tokens start with this, so that they are recognisable in a leaked file or a secret scanner.
+pub const TOKEN_PREFIX: &str = "tyd_";
+
+/// A new random token secret: the prefix and 256 random bits in hex.
+pub fn token_generate() -> String {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    format!("{TOKEN_PREFIX}{}", hex::encode(bytes))
+}
+
+/// What the database keeps of a token: its SHA-256.
+pub fn token_hash(secret: &str) -> Vec<u8> {
+    Sha256::digest(secret.as_bytes()).to_vec()
+}
+
+/// `last_used_at` is refreshed at most this often, so that authenticating is a read, not a write.
+const LAST_USED_GRANULARITY_SECS: i64 = 60;
+
+impl Store {
+    /// The caller a bearer token stands for, or `Unauthenticated` with the reason. The role comes
+    /// from the membership now, not from when the token was made.
+    pub async fn token_authenticate(&self, secret: &str) -> Result<Caller> {
+        let unauthenticated = || Error::Unauthenticated("the token is not valid".into());
+        if !secret.starts_with(TOKEN_PREFIX) {
+            return Err(unauthenticated());
+        }
+        // language=PostgreSQL
+        let row = sqlx::query(
+            "SELECT t.id AS token_id, t.expires_at, t.revoked_at, t.last_used_at,
+                    u.id AS user_id, u.name AS user_name, u.platform_admin,
+                    n.id AS tenant_id, n.name AS tenant_name, m.role
+             FROM api_tokens t
+             JOIN memberships m ON m.tenant_id = t.tenant_id AND m.user_id = t.user_id
+             JOIN users u ON u.id = t.user_id
+             JOIN tenants n ON n.id = t.tenant_id
+             WHERE t.token_hash = $1",
+        )
+        .bind(token_hash(secret))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(unauthenticated)?;
+
+        if row.get::<Option<DateTime<Utc>>, _>("revoked_at").is_some() {
+            return Err(Error::Unauthenticated("the token has been revoked".into()));
+        }
+        if row.get::<Option<DateTime<Utc>>, _>("expires_at").is_some_and(|at| at <= Utc::now()) {
+            return Err(Error::Unauthenticated("the token has expired".into()));
+        }
+        let token_id: Uuid = row.get("token_id");
+        let last_used: Option<DateTime<Utc>> = row.get("last_used_at");
+        if last_used.is_none_or(|at| Utc::now() - at > Duration::seconds(LAST_USED_GRANULARITY_SECS)) {
+            // language=PostgreSQL
+            sqlx::query("UPDATE api_tokens SET last_used_at = now() WHERE id = $1")
+                .bind(token_id)
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+        }
+        let role: String = row.get("role");
+        Ok(Caller {
+            user_id: row.get("user_id"),
+            user: row.get("user_name"),
+            tenant_id: row.get("tenant_id"),
+            tenant: row.get("tenant_name"),
+            role: Role::parse(&role).ok_or_else(|| Error::internal(format!("unknown role {role}")))?,
+            platform_admin: row.get("platform_admin"),
+            token_id,
+        })
+    }
+
+    /// Creates a token for a member of a tenant. The secret is in the result and nowhere else.
+    pub async fn token_create(
+        &self,
+        tenant_id: Uuid,
+        user_id: Uuid,
+        name: &str,
+        expires_in_days: Option<u32>,
+    ) -> Result<TokenCreated> {
+        token_create_in(&self.pool, tenant_id, user_id, name, expires_in_days).await
+    }
+
+    /// The caller's own tokens in its tenant, newest first.
+    pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT t.id, t.name, t.created_at, t.expires_at, t.last_used_at, t.revoked_at
+             FROM api_tokens t WHERE t.tenant_id = $1 AND t.user_id = $2
+             ORDER BY t.created_at DESC",
+        )
+        .bind(caller.tenant_id)
+        .bind(caller.user_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| TokenInfo {
+                id: row.get("id"),
+                name: row.get("name"),
+                user: caller.user.clone(),
+                tenant: caller.tenant.clone(),
+                created_at: row.get("created_at"),
+                expires_at: row.get("expires_at"),
+                last_used_at: row.get("last_used_at"),
+                revoked_at: row.get("revoked_at"),
+            })
+            .collect())
+    }
+
+    /// Revokes one of the caller's tokens (a tenant admin may revoke any token of the tenant).
+    /// Revoking twice is harmless.
+    pub async fn token_revoke(&self, caller: &Caller, token_id: Uuid) -> Result<()> {
+        // language=PostgreSQL
+        let result = sqlx::query(
+            "UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
+             WHERE id = $1 AND tenant_id = $2 AND (user_id = $3 OR $4)",
+        )
+        .bind(token_id)
+        .bind(caller.tenant_id)
+        .bind(caller.user_id)
+        .bind(caller.role == Role::Admin)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        if result.rows_affected() == 0 {
+            return Err(Error::not_found(ObjectKind::Token));
+        }
+        Ok(())
+    }
+
+    pub async fn tenant_create(&self, name: &str) -> Result<Tenant> {
+        // language=PostgreSQL
+        let row = sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at")
+            .bind(Uuid::now_v7())
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|err| match violated_constraint(&err) {
+                Some("tenants_name_unique") => Error::Conflict(format!("a tenant named {name:?} already exists")),
+                Some("tenants_name_format") => Error::invalid(
+                    "name",
+                    "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
+                ),
+                _ => db_error(err),
+            })?;
+        Ok(Tenant { id: row.get("id"), name: row.get("name"), created_at: row.get("created_at") })
+    }
+
+    pub async fn tenants_list(&self) -> Result<Vec<Tenant>> {
+        // language=PostgreSQL
+        let rows = sqlx::query("SELECT id, name, created_at FROM tenants ORDER BY name")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| Tenant { id: row.get("id"), name: row.get("name"), created_at: row.get("created_at") })
+            .collect())
+    }
+
+    /// Adds a user (created if new) to a tenant with a role, or changes the role of a member,
+    /// and issues the member a token; all or nothing.
+    pub async fn member_add(
+        &self,
+        tenant_name: &str,
+        user_name: &str,
+        role: Role,
+        platform_admin: bool,
+        token_name: &str,
+        expires_in_days: Option<u32>,
+    ) -> Result<TokenCreated> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        // language=PostgreSQL
+        let tenant_id: Uuid = sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1")
+            .bind(tenant_name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        // language=PostgreSQL
+        let user_id: Uuid = sqlx::query_scalar(
+            "INSERT INTO users (id, name, platform_admin) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE SET platform_admin = users.platform_admin OR EXCLUDED.platform_admin
+             RETURNING id",
+        )
+        .bind(Uuid::now_v7())
+        .bind(user_name)
+        .bind(platform_admin)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|err| match violated_constraint(&err) {
+            Some("users_name_format") => Error::invalid(
+                "user",
+                "must be 1 to 128 letters, digits, '.', '_', '@' or '-', starting with a letter or digit",
+            ),
+            _ => db_error(err),
+        })?;
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO memberships (tenant_id, user_id, role) VALUES ($1, $2, $3)
+             ON CONFLICT (tenant_id, user_id) DO UPDATE SET role = EXCLUDED.role",
+        )
+        .bind(tenant_id)
+        .bind(user_id)
+        .bind(role.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        let token = token_create_in(&mut *tx, tenant_id, user_id, token_name, expires_in_days).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(token)
+    }
+
+    /// On an empty database, creates the first tenant, a platform-admin user who administers it,
+    /// and that user's token. Returns `None` when any user exists already. Safe to race: the
+    /// advisory lock lets only one caller bootstrap.
+    pub async fn bootstrap(&self, tenant: &str, admin: &str) -> Result<Option<TokenCreated>> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        // language=PostgreSQL
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('trainyard.bootstrap'))")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        // language=PostgreSQL
+        let has_users: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM users)")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        if has_users {
+            return Ok(None);
+        }
+        let tenant_id = Uuid::now_v7();
+        let user_id = Uuid::now_v7();
+        // language=PostgreSQL
+        sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2)")
+            .bind(tenant_id)
+            .bind(tenant)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        // language=PostgreSQL
+        sqlx::query("INSERT INTO users (id, name, platform_admin) VALUES ($1, $2, true)")
+            .bind(user_id)
+            .bind(admin)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        // language=PostgreSQL
+        sqlx::query("INSERT INTO memberships (tenant_id, user_id, role) VALUES ($1, $2, 'admin')")
+            .bind(tenant_id)
+            .bind(user_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        let token = token_create_in(&mut *tx, tenant_id, user_id, "bootstrap", None).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(Some(token))
+    }
+}
+
+async fn token_create_in<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    tenant_id: Uuid,
+    user_id: Uuid,
+    name: &str,
+    expires_in_days: Option<u32>,
+) -> Result<TokenCreated> {
+    if name.is_empty() || name.chars().count() > 64 {
+        return Err(Error::invalid("name", "a token name is 1 to 64 characters"));
+    }
+    if expires_in_days.is_some_and(|days| days == 0 || days > 3650) {
+        return Err(Error::invalid("expires_in_days", "must be between 1 and 3650"));
+    }
+    let secret = token_generate();
+    let id = Uuid::now_v7();
+    let expires_at = expires_in_days.map(|days| Utc::now() + Duration::days(i64::from(days)));
+    // language=PostgreSQL
+    sqlx::query(
+        "INSERT INTO api_tokens (id, tenant_id, user_id, name, token_hash, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id)
+    .bind(tenant_id)
+    .bind(user_id)
+    .bind(name)
+    .bind(token_hash(&secret))
+    .bind(expires_at)
+    .execute(executor)
+    .await
+    .map_err(db_error)?;
+    Ok(TokenCreated { id, name: name.to_string(), token: secret, expires_at })
+}
