@@ -1,1 +1,9 @@
+//! End-to-end tests: the real binaries against a real Postgres, through real HTTP.
 
+mod api;
+mod dev;
+mod input;
+mod jobs;
+mod recovery;
+mod schema;
+mod tenancy;

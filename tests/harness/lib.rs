@@ -1,1 +1,384 @@
+//! The end-to-end test harness: a fresh Postgres database per test (with every migration
+//! applied), the real `trainyard` server binary on port 0, the real `yard` binary, plain HTTP.
+//!
+//! The Postgres cluster itself is started once per test run by `tests/run`
+//! (`trainyard postgres start --throwaway`), which exports its admin URL as
+//! `TRAINYARD_TEST_DATABASE_URL`. Each test creates its own database in it.
 
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use trainyard_store::Store;
+
+pub use reqwest::StatusCode;
+
+/// The folder holding the workspace's built binaries (next to this test executable).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the binaries first (`cargo build --workspace`; tests/run does)",
+        path.display()
+    );
+    path
+}
+
+/// A database of its own for one test, with all migrations applied.
+pub struct TestDb {
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn fresh() -> TestDb {
+        let admin_url = std::env::var("TRAINYARD_TEST_DATABASE_URL").expect(
+            "TRAINYARD_TEST_DATABASE_URL is not set: run the tests through tests/run, which starts a throwaway Postgres",
+        );
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&admin_url)
+            .await
+            .expect("connect to the test cluster");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&admin)
+            .await
+            .expect("create database");
+        admin.close().await;
+        let (base, _) = admin_url
+            .rsplit_once('/')
+            .expect("database URL ends with /<database>");
+        let url = format!("{base}/{name}");
+        let store = Store::connect(&url, 4)
+            .await
+            .expect("connect to the fresh database");
+        store
+            .migrate()
+            .await
+            .expect("every migration applies to an empty database");
+        TestDb {
+            url,
+            pool: store.pool().clone(),
+        }
+    }
+}
+
+/// A running `trainyard serve` process.
+pub struct ServerProcess {
+    child: Child,
+    pub url: String,
+}
+
+impl ServerProcess {
+    pub fn start(db_url: &str, data_dir: &Path) -> ServerProcess {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data_dir.join("server.log"))
+            .unwrap();
+        let mut child = Command::new(bin("trainyard"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--cpus",
+                "8",
+                "--grace-seconds",
+                "2",
+                "--max-connections",
+                "8",
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("TRAINYARD_DATABASE_URL", db_url)
+            .env("RUST_LOG", "info,sqlx=warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start trainyard serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let url = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(url) = line.strip_prefix("trainyard: listening on ") {
+                        break url.trim().to_string();
+                    }
+                }
+                _ => panic!(
+                    "trainyard serve exited before listening; its log: {}",
+                    std::fs::read_to_string(data_dir.join("server.log")).unwrap_or_default()
+                ),
+            }
+        };
+        // Keep reading so that the server never writes into a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        ServerProcess { child, url }
+    }
+
+    /// SIGKILL: the server dies without any cleanup, as in a crash.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill_hard();
+    }
+}
+
+/// One test's world: its database, data directory, server, and an admin token.
+pub struct TestEnv {
+    pub db: TestDb,
+    pub dir: tempfile::TempDir,
+    pub server: ServerProcess,
+    pub admin_token: String,
+    http: reqwest::Client,
+}
+
+impl TestEnv {
+    pub async fn start() -> TestEnv {
+        let db = TestDb::fresh().await;
+        let dir = tempfile::Builder::new()
+            .prefix("trainyard-test-")
+            .tempdir()
+            .unwrap();
+        let output = Command::new(bin("trainyard"))
+            .arg("bootstrap")
+            .env("TRAINYARD_DATABASE_URL", &db.url)
+            .output()
+            .expect("run trainyard bootstrap");
+        assert!(
+            output.status.success(),
+            "bootstrap failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let admin_token = String::from_utf8(output.stdout).unwrap().trim().to_string();
+        let server = ServerProcess::start(&db.url, &dir.path().join("data"));
+        TestEnv {
+            db,
+            dir,
+            server,
+            admin_token,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn restart_after_crash(&mut self) {
+        self.server.kill_hard();
+        self.server = ServerProcess::start(&self.db.url, &self.data_dir());
+    }
+
+    /// Sends a request; returns the status and the JSON body (Null when there is none).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.server.url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.expect("HTTP request");
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::GET, path, Some(token), None)
+            .await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, path, Some(token), Some(body))
+            .await
+    }
+
+    /// Submits as the admin and returns the job id.
+    pub async fn submit(&self, body: Value) -> String {
+        let (status, job) = self.post("/api/v1/jobs", &self.admin_token, &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+        job["id"].as_str().unwrap().to_string()
+    }
+
+    /// Polls a job until `done` says so; panics with the last state after `timeout`.
+    pub async fn wait_job(
+        &self,
+        id: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (status, job) = self
+                .get(&format!("/api/v1/jobs/{id}"), &self.admin_token)
+                .await;
+            assert_eq!(status, StatusCode::OK, "{job}");
+            if done(&job) {
+                return job;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {id} did not get there in {timeout:?}; it is {job}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> Value {
+        self.wait_job(id, timeout, |job| job["state"] == state)
+            .await
+    }
+
+    /// Adds `user` to `tenant` with `role` and returns their token.
+    pub async fn member(&self, tenant: &str, user: &str, role: &str) -> String {
+        let (status, added) = self
+            .post(
+                &format!("/api/v1/admin/tenants/{tenant}/members"),
+                &self.admin_token,
+                &serde_json::json!({"user": user, "role": role}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{added}");
+        added["token"]["token"].as_str().unwrap().to_string()
+    }
+
+    /// Runs the real `yard` binary against this server with `token`.
+    pub fn yard(&self, token: &str, args: &[&str]) -> Output {
+        Command::new(bin("yard"))
+            .args(args)
+            .env("HOME", self.dir.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env("TRAINYARD_URL", &self.server.url)
+            .env("TRAINYARD_TOKEN", token)
+            .output()
+            .expect("run yard")
+    }
+
+    /// Process ids (also process-group ids) of a job's replicas in one attempt.
+    pub async fn replica_pids(&self, id: &str, attempt: usize) -> Vec<u32> {
+        let (_, attempts) = self
+            .get(&format!("/api/v1/jobs/{id}/attempts"), &self.admin_token)
+            .await;
+        attempts[attempt - 1]["placement"]["replicas"]
+            .as_array()
+            .expect("placement with replicas")
+            .iter()
+            .map(|r| r["pid"].as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    /// The first replica's pid of a job's latest attempt, read from Postgres (works while the
+    /// server is down).
+    pub async fn replica_pids_from_db(&self, id: &str) -> u32 {
+        let placement: serde_json::Value = sqlx::query_scalar(
+            "SELECT placement FROM job_attempts WHERE job_id = $1::uuid ORDER BY attempt DESC LIMIT 1",
+        )
+        .bind(id)
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap();
+        placement["replicas"][0]["pid"].as_u64().unwrap() as u32
+    }
+
+    pub async fn jobs_in_db(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM jobs")
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for TestEnv {
+    /// Leaves no job process behind, whatever the test did.
+    fn drop(&mut self) {
+        self.server.kill_hard();
+        for pgid in job_process_groups(&self.data_dir()) {
+            if let Ok(raw) = i32::try_from(pgid) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(raw),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// Every replica supervisor pid recorded under a data directory.
+pub fn job_process_groups(data_dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let Ok(jobs) = std::fs::read_dir(data_dir.join("jobs")) else {
+        return pids;
+    };
+    for job in jobs.flatten() {
+        for attempt in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for file in std::fs::read_dir(attempt.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if file.path().extension().is_some_and(|e| e == "pid")
+                    && let Some(pid) = std::fs::read_to_string(file.path())
+                        .ok()
+                        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+                {
+                    pids.push(pid);
+                }
+            }
+        }
+    }
+    pids
+}
+
+/// True while any process is in the group.
+pub fn group_alive(pgid: u32) -> bool {
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), None).is_ok()
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}

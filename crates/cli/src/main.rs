@@ -1,1 +1,444 @@
-fn main() {}
+//! `yard`: the Trainyard command line. Tables for people, `-o json` for scripts; errors print
+//! the server's message and exit non-zero.
+
+mod client;
+mod config;
+mod output;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use futures::StreamExt;
+use trainyard_core::api::{
+    Job, JobAttempt, JobEvent, JobPage, Me, MemberAdd, MemberAdded, Tenant, TenantCreate,
+    TokenCreate, TokenCreated, TokenInfo,
+};
+use trainyard_core::auth::Role;
+use trainyard_core::job::{JobState, JobSubmission};
+use trainyard_core::resources::{Cpu, Memory, Resources};
+
+use crate::client::{ApiFailure, Client};
+use crate::config::Config;
+
+#[derive(Parser)]
+#[command(
+    name = "yard",
+    version,
+    about = "Submit and watch jobs on a Trainyard cluster"
+)]
+struct Cli {
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a server URL and token and remember them.
+    Login {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        token: String,
+    },
+    /// Who you are signed in as.
+    Whoami,
+    /// Submit a job: `yard submit --replicas 2 -- python train.py --lr 3e-4`.
+    Submit(SubmitArgs),
+    /// List and inspect jobs.
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// Print a replica's log; `-f` follows it until the job ends.
+    Logs {
+        id: String,
+        #[arg(long, default_value_t = 0)]
+        replica: u32,
+        /// Attempt number (default: the latest).
+        #[arg(long)]
+        attempt: Option<i32>,
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Cancel a job: its processes are stopped and it ends `cancelled`.
+    Cancel { id: String },
+    /// Wait for a job to end. Exits 0 only if it succeeded.
+    Wait {
+        id: String,
+        /// Give up after this many seconds (exit 124).
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// Your API tokens.
+    Tokens {
+        #[command(subcommand)]
+        command: TokensCommand,
+    },
+    /// Tenants and members (admins).
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(clap::Args)]
+struct SubmitArgs {
+    /// A name for the job (default: the program's name).
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// GPUs per replica.
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// GPU type, e.g. nvidia-h100-80gb.
+    #[arg(long)]
+    gpu_type: Option<String>,
+    /// CPU cores per replica (2, 0.5 or 500m).
+    #[arg(long, default_value = "1")]
+    cpu: String,
+    /// Memory per replica (4Gi, 512Mi).
+    #[arg(long, default_value = "1Gi")]
+    memory: String,
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Relaunches after a failed attempt.
+    #[arg(long, default_value_t = 0)]
+    max_restarts: u32,
+    /// Environment variables, KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Makes a retried submit return the first job instead of a second one.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// The tenant's jobs, newest first.
+    Ls {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Continue from a previous page's cursor.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// One job: spec, attempts and state history.
+    Show { id: String },
+}
+
+#[derive(Subcommand)]
+enum TokensCommand {
+    Ls,
+    /// A new token (its secret is printed once).
+    Create {
+        name: String,
+        #[arg(long)]
+        expires_in_days: Option<u32>,
+    },
+    Revoke {
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Create a tenant (platform admins).
+    TenantCreate { name: String },
+    /// List tenants (platform admins).
+    Tenants,
+    /// Add a user to a tenant with a role, and print their first token.
+    MemberAdd {
+        tenant: String,
+        user: String,
+        #[arg(long, value_parser = ["viewer", "member", "admin"], default_value = "member")]
+        role: String,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(err) => {
+            match err.downcast_ref::<ApiFailure>() {
+                Some(failure) => eprintln!("error: {}", failure.message),
+                None => eprintln!("error: {err:#}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let out = cli.output;
+    if let Command::Login { url, token } = &cli.command {
+        let config = Config {
+            url: url.trim_end_matches('/').to_string(),
+            token: token.clone(),
+        };
+        let me: Me = Client::new(config.clone())?.get("/api/v1/me").await?;
+        let path = config::save(&config)?;
+        eprintln!(
+            "Signed in to {} as {} in tenant {} ({}); saved to {}",
+            config.url,
+            me.user,
+            me.tenant,
+            me.role.as_str(),
+            path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = Client::new(config::load()?)?;
+    match cli.command {
+        Command::Login { .. } => unreachable!("handled above"),
+        Command::Whoami => {
+            let me: Me = client.get("/api/v1/me").await?;
+            output::print(out, &me, |me| {
+                format!(
+                    "{} in tenant {} ({}{})\n",
+                    me.user,
+                    me.tenant,
+                    me.role.as_str(),
+                    if me.platform_admin {
+                        ", platform admin"
+                    } else {
+                        ""
+                    }
+                )
+            })
+        }
+        Command::Submit(args) => {
+            let submission = submission_of(args)?;
+            let job: Job = client.post("/api/v1/jobs", &submission).await?;
+            output::print(out, &job, |job| format!("{}\n", job.id))
+        }
+        Command::Jobs {
+            command:
+                JobsCommand::Ls {
+                    state,
+                    name,
+                    limit,
+                    cursor,
+                },
+        } => {
+            let mut query = vec![("limit", limit.to_string())];
+            query.extend(state.map(|v| ("state", v)));
+            query.extend(name.map(|v| ("name", v)));
+            query.extend(cursor.map(|v| ("cursor", v)));
+            let query = serde_urlencoded::to_string(&query)?;
+            let page: JobPage = client.get(&format!("/api/v1/jobs?{query}")).await?;
+            output::print(out, &page, output::jobs_table)
+        }
+        Command::Jobs {
+            command: JobsCommand::Show { id },
+        } => {
+            let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
+            let attempts: Vec<JobAttempt> =
+                client.get(&format!("/api/v1/jobs/{id}/attempts")).await?;
+            let events: Vec<JobEvent> = client.get(&format!("/api/v1/jobs/{id}/events")).await?;
+            let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events });
+            output::print(out, &detail, |_| {
+                output::job_detail(&job, &attempts, &events)
+            })
+        }
+        Command::Logs {
+            id,
+            replica,
+            attempt,
+            follow,
+        } => {
+            let mut query = vec![
+                ("replica", replica.to_string()),
+                ("follow", follow.to_string()),
+            ];
+            query.extend(attempt.map(|a| ("attempt", a.to_string())));
+            let query = serde_urlencoded::to_string(&query)?;
+            let response = client
+                .get_stream(&format!("/api/v1/jobs/{id}/logs?{query}"))
+                .await?;
+            let mut body = response.bytes_stream();
+            let mut stdout = std::io::stdout().lock();
+            while let Some(chunk) = body.next().await {
+                stdout.write_all(&chunk.context("the log stream broke off")?)?;
+                stdout.flush()?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cancel { id } => {
+            let job: Job = client
+                .post(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({}))
+                .await?;
+            output::print(out, &job, |job| {
+                if job.state == JobState::Cancelled {
+                    format!("{} cancelled\n", job.id)
+                } else {
+                    format!("{} is being stopped\n", job.id)
+                }
+            })
+        }
+        Command::Wait { id, timeout } => {
+            wait(&client, out, &id, timeout.map(Duration::from_secs)).await
+        }
+        Command::Tokens {
+            command: TokensCommand::Ls,
+        } => {
+            let tokens: Vec<TokenInfo> = client.get("/api/v1/tokens").await?;
+            output::print(out, &tokens, output::tokens_table)
+        }
+        Command::Tokens {
+            command:
+                TokensCommand::Create {
+                    name,
+                    expires_in_days,
+                },
+        } => {
+            let token: TokenCreated = client
+                .post(
+                    "/api/v1/tokens",
+                    &TokenCreate {
+                        name,
+                        expires_in_days,
+                    },
+                )
+                .await?;
+            output::print(out, &token, |t| format!("{}\n", t.token))
+        }
+        Command::Tokens {
+            command: TokensCommand::Revoke { id },
+        } => {
+            client.delete(&format!("/api/v1/tokens/{id}")).await?;
+            eprintln!("revoked {id}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Admin {
+            command: AdminCommand::TenantCreate { name },
+        } => {
+            let tenant: Tenant = client
+                .post("/api/v1/admin/tenants", &TenantCreate { name })
+                .await?;
+            output::print(out, &tenant, |t| format!("created tenant {}\n", t.name))
+        }
+        Command::Admin {
+            command: AdminCommand::Tenants,
+        } => {
+            let tenants: Vec<Tenant> = client.get("/api/v1/admin/tenants").await?;
+            output::print(out, &tenants, |ts| {
+                ts.iter().map(|t| format!("{}\n", t.name)).collect()
+            })
+        }
+        Command::Admin {
+            command: AdminCommand::MemberAdd { tenant, user, role },
+        } => {
+            let role = Role::parse(&role).expect("clap checked the role");
+            let body = MemberAdd {
+                user,
+                role,
+                token_name: "default".into(),
+                expires_in_days: None,
+            };
+            let added: MemberAdded = client
+                .post(&format!("/api/v1/admin/tenants/{tenant}/members"), &body)
+                .await?;
+            output::print(out, &added, |a| format!("{}\n", a.token.token))
+        }
+    }
+}
+
+fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let Some((key, value)) = pair.split_once('=') else {
+            bail!("--env {pair:?}: expected KEY=VALUE");
+        };
+        env.insert(key.to_string(), value.to_string());
+    }
+    let cpu = Cpu::parse(&args.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
+    let memory = Memory::parse(&args.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+    Ok(JobSubmission {
+        name: args.name,
+        command: args.command,
+        args: Vec::new(),
+        env,
+        resources: Resources {
+            cpu,
+            memory,
+            gpus: args.gpus,
+            gpu_type: args.gpu_type,
+        },
+        replicas: args.replicas,
+        priority: args.priority,
+        max_restarts: args.max_restarts,
+        idempotency_key: args.idempotency_key,
+    })
+}
+
+/// Polls the job with a spinner until it ends.
+async fn wait(
+    client: &Client,
+    out: Output,
+    id: &str,
+    timeout: Option<Duration>,
+) -> anyhow::Result<ExitCode> {
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let started = std::time::Instant::now();
+    let job = loop {
+        let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
+        if job.state.is_terminal() {
+            break job;
+        }
+        let reason = job
+            .reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        spinner.set_message(format!(
+            "{} {}{reason} ({}s)",
+            job.name,
+            job.state,
+            started.elapsed().as_secs()
+        ));
+        if timeout.is_some_and(|t| started.elapsed() >= t) {
+            spinner.finish_and_clear();
+            eprintln!("gave up waiting: {} is still {}", job.id, job.state);
+            return Ok(ExitCode::from(124));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    spinner.finish_and_clear();
+    output::print(out, &job, |job| {
+        let reason = job
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        format!("{} {}{reason}\n", job.id, job.state)
+    })?;
+    Ok(if job.state == JobState::Succeeded {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -6,7 +6,9 @@ use utoipa::ToSchema;
 use crate::Error;
 
 /// A member's role in one tenant. Ordered: each role can do what the ones before it can.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Reads the tenant's jobs, events and logs.

@@ -60,7 +60,10 @@ impl fmt::Display for ObjectKind {
 
 impl Error {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::InvalidInput { field: field.into(), message: message.into() }
+        Error::InvalidInput {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 
     pub fn not_found(kind: ObjectKind) -> Self {

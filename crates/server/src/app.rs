@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
-use trainyard_core::api::{Job, JobAttempt, JobEvent, JobPage, MemberAdd, MemberAdded, Tenant, TokenCreated, TokenInfo};
+use trainyard_core::api::{
+    Job, JobAttempt, JobEvent, JobPage, MemberAdd, MemberAdded, Tenant, TokenCreated, TokenInfo,
+};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::job::JobSubmission;
 use trainyard_core::{Error, Result};
@@ -24,11 +26,16 @@ pub struct App {
 }
 
 impl App {
-    pub async fn job_submit(&self, caller: &Caller, submission: JobSubmission) -> Result<Submitted> {
+    pub async fn job_submit(
+        &self,
+        caller: &Caller,
+        submission: JobSubmission,
+    ) -> Result<Submitted> {
         caller.authorize(Action::WriteJobs)?;
         // The request as given, canonically encoded: a replay with the same idempotency key
         // must be the same request.
-        let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
+        let request_hash =
+            Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
         let valid = submission.validate()?;
         let submitted = self.store.job_submit(caller, valid, &request_hash).await?;
         if matches!(submitted, Submitted::Created(_)) {
@@ -68,9 +75,16 @@ impl App {
         self.store.job_attempts(caller.tenant_id, job_id).await
     }
 
-    pub async fn token_create(&self, caller: &Caller, name: &str, expires_in_days: Option<u32>) -> Result<TokenCreated> {
+    pub async fn token_create(
+        &self,
+        caller: &Caller,
+        name: &str,
+        expires_in_days: Option<u32>,
+    ) -> Result<TokenCreated> {
         caller.authorize(Action::ManageOwnTokens)?;
-        self.store.token_create(caller.tenant_id, caller.user_id, name, expires_in_days).await
+        self.store
+            .token_create(caller.tenant_id, caller.user_id, name, expires_in_days)
+            .await
     }
 
     pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
@@ -94,14 +108,35 @@ impl App {
     }
 
     /// Platform admins add members to any tenant; a tenant's admins to their own.
-    pub async fn member_add(&self, caller: &Caller, tenant: &str, member: MemberAdd) -> Result<MemberAdded> {
-        if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {
-            return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
+    pub async fn member_add(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        member: MemberAdd,
+    ) -> Result<MemberAdded> {
+        if !(caller.platform_admin
+            || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok()))
+        {
+            return Err(Error::Forbidden(
+                "only platform admins and this tenant's admins may add members".into(),
+            ));
         }
         let token = self
             .store
-            .member_add(tenant, &member.user, member.role, false, &member.token_name, member.expires_in_days)
+            .member_add(
+                tenant,
+                &member.user,
+                member.role,
+                false,
+                &member.token_name,
+                member.expires_in_days,
+            )
             .await?;
-        Ok(MemberAdded { user: member.user, tenant: tenant.to_string(), role: member.role, token })
+        Ok(MemberAdded {
+            user: member.user,
+            tenant: tenant.to_string(),
+            role: member.role,
+            token,
+        })
     }
 }

@@ -27,14 +27,29 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, String, Option<String>) {
         match self {
             ApiError::Domain(err) => match err {
-                Error::InvalidInput { field, message } => {
-                    (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", format!("{field}: {message}"), Some(field.clone()))
+                Error::InvalidInput { field, message } => (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_input",
+                    format!("{field}: {message}"),
+                    Some(field.clone()),
+                ),
+                Error::NotFound { .. } => {
+                    (StatusCode::NOT_FOUND, "not_found", err.to_string(), None)
                 }
-                Error::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found", err.to_string(), None),
-                Error::Unauthenticated(msg) => (StatusCode::UNAUTHORIZED, "unauthenticated", msg.clone(), None),
+                Error::Unauthenticated(msg) => (
+                    StatusCode::UNAUTHORIZED,
+                    "unauthenticated",
+                    msg.clone(),
+                    None,
+                ),
                 Error::Forbidden(msg) => (StatusCode::FORBIDDEN, "forbidden", msg.clone(), None),
                 Error::Conflict(msg) => (StatusCode::CONFLICT, "conflict", msg.clone(), None),
-                Error::Unavailable(msg) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg.clone(), None),
+                Error::Unavailable(msg) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    msg.clone(),
+                    None,
+                ),
                 Error::Internal(_) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
@@ -42,8 +57,15 @@ impl ApiError {
                     None,
                 ),
             },
-            ApiError::MalformedJson(msg) => (StatusCode::BAD_REQUEST, "malformed_json", msg.clone(), None),
-            ApiError::PayloadTooLarge(msg) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg.clone(), None),
+            ApiError::MalformedJson(msg) => {
+                (StatusCode::BAD_REQUEST, "malformed_json", msg.clone(), None)
+            }
+            ApiError::PayloadTooLarge(msg) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                msg.clone(),
+                None,
+            ),
             ApiError::UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -60,10 +82,18 @@ impl IntoResponse for ApiError {
             tracing::error!(%cause, "internal error");
         }
         let (status, code, message, field) = self.parts();
-        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message, field } };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: code.to_string(),
+                message,
+                field,
+            },
+        };
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

@@ -29,13 +29,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+            .is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+            });
         if !is_json {
             return Err(ApiError::UnsupportedMediaType);
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(format!("the request body is over the limit of {MAX_BODY_BYTES} bytes"))
+                ApiError::PayloadTooLarge(format!(
+                    "the request body is over the limit of {MAX_BODY_BYTES} bytes"
+                ))
             } else {
                 ApiError::MalformedJson(rejection.body_text())
             }
@@ -55,10 +61,26 @@ pub fn json_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
         let message = inner.to_string();
         let field = unknown_field(&message)
-            .map(|name| if path == "." { name.to_string() } else { format!("{path}.{name}") })
-            .unwrap_or_else(|| if path == "." { "body".to_string() } else { path });
+            .map(|name| {
+                if path == "." {
+                    name.to_string()
+                } else {
+                    format!("{path}.{name}")
+                }
+            })
+            .unwrap_or_else(|| {
+                if path == "." {
+                    "body".to_string()
+                } else {
+                    path
+                }
+            });
         // serde appends " at line 1 column 42"; the field path says more.
-        let message = message.split(" at line ").next().unwrap_or(&message).to_string();
+        let message = message
+            .split(" at line ")
+            .next()
+            .unwrap_or(&message)
+            .to_string();
         ApiError::Domain(Error::invalid(field, message))
     })
 }
@@ -77,13 +99,16 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or_default();
-        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
-        serde_path_to_error::deserialize(deserializer).map(ApiQuery).map_err(|err| {
-            let path = err.path().to_string();
-            let message = err.into_inner().to_string();
-            let field = unknown_field(&message).map(str::to_string).unwrap_or(path);
-            ApiError::Domain(Error::invalid(field, message))
-        })
+        let deserializer =
+            serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(deserializer)
+            .map(ApiQuery)
+            .map_err(|err| {
+                let path = err.path().to_string();
+                let message = err.into_inner().to_string();
+                let field = unknown_field(&message).map(str::to_string).unwrap_or(path);
+                ApiError::Domain(Error::invalid(field, message))
+            })
     }
 }
 
@@ -100,9 +125,14 @@ impl FromRequestParts<AppState> for Auth {
         let token = header
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim)
-            .ok_or_else(|| Error::Unauthenticated("the Authorization header must be `Bearer <token>`".into()))?;
+            .ok_or_else(|| {
+                Error::Unauthenticated("the Authorization header must be `Bearer <token>`".into())
+            })?;
         Ok(Auth(state.app.store.token_authenticate(token).await?))
     }
 }

@@ -49,11 +49,19 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(api::routes())
         .merge(web::routes())
-        .fallback(|| async { ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route }) })
+        .fallback(|| async {
+            ApiError::Domain(trainyard_core::Error::NotFound {
+                kind: trainyard_core::error::ObjectKind::Route,
+            })
+        })
         .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
-        .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
-            axum::response::IntoResponse::into_response(ApiError::Domain(trainyard_core::Error::internal("a handler panicked")))
-        }))
+        .layer(CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                axum::response::IntoResponse::into_response(ApiError::Domain(
+                    trainyard_core::Error::internal("a handler panicked"),
+                ))
+            },
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
@@ -67,15 +75,30 @@ pub struct Server {
 impl Server {
     pub fn new(store: Store, executor: Arc<dyn Executor>, settings: ReconcilerSettings) -> Server {
         let wake = Arc::new(Notify::new());
-        let app = App { store: store.clone(), executor: Arc::clone(&executor), reconciler_wake: Arc::clone(&wake) };
+        let app = App {
+            store: store.clone(),
+            executor: Arc::clone(&executor),
+            reconciler_wake: Arc::clone(&wake),
+        };
         let reconciler = Reconciler::new(store, executor, wake, settings);
-        Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler }
+        Server {
+            state: AppState {
+                app,
+                shutdown: CancellationToken::new(),
+            },
+            reconciler,
+        }
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops in order: stop accepting and
     /// finish requests in flight (at most `drain` long), end log streams, stop the reconciler,
     /// close the database pool. Job processes are left running; the next start re-adopts them.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static, drain: Duration) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        drain: Duration,
+    ) -> std::io::Result<()> {
         let Server { state, reconciler } = self;
         let token = state.shutdown.clone();
         let store = state.app.store.clone();
@@ -88,8 +111,11 @@ impl Server {
             signal_token.cancel();
         };
         let router = app(state);
-        let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(http_shutdown);
+        let server = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(http_shutdown);
         let served = tokio::select! {
             result = server => result,
             _ = async { token.cancelled().await; tokio::time::sleep(drain).await } => {

@@ -42,7 +42,10 @@ pub struct ReconcilerSettings {
 
 impl Default for ReconcilerSettings {
     fn default() -> Self {
-        ReconcilerSettings { tick: Duration::from_secs(1), grace: Duration::from_secs(10) }
+        ReconcilerSettings {
+            tick: Duration::from_secs(1),
+            grace: Duration::from_secs(10),
+        }
     }
 }
 
@@ -57,8 +60,19 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn new(store: Store, executor: Arc<dyn Executor>, wake: Arc<Notify>, settings: ReconcilerSettings) -> Self {
-        Reconciler { store, executor, wake, settings, stopping: HashMap::new() }
+    pub fn new(
+        store: Store,
+        executor: Arc<dyn Executor>,
+        wake: Arc<Notify>,
+        settings: ReconcilerSettings,
+    ) -> Self {
+        Reconciler {
+            store,
+            executor,
+            wake,
+            settings,
+            stopping: HashMap::new(),
+        }
     }
 
     /// Runs passes until `shutdown`. A failed pass (database away) is logged and retried.
@@ -82,21 +96,36 @@ impl Reconciler {
     pub async fn pass(&mut self) -> Result<()> {
         let jobs = self.store.jobs_unfinished().await?;
         let mut ended = HashSet::new();
-        for job in jobs.iter().filter(|j| matches!(j.state, JobState::Starting | JobState::Running)) {
+        for job in jobs
+            .iter()
+            .filter(|j| matches!(j.state, JobState::Starting | JobState::Running))
+        {
             if self.observe(job).await? {
                 ended.insert(job.id);
             }
         }
-        for job in jobs.iter().filter(|j| j.state == JobState::Restarting && j.cancel_requested) {
+        for job in jobs
+            .iter()
+            .filter(|j| j.state == JobState::Restarting && j.cancel_requested)
+        {
             self.store
-                .job_transition(job.id, &[JobState::Restarting], JobState::Cancelled, ACTOR_RECONCILER, job.reason.as_deref())
+                .job_transition(
+                    job.id,
+                    &[JobState::Restarting],
+                    JobState::Cancelled,
+                    ACTOR_RECONCILER,
+                    job.reason.as_deref(),
+                )
                 .await?;
             ended.insert(job.id);
         }
         let admitted = self.admit(&jobs, &ended).await?;
         let launchable = jobs
             .iter()
-            .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
+            .filter(|j| {
+                matches!(j.state, JobState::Admitted | JobState::Restarting)
+                    && !ended.contains(&j.id)
+            })
             .chain(admitted.iter().copied());
         let mut launched = false;
         for job in launchable {
@@ -124,12 +153,20 @@ impl Reconciler {
             placement: record.placement.clone(),
         };
         let statuses = self.executor.observe(&attempt).await;
-        let running = statuses.iter().filter(|s| **s == ReplicaStatus::Running).count();
-        let failure = statuses.iter().enumerate().find_map(|(rank, status)| match status {
-            ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
-            ReplicaStatus::Exited(code) => Some(format!("replica {rank} exited with code {code}")),
-            ReplicaStatus::Lost => Some(REASON_LOST.to_string()),
-        });
+        let running = statuses
+            .iter()
+            .filter(|s| **s == ReplicaStatus::Running)
+            .count();
+        let failure = statuses
+            .iter()
+            .enumerate()
+            .find_map(|(rank, status)| match status {
+                ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
+                ReplicaStatus::Exited(code) => {
+                    Some(format!("replica {rank} exited with code {code}"))
+                }
+                ReplicaStatus::Lost => Some(REASON_LOST.to_string()),
+            });
 
         if running > 0 && (job.cancel_requested || failure.is_some()) {
             // Stop the attempt (cancelled, or one replica failed so the gang fails); its end is
@@ -140,7 +177,13 @@ impl Reconciler {
         if running > 0 {
             if job.state == JobState::Starting {
                 self.store
-                    .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
+                    .job_transition(
+                        job.id,
+                        &[JobState::Starting],
+                        JobState::Running,
+                        ACTOR_EXECUTOR,
+                        None,
+                    )
                     .await?;
             }
             return Ok(false);
@@ -154,7 +197,10 @@ impl Reconciler {
             })
             .collect();
         let (to, reason) = if job.cancel_requested {
-            (JobState::Cancelled, job.reason.clone().unwrap_or_else(|| "cancelled".into()))
+            (
+                JobState::Cancelled,
+                job.reason.clone().unwrap_or_else(|| "cancelled".into()),
+            )
         } else if let Some(failure) = failure {
             if job.restart_count < job.max_restarts {
                 (JobState::Restarting, failure)
@@ -162,7 +208,10 @@ impl Reconciler {
                 (JobState::Failed, failure)
             }
         } else {
-            (JobState::Succeeded, "every replica exited with code 0".to_string())
+            (
+                JobState::Succeeded,
+                "every replica exited with code 0".to_string(),
+            )
         };
         self.store
             .attempt_end(AttemptEnd {
@@ -196,14 +245,24 @@ impl Reconciler {
     }
 
     /// Admits what fits, in queue order; returns the jobs admitted in this pass.
-    async fn admit<'a>(&self, jobs: &'a [UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<&'a UnfinishedJob>> {
-        let queue: Vec<&UnfinishedJob> = jobs.iter().filter(|j| j.state == JobState::Queued).collect();
+    async fn admit<'a>(
+        &self,
+        jobs: &'a [UnfinishedJob],
+        ended: &HashSet<Uuid>,
+    ) -> Result<Vec<&'a UnfinishedJob>> {
+        let queue: Vec<&UnfinishedJob> = jobs
+            .iter()
+            .filter(|j| j.state == JobState::Queued)
+            .collect();
         if queue.is_empty() {
             return Ok(Vec::new());
         }
         let inventory = self.executor.inventory();
         let mut in_use = Capacity::default();
-        for job in jobs.iter().filter(|j| j.state.holds_capacity() && !ended.contains(&j.id)) {
+        for job in jobs
+            .iter()
+            .filter(|j| j.state.holds_capacity() && !ended.contains(&j.id))
+        {
             let need = Capacity::of_job(&job.spec.resources, job.spec.replicas);
             in_use.cpu_millis += need.cpu_millis;
             in_use.memory_bytes += need.memory_bytes;
@@ -219,14 +278,28 @@ impl Reconciler {
             gpu_types: inventory.gpu_types(),
             queue: queue
                 .iter()
-                .map(|j| PendingJob { id: j.id, resources: j.spec.resources.clone(), replicas: j.spec.replicas })
+                .map(|j| PendingJob {
+                    id: j.id,
+                    resources: j.spec.resources.clone(),
+                    replicas: j.spec.replicas,
+                })
                 .collect(),
         };
         let mut admitted = Vec::new();
         for (decision, job) in admission_cycle(&snapshot).into_iter().zip(queue) {
             match decision {
                 Decision::Admit(_) => {
-                    if self.store.job_transition(job.id, &[JobState::Queued], JobState::Admitted, ACTOR_SCHEDULER, None).await? {
+                    if self
+                        .store
+                        .job_transition(
+                            job.id,
+                            &[JobState::Queued],
+                            JobState::Admitted,
+                            ACTOR_SCHEDULER,
+                            None,
+                        )
+                        .await?
+                    {
                         admitted.push(job);
                     }
                 }
@@ -246,15 +319,26 @@ impl Reconciler {
         let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR).await? else {
             return Ok(()); // cancelled or moved meanwhile
         };
-        let request = LaunchRequest { job_id: job.id, tenant_id: job.tenant_id, attempt, spec: job.spec.clone() };
+        let request = LaunchRequest {
+            job_id: job.id,
+            tenant_id: job.tenant_id,
+            attempt,
+            spec: job.spec.clone(),
+        };
         match self.executor.launch(&request).await {
             Ok(placement) => {
-                self.store.attempt_placement_set(job.id, attempt, &placement).await?;
+                self.store
+                    .attempt_placement_set(job.id, attempt, &placement)
+                    .await?;
                 tracing::info!(job = %job.id, attempt, "attempt launched");
             }
             Err(err) => {
                 let reason = err.to_string();
-                let to = if job.restart_count < job.max_restarts { JobState::Restarting } else { JobState::Failed };
+                let to = if job.restart_count < job.max_restarts {
+                    JobState::Restarting
+                } else {
+                    JobState::Failed
+                };
                 tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
                 self.store
                     .attempt_end(AttemptEnd {

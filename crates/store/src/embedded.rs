@@ -28,8 +28,15 @@ pub enum EmbeddedError {
          install it (Debian: apt-get install postgresql)"
     )]
     NotInstalled,
-    #[error("running as root, Postgres must run as the unprivileged user `postgres`, which does not exist; create it or run as another user")]
+    #[error(
+        "running as root, Postgres must run as the unprivileged user `postgres`, which does not exist; create it or run as another user"
+    )]
     NoUnprivilegedUser,
+    #[error(
+        "Postgres runs as the user `postgres`, which cannot reach {0}: choose a --data-dir it can reach \
+         (for example under /var/tmp or /srv), or let it in with `chmod o+x` on the folders above"
+    )]
+    Unreachable(PathBuf),
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
     #[error("{0}")]
@@ -69,7 +76,10 @@ impl fmt::Debug for EmbeddedPostgres {
 impl EmbeddedPostgres {
     /// Starts the cluster in `dir`, creating it on first use. When the cluster is already
     /// running (a previous process was killed), it is reused as it is.
-    pub async fn start(dir: &Path, durability: Durability) -> Result<EmbeddedPostgres, EmbeddedError> {
+    pub async fn start(
+        dir: &Path,
+        durability: Durability,
+    ) -> Result<EmbeddedPostgres, EmbeddedError> {
         let bin_dir = find_bin_dir().ok_or(EmbeddedError::NotInstalled)?;
         let run_as = unprivileged_user()?;
         std::fs::create_dir_all(dir)?;
@@ -77,12 +87,21 @@ impl EmbeddedPostgres {
         let pgdata = dir.join("pgdata");
         let password_file = dir.join("password");
 
+        if run_as.is_some() {
+            reachable_by_others(&dir)?;
+        }
         if !pgdata.join("PG_VERSION").exists() {
             init_cluster(&bin_dir, &dir, run_as, durability).await?;
         }
         let password = std::fs::read_to_string(&password_file)?.trim().to_string();
 
-        let mut cluster = EmbeddedPostgres { dir, bin_dir, port: 0, password, run_as };
+        let mut cluster = EmbeddedPostgres {
+            dir,
+            bin_dir,
+            port: 0,
+            password,
+            run_as,
+        };
         if let Some(port) = cluster.running_port().await {
             tracing::info!(port, "reusing the private Postgres that is already running");
             cluster.port = port;
@@ -99,16 +118,20 @@ impl EmbeddedPostgres {
 
     /// A connection URL for `database`. Holds the password: do not log it.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{ROLE}:{}@127.0.0.1:{}/{database}", self.password, self.port)
+        format!(
+            "postgres://{ROLE}:{}@127.0.0.1:{}/{database}",
+            self.password, self.port
+        )
     }
 
     /// Creates `database` unless it exists.
     pub async fn database_ensure(&self, database: &str) -> Result<(), EmbeddedError> {
         let mut conn = sqlx::PgConnection::connect(&self.url("postgres")).await?;
-        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(database)
-            .fetch_one(&mut conn)
-            .await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(database)
+                .fetch_one(&mut conn)
+                .await?;
         if !exists {
             // Identifiers cannot be bound; the name is quoted as an identifier.
             let quoted = database.replace('"', "\"\"");
@@ -123,8 +146,15 @@ impl EmbeddedPostgres {
     /// Stops the cluster (fast shutdown: open sessions are ended, data is flushed).
     pub async fn stop(&self) -> Result<(), EmbeddedError> {
         let pgdata = self.dir.join("pgdata");
-        self.run(self.command("pg_ctl").arg("stop").arg("-D").arg(&pgdata).args(["-m", "fast", "-w", "-t", "60"]), "pg_ctl stop")
-            .await
+        self.run(
+            self.command("pg_ctl")
+                .arg("stop")
+                .arg("-D")
+                .arg(&pgdata)
+                .args(["-m", "fast", "-w", "-t", "60"]),
+            "pg_ctl stop",
+        )
+        .await
     }
 
     /// Stops the cluster in `dir` that another process started.
@@ -133,7 +163,11 @@ impl EmbeddedPostgres {
         let run_as = unprivileged_user()?;
         let pgdata = dir.canonicalize()?.join("pgdata");
         let mut command = command_as(&bin_dir, "pg_ctl", run_as);
-        command.arg("stop").arg("-D").arg(&pgdata).args(["-m", "fast", "-w", "-t", "60"]);
+        command
+            .arg("stop")
+            .arg("-D")
+            .arg(&pgdata)
+            .args(["-m", "fast", "-w", "-t", "60"]);
         run_checked(&mut command, "pg_ctl stop").await
     }
 
@@ -153,7 +187,13 @@ impl EmbeddedPostgres {
             return None;
         }
         // The fourth line of postmaster.pid is the port.
-        std::fs::read_to_string(pgdata.join("postmaster.pid")).ok()?.lines().nth(3)?.trim().parse().ok()
+        std::fs::read_to_string(pgdata.join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .nth(3)?
+            .trim()
+            .parse()
+            .ok()
     }
 
     async fn pg_ctl_start(&self) -> Result<(), EmbeddedError> {
@@ -175,7 +215,10 @@ impl EmbeddedPostgres {
             EmbeddedError::Command { what, detail } => {
                 let tail = std::fs::read_to_string(&log).unwrap_or_default();
                 let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-                EmbeddedError::Command { what, detail: format!("{detail}\nlog ({}):\n{}", log.display(), tail.join("\n")) }
+                EmbeddedError::Command {
+                    what,
+                    detail: format!("{detail}\nlog ({}):\n{}", log.display(), tail.join("\n")),
+                }
             }
             other => other,
         })
@@ -190,7 +233,12 @@ impl EmbeddedPostgres {
     }
 }
 
-async fn init_cluster(bin_dir: &Path, dir: &Path, run_as: Option<(u32, u32)>, durability: Durability) -> Result<(), EmbeddedError> {
+async fn init_cluster(
+    bin_dir: &Path,
+    dir: &Path,
+    run_as: Option<(u32, u32)>,
+    durability: Durability,
+) -> Result<(), EmbeddedError> {
     let pgdata = dir.join("pgdata");
     let password: String = {
         let mut bytes = [0u8; 24];
@@ -204,7 +252,10 @@ async fn init_cluster(bin_dir: &Path, dir: &Path, run_as: Option<(u32, u32)>, du
     std::fs::create_dir_all(&pgdata)?;
     std::fs::set_permissions(&pgdata, std::fs::Permissions::from_mode(0o700))?;
     let log = dir.join("postgres.log");
-    std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)?;
     if let Some((uid, gid)) = run_as {
         for path in [&pgdata, &pwfile, &log] {
             std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
@@ -214,7 +265,14 @@ async fn init_cluster(bin_dir: &Path, dir: &Path, run_as: Option<(u32, u32)>, du
     initdb
         .arg("-D")
         .arg(&pgdata)
-        .args(["-U", ROLE, "--auth=scram-sha-256", "-E", "UTF8", "--no-locale"])
+        .args([
+            "-U",
+            ROLE,
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-locale",
+        ])
         .arg(format!("--pwfile={}", pwfile.display()));
     if durability == Durability::Throwaway {
         initdb.arg("--no-sync");
@@ -234,14 +292,22 @@ async fn init_cluster(bin_dir: &Path, dir: &Path, run_as: Option<(u32, u32)>, du
         settings.push_str("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n");
     }
     use std::io::Write;
-    std::fs::OpenOptions::new().append(true).open(pgdata.join("postgresql.conf"))?.write_all(settings.as_bytes())?;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(pgdata.join("postgresql.conf"))?
+        .write_all(settings.as_bytes())?;
     Ok(())
 }
 
 fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(path)?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
     file.write_all(contents.as_bytes())
 }
 
@@ -249,7 +315,10 @@ fn command_as(bin_dir: &Path, program: &str, run_as: Option<(u32, u32)>) -> Comm
     let mut command = Command::new(bin_dir.join(program));
     // Its own process group: a Ctrl-C meant for `trainyard dev` must not reach Postgres, which
     // we stop ourselves, in order, after the server.
-    command.process_group(0).stdin(Stdio::null()).kill_on_drop(false);
+    command
+        .process_group(0)
+        .stdin(Stdio::null())
+        .kill_on_drop(false);
     if let Some((uid, gid)) = run_as {
         command.uid(uid).gid(gid).env("HOME", "/tmp");
     }
@@ -265,7 +334,22 @@ async fn run_checked(command: &mut Command, what: &str) -> Result<(), EmbeddedEr
     if detail.is_empty() {
         detail = String::from_utf8_lossy(&output.stdout).trim().to_string();
     }
-    Err(EmbeddedError::Command { what: what.to_string(), detail: format!("{} ({})", detail, output.status) })
+    Err(EmbeddedError::Command {
+        what: what.to_string(),
+        detail: format!("{} ({})", detail, output.status),
+    })
+}
+
+/// Checks that every folder down to `dir` lets other users pass, so that the unprivileged
+/// Postgres user can reach its data directory.
+fn reachable_by_others(dir: &Path) -> Result<(), EmbeddedError> {
+    for folder in dir.ancestors() {
+        let mode = std::fs::metadata(folder)?.permissions().mode();
+        if mode & 0o001 == 0 {
+            return Err(EmbeddedError::Unreachable(folder.to_path_buf()));
+        }
+    }
+    Ok(())
 }
 
 /// `initdb` and `pg_ctl` on PATH, or the newest `/usr/lib/postgresql/<version>/bin`.
@@ -276,7 +360,11 @@ pub fn find_bin_dir() -> Option<PathBuf> {
             if has_both(&dir) {
                 // Debian links initdb into /usr/local/bin on some images; prefer the real folder so
                 // that initdb finds the rest of its installation.
-                let resolved = dir.join("initdb").canonicalize().ok().and_then(|p| p.parent().map(Path::to_path_buf));
+                let resolved = dir
+                    .join("initdb")
+                    .canonicalize()
+                    .ok()
+                    .and_then(|p| p.parent().map(Path::to_path_buf));
                 return Some(resolved.filter(|d| has_both(d)).unwrap_or(dir));
             }
         }
@@ -308,5 +396,7 @@ fn unprivileged_user() -> Result<Option<(u32, u32)>, EmbeddedError> {
 
 /// A TCP port that was free a moment ago on the loopback interface.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }

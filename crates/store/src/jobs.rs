@@ -45,7 +45,8 @@ pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
         id: row.get("id"),
         tenant: row.get("tenant_name"),
         name: row.get("name"),
-        state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown job state {state}")))?,
+        state: JobState::parse(&state)
+            .ok_or_else(|| Error::internal(format!("unknown job state {state}")))?,
         reason: row.get("reason"),
         priority: row.get("priority"),
         max_restarts: row.get("max_restarts"),
@@ -73,7 +74,12 @@ impl Store {
     /// Writes a new queued job (the trigger records its first event in the same statement).
     /// With an idempotency key seen before, returns the earlier job when the request is the
     /// same and a conflict when it differs.
-    pub async fn job_submit(&self, caller: &Caller, job: ValidSubmission, request_hash: &[u8]) -> Result<Submitted> {
+    pub async fn job_submit(
+        &self,
+        caller: &Caller,
+        job: ValidSubmission,
+        request_hash: &[u8],
+    ) -> Result<Submitted> {
         let spec = serde_json::to_value(&job.spec).map_err(Error::internal)?;
         // language=PostgreSQL
         let inserted = sqlx::query(
@@ -119,12 +125,14 @@ impl Store {
         }
         // Only a conflicting idempotency key makes the insert do nothing.
         let key = job.idempotency_key.as_deref().unwrap_or_default();
-        let row = sqlx::query(job_select!("WHERE j.tenant_id = $1 AND j.idempotency_key = $2"))
-            .bind(caller.tenant_id)
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db_error)?;
+        let row = sqlx::query(job_select!(
+            "WHERE j.tenant_id = $1 AND j.idempotency_key = $2"
+        ))
+        .bind(caller.tenant_id)
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
         let earlier_hash: Option<Vec<u8>> = row.get("request_hash");
         if earlier_hash.as_deref() != Some(request_hash) {
             return Err(Error::Conflict(format!(
@@ -157,14 +165,14 @@ impl Store {
              ORDER BY j.id DESC
              LIMIT $5"
         ))
-            .bind(tenant_id)
-            .bind(filter.state.map(JobState::as_str))
-            .bind(&filter.name)
-            .bind(filter.before)
-            .bind(i64::from(limit) + 1)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_error)?;
+        .bind(tenant_id)
+        .bind(filter.state.map(JobState::as_str))
+        .bind(&filter.name)
+        .bind(filter.before)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
         let mut items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
         let next_cursor = if items.len() > limit as usize {
             items.truncate(limit as usize);
@@ -200,7 +208,10 @@ impl Store {
         .map_err(db_error)?;
         let job = self.job_get(caller.tenant_id, job_id).await?;
         if changed.is_none() && job.state != JobState::Cancelled {
-            return Err(Error::Conflict(format!("the job has already {}; there is nothing to cancel", job.state)));
+            return Err(Error::Conflict(format!(
+                "the job has already {}; there is nothing to cancel",
+                job.state
+            )));
         }
         Ok(job)
     }
@@ -224,13 +235,17 @@ impl Store {
             .map(|row| {
                 let state = |column: &str| -> Result<Option<JobState>> {
                     let text: Option<String> = row.get(column);
-                    text.map(|s| JobState::parse(&s).ok_or_else(|| Error::internal(format!("unknown state {s}"))))
-                        .transpose()
+                    text.map(|s| {
+                        JobState::parse(&s)
+                            .ok_or_else(|| Error::internal(format!("unknown state {s}")))
+                    })
+                    .transpose()
                 };
                 Ok(JobEvent {
                     seq: row.get("seq"),
                     from_state: state("from_state")?,
-                    to_state: state("to_state")?.ok_or_else(|| Error::internal("event without a state"))?,
+                    to_state: state("to_state")?
+                        .ok_or_else(|| Error::internal("event without a state"))?,
                     actor: row.get("actor"),
                     reason: row.get("reason"),
                     at: row.get("at"),
@@ -260,7 +275,9 @@ impl Store {
             .iter()
             .filter_map(|row| {
                 let attempt: Option<i32> = row.get("attempt");
-                let exit_codes: Vec<i32> = row.get::<Option<Vec<i32>>, _>("exit_codes").unwrap_or_default();
+                let exit_codes: Vec<i32> = row
+                    .get::<Option<Vec<i32>>, _>("exit_codes")
+                    .unwrap_or_default();
                 Some(JobAttempt {
                     attempt: attempt?,
                     placement: row.get("placement"),

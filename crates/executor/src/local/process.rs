@@ -38,7 +38,9 @@ pub fn signal_group(pgid: u32, signal: Signal) {
 
 /// True while any process is in the group.
 pub fn group_exists(pgid: u32) -> bool {
-    let Ok(raw) = i32::try_from(pgid) else { return false };
+    let Ok(raw) = i32::try_from(pgid) else {
+        return false;
+    };
     // Signal 0 checks for existence without sending anything.
     killpg(Pid::from_raw(raw), None).is_ok()
 }

@@ -74,26 +74,44 @@ fn list_filter(params: ListParams) -> Result<JobFilter> {
         .map(|s| {
             JobState::parse(&s).ok_or_else(|| {
                 let known: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
-                Error::invalid("state", format!("unknown state {s:?}; one of {}", known.join(", ")))
+                Error::invalid(
+                    "state",
+                    format!("unknown state {s:?}; one of {}", known.join(", ")),
+                )
             })
         })
         .transpose()?;
     let before = params
         .cursor
-        .map(|c| uuid::Uuid::parse_str(&c).map_err(|_| Error::invalid("cursor", "not a cursor from a previous page")))
+        .map(|c| {
+            uuid::Uuid::parse_str(&c)
+                .map_err(|_| Error::invalid("cursor", "not a cursor from a previous page"))
+        })
         .transpose()?;
     let limit = params.limit.unwrap_or(50);
     if !(1..=trainyard_store::jobs::MAX_PAGE).contains(&limit) {
-        return Err(Error::invalid("limit", format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE)));
+        return Err(Error::invalid(
+            "limit",
+            format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE),
+        ));
     }
-    Ok(JobFilter { state, name: params.name, before, limit })
+    Ok(JobFilter {
+        state,
+        name: params.name,
+        before,
+        limit,
+    })
 }
 
 /// One job.
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path, description = "Job id")),
     security(("bearer" = [])),
     responses((status = 200, body = Job), (status = 404, body = ErrorBody)))]
-pub async fn job_get(State(state): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<Job>> {
+pub async fn job_get(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Job>> {
     let id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.job_get(&caller, id).await?))
 }
@@ -108,7 +126,11 @@ pub async fn job_get(State(state): State<AppState>, Auth(caller): Auth, Path(id)
         (status = 404, body = ErrorBody),
         (status = 409, description = "The job had already finished", body = ErrorBody),
     ))]
-pub async fn job_cancel(State(state): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<Job>> {
+pub async fn job_cancel(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Job>> {
     let id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.job_cancel(&caller, id).await?))
 }

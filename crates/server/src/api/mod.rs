@@ -26,10 +26,19 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/jobs/{id}/events", get(jobs::job_events))
         .route("/api/v1/jobs/{id}/attempts", get(jobs::job_attempts))
         .route("/api/v1/jobs/{id}/logs", get(logs::job_logs))
-        .route("/api/v1/tokens", get(tokens::tokens_list).post(tokens::token_create))
+        .route(
+            "/api/v1/tokens",
+            get(tokens::tokens_list).post(tokens::token_create),
+        )
         .route("/api/v1/tokens/{id}", delete(tokens::token_revoke))
-        .route("/api/v1/admin/tenants", get(admin::tenants_list).post(admin::tenant_create))
-        .route("/api/v1/admin/tenants/{tenant}/members", post(admin::member_add))
+        .route(
+            "/api/v1/admin/tenants",
+            get(admin::tenants_list).post(admin::tenant_create),
+        )
+        .route(
+            "/api/v1/admin/tenants/{tenant}/members",
+            post(admin::member_add),
+        )
 }
 
 #[derive(OpenApi)]
@@ -73,13 +82,18 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
 /// The OpenAPI document as committed under `docs/openapi.json`.
 pub fn openapi_document() -> String {
-    let mut text = ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serialises");
+    let mut text = ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serialises");
     text.push('\n');
     text
 }

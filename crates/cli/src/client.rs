@@ -1,0 +1,109 @@
+//! A small typed client of the REST API. Non-2xx answers become [`ApiFailure`] carrying the
+//! server's message, which `yard` prints as it is.
+
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use trainyard_core::api::ErrorBody;
+
+use crate::config::Config;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiFailure {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+    pub field: Option<String>,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    config: Config,
+}
+
+impl Client {
+    pub fn new(config: Config) -> anyhow::Result<Client> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("yard/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()?;
+        Ok(Client { http, config })
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.config.url))
+            .bearer_auth(&self.config.token)
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        decode(self.send(self.request(Method::GET, path)).await?).await
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        decode(
+            self.send(self.request(Method::POST, path).json(body))
+                .await?,
+        )
+        .await
+    }
+
+    pub async fn delete(&self, path: &str) -> anyhow::Result<()> {
+        self.send(self.request(Method::DELETE, path)).await?;
+        Ok(())
+    }
+
+    /// A streaming GET (logs): the response, checked for errors, body not yet read.
+    pub async fn get_stream(&self, path: &str) -> anyhow::Result<Response> {
+        self.send(self.request(Method::GET, path)).await
+    }
+
+    async fn send(&self, request: RequestBuilder) -> anyhow::Result<Response> {
+        let response = request.send().await.map_err(|err| {
+            anyhow::anyhow!(
+                "cannot reach Trainyard at {}: {}",
+                self.config.url,
+                root_cause(&err)
+            )
+        })?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let failure = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => ApiFailure {
+                status,
+                code: body.error.code,
+                message: body.error.message,
+                field: body.error.field,
+            },
+            Err(_) => ApiFailure {
+                status,
+                code: "http".into(),
+                message: format!("{status}: {}", text.trim()),
+                field: None,
+            },
+        };
+        Err(failure.into())
+    }
+}
+
+async fn decode<T: DeserializeOwned>(response: Response) -> anyhow::Result<T> {
+    let bytes = response.bytes().await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|err| anyhow::anyhow!("unexpected answer from the server: {err}"))
+}
+
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = err;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}

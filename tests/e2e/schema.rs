@@ -1,0 +1,79 @@
+//! Invariants held by Postgres itself, whatever the Rust code does.
+
+use trainyard_core::job::JobState;
+use trainyard_tests::TestDb;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_database_and_the_core_agree_on_the_state_machine() {
+    let db = TestDb::fresh().await;
+    let mut in_sql: Vec<(String, String)> =
+        sqlx::query_as("SELECT from_state, to_state FROM job_state_transitions")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    in_sql.sort();
+    let mut in_rust: Vec<(String, String)> = JobState::TRANSITIONS
+        .iter()
+        .map(|(a, b)| (a.as_str().to_string(), b.as_str().to_string()))
+        .collect();
+    in_rust.sort();
+    assert_eq!(in_sql, in_rust);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_illegal_transition_cannot_be_persisted() {
+    let db = TestDb::fresh().await;
+    let store = trainyard_store::Store::from_pool(db.pool.clone());
+    store.bootstrap("default", "admin").await.unwrap();
+    let job_id: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by)
+         SELECT gen_random_uuid(), t.id, 'x', '{}', 'test', u.id FROM tenants t, users u RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    for illegal in ["running", "succeeded", "restarting"] {
+        let err = sqlx::query("UPDATE jobs SET state = $1 WHERE id = $2")
+            .bind(illegal)
+            .bind(job_id)
+            .execute(&db.pool)
+            .await
+            .expect_err(illegal);
+        assert!(
+            err.to_string()
+                .contains("illegal job state transition queued -> "),
+            "{err}"
+        );
+    }
+    // Starting anywhere but queued is refused as well.
+    let err = sqlx::query(
+        "INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by, state)
+         SELECT gen_random_uuid(), t.id, 'x', '{}', 'test', u.id, 'running' FROM tenants t, users u",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("must start queued"), "{err}");
+    // A legal move is recorded as an event by the database itself.
+    sqlx::query("UPDATE jobs SET state = 'cancelled', last_actor = 'test' WHERE id = $1")
+        .bind(job_id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let events: Vec<String> =
+        sqlx::query_scalar("SELECT to_state FROM job_events WHERE job_id = $1 ORDER BY seq")
+            .bind(job_id)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(events, ["queued", "cancelled"]);
+    let err = sqlx::query("UPDATE jobs SET state = 'queued' WHERE id = $1")
+        .bind(job_id)
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cancelled -> queued"),
+        "terminal states are final: {err}"
+    );
+}
