@@ -370,9 +370,9 @@ pub fn job_process_groups(data_dir: &Path) -> Vec<u32> {
     pids
 }
 
-/// True while any process is in the group.
+/// True while a live (not zombie) process is in the group.
 pub fn group_alive(pgid: u32) -> bool {
-    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), None).is_ok()
+    trainyard_executor::local::process::group_has_live_members(pgid)
 }
 
 pub fn stdout(output: &Output) -> String {

@@ -60,21 +60,7 @@ pub fn json_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             return ApiError::MalformedJson(format!("the body is not valid JSON: {inner}"));
         }
         let message = inner.to_string();
-        let field = unknown_field(&message)
-            .map(|name| {
-                if path == "." {
-                    name.to_string()
-                } else {
-                    format!("{path}.{name}")
-                }
-            })
-            .unwrap_or_else(|| {
-                if path == "." {
-                    "body".to_string()
-                } else {
-                    path
-                }
-            });
+        let field = field_of(path, &message);
         // serde appends " at line 1 column 42"; the field path says more.
         let message = message
             .split(" at line ")
@@ -83,6 +69,15 @@ pub fn json_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             .to_string();
         ApiError::Domain(Error::invalid(field, message))
     })
+}
+
+/// The path of the bad value. serde_path_to_error includes an unknown field's own name in the
+/// path; at the top level the message may still name it.
+fn field_of(path: String, message: &str) -> String {
+    if path != "." {
+        return path;
+    }
+    unknown_field(message).unwrap_or("body").to_string()
 }
 
 /// The name in serde's "unknown field `x`, expected ..." message.
@@ -106,7 +101,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
             .map_err(|err| {
                 let path = err.path().to_string();
                 let message = err.into_inner().to_string();
-                let field = unknown_field(&message).map(str::to_string).unwrap_or(path);
+                let field = field_of(path, &message);
                 ApiError::Domain(Error::invalid(field, message))
             })
     }

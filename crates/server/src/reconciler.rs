@@ -213,6 +213,9 @@ impl Reconciler {
                 "every replica exited with code 0".to_string(),
             )
         };
+        // Free what the attempt still holds first, so that once the state says it ended, none
+        // of its processes is left. Repeating this after a failed write below is harmless.
+        self.executor.release(&attempt).await;
         self.store
             .attempt_end(AttemptEnd {
                 job_id: job.id,
@@ -223,7 +226,6 @@ impl Reconciler {
                 actor: ACTOR_EXECUTOR,
             })
             .await?;
-        self.executor.release(&attempt).await;
         self.stopping.remove(&(job.id, record.number));
         tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
         Ok(true)

@@ -357,7 +357,7 @@ impl Executor for LocalExecutor {
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             for pgid in live {
-                if process::group_exists(pgid) {
+                if process::group_has_live_members(pgid) {
                     tracing::info!(pgid, "replica outlived its grace period; killing it");
                     process::signal_group(pgid, Signal::SIGKILL);
                 }
@@ -368,11 +368,22 @@ impl Executor for LocalExecutor {
 
     async fn release(&self, attempt: &AttemptRef) {
         if let Some(placement) = Self::placement_of(attempt) {
-            for replica in &placement.replicas {
-                // Whatever the replica left running in its group goes with it.
-                if process::group_exists(replica.pid) {
-                    process::signal_group(replica.pid, Signal::SIGKILL);
+            // Whatever a replica left running in its group goes with it; wait (briefly) until
+            // the kernel has ended them, so that "ended" means no process is left.
+            let groups: Vec<u32> = placement.replicas.iter().map(|r| r.pid).collect();
+            for _ in 0..100 {
+                let live: Vec<u32> = groups
+                    .iter()
+                    .copied()
+                    .filter(|g| process::group_has_live_members(*g))
+                    .collect();
+                if live.is_empty() {
+                    break;
                 }
+                for pgid in live {
+                    process::signal_group(pgid, Signal::SIGKILL);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
         self.gpus_free(attempt.job_id, attempt.attempt);

@@ -36,17 +36,38 @@ pub fn signal_group(pgid: u32, signal: Signal) {
     }
 }
 
-/// True while any process is in the group.
-pub fn group_exists(pgid: u32) -> bool {
-    let Ok(raw) = i32::try_from(pgid) else {
+/// True while a process of the group is alive. Zombies (ended, not yet reaped by their parent)
+/// do not count: they run nothing and hold nothing but a pid.
+pub fn group_has_live_members(pgid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
         return false;
     };
-    // Signal 0 checks for existence without sending anything.
-    killpg(Pid::from_raw(raw), None).is_ok()
+    entries.flatten().any(|entry| {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some(close) = stat.rfind(')') else {
+            return false;
+        };
+        // Fields after the command name: state, ppid, pgrp, ...
+        let mut fields = stat[close + 2..].split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|f| f.parse::<u32>().ok());
+        pgrp == Some(pgid) && !matches!(state, Some("Z") | Some("X"))
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::CommandExt;
+
     use super::*;
 
     #[test]
@@ -56,5 +77,20 @@ mod tests {
         assert!(is_alive(me, started));
         assert!(!is_alive(me, started + 1));
         assert!(!is_alive(u32::MAX - 1, started));
+    }
+
+    #[test]
+    fn a_killed_group_has_no_live_members() {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        assert!(group_has_live_members(pgid));
+        signal_group(pgid, Signal::SIGKILL);
+        let mut child = child;
+        child.wait().unwrap();
+        assert!(!group_has_live_members(pgid));
     }
 }
