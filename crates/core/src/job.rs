@@ -75,6 +75,18 @@ pub struct JobSpec {
     pub env: BTreeMap<String, String>,
     pub resources: Resources,
     pub replicas: u32,
+    /// The template the spec was rendered from; its files are delivered to every replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateRef>,
+}
+
+/// Exactly which template version a job came from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+pub struct TemplateRef {
+    pub name: String,
+    pub version: String,
+    /// `sha256:<hex>` over the template's canonical manifest and files.
+    pub digest: String,
 }
 
 impl JobSpec {
@@ -197,6 +209,7 @@ impl JobSubmission {
                 env: self.env,
                 resources: self.resources,
                 replicas: self.replicas,
+                template: None,
             },
             priority: self.priority,
             max_restarts: self.max_restarts,
@@ -245,29 +258,29 @@ fn validate_env(env: &BTreeMap<String, String>) -> Result<(), Error> {
         ));
     }
     for (key, value) in env {
-        let well_formed = key
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !well_formed {
-            return Err(Error::invalid(
-                format!("env.{key}"),
-                "variable names are letters, digits and '_', not starting with a digit",
-            ));
-        }
-        if RESERVED_ENV.contains(&key.as_str()) || key.starts_with(RESERVED_ENV_PREFIX) {
-            return Err(Error::invalid(
-                format!("env.{key}"),
-                "is set by Trainyard for every replica and cannot be overridden",
-            ));
-        }
+        check_env_name(key).map_err(|message| Error::invalid(format!("env.{key}"), message))?;
         if value.contains('\0') {
             return Err(Error::invalid(
                 format!("env.{key}"),
                 "must not contain a NUL byte",
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks one environment variable name: well formed, and not one Trainyard sets itself.
+pub fn check_env_name(key: &str) -> Result<(), String> {
+    let well_formed = key
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !well_formed {
+        return Err("variable names are letters, digits and '_', not starting with a digit".into());
+    }
+    if RESERVED_ENV.contains(&key) || key.starts_with(RESERVED_ENV_PREFIX) {
+        return Err("is set by Trainyard for every replica and cannot be overridden".into());
     }
     Ok(())
 }
