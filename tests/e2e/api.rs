@@ -5,55 +5,32 @@ use trainyard_tests::{StatusCode, TestEnv, bin};
 #[tokio::test(flavor = "multi_thread")]
 async fn health_and_readiness_answer_without_a_token() {
     let env = TestEnv::start().await;
-    assert_eq!(
-        env.call(reqwest::Method::GET, "/healthz", None, None)
-            .await
-            .0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        env.call(reqwest::Method::GET, "/readyz", None, None)
-            .await
-            .0,
-        StatusCode::OK
-    );
+    assert_eq!(env.call(reqwest::Method::GET, "/healthz", None, None).await.0, StatusCode::OK);
+    assert_eq!(env.call(reqwest::Method::GET, "/readyz", None, None).await.0, StatusCode::OK);
     let (status, page) = env.call(reqwest::Method::GET, "/", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.as_str().unwrap().contains("Trainyard"));
-    let (status, body) = env
-        .call(reqwest::Method::GET, "/api/v1/nothing-here", None, None)
-        .await;
+    let (status, body) = env.call(reqwest::Method::GET, "/api/v1/nothing-here", None, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"]["code"], "not_found");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_committed_openapi_document_is_current_and_served() {
-    let generated = std::process::Command::new(bin("trainyard"))
-        .arg("openapi")
-        .output()
-        .unwrap();
+    let generated = std::process::Command::new(bin("trainyard")).arg("openapi").output().unwrap();
     assert!(generated.status.success());
-    let committed_path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+    let committed_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
     let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
     assert!(
         committed == String::from_utf8(generated.stdout.clone()).unwrap(),
         "docs/openapi.json is stale: regenerate it with `cargo run -q --bin trainyard -- openapi > docs/openapi.json`"
     );
     let env = TestEnv::start().await;
-    let (status, served) = env
-        .call(reqwest::Method::GET, "/api/v1/openapi.json", None, None)
-        .await;
+    let (status, served) = env.call(reqwest::Method::GET, "/api/v1/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     let generated: serde_json::Value = serde_json::from_slice(&generated.stdout).unwrap();
     assert_eq!(served, generated);
-    for path in [
-        "/api/v1/jobs",
-        "/api/v1/jobs/{id}/logs",
-        "/api/v1/jobs/{id}/cancel",
-        "/api/v1/tokens",
-    ] {
+    for path in ["/api/v1/jobs", "/api/v1/jobs/{id}/logs", "/api/v1/jobs/{id}/cancel", "/api/v1/tokens"] {
         assert!(served["paths"][path].is_object(), "{path} is documented");
     }
 }

@@ -33,11 +33,7 @@ fn start_dev(data_dir: &std::path::Path, listen: &str) -> (std::process::Child, 
 }
 
 fn interrupt_and_wait(child: &mut std::process::Child) -> std::process::ExitStatus {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
     for _ in 0..300 {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
@@ -50,38 +46,19 @@ fn interrupt_and_wait(child: &mut std::process::Child) -> std::process::ExitStat
 
 #[test]
 fn dev_prints_a_working_login_stops_cleanly_and_keeps_its_data() {
-    let home = tempfile::Builder::new()
-        .prefix("trainyard-dev-")
-        .tempdir()
-        .unwrap();
+    let home = tempfile::Builder::new().prefix("trainyard-dev-").tempdir().unwrap();
     // When the tests run as root, Postgres runs as `postgres` and must reach the data directory.
     std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let data_dir = home.path().join(".trainyard");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
 
     let (mut dev, printed) = start_dev(&data_dir, &listen);
-    let login = printed
-        .iter()
-        .find_map(|l| l.trim().strip_prefix("sign in:"))
-        .expect("a sign-in line")
-        .trim()
-        .to_string();
-    assert!(
-        printed
-            .iter()
-            .any(|l| l.contains(&format!("http://{listen}/"))),
-        "the dashboard URL: {printed:?}"
-    );
+    let login =
+        printed.iter().find_map(|l| l.trim().strip_prefix("sign in:")).expect("a sign-in line").trim().to_string();
+    assert!(printed.iter().any(|l| l.contains(&format!("http://{listen}/"))), "the dashboard URL: {printed:?}");
     let args: Vec<&str> = login.split_whitespace().collect();
-    assert_eq!(
-        &args[..4],
-        ["yard", "login", "--url", &format!("http://{listen}")]
-    );
+    assert_eq!(&args[..4], ["yard", "login", "--url", &format!("http://{listen}")]);
 
     let yard = |args: &[&str]| {
         Command::new(bin("yard"))
@@ -96,11 +73,7 @@ fn dev_prints_a_working_login_stops_cleanly_and_keeps_its_data() {
     let logged_in = yard(&args[1..]);
     assert!(logged_in.status.success(), "{}", stderr(&logged_in));
     let config = home.path().join(".config/trainyard/config.json");
-    assert_eq!(
-        std::fs::metadata(&config).unwrap().permissions().mode() & 0o777,
-        0o600,
-        "the token file is private"
-    );
+    assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600, "the token file is private");
     let submitted = yard(&["submit", "--name", "hello", "--", "echo", "hello"]);
     assert!(submitted.status.success(), "{}", stderr(&submitted));
     let id = stdout(&submitted).trim().to_string();
@@ -108,21 +81,12 @@ fn dev_prints_a_working_login_stops_cleanly_and_keeps_its_data() {
     assert!(waited.status.success(), "{}", stdout(&waited));
 
     let status = interrupt_and_wait(&mut dev);
-    assert!(
-        status.success(),
-        "Ctrl-C ends trainyard dev cleanly: {status:?}"
-    );
-    assert!(
-        !data_dir.join("postgres/pgdata/postmaster.pid").exists(),
-        "Postgres was stopped"
-    );
+    assert!(status.success(), "Ctrl-C ends trainyard dev cleanly: {status:?}");
+    assert!(!data_dir.join("postgres/pgdata/postmaster.pid").exists(), "Postgres was stopped");
 
     // Second start: same data, no new token, the saved login still works.
     let (mut dev, printed) = start_dev(&data_dir, &listen);
-    assert!(
-        !printed.iter().any(|l| l.contains("tyd_")),
-        "the token is printed only once: {printed:?}"
-    );
+    assert!(!printed.iter().any(|l| l.contains("tyd_")), "the token is printed only once: {printed:?}");
     let listed = yard(&["jobs", "ls", "-o", "json"]);
     assert!(listed.status.success(), "{}", stderr(&listed));
     let page: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();

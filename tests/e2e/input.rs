@@ -9,12 +9,7 @@ async fn every_bad_submission_is_refused_with_its_field_named_and_nothing_writte
     let env = TestEnv::start().await;
     let huge_name = "n".repeat(1024 * 1024);
     let cases: Vec<(&str, Value, StatusCode, &str)> = vec![
-        (
-            "unknown field",
-            json!({"command": ["true"], "replica": 2}),
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "replica",
-        ),
+        ("unknown field", json!({"command": ["true"], "replica": 2}), StatusCode::UNPROCESSABLE_ENTITY, "replica"),
         (
             "unknown nested field",
             json!({"command": ["true"], "resources": {"gpu": 1}}),
@@ -51,36 +46,11 @@ async fn every_bad_submission_is_refused_with_its_field_named_and_nothing_writte
             StatusCode::UNPROCESSABLE_ENTITY,
             "replicas",
         ),
-        (
-            "zero replicas",
-            json!({"command": ["true"], "replicas": 0}),
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "replicas",
-        ),
-        (
-            "empty command",
-            json!({"command": []}),
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "command",
-        ),
-        (
-            "missing command",
-            json!({"name": "x"}),
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "body",
-        ),
-        (
-            "command not a list",
-            json!({"command": "rm -rf /"}),
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "command",
-        ),
-        (
-            "1 MiB name",
-            json!({"command": ["true"], "name": huge_name}),
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "name",
-        ),
+        ("zero replicas", json!({"command": ["true"], "replicas": 0}), StatusCode::UNPROCESSABLE_ENTITY, "replicas"),
+        ("empty command", json!({"command": []}), StatusCode::UNPROCESSABLE_ENTITY, "command"),
+        ("missing command", json!({"name": "x"}), StatusCode::UNPROCESSABLE_ENTITY, "body"),
+        ("command not a list", json!({"command": "rm -rf /"}), StatusCode::UNPROCESSABLE_ENTITY, "command"),
+        ("1 MiB name", json!({"command": ["true"], "name": huge_name}), StatusCode::UNPROCESSABLE_ENTITY, "name"),
         (
             "reserved env",
             json!({"command": ["true"], "env": {"WORLD_SIZE": "9"}}),
@@ -99,16 +69,9 @@ async fn every_bad_submission_is_refused_with_its_field_named_and_nothing_writte
         assert_eq!(got, status, "{what}: {error}");
         assert_eq!(error["error"]["code"], "invalid_input", "{what}: {error}");
         assert_eq!(error["error"]["field"], field, "{what}: {error}");
-        assert!(
-            error["error"]["message"].as_str().unwrap().len() < 1000,
-            "{what}: the message stays short"
-        );
+        assert!(error["error"]["message"].as_str().unwrap().len() < 1000, "{what}: the message stays short");
     }
-    assert_eq!(
-        env.jobs_in_db().await,
-        0,
-        "no bad submission wrote anything"
-    );
+    assert_eq!(env.jobs_in_db().await, 0, "no bad submission wrote anything");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -117,16 +80,9 @@ async fn malformed_oversized_and_mistyped_bodies_get_their_own_errors() {
     let client = reqwest::Client::new();
     let url = format!("{}/api/v1/jobs", env.server.url);
     let send = |body: Vec<u8>, content_type: &'static str| {
-        client
-            .post(&url)
-            .bearer_auth(&env.admin_token)
-            .header("content-type", content_type)
-            .body(body)
-            .send()
+        client.post(&url).bearer_auth(&env.admin_token).header("content-type", content_type).body(body).send()
     };
-    let response = send(b"{\"command\": [".to_vec(), "application/json")
-        .await
-        .unwrap();
+    let response = send(b"{\"command\": [".to_vec(), "application/json").await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "malformed_json");
@@ -139,29 +95,16 @@ async fn malformed_oversized_and_mistyped_bodies_get_their_own_errors() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "payload_too_large");
 
-    let response = send(
-        b"command=true".to_vec(),
-        "application/x-www-form-urlencoded",
-    )
-    .await
-    .unwrap();
+    let response = send(b"command=true".to_vec(), "application/x-www-form-urlencoded").await.unwrap();
     assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
-    let (status, body) = env
-        .get("/api/v1/jobs?state=sleeping", &env.admin_token)
-        .await;
+    let (status, body) = env.get("/api/v1/jobs?state=sleeping", &env.admin_token).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["field"], "state");
     let (status, body) = env.get("/api/v1/jobs?limit=0", &env.admin_token).await;
-    assert_eq!(
-        (status, body["error"]["field"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("limit"))
-    );
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("limit")));
     let (status, body) = env.get("/api/v1/jobs?colour=red", &env.admin_token).await;
-    assert_eq!(
-        (status, body["error"]["field"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("colour"))
-    );
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("colour")));
     let (status, _) = env.get("/api/v1/jobs/not-a-uuid", &env.admin_token).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(env.jobs_in_db().await, 0);
@@ -173,10 +116,7 @@ async fn the_same_idempotency_key_returns_the_same_job() {
     let body = json!({"command": ["true"], "idempotency_key": "nightly-2026-11-21", "resources": {"gpus": 64}});
     let (first_status, first) = env.post("/api/v1/jobs", &env.admin_token, &body).await;
     let (second_status, second) = env.post("/api/v1/jobs", &env.admin_token, &body).await;
-    assert_eq!(
-        (first_status, second_status),
-        (StatusCode::CREATED, StatusCode::OK)
-    );
+    assert_eq!((first_status, second_status), (StatusCode::CREATED, StatusCode::OK));
     assert_eq!(first["id"], second["id"]);
     assert_eq!(env.jobs_in_db().await, 1);
 
@@ -186,20 +126,8 @@ async fn the_same_idempotency_key_returns_the_same_job() {
     assert_eq!(env.jobs_in_db().await, 1);
 
     // Through the CLI too.
-    let run = |key: &str| {
-        env.yard(
-            &env.admin_token,
-            &[
-                "submit",
-                "--idempotency-key",
-                key,
-                "--gpus",
-                "64",
-                "--",
-                "true",
-            ],
-        )
-    };
+    let run =
+        |key: &str| env.yard(&env.admin_token, &["submit", "--idempotency-key", key, "--gpus", "64", "--", "true"]);
     let a = run("cli-key");
     let b = run("cli-key");
     assert_eq!(a.stdout, b.stdout);
@@ -215,30 +143,20 @@ async fn missing_garbled_revoked_and_expired_tokens_are_refused() {
     let (status, _) = env.get("/api/v1/jobs", "tyd_0000").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 
-    let (status, token) = env
-        .post(
-            "/api/v1/tokens",
-            &env.admin_token,
-            &json!({"name": "laptop"}),
-        )
-        .await;
+    let (status, token) = env.post("/api/v1/tokens", &env.admin_token, &json!({"name": "laptop"})).await;
     assert_eq!(status, StatusCode::CREATED);
     let secret = token["token"].as_str().unwrap();
     assert_eq!(env.get("/api/v1/me", secret).await.0, StatusCode::OK);
     // The secret is not stored: only its hash.
-    let stored: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM api_tokens WHERE encode(token_hash, 'escape') LIKE '%' || $1 || '%'",
-    )
-    .bind(&secret[4..20])
-    .fetch_one(&env.db.pool)
-    .await
-    .unwrap();
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM api_tokens WHERE encode(token_hash, 'escape') LIKE '%' || $1 || '%'")
+            .bind(&secret[4..20])
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
     assert_eq!(stored, 0);
     let (_, listed) = env.get("/api/v1/tokens", &env.admin_token).await;
-    assert!(
-        !listed.to_string().contains(secret),
-        "listing never shows a secret"
-    );
+    assert!(!listed.to_string().contains(secret), "listing never shows a secret");
 
     let revoked = env
         .call(
@@ -254,28 +172,16 @@ async fn missing_garbled_revoked_and_expired_tokens_are_refused() {
     assert_eq!(body["error"]["message"], "the token has been revoked");
     let cli = env.yard(secret, &["jobs", "ls"]);
     assert!(!cli.status.success());
-    assert!(
-        trainyard_tests::stderr(&cli).contains("revoked"),
-        "yard prints the server's message"
-    );
+    assert!(trainyard_tests::stderr(&cli).contains("revoked"), "yard prints the server's message");
 
-    let (_, token) = env
-        .post(
-            "/api/v1/tokens",
-            &env.admin_token,
-            &json!({"name": "short", "expires_in_days": 1}),
-        )
-        .await;
-    sqlx::query(
-        "UPDATE api_tokens SET expires_at = now() - interval '1 minute' WHERE id = $1::uuid",
-    )
-    .bind(token["id"].as_str().unwrap())
-    .execute(&env.db.pool)
-    .await
-    .unwrap();
-    let (status, body) = env
-        .get("/api/v1/me", token["token"].as_str().unwrap())
-        .await;
+    let (_, token) =
+        env.post("/api/v1/tokens", &env.admin_token, &json!({"name": "short", "expires_in_days": 1})).await;
+    sqlx::query("UPDATE api_tokens SET expires_at = now() - interval '1 minute' WHERE id = $1::uuid")
+        .bind(token["id"].as_str().unwrap())
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    let (status, body) = env.get("/api/v1/me", token["token"].as_str().unwrap()).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(body["error"]["message"], "the token has expired");
 }

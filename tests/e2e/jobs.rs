@@ -25,76 +25,52 @@ async fn two_replica_job_from_the_cli_succeeds_and_logs_both_ranks() {
             "echo rank=$RANK world=$WORLD_SIZE master=$MASTER_ADDR",
         ],
     );
-    assert!(
-        submitted.status.success(),
-        "yard submit: {}",
-        stderr(&submitted)
-    );
+    assert!(submitted.status.success(), "yard submit: {}", stderr(&submitted));
     let id = stdout(&submitted).trim().to_string();
     assert_eq!(id.len(), 36, "yard submit prints the job id, got {id:?}");
 
     let waited = env.yard(&token, &["wait", &id, "--timeout", "60"]);
-    assert!(
-        waited.status.success(),
-        "yard wait exits 0 for a succeeded job: {} {}",
-        stdout(&waited),
-        stderr(&waited)
-    );
+    assert!(waited.status.success(), "yard wait exits 0 for a succeeded job: {} {}", stdout(&waited), stderr(&waited));
     assert!(stdout(&waited).contains("succeeded"), "{}", stdout(&waited));
 
     for rank in 0..2 {
         let logs = env.yard(&token, &["logs", &id, "--replica", &rank.to_string()]);
         assert!(logs.status.success(), "{}", stderr(&logs));
-        assert_eq!(
-            stdout(&logs),
-            format!("rank={rank} world=2 master=127.0.0.1\n")
-        );
+        assert_eq!(stdout(&logs), format!("rank={rank} world=2 master=127.0.0.1\n"));
     }
 
     let shown = env.yard(&token, &["jobs", "show", &id, "-o", "json"]);
-    let shown: serde_json::Value =
-        serde_json::from_slice(&shown.stdout).expect("yard jobs show -o json");
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("yard jobs show -o json");
     assert_eq!(shown["job"]["state"], "succeeded");
     assert_eq!(shown["attempts"][0]["exit_codes"], json!([0, 0]));
 
     // Every state change is in Postgres, in order, with who made it.
-    let events: Vec<(String, String)> = sqlx::query_as(
-        "SELECT to_state, actor FROM job_events WHERE job_id = $1::uuid ORDER BY seq",
-    )
-    .bind(&id)
-    .fetch_all(&env.db.pool)
-    .await
-    .unwrap();
-    let states: Vec<&str> = events
-        .iter()
-        .map(|(s, _)| s.as_str())
-        .filter(|s| *s != "running")
-        .collect();
+    let events: Vec<(String, String)> =
+        sqlx::query_as("SELECT to_state, actor FROM job_events WHERE job_id = $1::uuid ORDER BY seq")
+            .bind(&id)
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+    let states: Vec<&str> = events.iter().map(|(s, _)| s.as_str()).filter(|s| *s != "running").collect();
     assert_eq!(states, ["queued", "admitted", "starting", "succeeded"]);
     assert_eq!(events[0].1, "user:admin");
     assert_eq!(events[1].1, "scheduler");
 
     let listed = env.yard(&token, &["jobs", "ls"]);
-    assert!(
-        stdout(&listed).contains("ranks") && stdout(&listed).contains("succeeded"),
-        "{}",
-        stdout(&listed)
-    );
+    assert!(stdout(&listed).contains("ranks") && stdout(&listed).contains("succeeded"), "{}", stdout(&listed));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_job_is_restarted_then_fails_with_its_exit_code_on_every_attempt() {
     let env = TestEnv::start().await;
-    let id = env.submit(json!({"command": ["sh", "-c", "echo attempt $TRAINYARD_ATTEMPT; exit 3"], "max_restarts": 1})).await;
-    let job = env
-        .wait_job(&id, Duration::from_secs(60), |j| j["state"] == "failed")
+    let id = env
+        .submit(json!({"command": ["sh", "-c", "echo attempt $TRAINYARD_ATTEMPT; exit 3"], "max_restarts": 1}))
         .await;
+    let job = env.wait_job(&id, Duration::from_secs(60), |j| j["state"] == "failed").await;
     assert_eq!(job["restart_count"], 1);
     assert_eq!(job["reason"], "replica 0 exited with code 3");
 
-    let (_, attempts) = env
-        .get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token)
-        .await;
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token).await;
     let attempts = attempts.as_array().unwrap();
     assert_eq!(attempts.len(), 2, "{attempts:?}");
     for (i, attempt) in attempts.iter().enumerate() {
@@ -103,9 +79,7 @@ async fn failing_job_is_restarted_then_fails_with_its_exit_code_on_every_attempt
         assert!(attempt["ended_at"].is_string());
     }
 
-    let (_, events) = env
-        .get(&format!("/api/v1/jobs/{id}/events"), &env.admin_token)
-        .await;
+    let (_, events) = env.get(&format!("/api/v1/jobs/{id}/events"), &env.admin_token).await;
     let states: Vec<&str> = events
         .as_array()
         .unwrap()
@@ -113,82 +87,41 @@ async fn failing_job_is_restarted_then_fails_with_its_exit_code_on_every_attempt
         .map(|e| e["to_state"].as_str().unwrap())
         .filter(|s| *s != "running")
         .collect();
-    assert_eq!(
-        states,
-        [
-            "queued",
-            "admitted",
-            "starting",
-            "restarting",
-            "starting",
-            "failed"
-        ]
-    );
+    assert_eq!(states, ["queued", "admitted", "starting", "restarting", "starting", "failed"]);
 
     // Each attempt has its own log.
-    let (_, log) = env
-        .get(
-            &format!("/api/v1/jobs/{id}/logs?attempt=1"),
-            &env.admin_token,
-        )
-        .await;
+    let (_, log) = env.get(&format!("/api/v1/jobs/{id}/logs?attempt=1"), &env.admin_token).await;
     assert_eq!(log, "attempt 1\n");
-    let (_, log) = env
-        .get(&format!("/api/v1/jobs/{id}/logs"), &env.admin_token)
-        .await;
+    let (_, log) = env.get(&format!("/api/v1/jobs/{id}/logs"), &env.admin_token).await;
     assert_eq!(log, "attempt 2\n");
 
     let waited = env.yard(&env.admin_token, &["wait", &id]);
-    assert!(
-        !waited.status.success(),
-        "yard wait exits non-zero for a failed job"
-    );
+    assert!(!waited.status.success(), "yard wait exits non-zero for a failed job");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancelling_a_running_job_stops_it_within_five_seconds_and_leaves_no_process() {
     let env = TestEnv::start().await;
     // The child of the shell is a second process in the group: it must go too.
-    let id = env
-        .submit(json!({"command": ["sh", "-c", "sleep 600 & sleep 600; wait"]}))
-        .await;
-    env.wait_state(&id, "running", Duration::from_secs(30))
-        .await;
+    let id = env.submit(json!({"command": ["sh", "-c", "sleep 600 & sleep 600; wait"]})).await;
+    env.wait_state(&id, "running", Duration::from_secs(30)).await;
     let pids = env.replica_pids(&id, 1).await;
     assert!(group_alive(pids[0]));
 
     let started = Instant::now();
     let cancelled = env.yard(&env.admin_token, &["cancel", &id]);
     assert!(cancelled.status.success(), "{}", stderr(&cancelled));
-    let job = env
-        .wait_state(&id, "cancelled", Duration::from_secs(5))
-        .await;
+    let job = env.wait_state(&id, "cancelled", Duration::from_secs(5)).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(job["reason"], "cancelled by user:admin");
-    assert!(
-        !group_alive(pids[0]),
-        "a process of the cancelled job is still alive"
-    );
+    assert!(!group_alive(pids[0]), "a process of the cancelled job is still alive");
 
     // Cancelling again is harmless; a finished job cannot be cancelled.
-    let (status, _) = env
-        .post(
-            &format!("/api/v1/jobs/{id}/cancel"),
-            &env.admin_token,
-            &json!({}),
-        )
-        .await;
+    let (status, _) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
     assert_eq!(status, StatusCode::OK);
     let done = env.submit(json!({"command": ["true"]})).await;
-    env.wait_state(&done, "succeeded", Duration::from_secs(30))
-        .await;
-    let (status, body) = env
-        .post(
-            &format!("/api/v1/jobs/{done}/cancel"),
-            &env.admin_token,
-            &json!({}),
-        )
-        .await;
+    env.wait_state(&done, "succeeded", Duration::from_secs(30)).await;
+    let (status, body) = env.post(&format!("/api/v1/jobs/{done}/cancel"), &env.admin_token, &json!({})).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
 }
 
@@ -196,37 +129,21 @@ async fn cancelling_a_running_job_stops_it_within_five_seconds_and_leaves_no_pro
 async fn a_queued_job_is_cancelled_at_once_and_never_runs() {
     let env = TestEnv::start().await;
     // More GPUs than any machine has: it waits, with a reason that says why.
-    let id = env
-        .submit(json!({"command": ["true"], "resources": {"gpus": 64}}))
-        .await;
-    let job = env
-        .wait_job(&id, Duration::from_secs(10), |j| j["reason"].is_string())
-        .await;
+    let id = env.submit(json!({"command": ["true"], "resources": {"gpus": 64}})).await;
+    let job = env.wait_job(&id, Duration::from_secs(10), |j| j["reason"].is_string()).await;
     assert_eq!(job["state"], "queued");
     assert!(job["reason"].as_str().unwrap().contains("GPUs"), "{job}");
-    let (status, job) = env
-        .post(
-            &format!("/api/v1/jobs/{id}/cancel"),
-            &env.admin_token,
-            &json!({}),
-        )
-        .await;
+    let (status, job) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(job["state"], "cancelled");
-    let (_, attempts) = env
-        .get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token)
-        .await;
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token).await;
     assert_eq!(attempts, json!([]));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn following_logs_streams_output_and_ends_when_the_job_ends() {
     let env = TestEnv::start().await;
-    let id = env
-        .submit(
-            json!({"command": ["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.3; done"]}),
-        )
-        .await;
+    let id = env.submit(json!({"command": ["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.3; done"]})).await;
     let followed = tokio::task::spawn_blocking({
         let (url, token, id) = (env.server.url.clone(), env.admin_token.clone(), id.clone());
         move || {
@@ -238,10 +155,8 @@ async fn following_logs_streams_output_and_ends_when_the_job_ends() {
                 .unwrap()
         }
     });
-    let output = tokio::time::timeout(Duration::from_secs(30), followed)
-        .await
-        .expect("follow ends with the job")
-        .unwrap();
+    let output =
+        tokio::time::timeout(Duration::from_secs(30), followed).await.expect("follow ends with the job").unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(stdout(&output), "line 1\nline 2\nline 3\n");
 }
@@ -251,38 +166,19 @@ async fn listing_filters_by_state_and_name_and_pages_with_a_cursor() {
     let env = TestEnv::start().await;
     let mut ids = Vec::new();
     for i in 0..5 {
-        ids.push(env.submit(json!({"name": format!("job-{}", i % 2), "command": ["true"], "resources": {"gpus": 64}})).await);
+        ids.push(
+            env.submit(json!({"name": format!("job-{}", i % 2), "command": ["true"], "resources": {"gpus": 64}})).await,
+        );
     }
     let (_, page) = env.get("/api/v1/jobs?limit=2", &env.admin_token).await;
-    let first: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["id"].as_str().unwrap())
-        .collect();
+    let first: Vec<&str> = page["items"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(first, [ids[4].as_str(), ids[3].as_str()], "newest first");
     let cursor = page["next_cursor"].as_str().unwrap();
-    let (_, page) = env
-        .get(
-            &format!("/api/v1/jobs?limit=2&cursor={cursor}"),
-            &env.admin_token,
-        )
-        .await;
-    let second: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["id"].as_str().unwrap())
-        .collect();
+    let (_, page) = env.get(&format!("/api/v1/jobs?limit=2&cursor={cursor}"), &env.admin_token).await;
+    let second: Vec<&str> = page["items"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(second, [ids[2].as_str(), ids[1].as_str()]);
     let (_, page) = env
-        .get(
-            &format!(
-                "/api/v1/jobs?limit=2&cursor={}",
-                page["next_cursor"].as_str().unwrap()
-            ),
-            &env.admin_token,
-        )
+        .get(&format!("/api/v1/jobs?limit=2&cursor={}", page["next_cursor"].as_str().unwrap()), &env.admin_token)
         .await;
     assert_eq!(page["items"].as_array().unwrap().len(), 1);
     assert!(page["next_cursor"].is_null(), "the last page has no cursor");
@@ -291,8 +187,6 @@ async fn listing_filters_by_state_and_name_and_pages_with_a_cursor() {
     assert_eq!(page["items"].as_array().unwrap().len(), 2);
     let (_, page) = env.get("/api/v1/jobs?state=queued", &env.admin_token).await;
     assert_eq!(page["items"].as_array().unwrap().len(), 5);
-    let (_, page) = env
-        .get("/api/v1/jobs?state=running", &env.admin_token)
-        .await;
+    let (_, page) = env.get("/api/v1/jobs?state=running", &env.admin_token).await;
     assert_eq!(page["items"].as_array().unwrap().len(), 0);
 }

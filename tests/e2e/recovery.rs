@@ -7,16 +7,12 @@ use trainyard_tests::TestEnv;
 
 /// A replica that waits for a file to appear, then exits with `code`.
 fn wait_for(marker: &std::path::Path, code: i32) -> serde_json::Value {
-    let script = format!(
-        "while [ ! -e '{}' ]; do sleep 0.1; done; exit {code}",
-        marker.display()
-    );
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.1; done; exit {code}", marker.display());
     json!({"command": ["sh", "-c", script], "resources": {"cpu": 0.5}})
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn after_a_crash_running_jobs_are_readopted_with_their_true_state_and_vanished_ones_are_lost()
-{
+async fn after_a_crash_running_jobs_are_readopted_with_their_true_state_and_vanished_ones_are_lost() {
     let mut env = TestEnv::start().await;
     let during = env.dir.path().join("end-during-outage");
     let after = env.dir.path().join("end-after-restart");
@@ -24,9 +20,7 @@ async fn after_a_crash_running_jobs_are_readopted_with_their_true_state_and_vani
     let ends_ok_during = env.submit(wait_for(&during, 0)).await;
     let ends_7_during = env.submit(wait_for(&during, 7)).await;
     let ends_ok_after = env.submit(wait_for(&after, 0)).await;
-    let vanishes = env
-        .submit(json!({"command": ["sleep", "600"], "resources": {"cpu": 0.5}}))
-        .await;
+    let vanishes = env.submit(json!({"command": ["sleep", "600"], "resources": {"cpu": 0.5}})).await;
     for id in [&ends_ok_during, &ends_7_during, &ends_ok_after, &vanishes] {
         env.wait_state(id, "running", Duration::from_secs(30)).await;
     }
@@ -36,60 +30,27 @@ async fn after_a_crash_running_jobs_are_readopted_with_their_true_state_and_vani
     // supervisor and all, so that nothing records how it ended.
     env.server.kill_hard();
     std::fs::write(&during, "").unwrap();
-    nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(vanishing_group as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(vanishing_group as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     env.restart_after_crash();
-    let job = env
-        .wait_state(&ends_ok_during, "succeeded", Duration::from_secs(30))
-        .await;
+    let job = env.wait_state(&ends_ok_during, "succeeded", Duration::from_secs(30)).await;
     assert_eq!(job["restart_count"], 0);
-    let job = env
-        .wait_state(&ends_7_during, "failed", Duration::from_secs(30))
-        .await;
-    assert_eq!(
-        job["reason"], "replica 0 exited with code 7",
-        "the true exit code, read after the restart"
-    );
-    let job = env
-        .wait_state(&vanishes, "failed", Duration::from_secs(30))
-        .await;
+    let job = env.wait_state(&ends_7_during, "failed", Duration::from_secs(30)).await;
+    assert_eq!(job["reason"], "replica 0 exited with code 7", "the true exit code, read after the restart");
+    let job = env.wait_state(&vanishes, "failed", Duration::from_secs(30)).await;
     assert_eq!(job["reason"], "lost");
-    let (_, attempts) = env
-        .get(
-            &format!("/api/v1/jobs/{vanishes}/attempts"),
-            &env.admin_token,
-        )
-        .await;
-    assert_eq!(
-        attempts[0]["exit_codes"],
-        json!([null]),
-        "no exit code is invented for a lost replica"
-    );
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{vanishes}/attempts"), &env.admin_token).await;
+    assert_eq!(attempts[0]["exit_codes"], json!([null]), "no exit code is invented for a lost replica");
 
     // Still running across the restart: re-adopted, and its end is seen when it comes.
-    let job = env
-        .wait_state(&ends_ok_after, "running", Duration::from_secs(5))
-        .await;
+    let job = env.wait_state(&ends_ok_after, "running", Duration::from_secs(5)).await;
     assert!(job["finished_at"].is_null());
     std::fs::write(&after, "").unwrap();
-    env.wait_state(&ends_ok_after, "succeeded", Duration::from_secs(30))
-        .await;
-    let (_, attempts) = env
-        .get(
-            &format!("/api/v1/jobs/{ends_ok_after}/attempts"),
-            &env.admin_token,
-        )
-        .await;
-    assert_eq!(
-        attempts.as_array().unwrap().len(),
-        1,
-        "re-adopted, not relaunched"
-    );
+    env.wait_state(&ends_ok_after, "succeeded", Duration::from_secs(30)).await;
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{ends_ok_after}/attempts"), &env.admin_token).await;
+    assert_eq!(attempts.as_array().unwrap().len(), 1, "re-adopted, not relaunched");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -97,20 +58,12 @@ async fn a_clean_shutdown_leaves_jobs_running_for_the_next_start() {
     let mut env = TestEnv::start().await;
     let marker = env.dir.path().join("finish");
     let id = env.submit(wait_for(&marker, 0)).await;
-    env.wait_state(&id, "running", Duration::from_secs(30))
-        .await;
+    env.wait_state(&id, "running", Duration::from_secs(30)).await;
     let status = env.server.stop();
-    assert!(
-        status.success(),
-        "SIGTERM ends the server cleanly: {status:?}"
-    );
+    assert!(status.success(), "SIGTERM ends the server cleanly: {status:?}");
     let pid = env.replica_pids_from_db(&id).await;
-    assert!(
-        trainyard_tests::group_alive(pid),
-        "the job survives a restart of the control plane"
-    );
+    assert!(trainyard_tests::group_alive(pid), "the job survives a restart of the control plane");
     env.restart_after_crash();
     std::fs::write(&marker, "").unwrap();
-    env.wait_state(&id, "succeeded", Duration::from_secs(30))
-        .await;
+    env.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
 }

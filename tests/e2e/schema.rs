@@ -7,15 +7,10 @@ use trainyard_tests::TestDb;
 async fn the_database_and_the_core_agree_on_the_state_machine() {
     let db = TestDb::fresh().await;
     let mut in_sql: Vec<(String, String)> =
-        sqlx::query_as("SELECT from_state, to_state FROM job_state_transitions")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT from_state, to_state FROM job_state_transitions").fetch_all(&db.pool).await.unwrap();
     in_sql.sort();
-    let mut in_rust: Vec<(String, String)> = JobState::TRANSITIONS
-        .iter()
-        .map(|(a, b)| (a.as_str().to_string(), b.as_str().to_string()))
-        .collect();
+    let mut in_rust: Vec<(String, String)> =
+        JobState::TRANSITIONS.iter().map(|(a, b)| (a.as_str().to_string(), b.as_str().to_string())).collect();
     in_rust.sort();
     assert_eq!(in_sql, in_rust);
 }
@@ -39,11 +34,7 @@ async fn an_illegal_transition_cannot_be_persisted() {
             .execute(&db.pool)
             .await
             .expect_err(illegal);
-        assert!(
-            err.to_string()
-                .contains("illegal job state transition queued -> "),
-            "{err}"
-        );
+        assert!(err.to_string().contains("illegal job state transition queued -> "), "{err}");
     }
     // Starting anywhere but queued is refused as well.
     let err = sqlx::query(
@@ -60,20 +51,13 @@ async fn an_illegal_transition_cannot_be_persisted() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let events: Vec<String> =
-        sqlx::query_scalar("SELECT to_state FROM job_events WHERE job_id = $1 ORDER BY seq")
-            .bind(job_id)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(events, ["queued", "cancelled"]);
-    let err = sqlx::query("UPDATE jobs SET state = 'queued' WHERE id = $1")
+    let events: Vec<String> = sqlx::query_scalar("SELECT to_state FROM job_events WHERE job_id = $1 ORDER BY seq")
         .bind(job_id)
-        .execute(&db.pool)
+        .fetch_all(&db.pool)
         .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("cancelled -> queued"),
-        "terminal states are final: {err}"
-    );
+        .unwrap();
+    assert_eq!(events, ["queued", "cancelled"]);
+    let err =
+        sqlx::query("UPDATE jobs SET state = 'queued' WHERE id = $1").bind(job_id).execute(&db.pool).await.unwrap_err();
+    assert!(err.to_string().contains("cancelled -> queued"), "terminal states are final: {err}");
 }

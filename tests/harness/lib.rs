@@ -21,11 +21,7 @@ pub use reqwest::StatusCode;
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join(name);
+    let path = exe.parent().and_then(Path::parent).expect("target dir").join(name);
     assert!(
         path.is_file(),
         "{} is missing: build the binaries first (`cargo build --workspace`; tests/run does)",
@@ -46,31 +42,18 @@ impl TestDb {
             "TRAINYARD_TEST_DATABASE_URL is not set: run the tests through tests/run, which starts a throwaway Postgres",
         );
         let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&admin_url)
-            .await
-            .expect("connect to the test cluster");
+        let admin =
+            PgPoolOptions::new().max_connections(1).connect(&admin_url).await.expect("connect to the test cluster");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&admin)
             .await
             .expect("create database");
         admin.close().await;
-        let (base, _) = admin_url
-            .rsplit_once('/')
-            .expect("database URL ends with /<database>");
+        let (base, _) = admin_url.rsplit_once('/').expect("database URL ends with /<database>");
         let url = format!("{base}/{name}");
-        let store = Store::connect(&url, 4)
-            .await
-            .expect("connect to the fresh database");
-        store
-            .migrate()
-            .await
-            .expect("every migration applies to an empty database");
-        TestDb {
-            url,
-            pool: store.pool().clone(),
-        }
+        let store = Store::connect(&url, 4).await.expect("connect to the fresh database");
+        store.migrate().await.expect("every migration applies to an empty database");
+        TestDb { url, pool: store.pool().clone() }
     }
 }
 
@@ -83,23 +66,9 @@ pub struct ServerProcess {
 impl ServerProcess {
     pub fn start(db_url: &str, data_dir: &Path) -> ServerProcess {
         std::fs::create_dir_all(data_dir).unwrap();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(data_dir.join("server.log"))
-            .unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(data_dir.join("server.log")).unwrap();
         let mut child = Command::new(bin("trainyard"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--cpus",
-                "8",
-                "--grace-seconds",
-                "2",
-                "--max-connections",
-                "8",
-            ])
+            .args(["serve", "--listen", "127.0.0.1:0", "--cpus", "8", "--grace-seconds", "2", "--max-connections", "8"])
             .arg("--data-dir")
             .arg(data_dir)
             .env("TRAINYARD_DATABASE_URL", db_url)
@@ -160,29 +129,16 @@ pub struct TestEnv {
 impl TestEnv {
     pub async fn start() -> TestEnv {
         let db = TestDb::fresh().await;
-        let dir = tempfile::Builder::new()
-            .prefix("trainyard-test-")
-            .tempdir()
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("trainyard-test-").tempdir().unwrap();
         let output = Command::new(bin("trainyard"))
             .arg("bootstrap")
             .env("TRAINYARD_DATABASE_URL", &db.url)
             .output()
             .expect("run trainyard bootstrap");
-        assert!(
-            output.status.success(),
-            "bootstrap failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert!(output.status.success(), "bootstrap failed: {}", String::from_utf8_lossy(&output.stderr));
         let admin_token = String::from_utf8(output.stdout).unwrap().trim().to_string();
         let server = ServerProcess::start(&db.url, &dir.path().join("data"));
-        TestEnv {
-            db,
-            dir,
-            server,
-            admin_token,
-            http: reqwest::Client::new(),
-        }
+        TestEnv { db, dir, server, admin_token, http: reqwest::Client::new() }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -202,9 +158,7 @@ impl TestEnv {
         token: Option<&str>,
         body: Option<&Value>,
     ) -> (StatusCode, Value) {
-        let mut request = self
-            .http
-            .request(method, format!("{}{path}", self.server.url));
+        let mut request = self.http.request(method, format!("{}{path}", self.server.url));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -214,20 +168,15 @@ impl TestEnv {
         let response = request.send().await.expect("HTTP request");
         let status = response.status();
         let text = response.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
-        self.call(reqwest::Method::GET, path, Some(token), None)
-            .await
+        self.call(reqwest::Method::GET, path, Some(token), None).await
     }
 
     pub async fn post(&self, path: &str, token: &str, body: &Value) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, path, Some(token), Some(body))
-            .await
+        self.call(reqwest::Method::POST, path, Some(token), Some(body)).await
     }
 
     /// Submits as the admin and returns the job id.
@@ -238,32 +187,21 @@ impl TestEnv {
     }
 
     /// Polls a job until `done` says so; panics with the last state after `timeout`.
-    pub async fn wait_job(
-        &self,
-        id: &str,
-        timeout: Duration,
-        done: impl Fn(&Value) -> bool,
-    ) -> Value {
+    pub async fn wait_job(&self, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            let (status, job) = self
-                .get(&format!("/api/v1/jobs/{id}"), &self.admin_token)
-                .await;
+            let (status, job) = self.get(&format!("/api/v1/jobs/{id}"), &self.admin_token).await;
             assert_eq!(status, StatusCode::OK, "{job}");
             if done(&job) {
                 return job;
             }
-            assert!(
-                Instant::now() < deadline,
-                "job {id} did not get there in {timeout:?}; it is {job}"
-            );
+            assert!(Instant::now() < deadline, "job {id} did not get there in {timeout:?}; it is {job}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     pub async fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> Value {
-        self.wait_job(id, timeout, |job| job["state"] == state)
-            .await
+        self.wait_job(id, timeout, |job| job["state"] == state).await
     }
 
     /// Adds `user` to `tenant` with `role` and returns their token.
@@ -293,9 +231,7 @@ impl TestEnv {
 
     /// Process ids (also process-group ids) of a job's replicas in one attempt.
     pub async fn replica_pids(&self, id: &str, attempt: usize) -> Vec<u32> {
-        let (_, attempts) = self
-            .get(&format!("/api/v1/jobs/{id}/attempts"), &self.admin_token)
-            .await;
+        let (_, attempts) = self.get(&format!("/api/v1/jobs/{id}/attempts"), &self.admin_token).await;
         attempts[attempt - 1]["placement"]["replicas"]
             .as_array()
             .expect("placement with replicas")
@@ -318,10 +254,7 @@ impl TestEnv {
     }
 
     pub async fn jobs_in_db(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM jobs")
-            .fetch_one(&self.db.pool)
-            .await
-            .unwrap()
+        sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(&self.db.pool).await.unwrap()
     }
 }
 
@@ -331,10 +264,7 @@ impl Drop for TestEnv {
         self.server.kill_hard();
         for pgid in job_process_groups(&self.data_dir()) {
             if let Ok(raw) = i32::try_from(pgid) {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(raw),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL);
             }
         }
     }
@@ -347,16 +277,8 @@ pub fn job_process_groups(data_dir: &Path) -> Vec<u32> {
         return pids;
     };
     for job in jobs.flatten() {
-        for attempt in std::fs::read_dir(job.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            for file in std::fs::read_dir(attempt.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
+        for attempt in std::fs::read_dir(job.path()).into_iter().flatten().flatten() {
+            for file in std::fs::read_dir(attempt.path()).into_iter().flatten().flatten() {
                 if file.path().extension().is_some_and(|e| e == "pid")
                     && let Some(pid) = std::fs::read_to_string(file.path())
                         .ok()

@@ -32,25 +32,15 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        self.http
-            .request(method, format!("{}{path}", self.config.url))
-            .bearer_auth(&self.config.token)
+        self.http.request(method, format!("{}{path}", self.config.url)).bearer_auth(&self.config.token)
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         decode(self.send(self.request(Method::GET, path)).await?).await
     }
 
-    pub async fn post<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> anyhow::Result<T> {
-        decode(
-            self.send(self.request(Method::POST, path).json(body))
-                .await?,
-        )
-        .await
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        decode(self.send(self.request(Method::POST, path).json(body)).await?).await
     }
 
     pub async fn delete(&self, path: &str) -> anyhow::Result<()> {
@@ -64,31 +54,22 @@ impl Client {
     }
 
     async fn send(&self, request: RequestBuilder) -> anyhow::Result<Response> {
-        let response = request.send().await.map_err(|err| {
-            anyhow::anyhow!(
-                "cannot reach Trainyard at {}: {}",
-                self.config.url,
-                root_cause(&err)
-            )
-        })?;
+        let response = request
+            .send()
+            .await
+            .map_err(|err| anyhow::anyhow!("cannot reach Trainyard at {}: {}", self.config.url, root_cause(&err)))?;
         if response.status().is_success() {
             return Ok(response);
         }
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         let failure = match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => ApiFailure {
-                status,
-                code: body.error.code,
-                message: body.error.message,
-                field: body.error.field,
-            },
-            Err(_) => ApiFailure {
-                status,
-                code: "http".into(),
-                message: format!("{status}: {}", text.trim()),
-                field: None,
-            },
+            Ok(body) => {
+                ApiFailure { status, code: body.error.code, message: body.error.message, field: body.error.field }
+            }
+            Err(_) => {
+                ApiFailure { status, code: "http".into(), message: format!("{status}: {}", text.trim()), field: None }
+            }
         };
         Err(failure.into())
     }
@@ -96,8 +77,7 @@ impl Client {
 
 async fn decode<T: DeserializeOwned>(response: Response) -> anyhow::Result<T> {
     let bytes = response.bytes().await?;
-    serde_json::from_slice(&bytes)
-        .map_err(|err| anyhow::anyhow!("unexpected answer from the server: {err}"))
+    serde_json::from_slice(&bytes).map_err(|err| anyhow::anyhow!("unexpected answer from the server: {err}"))
 }
 
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {

@@ -14,27 +14,19 @@ pub struct Config {
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("url", &self.url)
-            .field("token", &"<redacted>")
-            .finish()
+        f.debug_struct("Config").field("url", &self.url).field("token", &"<redacted>").finish()
     }
 }
 
 pub fn path() -> anyhow::Result<PathBuf> {
-    let dir = dirs::config_dir()
-        .context("cannot find your config directory (set HOME or XDG_CONFIG_HOME)")?;
+    let dir = dirs::config_dir().context("cannot find your config directory (set HOME or XDG_CONFIG_HOME)")?;
     Ok(dir.join("trainyard").join("config.json"))
 }
 
 /// The settings in force, or a hint to log in.
 pub fn load() -> anyhow::Result<Config> {
-    let env_url = std::env::var("TRAINYARD_URL")
-        .ok()
-        .filter(|v| !v.is_empty());
-    let env_token = std::env::var("TRAINYARD_TOKEN")
-        .ok()
-        .filter(|v| !v.is_empty());
+    let env_url = std::env::var("TRAINYARD_URL").ok().filter(|v| !v.is_empty());
+    let env_token = std::env::var("TRAINYARD_TOKEN").ok().filter(|v| !v.is_empty());
     let file: Option<Config> = match std::fs::read(path()?) {
         Ok(bytes) => Some(serde_json::from_slice(&bytes).context("reading the yard config file")?),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
@@ -43,13 +35,10 @@ pub fn load() -> anyhow::Result<Config> {
     let url = env_url.or_else(|| file.as_ref().map(|c| c.url.clone()));
     let token = env_token.or_else(|| file.as_ref().map(|c| c.token.clone()));
     match (url, token) {
-        (Some(url), Some(token)) => Ok(Config {
-            url: url.trim_end_matches('/').to_string(),
-            token,
-        }),
-        _ => bail!(
-            "not signed in: run `yard login --url URL --token TOKEN` (or set TRAINYARD_URL and TRAINYARD_TOKEN)"
-        ),
+        (Some(url), Some(token)) => Ok(Config { url: url.trim_end_matches('/').to_string(), token }),
+        _ => {
+            bail!("not signed in: run `yard login --url URL --token TOKEN` (or set TRAINYARD_URL and TRAINYARD_TOKEN)")
+        }
     }
 }
 

@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use trainyard_core::api::{
-    Job, JobAttempt, JobEvent, JobPage, Me, MemberAdd, MemberAdded, Tenant, TenantCreate,
-    TokenCreate, TokenCreated, TokenInfo,
+    Job, JobAttempt, JobEvent, JobPage, Me, MemberAdd, MemberAdded, Tenant, TenantCreate, TokenCreate, TokenCreated,
+    TokenInfo,
 };
 use trainyard_core::auth::Role;
 use trainyard_core::job::{JobState, JobSubmission};
@@ -25,11 +25,7 @@ use crate::client::{ApiFailure, Client};
 use crate::config::Config;
 
 #[derive(Parser)]
-#[command(
-    name = "yard",
-    version,
-    about = "Submit and watch jobs on a Trainyard cluster"
-)]
+#[command(name = "yard", version, about = "Submit and watch jobs on a Trainyard cluster")]
 struct Cli {
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
@@ -194,10 +190,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = cli.output;
     if let Command::Login { url, token } = &cli.command {
-        let config = Config {
-            url: url.trim_end_matches('/').to_string(),
-            token: token.clone(),
-        };
+        let config = Config { url: url.trim_end_matches('/').to_string(), token: token.clone() };
         let me: Me = Client::new(config.clone())?.get("/api/v1/me").await?;
         let path = config::save(&config)?;
         eprintln!(
@@ -221,11 +214,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     me.user,
                     me.tenant,
                     me.role.as_str(),
-                    if me.platform_admin {
-                        ", platform admin"
-                    } else {
-                        ""
-                    }
+                    if me.platform_admin { ", platform admin" } else { "" }
                 )
             })
         }
@@ -234,15 +223,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let job: Job = client.post("/api/v1/jobs", &submission).await?;
             output::print(out, &job, |job| format!("{}\n", job.id))
         }
-        Command::Jobs {
-            command:
-                JobsCommand::Ls {
-                    state,
-                    name,
-                    limit,
-                    cursor,
-                },
-        } => {
+        Command::Jobs { command: JobsCommand::Ls { state, name, limit, cursor } } => {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(state.map(|v| ("state", v)));
             query.extend(name.map(|v| ("name", v)));
@@ -251,33 +232,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let page: JobPage = client.get(&format!("/api/v1/jobs?{query}")).await?;
             output::print(out, &page, output::jobs_table)
         }
-        Command::Jobs {
-            command: JobsCommand::Show { id },
-        } => {
+        Command::Jobs { command: JobsCommand::Show { id } } => {
             let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
-            let attempts: Vec<JobAttempt> =
-                client.get(&format!("/api/v1/jobs/{id}/attempts")).await?;
+            let attempts: Vec<JobAttempt> = client.get(&format!("/api/v1/jobs/{id}/attempts")).await?;
             let events: Vec<JobEvent> = client.get(&format!("/api/v1/jobs/{id}/events")).await?;
             let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events });
-            output::print(out, &detail, |_| {
-                output::job_detail(&job, &attempts, &events)
-            })
+            output::print(out, &detail, |_| output::job_detail(&job, &attempts, &events))
         }
-        Command::Logs {
-            id,
-            replica,
-            attempt,
-            follow,
-        } => {
-            let mut query = vec![
-                ("replica", replica.to_string()),
-                ("follow", follow.to_string()),
-            ];
+        Command::Logs { id, replica, attempt, follow } => {
+            let mut query = vec![("replica", replica.to_string()), ("follow", follow.to_string())];
             query.extend(attempt.map(|a| ("attempt", a.to_string())));
             let query = serde_urlencoded::to_string(&query)?;
-            let response = client
-                .get_stream(&format!("/api/v1/jobs/{id}/logs?{query}"))
-                .await?;
+            let response = client.get_stream(&format!("/api/v1/jobs/{id}/logs?{query}")).await?;
             let mut body = response.bytes_stream();
             let mut stdout = std::io::stdout().lock();
             while let Some(chunk) = body.next().await {
@@ -287,9 +253,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Cancel { id } => {
-            let job: Job = client
-                .post(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({}))
-                .await?;
+            let job: Job = client.post(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({})).await?;
             output::print(out, &job, |job| {
                 if job.state == JobState::Cancelled {
                     format!("{} cancelled\n", job.id)
@@ -298,69 +262,32 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             })
         }
-        Command::Wait { id, timeout } => {
-            wait(&client, out, &id, timeout.map(Duration::from_secs)).await
-        }
-        Command::Tokens {
-            command: TokensCommand::Ls,
-        } => {
+        Command::Wait { id, timeout } => wait(&client, out, &id, timeout.map(Duration::from_secs)).await,
+        Command::Tokens { command: TokensCommand::Ls } => {
             let tokens: Vec<TokenInfo> = client.get("/api/v1/tokens").await?;
             output::print(out, &tokens, output::tokens_table)
         }
-        Command::Tokens {
-            command:
-                TokensCommand::Create {
-                    name,
-                    expires_in_days,
-                },
-        } => {
-            let token: TokenCreated = client
-                .post(
-                    "/api/v1/tokens",
-                    &TokenCreate {
-                        name,
-                        expires_in_days,
-                    },
-                )
-                .await?;
+        Command::Tokens { command: TokensCommand::Create { name, expires_in_days } } => {
+            let token: TokenCreated = client.post("/api/v1/tokens", &TokenCreate { name, expires_in_days }).await?;
             output::print(out, &token, |t| format!("{}\n", t.token))
         }
-        Command::Tokens {
-            command: TokensCommand::Revoke { id },
-        } => {
+        Command::Tokens { command: TokensCommand::Revoke { id } } => {
             client.delete(&format!("/api/v1/tokens/{id}")).await?;
             eprintln!("revoked {id}");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Admin {
-            command: AdminCommand::TenantCreate { name },
-        } => {
-            let tenant: Tenant = client
-                .post("/api/v1/admin/tenants", &TenantCreate { name })
-                .await?;
+        Command::Admin { command: AdminCommand::TenantCreate { name } } => {
+            let tenant: Tenant = client.post("/api/v1/admin/tenants", &TenantCreate { name }).await?;
             output::print(out, &tenant, |t| format!("created tenant {}\n", t.name))
         }
-        Command::Admin {
-            command: AdminCommand::Tenants,
-        } => {
+        Command::Admin { command: AdminCommand::Tenants } => {
             let tenants: Vec<Tenant> = client.get("/api/v1/admin/tenants").await?;
-            output::print(out, &tenants, |ts| {
-                ts.iter().map(|t| format!("{}\n", t.name)).collect()
-            })
+            output::print(out, &tenants, |ts| ts.iter().map(|t| format!("{}\n", t.name)).collect())
         }
-        Command::Admin {
-            command: AdminCommand::MemberAdd { tenant, user, role },
-        } => {
+        Command::Admin { command: AdminCommand::MemberAdd { tenant, user, role } } => {
             let role = Role::parse(&role).expect("clap checked the role");
-            let body = MemberAdd {
-                user,
-                role,
-                token_name: "default".into(),
-                expires_in_days: None,
-            };
-            let added: MemberAdded = client
-                .post(&format!("/api/v1/admin/tenants/{tenant}/members"), &body)
-                .await?;
+            let body = MemberAdd { user, role, token_name: "default".into(), expires_in_days: None };
+            let added: MemberAdded = client.post(&format!("/api/v1/admin/tenants/{tenant}/members"), &body).await?;
             output::print(out, &added, |a| format!("{}\n", a.token.token))
         }
     }
@@ -381,12 +308,7 @@ fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
         command: args.command,
         args: Vec::new(),
         env,
-        resources: Resources {
-            cpu,
-            memory,
-            gpus: args.gpus,
-            gpu_type: args.gpu_type,
-        },
+        resources: Resources { cpu, memory, gpus: args.gpus, gpu_type: args.gpu_type },
         replicas: args.replicas,
         priority: args.priority,
         max_restarts: args.max_restarts,
@@ -395,12 +317,7 @@ fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
 }
 
 /// Polls the job with a spinner until it ends.
-async fn wait(
-    client: &Client,
-    out: Output,
-    id: &str,
-    timeout: Option<Duration>,
-) -> anyhow::Result<ExitCode> {
+async fn wait(client: &Client, out: Output, id: &str, timeout: Option<Duration>) -> anyhow::Result<ExitCode> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.enable_steady_tick(Duration::from_millis(120));
     let started = std::time::Instant::now();
@@ -409,17 +326,8 @@ async fn wait(
         if job.state.is_terminal() {
             break job;
         }
-        let reason = job
-            .reason
-            .as_deref()
-            .map(|r| format!(": {r}"))
-            .unwrap_or_default();
-        spinner.set_message(format!(
-            "{} {}{reason} ({}s)",
-            job.name,
-            job.state,
-            started.elapsed().as_secs()
-        ));
+        let reason = job.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        spinner.set_message(format!("{} {}{reason} ({}s)", job.name, job.state, started.elapsed().as_secs()));
         if timeout.is_some_and(|t| started.elapsed() >= t) {
             spinner.finish_and_clear();
             eprintln!("gave up waiting: {} is still {}", job.id, job.state);
@@ -429,16 +337,8 @@ async fn wait(
     };
     spinner.finish_and_clear();
     output::print(out, &job, |job| {
-        let reason = job
-            .reason
-            .as_deref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default();
+        let reason = job.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
         format!("{} {}{reason}\n", job.id, job.state)
     })?;
-    Ok(if job.state == JobState::Succeeded {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(if job.state == JobState::Succeeded { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -10,11 +10,7 @@ use trainyard_core::api::{Job, JobAttempt, JobEvent, JobPage, TokenInfo};
 
 use crate::Output;
 
-pub fn print<T: Serialize>(
-    out: Output,
-    value: &T,
-    human: impl FnOnce(&T) -> String,
-) -> anyhow::Result<ExitCode> {
+pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> String) -> anyhow::Result<ExitCode> {
     match out {
         Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
         Output::Table => print!("{}", human(value)),
@@ -24,10 +20,7 @@ pub fn print<T: Serialize>(
 
 fn table(header: &[&str]) -> Table {
     let mut table = Table::new();
-    table
-        .load_style(UTF8_BORDERS_ONLY)
-        .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(header);
+    table.load_style(UTF8_BORDERS_ONLY).set_content_arrangement(ContentArrangement::Dynamic).set_header(header);
     table
 }
 
@@ -36,15 +29,7 @@ fn when(at: DateTime<Utc>) -> String {
 }
 
 pub fn jobs_table(page: &JobPage) -> String {
-    let mut t = table(&[
-        "ID",
-        "NAME",
-        "STATE",
-        "REPLICAS",
-        "GPUS",
-        "SUBMITTED",
-        "REASON",
-    ]);
+    let mut t = table(&["ID", "NAME", "STATE", "REPLICAS", "GPUS", "SUBMITTED", "REASON"]);
     for job in &page.items {
         t.add_row(vec![
             job.id.to_string(),
@@ -70,11 +55,7 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent]) -> St
         id = job.id,
         name = job.name,
         state = job.state,
-        reason = job
-            .reason
-            .as_deref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default(),
+        reason = job.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
         argv = serde_json::to_string(&spec.argv()).unwrap_or_default(),
         replicas = spec.replicas,
         cpu = spec.resources.cpu,
@@ -89,11 +70,8 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent]) -> St
     if !attempts.is_empty() {
         let mut t = table(&["ATTEMPT", "STARTED", "ENDED", "EXIT CODES", "REASON"]);
         for a in attempts {
-            let codes: Vec<String> = a
-                .exit_codes
-                .iter()
-                .map(|c| c.map(|c| c.to_string()).unwrap_or_else(|| "-".into()))
-                .collect();
+            let codes: Vec<String> =
+                a.exit_codes.iter().map(|c| c.map(|c| c.to_string()).unwrap_or_else(|| "-".into())).collect();
             t.add_row(vec![
                 a.attempt.to_string(),
                 when(a.started_at),

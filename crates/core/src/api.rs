@@ -31,6 +31,10 @@ pub struct Job {
     pub finished_at: Option<DateTime<Utc>>,
     /// Set when someone asked to cancel and the processes are still being stopped.
     pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// For a job from a template: the parameters as given (the template is in `spec.template`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub params: Option<serde_json::Value>,
 }
 
 /// One page of jobs, newest first.
@@ -164,4 +168,119 @@ pub struct ErrorDetail {
     /// The offending input, as a path such as `resources.gpus`, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+}
+
+/// One reported value of a metric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricPoint {
+    /// Training step (or any non-negative ordinal).
+    pub step: i64,
+    /// Series name, e.g. `loss`, `train/throughput`: letters, digits, `_ . / -`.
+    pub name: String,
+    pub value: f64,
+}
+
+/// A batch of points posted by a job's engine with its job token.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricBatch {
+    pub points: Vec<MetricPoint>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MetricsAccepted {
+    pub accepted: u64,
+}
+
+/// One series, columnar (ready to plot): `steps[i]` goes with `values[i]`, ordered by step.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MetricSeries {
+    pub name: String,
+    pub steps: Vec<i64>,
+    pub values: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobMetrics {
+    pub series: Vec<MetricSeries>,
+}
+
+/// Where a template comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TemplateSource {
+    /// Ships with Trainyard; every tenant sees it.
+    Builtin,
+    /// Uploaded by this tenant; only it sees it.
+    Tenant,
+}
+
+/// A template and its versions, as listed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateSummary {
+    pub name: String,
+    pub source: TemplateSource,
+    pub description: String,
+    /// Newest first.
+    pub versions: Vec<String>,
+    pub latest: String,
+}
+
+/// One version of a template in full.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateDetail {
+    pub name: String,
+    pub version: String,
+    pub source: TemplateSource,
+    pub digest: String,
+    /// Every version of this template, newest first.
+    pub versions: Vec<String>,
+    /// The manifest as loaded (see docs/templates.md for its fields).
+    #[schema(value_type = Object)]
+    pub manifest: serde_json::Value,
+    /// The files a job receives, under `template/` in each replica's working directory.
+    pub files: Vec<String>,
+}
+
+/// A template bundle to publish: `template.yaml` as text and the other files, base64-encoded.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateUpload {
+    pub manifest: String,
+    #[serde(default)]
+    pub files: std::collections::BTreeMap<String, String>,
+}
+
+/// Submit a job from a template.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateRun {
+    /// The version; the newest when absent.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// Parameter values by name. Numbers and booleans may also be given as strings.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// The job's name; the template's name when absent.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub max_restarts: u32,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// What a template run would be, without queueing anything.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DryRun {
+    pub name: String,
+    /// Every parameter's value after defaults and type conversion.
+    #[schema(value_type = Object)]
+    pub values: serde_json::Value,
+    /// Exactly the spec the job would record and run.
+    pub spec: crate::job::JobSpec,
 }

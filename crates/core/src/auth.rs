@@ -6,9 +6,7 @@ use utoipa::ToSchema;
 use crate::Error;
 
 /// A member's role in one tenant. Ordered: each role can do what the ones before it can.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Reads the tenant's jobs, events and logs.
@@ -115,11 +113,7 @@ impl Caller {
     }
 
     pub fn require_platform_admin(&self) -> Result<(), Error> {
-        if self.platform_admin {
-            Ok(())
-        } else {
-            Err(Error::Forbidden("only platform admins may do this".into()))
-        }
+        if self.platform_admin { Ok(()) } else { Err(Error::Forbidden("only platform admins may do this".into())) }
     }
 
     /// How this caller appears in job events.

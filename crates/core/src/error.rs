@@ -42,6 +42,7 @@ pub enum ObjectKind {
     Log,
     /// A path the API does not have.
     Route,
+    Template,
 }
 
 impl fmt::Display for ObjectKind {
@@ -54,16 +55,14 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Attempt => "attempt",
             ObjectKind::Log => "log",
             ObjectKind::Route => "route",
+            ObjectKind::Template => "template",
         })
     }
 }
 
 impl Error {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::InvalidInput {
-            field: field.into(),
-            message: message.into(),
-        }
+        Error::InvalidInput { field: field.into(), message: message.into() }
     }
 
     pub fn not_found(kind: ObjectKind) -> Self {

@@ -20,16 +20,12 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
 
 /// Environment variables Trainyard sets on every replica; a job may not override them.
-pub const RESERVED_ENV: [&str; 7] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "CUDA_VISIBLE_DEVICES",
-];
+pub const RESERVED_ENV: [&str; 7] =
+    ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"];
 pub const RESERVED_ENV_PREFIX: &str = "TRAINYARD_";
+/// Where a job from a template finds the template's files, relative to each replica's working
+/// directory.
+pub const TEMPLATE_FILES_DIR: &str = "template";
 
 /// A job as submitted. Unknown fields are rejected so that a typo never goes unnoticed.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -92,11 +88,7 @@ pub struct TemplateRef {
 impl JobSpec {
     /// The full argv of each replica: `command` then `args`.
     pub fn argv(&self) -> Vec<String> {
-        self.command
-            .iter()
-            .chain(self.args.iter())
-            .cloned()
-            .collect()
+        self.command.iter().chain(self.args.iter()).cloned().collect()
     }
 }
 
@@ -114,26 +106,18 @@ impl JobSubmission {
     /// Checks every rule and returns the canonical job, or an error naming the first bad field.
     pub fn validate(self) -> Result<ValidSubmission, Error> {
         if self.command.is_empty() || self.command[0].trim().is_empty() {
-            return Err(Error::invalid(
-                "command",
-                "must name a program to run, e.g. [\"python\", \"train.py\"]",
-            ));
+            return Err(Error::invalid("command", "must name a program to run, e.g. [\"python\", \"train.py\"]"));
         }
         let argv_bytes: usize = self.command.iter().chain(&self.args).map(|a| a.len()).sum();
         if self.command.len() + self.args.len() > MAX_ARGV_ITEMS || argv_bytes > MAX_ARGV_BYTES {
             return Err(Error::invalid(
                 "args",
-                format!(
-                    "command and args together may have at most {MAX_ARGV_ITEMS} items and {MAX_ARGV_BYTES} bytes"
-                ),
+                format!("command and args together may have at most {MAX_ARGV_ITEMS} items and {MAX_ARGV_BYTES} bytes"),
             ));
         }
         for (field, items) in [("command", &self.command), ("args", &self.args)] {
             if let Some(i) = items.iter().position(|a| a.contains('\0')) {
-                return Err(Error::invalid(
-                    format!("{field}[{i}]"),
-                    "must not contain a NUL byte",
-                ));
+                return Err(Error::invalid(format!("{field}[{i}]"), "must not contain a NUL byte"));
             }
         }
         validate_env(&self.env)?;
@@ -146,10 +130,7 @@ impl JobSubmission {
             None => default_name(&self.command[0]),
         };
         if self.replicas == 0 || self.replicas > MAX_REPLICAS {
-            return Err(Error::invalid(
-                "replicas",
-                format!("must be between 1 and {MAX_REPLICAS}"),
-            ));
+            return Err(Error::invalid("replicas", format!("must be between 1 and {MAX_REPLICAS}")));
         }
         if self.resources.cpu.millis() == 0 {
             return Err(Error::invalid("resources.cpu", "must be more than 0"));
@@ -157,17 +138,13 @@ impl JobSubmission {
         if self.resources.gpus > MAX_GPUS_PER_REPLICA {
             return Err(Error::invalid(
                 "resources.gpus",
-                format!(
-                    "at most {MAX_GPUS_PER_REPLICA} GPUs per replica; use more replicas for more GPUs"
-                ),
+                format!("at most {MAX_GPUS_PER_REPLICA} GPUs per replica; use more replicas for more GPUs"),
             ));
         }
         if let Some(gpu_type) = &self.resources.gpu_type {
             let ok = !gpu_type.is_empty()
                 && gpu_type.len() <= 63
-                && gpu_type
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+                && gpu_type.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
             if !ok {
                 return Err(Error::invalid(
                     "resources.gpu_type",
@@ -178,23 +155,14 @@ impl JobSubmission {
         if !PRIORITY_RANGE.contains(&self.priority) {
             return Err(Error::invalid(
                 "priority",
-                format!(
-                    "must be between {} and {}",
-                    PRIORITY_RANGE.start(),
-                    PRIORITY_RANGE.end()
-                ),
+                format!("must be between {} and {}", PRIORITY_RANGE.start(), PRIORITY_RANGE.end()),
             ));
         }
         if self.max_restarts > MAX_RESTARTS {
-            return Err(Error::invalid(
-                "max_restarts",
-                format!("must be at most {MAX_RESTARTS}"),
-            ));
+            return Err(Error::invalid("max_restarts", format!("must be at most {MAX_RESTARTS}")));
         }
         if let Some(key) = &self.idempotency_key
-            && (key.is_empty()
-                || key.len() > MAX_IDEMPOTENCY_KEY_LEN
-                || key.chars().any(char::is_control))
+            && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN || key.chars().any(char::is_control))
         {
             return Err(Error::invalid(
                 "idempotency_key",
@@ -221,13 +189,8 @@ impl JobSubmission {
 fn validate_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
     if ok {
         Ok(())
     } else {
@@ -245,25 +208,16 @@ fn validate_name(name: &str) -> Result<(), Error> {
 
 fn validate_env(env: &BTreeMap<String, String>) -> Result<(), Error> {
     if env.len() > MAX_ENV_VARS {
-        return Err(Error::invalid(
-            "env",
-            format!("at most {MAX_ENV_VARS} variables"),
-        ));
+        return Err(Error::invalid("env", format!("at most {MAX_ENV_VARS} variables")));
     }
     let bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
     if bytes > MAX_ENV_BYTES {
-        return Err(Error::invalid(
-            "env",
-            format!("at most {MAX_ENV_BYTES} bytes in all"),
-        ));
+        return Err(Error::invalid("env", format!("at most {MAX_ENV_BYTES} bytes in all")));
     }
     for (key, value) in env {
         check_env_name(key).map_err(|message| Error::invalid(format!("env.{key}"), message))?;
         if value.contains('\0') {
-            return Err(Error::invalid(
-                format!("env.{key}"),
-                "must not contain a NUL byte",
-            ));
+            return Err(Error::invalid(format!("env.{key}"), "must not contain a NUL byte"));
         }
     }
     Ok(())
@@ -271,10 +225,7 @@ fn validate_env(env: &BTreeMap<String, String>) -> Result<(), Error> {
 
 /// Checks one environment variable name: well formed, and not one Trainyard sets itself.
 pub fn check_env_name(key: &str) -> Result<(), String> {
-    let well_formed = key
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    let well_formed = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !well_formed {
         return Err("variable names are letters, digits and '_', not starting with a digit".into());
@@ -290,23 +241,11 @@ fn default_name(program: &str) -> String {
     let base = program.rsplit('/').next().unwrap_or(program);
     let cleaned: String = base
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '-'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '-' })
         .take(MAX_NAME_LEN)
         .collect();
-    let cleaned = cleaned
-        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
-        .to_string();
-    if cleaned.is_empty() {
-        "job".to_string()
-    } else {
-        cleaned
-    }
+    let cleaned = cleaned.trim_start_matches(|c: char| !c.is_ascii_alphanumeric()).to_string();
+    if cleaned.is_empty() { "job".to_string() } else { cleaned }
 }
 
 /// Where a job is in its life. See [`JobState::TRANSITIONS`] for the legal moves; the database
@@ -371,18 +310,12 @@ impl JobState {
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
     }
 
     /// States in which the job holds capacity (admitted and not yet finished).
     pub fn holds_capacity(self) -> bool {
-        matches!(
-            self,
-            JobState::Admitted | JobState::Starting | JobState::Running | JobState::Restarting
-        )
+        matches!(self, JobState::Admitted | JobState::Starting | JobState::Running | JobState::Restarting)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -414,9 +347,7 @@ mod tests {
     use super::*;
 
     fn submission(json: serde_json::Value) -> Result<ValidSubmission, Error> {
-        serde_json::from_value::<JobSubmission>(json)
-            .map_err(|e| Error::invalid("body", e.to_string()))?
-            .validate()
+        serde_json::from_value::<JobSubmission>(json).map_err(|e| Error::invalid("body", e.to_string()))?.validate()
     }
 
     fn field_of(err: Error) -> String {
@@ -428,9 +359,7 @@ mod tests {
 
     #[test]
     fn minimal_submission_gets_defaults() {
-        let job =
-            submission(serde_json::json!({"command": ["/usr/bin/python3", "-c", "print(1)"]}))
-                .unwrap();
+        let job = submission(serde_json::json!({"command": ["/usr/bin/python3", "-c", "print(1)"]})).unwrap();
         assert_eq!(job.name, "python3");
         assert_eq!(job.spec.replicas, 1);
         assert_eq!(job.spec.resources, Resources::default());
@@ -443,54 +372,18 @@ mod tests {
             (serde_json::json!({"command": []}), "command"),
             (serde_json::json!({"command": [""]}), "command"),
             (serde_json::json!({"command": ["x"], "name": "a b"}), "name"),
-            (
-                serde_json::json!({"command": ["x"], "name": "n".repeat(129)}),
-                "name",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "replicas": 0}),
-                "replicas",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "replicas": 100000}),
-                "replicas",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "resources": {"gpus": 1000}}),
-                "resources.gpus",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "resources": {"cpu": 0}}),
-                "resources.cpu",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "priority": 5000}),
-                "priority",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "max_restarts": 1000}),
-                "max_restarts",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "env": {"RANK": "3"}}),
-                "env.RANK",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "env": {"TRAINYARD_TOKEN": "3"}}),
-                "env.TRAINYARD_TOKEN",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "env": {"1BAD": "3"}}),
-                "env.1BAD",
-            ),
-            (
-                serde_json::json!({"command": ["x", "a\u{0}b"]}),
-                "command[1]",
-            ),
-            (
-                serde_json::json!({"command": ["x"], "idempotency_key": ""}),
-                "idempotency_key",
-            ),
+            (serde_json::json!({"command": ["x"], "name": "n".repeat(129)}), "name"),
+            (serde_json::json!({"command": ["x"], "replicas": 0}), "replicas"),
+            (serde_json::json!({"command": ["x"], "replicas": 100000}), "replicas"),
+            (serde_json::json!({"command": ["x"], "resources": {"gpus": 1000}}), "resources.gpus"),
+            (serde_json::json!({"command": ["x"], "resources": {"cpu": 0}}), "resources.cpu"),
+            (serde_json::json!({"command": ["x"], "priority": 5000}), "priority"),
+            (serde_json::json!({"command": ["x"], "max_restarts": 1000}), "max_restarts"),
+            (serde_json::json!({"command": ["x"], "env": {"RANK": "3"}}), "env.RANK"),
+            (serde_json::json!({"command": ["x"], "env": {"TRAINYARD_TOKEN": "3"}}), "env.TRAINYARD_TOKEN"),
+            (serde_json::json!({"command": ["x"], "env": {"1BAD": "3"}}), "env.1BAD"),
+            (serde_json::json!({"command": ["x", "a\u{0}b"]}), "command[1]"),
+            (serde_json::json!({"command": ["x"], "idempotency_key": ""}), "idempotency_key"),
         ];
         for (json, field) in cases {
             let err = submission(json.clone()).expect_err(&json.to_string());
@@ -500,33 +393,21 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_rejected() {
-        let err = serde_json::from_value::<JobSubmission>(
-            serde_json::json!({"command": ["x"], "replica": 2}),
-        )
-        .unwrap_err();
+        let err =
+            serde_json::from_value::<JobSubmission>(serde_json::json!({"command": ["x"], "replica": 2})).unwrap_err();
         assert!(err.to_string().contains("unknown field `replica`"), "{err}");
     }
 
     #[test]
     fn state_machine_allows_the_documented_path_only() {
         use JobState::*;
-        for (from, to) in [
-            (Queued, Admitted),
-            (Admitted, Starting),
-            (Starting, Running),
-            (Running, Succeeded),
-        ] {
+        for (from, to) in [(Queued, Admitted), (Admitted, Starting), (Starting, Running), (Running, Succeeded)] {
             assert!(from.can_transition_to(to), "{from} -> {to}");
         }
         assert!(Running.can_transition_to(Restarting) && Restarting.can_transition_to(Starting));
         for terminal in [Succeeded, Failed, Cancelled] {
             assert!(terminal.is_terminal());
-            assert!(
-                JobState::ALL
-                    .iter()
-                    .all(|to| !terminal.can_transition_to(*to)),
-                "{terminal} is final"
-            );
+            assert!(JobState::ALL.iter().all(|to| !terminal.can_transition_to(*to)), "{terminal} is final");
         }
         assert!(!Queued.can_transition_to(Running));
         assert!(!Succeeded.can_transition_to(Queued));

@@ -34,12 +34,7 @@ pub struct Resources {
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources {
-            cpu: Cpu::one(),
-            memory: Memory::one_gib(),
-            gpus: 0,
-            gpu_type: None,
-        }
+        Resources { cpu: Cpu::one(), memory: Memory::one_gib(), gpus: 0, gpu_type: None }
     }
 }
 
@@ -65,24 +60,18 @@ impl Cpu {
                 .map(Cpu)
                 .map_err(|_| format!("`{text}` is not a cpu amount such as 2, 0.5 or \"500m\""));
         }
-        let cores: f64 = text
-            .parse()
-            .map_err(|_| format!("`{text}` is not a cpu amount such as 2, 0.5 or \"500m\""))?;
+        let cores: f64 =
+            text.parse().map_err(|_| format!("`{text}` is not a cpu amount such as 2, 0.5 or \"500m\""))?;
         Cpu::from_cores(cores)
     }
 
     pub fn from_cores(cores: f64) -> Result<Cpu, String> {
         if !cores.is_finite() || cores < 0.0 {
-            return Err(format!(
-                "cpu must be a positive number of cores, got {cores}"
-            ));
+            return Err(format!("cpu must be a positive number of cores, got {cores}"));
         }
         let millis = (cores * 1000.0).round();
         if millis > MAX_CPU_MILLIS as f64 {
-            return Err(format!(
-                "cpu {cores} is more than any node has (at most {} cores)",
-                MAX_CPU_MILLIS / 1000
-            ));
+            return Err(format!("cpu {cores} is more than any node has (at most {} cores)", MAX_CPU_MILLIS / 1000));
         }
         Ok(Cpu(millis as u64))
     }
@@ -90,11 +79,7 @@ impl Cpu {
 
 impl fmt::Display for Cpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_multiple_of(1000) {
-            write!(f, "{}", self.0 / 1000)
-        } else {
-            write!(f, "{}m", self.0)
-        }
+        if self.0.is_multiple_of(1000) { write!(f, "{}", self.0 / 1000) } else { write!(f, "{}m", self.0) }
     }
 }
 
@@ -133,20 +118,10 @@ impl<'de> Deserialize<'de> for Cpu {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Memory(pub u64);
 
-const BINARY_SUFFIXES: [(&str, u64); 5] = [
-    ("Ki", 1 << 10),
-    ("Mi", 1 << 20),
-    ("Gi", 1 << 30),
-    ("Ti", 1 << 40),
-    ("Pi", 1 << 50),
-];
-const DECIMAL_SUFFIXES: [(&str, u64); 5] = [
-    ("k", 1_000),
-    ("M", 1_000_000),
-    ("G", 1_000_000_000),
-    ("T", 1_000_000_000_000),
-    ("P", 1_000_000_000_000_000),
-];
+const BINARY_SUFFIXES: [(&str, u64); 5] =
+    [("Ki", 1 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40), ("Pi", 1 << 50)];
+const DECIMAL_SUFFIXES: [(&str, u64); 5] =
+    [("k", 1_000), ("M", 1_000_000), ("G", 1_000_000_000), ("T", 1_000_000_000_000), ("P", 1_000_000_000_000_000)];
 
 impl Memory {
     pub fn one_gib() -> Memory {
@@ -160,9 +135,7 @@ impl Memory {
     /// Parses a byte count or a quantity with a binary (`Ki`..`Pi`) or decimal (`k`..`P`) suffix.
     pub fn parse(text: &str) -> Result<Memory, String> {
         let text = text.trim();
-        let bad = || {
-            format!("`{text}` is not a memory amount such as \"4Gi\", \"512Mi\" or a byte count")
-        };
+        let bad = || format!("`{text}` is not a memory amount such as \"4Gi\", \"512Mi\" or a byte count");
         let (digits, unit) = BINARY_SUFFIXES
             .iter()
             .chain(DECIMAL_SUFFIXES.iter())
@@ -177,9 +150,7 @@ impl Memory {
             return Err("memory must be more than 0 bytes".into());
         }
         if bytes > MAX_MEMORY_BYTES {
-            return Err(format!(
-                "memory of {bytes} bytes is more than any node has (at most 64Ti)"
-            ));
+            return Err(format!("memory of {bytes} bytes is more than any node has (at most 64Ti)"));
         }
         Ok(Memory(bytes))
     }
@@ -222,9 +193,7 @@ impl<'de> Deserialize<'de> for Memory {
                 Memory::from_bytes(v as u64).map_err(E::custom)
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Memory, E> {
-                Err(E::custom(format!(
-                    "memory must be a whole number of bytes or a quantity such as \"4Gi\", got {v}"
-                )))
+                Err(E::custom(format!("memory must be a whole number of bytes or a quantity such as \"4Gi\", got {v}")))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Memory, E> {
                 Memory::parse(v).map_err(E::custom)
@@ -254,11 +223,7 @@ mod tests {
     fn memory_round_trips_through_its_text() {
         for text in ["4Gi", "512Mi", "1G", "1000", "3Ki"] {
             let memory = Memory::parse(text).unwrap();
-            assert_eq!(
-                Memory::parse(&memory.to_string()).unwrap(),
-                memory,
-                "{text}"
-            );
+            assert_eq!(Memory::parse(&memory.to_string()).unwrap(), memory, "{text}");
         }
         assert_eq!(Memory::parse("2Gi").unwrap().bytes(), 2 << 30);
         assert_eq!(Memory::parse("1G").unwrap().bytes(), 1_000_000_000);
@@ -270,8 +235,7 @@ mod tests {
 
     #[test]
     fn resources_from_json_with_defaults() {
-        let r: Resources =
-            serde_json::from_str(r#"{"cpu": "500m", "memory": "2Gi", "gpus": 1}"#).unwrap();
+        let r: Resources = serde_json::from_str(r#"{"cpu": "500m", "memory": "2Gi", "gpus": 1}"#).unwrap();
         assert_eq!(r.cpu, Cpu(500));
         assert_eq!(r.memory.bytes(), 2 << 30);
         let r: Resources = serde_json::from_str("{}").unwrap();

@@ -7,6 +7,7 @@
 
 pub mod local;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::io::AsyncRead;
@@ -46,6 +47,10 @@ pub struct LaunchRequest {
     pub tenant_id: Uuid,
     pub attempt: i32,
     pub spec: JobSpec,
+    /// The template's files, delivered under `template/` in each replica's working directory.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// Variables for this attempt only, never stored with the spec (the job token, the API URL).
+    pub env: BTreeMap<String, String>,
 }
 
 /// An attempt the executor launched before, as recorded in Postgres. Enough to find its

@@ -18,9 +18,7 @@ pub struct Capacity {
 
 impl Capacity {
     fn fits(&self, need: &Capacity) -> bool {
-        need.cpu_millis <= self.cpu_millis
-            && need.memory_bytes <= self.memory_bytes
-            && need.gpus <= self.gpus
+        need.cpu_millis <= self.cpu_millis && need.memory_bytes <= self.memory_bytes && need.gpus <= self.gpus
     }
 
     fn take(&mut self, need: &Capacity) {
@@ -76,14 +74,8 @@ pub enum Decision {
 /// fit now waits; a job that could never fit says so.
 pub fn admission_cycle(snapshot: &Snapshot) -> Vec<Decision> {
     let mut free = Capacity {
-        cpu_millis: snapshot
-            .total
-            .cpu_millis
-            .saturating_sub(snapshot.in_use.cpu_millis),
-        memory_bytes: snapshot
-            .total
-            .memory_bytes
-            .saturating_sub(snapshot.in_use.memory_bytes),
+        cpu_millis: snapshot.total.cpu_millis.saturating_sub(snapshot.in_use.cpu_millis),
+        memory_bytes: snapshot.total.memory_bytes.saturating_sub(snapshot.in_use.memory_bytes),
         gpus: snapshot.total.gpus.saturating_sub(snapshot.in_use.gpus),
     };
     snapshot
@@ -92,19 +84,13 @@ pub fn admission_cycle(snapshot: &Snapshot) -> Vec<Decision> {
         .map(|job| {
             let need = Capacity::of_job(&job.resources, job.replicas);
             if let Some(reason) = never_fits(snapshot, job, &need) {
-                return Decision::Wait {
-                    job: job.id,
-                    reason,
-                };
+                return Decision::Wait { job: job.id, reason };
             }
             if free.fits(&need) {
                 free.take(&need);
                 Decision::Admit(job.id)
             } else {
-                Decision::Wait {
-                    job: job.id,
-                    reason: short_of(&need, &free),
-                }
+                Decision::Wait { job: job.id, reason: short_of(&need, &free) }
             }
         })
         .collect()
@@ -118,10 +104,7 @@ fn never_fits(snapshot: &Snapshot, job: &PendingJob, need: &Capacity) -> Option<
     }
     let total = &snapshot.total;
     if need.gpus > total.gpus {
-        return Some(format!(
-            "needs {} GPUs in all; the cluster has {}",
-            need.gpus, total.gpus
-        ));
+        return Some(format!("needs {} GPUs in all; the cluster has {}", need.gpus, total.gpus));
     }
     if need.cpu_millis > total.cpu_millis {
         return Some(format!(
@@ -146,18 +129,10 @@ fn short_of(need: &Capacity, free: &Capacity) -> String {
         short.push(format!("{} GPUs (free {})", need.gpus, free.gpus));
     }
     if need.cpu_millis > free.cpu_millis {
-        short.push(format!(
-            "{} cpu (free {})",
-            cores(need.cpu_millis),
-            cores(free.cpu_millis)
-        ));
+        short.push(format!("{} cpu (free {})", cores(need.cpu_millis), cores(free.cpu_millis)));
     }
     if need.memory_bytes > free.memory_bytes {
-        short.push(format!(
-            "{} memory (free {})",
-            gib(need.memory_bytes),
-            gib(free.memory_bytes)
-        ));
+        short.push(format!("{} memory (free {})", gib(need.memory_bytes), gib(free.memory_bytes)));
     }
     format!("waiting for capacity: needs {}", short.join(", "))
 }
@@ -178,23 +153,14 @@ mod tests {
     fn job(n: u128, cpu: u64, gpus: u32, replicas: u32) -> PendingJob {
         PendingJob {
             id: Uuid::from_u128(n),
-            resources: Resources {
-                cpu: Cpu(cpu * 1000),
-                memory: Memory(1 << 30),
-                gpus,
-                gpu_type: None,
-            },
+            resources: Resources { cpu: Cpu(cpu * 1000), memory: Memory(1 << 30), gpus, gpu_type: None },
             replicas,
         }
     }
 
     fn snapshot(queue: Vec<PendingJob>) -> Snapshot {
         Snapshot {
-            total: Capacity {
-                cpu_millis: 4000,
-                memory_bytes: 16 << 30,
-                gpus: 2,
-            },
+            total: Capacity { cpu_millis: 4000, memory_bytes: 16 << 30, gpus: 2 },
             in_use: Capacity::default(),
             gpu_types: vec!["nvidia-a100-40gb".into()],
             queue,
@@ -203,11 +169,7 @@ mod tests {
 
     #[test]
     fn admits_in_order_while_capacity_lasts() {
-        let decisions = admission_cycle(&snapshot(vec![
-            job(1, 2, 0, 1),
-            job(2, 1, 0, 2),
-            job(3, 1, 0, 1),
-        ]));
+        let decisions = admission_cycle(&snapshot(vec![job(1, 2, 0, 1), job(2, 1, 0, 2), job(3, 1, 0, 1)]));
         assert_eq!(decisions[0], Decision::Admit(Uuid::from_u128(1)));
         assert_eq!(decisions[1], Decision::Admit(Uuid::from_u128(2)));
         match &decisions[2] {
@@ -221,10 +183,7 @@ mod tests {
         let decisions = admission_cycle(&snapshot(vec![job(1, 1, 2, 2)]));
         assert_eq!(
             decisions,
-            vec![Decision::Wait {
-                job: Uuid::from_u128(1),
-                reason: "needs 4 GPUs in all; the cluster has 2".into()
-            }]
+            vec![Decision::Wait { job: Uuid::from_u128(1), reason: "needs 4 GPUs in all; the cluster has 2".into() }]
         );
     }
 
@@ -242,8 +201,6 @@ mod tests {
         let mut pending = job(1, 1, 1, 1);
         pending.resources.gpu_type = Some("nvidia-h100-80gb".into());
         let decisions = admission_cycle(&snapshot(vec![pending]));
-        assert!(
-            matches!(&decisions[0], Decision::Wait { reason, .. } if reason.contains("nvidia-h100-80gb"))
-        );
+        assert!(matches!(&decisions[0], Decision::Wait { reason, .. } if reason.contains("nvidia-h100-80gb")));
     }
 }

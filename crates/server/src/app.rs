@@ -6,15 +6,22 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use trainyard_core::api::{
-    Job, JobAttempt, JobEvent, JobPage, MemberAdd, MemberAdded, Tenant, TokenCreated, TokenInfo,
+    DryRun, Job, JobAttempt, JobEvent, JobMetrics, JobPage, MemberAdd, MemberAdded, MetricBatch, Tenant, TemplateDetail,
+    TemplateRun, TemplateSummary, TemplateUpload, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::{Action, Caller};
+use trainyard_core::error::ObjectKind;
 use trainyard_core::job::JobSubmission;
 use trainyard_core::{Error, Result};
 use trainyard_executor::Executor;
 use trainyard_store::Store;
 use trainyard_store::jobs::{JobFilter, Submitted};
+use trainyard_store::metrics::JobCaller;
+use trainyard_store::templates::Published;
+
 use uuid::Uuid;
+
+use crate::templates::Templates;
 
 /// Everything the operations need. Cheap to clone.
 #[derive(Clone)]
@@ -23,25 +30,129 @@ pub struct App {
     pub executor: Arc<dyn Executor>,
     /// Pokes the reconciler so a submit or a cancel is acted on now, not at the next tick.
     pub reconciler_wake: Arc<Notify>,
+    pub templates: Arc<Templates>,
 }
 
+/// What a template run did.
+pub enum TemplateRunOutcome {
+    DryRun(DryRun),
+    Submitted(Submitted),
+}
+
+/// The most points one metrics request may carry.
+pub const MAX_METRIC_POINTS: usize = 50_000;
+
 impl App {
-    pub async fn job_submit(
-        &self,
-        caller: &Caller,
-        submission: JobSubmission,
-    ) -> Result<Submitted> {
+    pub async fn job_submit(&self, caller: &Caller, submission: JobSubmission) -> Result<Submitted> {
         caller.authorize(Action::WriteJobs)?;
         // The request as given, canonically encoded: a replay with the same idempotency key
         // must be the same request.
-        let request_hash =
-            Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
+        let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
         let valid = submission.validate()?;
-        let submitted = self.store.job_submit(caller, valid, &request_hash).await?;
+        let submitted = self.store.job_submit(caller, valid, None, &request_hash).await?;
         if matches!(submitted, Submitted::Created(_)) {
             self.reconciler_wake.notify_one();
         }
         Ok(submitted)
+    }
+
+    /// Submits (or, with `dry_run`, only renders) a job from a template: the parameters are
+    /// checked against the template's types and bounds, the manifest is rendered to a spec, and
+    /// the job records template name, version and digest, the parameters as given, and the spec.
+    pub async fn template_run(
+        &self,
+        caller: &Caller,
+        template: &str,
+        run: TemplateRun,
+        dry_run: bool,
+    ) -> Result<TemplateRunOutcome> {
+        caller.authorize(Action::WriteJobs)?;
+        let request_hash = {
+            let mut hasher = Sha256::new();
+            hasher.update(b"template\0");
+            hasher.update(template.as_bytes());
+            hasher.update(serde_json::to_vec(&run).map_err(Error::internal)?);
+            hasher.finalize().to_vec()
+        };
+        let (template, _) = self.templates.resolve(caller.tenant_id, template, run.version.as_deref()).await?;
+        let values = template.check_params(&run.params)?;
+        let spec = template.render(&values)?;
+        // The job-level fields pass the same checks as a direct submit.
+        let mut valid = JobSubmission {
+            name: Some(run.name.clone().unwrap_or_else(|| template.name().to_string())),
+            command: spec.command.clone(),
+            args: spec.args.clone(),
+            env: spec.env.clone(),
+            resources: spec.resources.clone(),
+            replicas: spec.replicas,
+            priority: run.priority,
+            max_restarts: run.max_restarts,
+            idempotency_key: run.idempotency_key.clone(),
+        }
+        .validate()?;
+        valid.spec.template = spec.template;
+        if dry_run {
+            let values = serde_json::to_value(&values).map_err(Error::internal)?;
+            return Ok(TemplateRunOutcome::DryRun(DryRun { name: valid.name, values, spec: valid.spec }));
+        }
+        let params = serde_json::Value::Object(run.params);
+        let submitted = self.store.job_submit(caller, valid, Some(&params), &request_hash).await?;
+        if matches!(submitted, Submitted::Created(_)) {
+            self.reconciler_wake.notify_one();
+        }
+        Ok(TemplateRunOutcome::Submitted(submitted))
+    }
+
+    pub async fn templates_list(&self, caller: &Caller) -> Result<Vec<TemplateSummary>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.templates.list(caller.tenant_id).await
+    }
+
+    pub async fn template_show(&self, caller: &Caller, name: &str, version: Option<&str>) -> Result<TemplateDetail> {
+        caller.authorize(Action::ReadJobs)?;
+        Ok(self.templates.resolve(caller.tenant_id, name, version).await?.1)
+    }
+
+    pub async fn template_publish(
+        &self,
+        caller: &Caller,
+        upload: TemplateUpload,
+    ) -> Result<(TemplateDetail, Published)> {
+        caller.authorize(Action::WriteJobs)?;
+        self.templates.publish(caller, upload).await
+    }
+
+    /// Stores a batch of metric points from a job's engine. The token must belong to the job.
+    pub async fn metrics_post(&self, caller: &JobCaller, job_id: Uuid, batch: MetricBatch) -> Result<u64> {
+        if caller.job_id != job_id {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        if batch.points.is_empty() || batch.points.len() > MAX_METRIC_POINTS {
+            return Err(Error::invalid("points", format!("send 1 to {MAX_METRIC_POINTS} points per request")));
+        }
+        for (i, point) in batch.points.iter().enumerate() {
+            let name_ok = !point.name.is_empty()
+                && point.name.len() <= 128
+                && point.name.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c));
+            if !name_ok {
+                return Err(Error::invalid(
+                    format!("points[{i}].name"),
+                    "1 to 128 letters, digits, '_', '.', '/' or '-'",
+                ));
+            }
+            if point.step < 0 {
+                return Err(Error::invalid(format!("points[{i}].step"), "must be 0 or more"));
+            }
+            if !point.value.is_finite() {
+                return Err(Error::invalid(format!("points[{i}].value"), "must be a finite number"));
+            }
+        }
+        self.store.metrics_insert(caller, &batch.points).await
+    }
+
+    pub async fn metrics_get(&self, caller: &Caller, job_id: Uuid, name: Option<&str>) -> Result<JobMetrics> {
+        caller.authorize(Action::ReadJobs)?;
+        Ok(JobMetrics { series: self.store.metrics_read(caller.tenant_id, job_id, name).await? })
     }
 
     pub async fn jobs_list(&self, caller: &Caller, filter: &JobFilter) -> Result<JobPage> {
@@ -82,9 +193,7 @@ impl App {
         expires_in_days: Option<u32>,
     ) -> Result<TokenCreated> {
         caller.authorize(Action::ManageOwnTokens)?;
-        self.store
-            .token_create(caller.tenant_id, caller.user_id, name, expires_in_days)
-            .await
+        self.store.token_create(caller.tenant_id, caller.user_id, name, expires_in_days).await
     }
 
     pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
@@ -108,35 +217,14 @@ impl App {
     }
 
     /// Platform admins add members to any tenant; a tenant's admins to their own.
-    pub async fn member_add(
-        &self,
-        caller: &Caller,
-        tenant: &str,
-        member: MemberAdd,
-    ) -> Result<MemberAdded> {
-        if !(caller.platform_admin
-            || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok()))
-        {
-            return Err(Error::Forbidden(
-                "only platform admins and this tenant's admins may add members".into(),
-            ));
+    pub async fn member_add(&self, caller: &Caller, tenant: &str, member: MemberAdd) -> Result<MemberAdded> {
+        if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {
+            return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
         }
         let token = self
             .store
-            .member_add(
-                tenant,
-                &member.user,
-                member.role,
-                false,
-                &member.token_name,
-                member.expires_in_days,
-            )
+            .member_add(tenant, &member.user, member.role, false, &member.token_name, member.expires_in_days)
             .await?;
-        Ok(MemberAdded {
-            user: member.user,
-            tenant: tenant.to_string(),
-            role: member.role,
-            token,
-        })
+        Ok(MemberAdded { user: member.user, tenant: tenant.to_string(), role: member.role, token })
     }
 }

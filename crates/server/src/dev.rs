@@ -34,72 +34,46 @@ pub fn local_server(
     cpus: Option<f64>,
     settings: ReconcilerSettings,
 ) -> anyhow::Result<Server> {
-    let supervisor =
-        std::env::current_exe().context("finding the trainyard binary to supervise replicas")?;
-    let executor = LocalExecutor::new(LocalConfig {
-        data_dir: data_dir.to_path_buf(),
-        supervisor,
-        cpus,
-        memory_bytes: None,
-    })
-    .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
-    Ok(Server::new(store, Arc::new(executor), settings))
+    let supervisor = std::env::current_exe().context("finding the trainyard binary to supervise replicas")?;
+    let executor =
+        LocalExecutor::new(LocalConfig { data_dir: data_dir.to_path_buf(), supervisor, cpus, memory_bytes: None })
+            .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
+    Server::new(store, Arc::new(executor), settings).map_err(anyhow::Error::msg)
 }
 
 pub async fn run(options: DevOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&options.data_dir)
         .with_context(|| format!("creating the data directory {}", options.data_dir.display()))?;
     let data_dir = options.data_dir.canonicalize()?;
-    eprintln!(
-        "trainyard: starting the private Postgres in {}",
-        data_dir.join("postgres").display()
-    );
+    eprintln!("trainyard: starting the private Postgres in {}", data_dir.join("postgres").display());
     let postgres = EmbeddedPostgres::start(&data_dir.join("postgres"), Durability::Durable)
         .await
         .context("starting the private Postgres")?;
     let result = serve_on(&postgres, &data_dir, &options).await;
     eprintln!("trainyard: stopping Postgres");
-    postgres
-        .stop()
-        .await
-        .context("stopping the private Postgres")?;
+    postgres.stop().await.context("stopping the private Postgres")?;
     result
 }
 
-async fn serve_on(
-    postgres: &EmbeddedPostgres,
-    data_dir: &Path,
-    options: &DevOptions,
-) -> anyhow::Result<()> {
+async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOptions) -> anyhow::Result<()> {
     postgres.database_ensure("trainyard").await?;
-    let store = Store::connect(&postgres.url("trainyard"), 16)
-        .await
-        .context("connecting to the private Postgres")?;
+    let store = Store::connect(&postgres.url("trainyard"), 16).await.context("connecting to the private Postgres")?;
     store.migrate().await.context("running migrations")?;
     let first_token = store.bootstrap(DEFAULT_TENANT, DEFAULT_ADMIN).await?;
-    let listener = TcpListener::bind(options.listen).await.with_context(|| {
-        format!(
-            "listening on {} (is another trainyard running?)",
-            options.listen
-        )
-    })?;
+    let listener = TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("listening on {} (is another trainyard running?)", options.listen))?;
     let url = format!("http://{}", listener.local_addr()?);
     let server = local_server(store, data_dir, options.cpus, ReconcilerSettings::default())?;
 
     println!();
-    println!(
-        "  Trainyard is running (local executor, data in {})",
-        data_dir.display()
-    );
+    println!("  Trainyard is running (local executor, data in {})", data_dir.display());
     println!("  dashboard:  {url}/");
     println!("  API:        {url}/api/v1  (document: {url}/api/v1/openapi.json)");
     match first_token {
         Some(token) => {
             println!("  admin token (shown once, keep it): {}", token.token);
-            println!(
-                "  sign in:    yard login --url {url} --token {}",
-                token.token
-            );
+            println!("  sign in:    yard login --url {url} --token {}", token.token);
         }
         None => println!(
             "  sign in with the admin token printed at the first start: yard login --url {url} --token <token>"
@@ -113,8 +87,7 @@ async fn serve_on(
 
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

@@ -33,23 +33,11 @@ impl ApiError {
                     format!("{field}: {message}"),
                     Some(field.clone()),
                 ),
-                Error::NotFound { .. } => {
-                    (StatusCode::NOT_FOUND, "not_found", err.to_string(), None)
-                }
-                Error::Unauthenticated(msg) => (
-                    StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    msg.clone(),
-                    None,
-                ),
+                Error::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found", err.to_string(), None),
+                Error::Unauthenticated(msg) => (StatusCode::UNAUTHORIZED, "unauthenticated", msg.clone(), None),
                 Error::Forbidden(msg) => (StatusCode::FORBIDDEN, "forbidden", msg.clone(), None),
                 Error::Conflict(msg) => (StatusCode::CONFLICT, "conflict", msg.clone(), None),
-                Error::Unavailable(msg) => (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    msg.clone(),
-                    None,
-                ),
+                Error::Unavailable(msg) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg.clone(), None),
                 Error::Internal(_) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
@@ -57,15 +45,8 @@ impl ApiError {
                     None,
                 ),
             },
-            ApiError::MalformedJson(msg) => {
-                (StatusCode::BAD_REQUEST, "malformed_json", msg.clone(), None)
-            }
-            ApiError::PayloadTooLarge(msg) => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                msg.clone(),
-                None,
-            ),
+            ApiError::MalformedJson(msg) => (StatusCode::BAD_REQUEST, "malformed_json", msg.clone(), None),
+            ApiError::PayloadTooLarge(msg) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg.clone(), None),
             ApiError::UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -82,18 +63,10 @@ impl IntoResponse for ApiError {
             tracing::error!(%cause, "internal error");
         }
         let (status, code, message, field) = self.parts();
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: code.to_string(),
-                message,
-                field,
-            },
-        };
+        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message, field } };
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

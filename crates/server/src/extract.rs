@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use trainyard_core::Error;
 use trainyard_core::auth::Caller;
 use trainyard_core::error::ObjectKind;
+use trainyard_store::metrics::{JOB_TOKEN_PREFIX, JobCaller};
 use uuid::Uuid;
 
 use crate::AppState;
@@ -25,23 +26,16 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let is_json = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| {
-                v.split(';')
-                    .next()
-                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+        let is_json =
+            req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+                v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
             });
         if !is_json {
             return Err(ApiError::UnsupportedMediaType);
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(format!(
-                    "the request body is over the limit of {MAX_BODY_BYTES} bytes"
-                ))
+                ApiError::PayloadTooLarge(format!("the request body is over the limit of {MAX_BODY_BYTES} bytes"))
             } else {
                 ApiError::MalformedJson(rejection.body_text())
             }
@@ -62,11 +56,7 @@ pub fn json_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let message = inner.to_string();
         let field = field_of(path, &message);
         // serde appends " at line 1 column 42"; the field path says more.
-        let message = message
-            .split(" at line ")
-            .next()
-            .unwrap_or(&message)
-            .to_string();
+        let message = message.split(" at line ").next().unwrap_or(&message).to_string();
         ApiError::Domain(Error::invalid(field, message))
     })
 }
@@ -94,42 +84,57 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or_default();
-        let deserializer =
-            serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
-        serde_path_to_error::deserialize(deserializer)
-            .map(ApiQuery)
-            .map_err(|err| {
-                let path = err.path().to_string();
-                let message = err.into_inner().to_string();
-                let field = field_of(path, &message);
-                ApiError::Domain(Error::invalid(field, message))
-            })
+        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(deserializer).map(ApiQuery).map_err(|err| {
+            let path = err.path().to_string();
+            let message = err.into_inner().to_string();
+            let field = field_of(path, &message);
+            ApiError::Domain(Error::invalid(field, message))
+        })
     }
 }
 
-/// The authenticated caller, from `Authorization: Bearer <token>`.
+/// The authenticated caller, from `Authorization: Bearer <token>` with a user's API token.
 pub struct Auth(pub Caller);
 
 impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
-            Error::Unauthenticated("send your API token as `Authorization: Bearer <token>`".into())
-        })?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim)
-            .ok_or_else(|| {
-                Error::Unauthenticated("the Authorization header must be `Bearer <token>`".into())
-            })?;
+        let token = bearer_token(parts)?;
+        if token.starts_with(JOB_TOKEN_PREFIX) {
+            return Err(Error::Unauthenticated("a job token can only post metrics for its own job".into()).into());
+        }
         Ok(Auth(state.app.store.token_authenticate(token).await?))
     }
+}
+
+/// The job an engine reports for, from its job token (`TRAINYARD_TOKEN` in its environment).
+pub struct JobAuth(pub JobCaller);
+
+impl FromRequestParts<AppState> for JobAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let token = bearer_token(parts)?;
+        if !token.starts_with(JOB_TOKEN_PREFIX) {
+            return Err(Error::Unauthenticated("metrics are posted by a job's engine with its job token".into()).into());
+        }
+        Ok(JobAuth(state.app.store.job_token_authenticate(token).await?))
+    }
+}
+
+fn bearer_token(parts: &Parts) -> Result<&str, ApiError> {
+    let header = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| Error::Unauthenticated("send your API token as `Authorization: Bearer <token>`".into()))?;
+    Ok(header
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .ok_or_else(|| Error::Unauthenticated("the Authorization header must be `Bearer <token>`".into()))?)
 }
 
 /// An object id from the path. A malformed id names no object: 404, like an unknown one.

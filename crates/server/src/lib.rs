@@ -15,6 +15,7 @@ pub mod error;
 pub mod extract;
 pub mod logs;
 pub mod reconciler;
+pub mod templates;
 mod web;
 
 use std::future::Future;
@@ -35,6 +36,7 @@ use trainyard_store::Store;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::reconciler::{Reconciler, ReconcilerSettings};
+use crate::templates::Templates;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -50,18 +52,14 @@ pub fn app(state: AppState) -> Router {
         .merge(api::routes())
         .merge(web::routes())
         .fallback(|| async {
-            ApiError::Domain(trainyard_core::Error::NotFound {
-                kind: trainyard_core::error::ObjectKind::Route,
-            })
+            ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })
         })
         .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
-        .layer(CatchPanicLayer::custom(
-            |_: Box<dyn std::any::Any + Send>| {
-                axum::response::IntoResponse::into_response(ApiError::Domain(
-                    trainyard_core::Error::internal("a handler panicked"),
-                ))
-            },
-        ))
+        .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
+            axum::response::IntoResponse::into_response(ApiError::Domain(trainyard_core::Error::internal(
+                "a handler panicked",
+            )))
+        }))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
@@ -73,21 +71,18 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn new(store: Store, executor: Arc<dyn Executor>, settings: ReconcilerSettings) -> Server {
+    /// Loads the built-in templates (a broken one is an error naming it) and wires the parts.
+    pub fn new(store: Store, executor: Arc<dyn Executor>, settings: ReconcilerSettings) -> Result<Server, String> {
+        let templates = Arc::new(Templates::new(store.clone())?);
         let wake = Arc::new(Notify::new());
         let app = App {
             store: store.clone(),
             executor: Arc::clone(&executor),
             reconciler_wake: Arc::clone(&wake),
+            templates: Arc::clone(&templates),
         };
-        let reconciler = Reconciler::new(store, executor, wake, settings);
-        Server {
-            state: AppState {
-                app,
-                shutdown: CancellationToken::new(),
-            },
-            reconciler,
-        }
+        let reconciler = Reconciler::new(store, executor, templates, wake, settings);
+        Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler })
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops in order: stop accepting and
@@ -99,7 +94,8 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
         drain: Duration,
     ) -> std::io::Result<()> {
-        let Server { state, reconciler } = self;
+        let Server { state, mut reconciler } = self;
+        reconciler.api_url_default(format!("http://{}", listener.local_addr()?));
         let token = state.shutdown.clone();
         let store = state.app.store.clone();
         let reconciler_task = tokio::spawn(reconciler.run(token.clone()));
@@ -111,11 +107,8 @@ impl Server {
             signal_token.cancel();
         };
         let router = app(state);
-        let server = axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(http_shutdown);
+        let server = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(http_shutdown);
         let served = tokio::select! {
             result = server => result,
             _ = async { token.cancelled().await; tokio::time::sleep(drain).await } => {

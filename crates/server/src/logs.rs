@@ -38,34 +38,16 @@ pub async fn job_logs(
     caller.authorize(Action::ReadJobs)?;
     let job = app.store.job_get(caller.tenant_id, request.job_id).await?;
     if request.replica >= job.spec.replicas {
-        return Err(Error::invalid(
-            "replica",
-            format!(
-                "the job has {} replicas, numbered from 0",
-                job.spec.replicas
-            ),
-        ));
+        return Err(Error::invalid("replica", format!("the job has {} replicas, numbered from 0", job.spec.replicas)));
     }
-    let attempts = app
-        .store
-        .job_attempts(caller.tenant_id, request.job_id)
-        .await?;
+    let attempts = app.store.job_attempts(caller.tenant_id, request.job_id).await?;
     if let Some(wanted) = request.attempt
         && !attempts.iter().any(|a| a.attempt == wanted)
     {
-        return Err(Error::invalid(
-            "attempt",
-            format!("the job has {} attempts so far", attempts.len()),
-        ));
+        return Err(Error::invalid("attempt", format!("the job has {} attempts so far", attempts.len())));
     }
     let (sender, receiver) = mpsc::channel::<Chunk>(16);
-    let follower = Follower {
-        app: app.clone(),
-        tenant_id: caller.tenant_id,
-        request,
-        sender,
-        shutdown,
-    };
+    let follower = Follower { app: app.clone(), tenant_id: caller.tenant_id, request, sender, shutdown };
     tokio::spawn(follower.run());
     Ok(ReceiverStream::new(receiver))
 }
@@ -94,10 +76,7 @@ impl Follower {
             Ok(()) | Err(Error::Unavailable(_)) => {}
             Err(err) => {
                 tracing::warn!(job = %self.request.job_id, %err, "log stream failed");
-                let _ = self
-                    .sender
-                    .send(Err(std::io::Error::other(err.to_string())))
-                    .await;
+                let _ = self.sender.send(Err(std::io::Error::other(err.to_string()))).await;
             }
         }
     }
@@ -156,11 +135,7 @@ impl Follower {
     }
 
     async fn open(&self, attempt: i32) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>> {
-        self.app
-            .executor
-            .log_reader(self.request.job_id, attempt, self.request.replica)
-            .await
-            .map_err(Error::internal)
+        self.app.executor.log_reader(self.request.job_id, attempt, self.request.replica).await.map_err(Error::internal)
     }
 
     /// Sends what the reader has now. True when it sent something.
@@ -179,30 +154,18 @@ impl Follower {
     }
 
     async fn next_step(&self, current: Option<i32>) -> Result<Next> {
-        let job = self
-            .app
-            .store
-            .job_get(self.tenant_id, self.request.job_id)
-            .await?;
+        let job = self.app.store.job_get(self.tenant_id, self.request.job_id).await?;
         if self.request.attempt.is_none()
             && let Some(latest) = self.latest_attempt().await?
             && Some(latest) != current
         {
             return Ok(Next::Switch(latest));
         }
-        Ok(if job.state.is_terminal() {
-            Next::Finish
-        } else {
-            Next::Wait
-        })
+        Ok(if job.state.is_terminal() { Next::Finish } else { Next::Wait })
     }
 
     async fn latest_attempt(&self) -> Result<Option<i32>> {
-        let attempts = self
-            .app
-            .store
-            .job_attempts(self.tenant_id, self.request.job_id)
-            .await?;
+        let attempts = self.app.store.job_attempts(self.tenant_id, self.request.job_id).await?;
         Ok(attempts.last().map(|a| a.attempt))
     }
 

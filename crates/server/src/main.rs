@@ -14,11 +14,7 @@ use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
 
 #[derive(Parser)]
-#[command(
-    name = "trainyard",
-    version,
-    about = "The Trainyard control plane for shared deep-learning clusters"
-)]
+#[command(name = "trainyard", version, about = "The Trainyard control plane for shared deep-learning clusters")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,6 +71,9 @@ enum Command {
         /// Seconds between SIGTERM and SIGKILL when stopping a job.
         #[arg(long, default_value_t = 10)]
         grace_seconds: u64,
+        /// The API's URL as jobs reach it (their TRAINYARD_URL); the listening address by default.
+        #[arg(long)]
+        public_url: Option<String>,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -136,76 +135,36 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(run(cli.command))
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli.command))
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Dev {
-            data_dir,
-            listen,
-            cpus,
-        } => {
-            dev::run(DevOptions {
-                data_dir,
-                listen,
-                cpus,
-            })
-            .await
-        }
-        Command::Serve {
-            database_url,
-            listen,
-            data_dir,
-            cpus,
-            max_connections,
-            grace_seconds,
-        } => {
-            let store = Store::connect(&database_url.0, max_connections)
-                .await
-                .context("connecting to Postgres")?;
+        Command::Dev { data_dir, listen, cpus } => dev::run(DevOptions { data_dir, listen, cpus }).await,
+        Command::Serve { database_url, listen, data_dir, cpus, max_connections, grace_seconds, public_url } => {
+            let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             std::fs::create_dir_all(&data_dir)?;
-            let settings = ReconcilerSettings {
-                grace: Duration::from_secs(grace_seconds),
-                ..Default::default()
-            };
+            let settings = ReconcilerSettings { grace: Duration::from_secs(grace_seconds), api_url: public_url, ..Default::default() };
             let server = dev::local_server(store, &data_dir.canonicalize()?, cpus, settings)?;
-            let listener = TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("listening on {listen}"))?;
+            let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.
             println!("trainyard: listening on http://{}", listener.local_addr()?);
-            server
-                .serve(listener, dev::shutdown_signal(), dev::DRAIN)
-                .await?;
+            server.serve(listener, dev::shutdown_signal(), dev::DRAIN).await?;
             Ok(())
         }
         Command::Migrate { database_url } => {
-            let store = Store::connect(&database_url.0, 2)
-                .await
-                .context("connecting to Postgres")?;
+            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             println!("migrations applied");
             Ok(())
         }
-        Command::Bootstrap {
-            database_url,
-            tenant,
-            admin,
-        } => {
-            let store = Store::connect(&database_url.0, 2)
-                .await
-                .context("connecting to Postgres")?;
+        Command::Bootstrap { database_url, tenant, admin } => {
+            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             match store.bootstrap(&tenant, &admin).await? {
                 Some(token) => println!("{}", token.token),
-                None => anyhow::bail!(
-                    "the database has users already; bootstrap is only for an empty one"
-                ),
+                None => anyhow::bail!("the database has users already; bootstrap is only for an empty one"),
             }
             Ok(())
         }
@@ -213,21 +172,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", trainyard_server::api::openapi_document());
             Ok(())
         }
-        Command::Postgres {
-            action: PostgresAction::Start { dir, throwaway },
-        } => {
-            let durability = if throwaway {
-                Durability::Throwaway
-            } else {
-                Durability::Durable
-            };
+        Command::Postgres { action: PostgresAction::Start { dir, throwaway } } => {
+            let durability = if throwaway { Durability::Throwaway } else { Durability::Durable };
             let postgres = EmbeddedPostgres::start(&dir, durability).await?;
             println!("{}", postgres.url("postgres"));
             Ok(())
         }
-        Command::Postgres {
-            action: PostgresAction::Stop { dir },
-        } => {
+        Command::Postgres { action: PostgresAction::Stop { dir } } => {
             EmbeddedPostgres::stop_in(&dir).await?;
             Ok(())
         }

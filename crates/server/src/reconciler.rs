@@ -23,6 +23,8 @@ use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaStatus};
 use trainyard_scheduler::{Capacity, Decision, PendingJob, Snapshot, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::reconcile::{AttemptEnd, UnfinishedJob};
+
+use crate::templates::Templates;
 use uuid::Uuid;
 
 const ACTOR_SCHEDULER: &str = "scheduler";
@@ -38,20 +40,20 @@ pub struct ReconcilerSettings {
     pub tick: Duration,
     /// Between SIGTERM and SIGKILL when stopping replicas.
     pub grace: Duration,
+    /// The API's URL as replicas reach it (`TRAINYARD_URL`); the listening address when unset.
+    pub api_url: Option<String>,
 }
 
 impl Default for ReconcilerSettings {
     fn default() -> Self {
-        ReconcilerSettings {
-            tick: Duration::from_secs(1),
-            grace: Duration::from_secs(10),
-        }
+        ReconcilerSettings { tick: Duration::from_secs(1), grace: Duration::from_secs(10), api_url: None }
     }
 }
 
 pub struct Reconciler {
     store: Store,
     executor: Arc<dyn Executor>,
+    templates: Arc<Templates>,
     wake: Arc<Notify>,
     settings: ReconcilerSettings,
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
@@ -63,16 +65,16 @@ impl Reconciler {
     pub fn new(
         store: Store,
         executor: Arc<dyn Executor>,
+        templates: Arc<Templates>,
         wake: Arc<Notify>,
         settings: ReconcilerSettings,
     ) -> Self {
-        Reconciler {
-            store,
-            executor,
-            wake,
-            settings,
-            stopping: HashMap::new(),
-        }
+        Reconciler { store, executor, templates, wake, settings, stopping: HashMap::new() }
+    }
+
+    /// Where replicas reach the API, unless configured: the address the server listens on.
+    pub fn api_url_default(&mut self, url: String) {
+        self.settings.api_url.get_or_insert(url);
     }
 
     /// Runs passes until `shutdown`. A failed pass (database away) is logged and retried.
@@ -96,18 +98,12 @@ impl Reconciler {
     pub async fn pass(&mut self) -> Result<()> {
         let jobs = self.store.jobs_unfinished().await?;
         let mut ended = HashSet::new();
-        for job in jobs
-            .iter()
-            .filter(|j| matches!(j.state, JobState::Starting | JobState::Running))
-        {
+        for job in jobs.iter().filter(|j| matches!(j.state, JobState::Starting | JobState::Running)) {
             if self.observe(job).await? {
                 ended.insert(job.id);
             }
         }
-        for job in jobs
-            .iter()
-            .filter(|j| j.state == JobState::Restarting && j.cancel_requested)
-        {
+        for job in jobs.iter().filter(|j| j.state == JobState::Restarting && j.cancel_requested) {
             self.store
                 .job_transition(
                     job.id,
@@ -122,10 +118,7 @@ impl Reconciler {
         let admitted = self.admit(&jobs, &ended).await?;
         let launchable = jobs
             .iter()
-            .filter(|j| {
-                matches!(j.state, JobState::Admitted | JobState::Restarting)
-                    && !ended.contains(&j.id)
-            })
+            .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
             .chain(admitted.iter().copied());
         let mut launched = false;
         for job in launchable {
@@ -153,20 +146,12 @@ impl Reconciler {
             placement: record.placement.clone(),
         };
         let statuses = self.executor.observe(&attempt).await;
-        let running = statuses
-            .iter()
-            .filter(|s| **s == ReplicaStatus::Running)
-            .count();
-        let failure = statuses
-            .iter()
-            .enumerate()
-            .find_map(|(rank, status)| match status {
-                ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
-                ReplicaStatus::Exited(code) => {
-                    Some(format!("replica {rank} exited with code {code}"))
-                }
-                ReplicaStatus::Lost => Some(REASON_LOST.to_string()),
-            });
+        let running = statuses.iter().filter(|s| **s == ReplicaStatus::Running).count();
+        let failure = statuses.iter().enumerate().find_map(|(rank, status)| match status {
+            ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
+            ReplicaStatus::Exited(code) => Some(format!("replica {rank} exited with code {code}")),
+            ReplicaStatus::Lost => Some(REASON_LOST.to_string()),
+        });
 
         if running > 0 && (job.cancel_requested || failure.is_some()) {
             // Stop the attempt (cancelled, or one replica failed so the gang fails); its end is
@@ -177,13 +162,7 @@ impl Reconciler {
         if running > 0 {
             if job.state == JobState::Starting {
                 self.store
-                    .job_transition(
-                        job.id,
-                        &[JobState::Starting],
-                        JobState::Running,
-                        ACTOR_EXECUTOR,
-                        None,
-                    )
+                    .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
                     .await?;
             }
             return Ok(false);
@@ -197,10 +176,7 @@ impl Reconciler {
             })
             .collect();
         let (to, reason) = if job.cancel_requested {
-            (
-                JobState::Cancelled,
-                job.reason.clone().unwrap_or_else(|| "cancelled".into()),
-            )
+            (JobState::Cancelled, job.reason.clone().unwrap_or_else(|| "cancelled".into()))
         } else if let Some(failure) = failure {
             if job.restart_count < job.max_restarts {
                 (JobState::Restarting, failure)
@@ -208,10 +184,7 @@ impl Reconciler {
                 (JobState::Failed, failure)
             }
         } else {
-            (
-                JobState::Succeeded,
-                "every replica exited with code 0".to_string(),
-            )
+            (JobState::Succeeded, "every replica exited with code 0".to_string())
         };
         // Free what the attempt still holds first, so that once the state says it ended, none
         // of its processes is left. Repeating this after a failed write below is harmless.
@@ -233,10 +206,8 @@ impl Reconciler {
 
     fn stop(&mut self, attempt: &AttemptRef) {
         let key = (attempt.job_id, attempt.attempt);
-        let due = self
-            .stopping
-            .get(&key)
-            .is_none_or(|asked| asked.elapsed() > self.settings.grace + Duration::from_secs(5));
+        let due =
+            self.stopping.get(&key).is_none_or(|asked| asked.elapsed() > self.settings.grace + Duration::from_secs(5));
         if due {
             self.stopping.insert(key, Instant::now());
             let executor = Arc::clone(&self.executor);
@@ -247,24 +218,14 @@ impl Reconciler {
     }
 
     /// Admits what fits, in queue order; returns the jobs admitted in this pass.
-    async fn admit<'a>(
-        &self,
-        jobs: &'a [UnfinishedJob],
-        ended: &HashSet<Uuid>,
-    ) -> Result<Vec<&'a UnfinishedJob>> {
-        let queue: Vec<&UnfinishedJob> = jobs
-            .iter()
-            .filter(|j| j.state == JobState::Queued)
-            .collect();
+    async fn admit<'a>(&self, jobs: &'a [UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<&'a UnfinishedJob>> {
+        let queue: Vec<&UnfinishedJob> = jobs.iter().filter(|j| j.state == JobState::Queued).collect();
         if queue.is_empty() {
             return Ok(Vec::new());
         }
         let inventory = self.executor.inventory();
         let mut in_use = Capacity::default();
-        for job in jobs
-            .iter()
-            .filter(|j| j.state.holds_capacity() && !ended.contains(&j.id))
-        {
+        for job in jobs.iter().filter(|j| j.state.holds_capacity() && !ended.contains(&j.id)) {
             let need = Capacity::of_job(&job.spec.resources, job.spec.replicas);
             in_use.cpu_millis += need.cpu_millis;
             in_use.memory_bytes += need.memory_bytes;
@@ -280,11 +241,7 @@ impl Reconciler {
             gpu_types: inventory.gpu_types(),
             queue: queue
                 .iter()
-                .map(|j| PendingJob {
-                    id: j.id,
-                    resources: j.spec.resources.clone(),
-                    replicas: j.spec.replicas,
-                })
+                .map(|j| PendingJob { id: j.id, resources: j.spec.resources.clone(), replicas: j.spec.replicas })
                 .collect(),
         };
         let mut admitted = Vec::new();
@@ -293,13 +250,7 @@ impl Reconciler {
                 Decision::Admit(_) => {
                     if self
                         .store
-                        .job_transition(
-                            job.id,
-                            &[JobState::Queued],
-                            JobState::Admitted,
-                            ACTOR_SCHEDULER,
-                            None,
-                        )
+                        .job_transition(job.id, &[JobState::Queued], JobState::Admitted, ACTOR_SCHEDULER, None)
                         .await?
                     {
                         admitted.push(job);
@@ -315,32 +266,34 @@ impl Reconciler {
         Ok(admitted)
     }
 
+    /// Gathers what an attempt needs (the template's files, a job token for its engine) and
+    /// starts it.
+    async fn launch_attempt(&self, job: &UnfinishedJob, attempt: i32) -> std::result::Result<serde_json::Value, String> {
+        let files = match &job.spec.template {
+            Some(reference) => self.templates.files_for(job.tenant_id, reference).await.map_err(|e| e.to_string())?,
+            None => Default::default(),
+        };
+        let token = self.store.job_token_create(job.id, job.tenant_id, attempt).await.map_err(|e| e.to_string())?;
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("TRAINYARD_URL".to_string(), self.settings.api_url.clone().unwrap_or_default());
+        env.insert("TRAINYARD_TOKEN".to_string(), token);
+        let request = LaunchRequest { job_id: job.id, tenant_id: job.tenant_id, attempt, spec: job.spec.clone(), files, env };
+        self.executor.launch(&request).await.map_err(|e| e.to_string())
+    }
+
     /// Opens the job's next attempt and starts it. A launch that fails ends the attempt like a
     /// failed run (restarting while restarts remain).
     async fn launch(&self, job: &UnfinishedJob) -> Result<()> {
         let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR).await? else {
             return Ok(()); // cancelled or moved meanwhile
         };
-        let request = LaunchRequest {
-            job_id: job.id,
-            tenant_id: job.tenant_id,
-            attempt,
-            spec: job.spec.clone(),
-        };
-        match self.executor.launch(&request).await {
+        match self.launch_attempt(job, attempt).await {
             Ok(placement) => {
-                self.store
-                    .attempt_placement_set(job.id, attempt, &placement)
-                    .await?;
+                self.store.attempt_placement_set(job.id, attempt, &placement).await?;
                 tracing::info!(job = %job.id, attempt, "attempt launched");
             }
-            Err(err) => {
-                let reason = err.to_string();
-                let to = if job.restart_count < job.max_restarts {
-                    JobState::Restarting
-                } else {
-                    JobState::Failed
-                };
+            Err(reason) => {
+                let to = if job.restart_count < job.max_restarts { JobState::Restarting } else { JobState::Failed };
                 tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
                 self.store
                     .attempt_end(AttemptEnd {

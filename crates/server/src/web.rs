@@ -16,11 +16,7 @@ struct Index {
 }
 
 async fn index() -> impl IntoResponse {
-    match (Index {
-        version: env!("CARGO_PKG_VERSION"),
-    })
-    .render()
-    {
+    match (Index { version: env!("CARGO_PKG_VERSION") }).render() {
         Ok(html) => Html(html).into_response(),
         Err(err) => {
             tracing::error!(%err, "rendering the index page");

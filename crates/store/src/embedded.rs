@@ -76,10 +76,7 @@ impl fmt::Debug for EmbeddedPostgres {
 impl EmbeddedPostgres {
     /// Starts the cluster in `dir`, creating it on first use. When the cluster is already
     /// running (a previous process was killed), it is reused as it is.
-    pub async fn start(
-        dir: &Path,
-        durability: Durability,
-    ) -> Result<EmbeddedPostgres, EmbeddedError> {
+    pub async fn start(dir: &Path, durability: Durability) -> Result<EmbeddedPostgres, EmbeddedError> {
         let bin_dir = find_bin_dir().ok_or(EmbeddedError::NotInstalled)?;
         let run_as = unprivileged_user()?;
         std::fs::create_dir_all(dir)?;
@@ -95,13 +92,7 @@ impl EmbeddedPostgres {
         }
         let password = std::fs::read_to_string(&password_file)?.trim().to_string();
 
-        let mut cluster = EmbeddedPostgres {
-            dir,
-            bin_dir,
-            port: 0,
-            password,
-            run_as,
-        };
+        let mut cluster = EmbeddedPostgres { dir, bin_dir, port: 0, password, run_as };
         if let Some(port) = cluster.running_port().await {
             tracing::info!(port, "reusing the private Postgres that is already running");
             cluster.port = port;
@@ -118,26 +109,20 @@ impl EmbeddedPostgres {
 
     /// A connection URL for `database`. Holds the password: do not log it.
     pub fn url(&self, database: &str) -> String {
-        format!(
-            "postgres://{ROLE}:{}@127.0.0.1:{}/{database}",
-            self.password, self.port
-        )
+        format!("postgres://{ROLE}:{}@127.0.0.1:{}/{database}", self.password, self.port)
     }
 
     /// Creates `database` unless it exists.
     pub async fn database_ensure(&self, database: &str) -> Result<(), EmbeddedError> {
         let mut conn = sqlx::PgConnection::connect(&self.url("postgres")).await?;
-        let exists: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-                .bind(database)
-                .fetch_one(&mut conn)
-                .await?;
+        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(database)
+            .fetch_one(&mut conn)
+            .await?;
         if !exists {
             // Identifiers cannot be bound; the name is quoted as an identifier.
             let quoted = database.replace('"', "\"\"");
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{quoted}\"")))
-                .execute(&mut conn)
-                .await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{quoted}\""))).execute(&mut conn).await?;
         }
         conn.close().await?;
         Ok(())
@@ -147,11 +132,7 @@ impl EmbeddedPostgres {
     pub async fn stop(&self) -> Result<(), EmbeddedError> {
         let pgdata = self.dir.join("pgdata");
         self.run(
-            self.command("pg_ctl")
-                .arg("stop")
-                .arg("-D")
-                .arg(&pgdata)
-                .args(["-m", "fast", "-w", "-t", "60"]),
+            self.command("pg_ctl").arg("stop").arg("-D").arg(&pgdata).args(["-m", "fast", "-w", "-t", "60"]),
             "pg_ctl stop",
         )
         .await
@@ -163,11 +144,7 @@ impl EmbeddedPostgres {
         let run_as = unprivileged_user()?;
         let pgdata = dir.canonicalize()?.join("pgdata");
         let mut command = command_as(&bin_dir, "pg_ctl", run_as);
-        command
-            .arg("stop")
-            .arg("-D")
-            .arg(&pgdata)
-            .args(["-m", "fast", "-w", "-t", "60"]);
+        command.arg("stop").arg("-D").arg(&pgdata).args(["-m", "fast", "-w", "-t", "60"]);
         run_checked(&mut command, "pg_ctl stop").await
     }
 
@@ -187,13 +164,7 @@ impl EmbeddedPostgres {
             return None;
         }
         // The fourth line of postmaster.pid is the port.
-        std::fs::read_to_string(pgdata.join("postmaster.pid"))
-            .ok()?
-            .lines()
-            .nth(3)?
-            .trim()
-            .parse()
-            .ok()
+        std::fs::read_to_string(pgdata.join("postmaster.pid")).ok()?.lines().nth(3)?.trim().parse().ok()
     }
 
     async fn pg_ctl_start(&self) -> Result<(), EmbeddedError> {
@@ -252,10 +223,7 @@ async fn init_cluster(
     std::fs::create_dir_all(&pgdata)?;
     std::fs::set_permissions(&pgdata, std::fs::Permissions::from_mode(0o700))?;
     let log = dir.join("postgres.log");
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)?;
+    std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
     if let Some((uid, gid)) = run_as {
         for path in [&pgdata, &pwfile, &log] {
             std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
@@ -265,14 +233,7 @@ async fn init_cluster(
     initdb
         .arg("-D")
         .arg(&pgdata)
-        .args([
-            "-U",
-            ROLE,
-            "--auth=scram-sha-256",
-            "-E",
-            "UTF8",
-            "--no-locale",
-        ])
+        .args(["-U", ROLE, "--auth=scram-sha-256", "-E", "UTF8", "--no-locale"])
         .arg(format!("--pwfile={}", pwfile.display()));
     if durability == Durability::Throwaway {
         initdb.arg("--no-sync");
@@ -292,22 +253,14 @@ async fn init_cluster(
         settings.push_str("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n");
     }
     use std::io::Write;
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(pgdata.join("postgresql.conf"))?
-        .write_all(settings.as_bytes())?;
+    std::fs::OpenOptions::new().append(true).open(pgdata.join("postgresql.conf"))?.write_all(settings.as_bytes())?;
     Ok(())
 }
 
 fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
+    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(path)?;
     file.write_all(contents.as_bytes())
 }
 
@@ -315,10 +268,7 @@ fn command_as(bin_dir: &Path, program: &str, run_as: Option<(u32, u32)>) -> Comm
     let mut command = Command::new(bin_dir.join(program));
     // Its own process group: a Ctrl-C meant for `trainyard dev` must not reach Postgres, which
     // we stop ourselves, in order, after the server.
-    command
-        .process_group(0)
-        .stdin(Stdio::null())
-        .kill_on_drop(false);
+    command.process_group(0).stdin(Stdio::null()).kill_on_drop(false);
     if let Some((uid, gid)) = run_as {
         command.uid(uid).gid(gid).env("HOME", "/tmp");
     }
@@ -334,10 +284,7 @@ async fn run_checked(command: &mut Command, what: &str) -> Result<(), EmbeddedEr
     if detail.is_empty() {
         detail = String::from_utf8_lossy(&output.stdout).trim().to_string();
     }
-    Err(EmbeddedError::Command {
-        what: what.to_string(),
-        detail: format!("{} ({})", detail, output.status),
-    })
+    Err(EmbeddedError::Command { what: what.to_string(), detail: format!("{} ({})", detail, output.status) })
 }
 
 /// Checks that every folder down to `dir` lets other users pass, so that the unprivileged
@@ -360,11 +307,7 @@ pub fn find_bin_dir() -> Option<PathBuf> {
             if has_both(&dir) {
                 // Debian links initdb into /usr/local/bin on some images; prefer the real folder so
                 // that initdb finds the rest of its installation.
-                let resolved = dir
-                    .join("initdb")
-                    .canonicalize()
-                    .ok()
-                    .and_then(|p| p.parent().map(Path::to_path_buf));
+                let resolved = dir.join("initdb").canonicalize().ok().and_then(|p| p.parent().map(Path::to_path_buf));
                 return Some(resolved.filter(|d| has_both(d)).unwrap_or(dir));
             }
         }
@@ -387,16 +330,11 @@ fn unprivileged_user() -> Result<Option<(u32, u32)>, EmbeddedError> {
     if !nix::unistd::Uid::effective().is_root() {
         return Ok(None);
     }
-    let user = nix::unistd::User::from_name("postgres")
-        .ok()
-        .flatten()
-        .ok_or(EmbeddedError::NoUnprivilegedUser)?;
+    let user = nix::unistd::User::from_name("postgres").ok().flatten().ok_or(EmbeddedError::NoUnprivilegedUser)?;
     Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
 }
 
 /// A TCP port that was free a moment ago on the loopback interface.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

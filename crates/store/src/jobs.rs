@@ -31,7 +31,7 @@ macro_rules! job_select {
         concat!(
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
-                    j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash
+                    j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
             $rest
         )
@@ -45,8 +45,7 @@ pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
         id: row.get("id"),
         tenant: row.get("tenant_name"),
         name: row.get("name"),
-        state: JobState::parse(&state)
-            .ok_or_else(|| Error::internal(format!("unknown job state {state}")))?,
+        state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown job state {state}")))?,
         reason: row.get("reason"),
         priority: row.get("priority"),
         max_restarts: row.get("max_restarts"),
@@ -59,6 +58,7 @@ pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
         started_at: row.get("started_at"),
         finished_at: row.get("finished_at"),
         cancel_requested_at: row.get("cancel_requested_at"),
+        params: row.get("params"),
     })
 }
 
@@ -73,19 +73,23 @@ pub enum Submitted {
 impl Store {
     /// Writes a new queued job (the trigger records its first event in the same statement).
     /// With an idempotency key seen before, returns the earlier job when the request is the
-    /// same and a conflict when it differs.
+    /// same and a conflict when it differs. `params` are a template's parameters as the user
+    /// gave them (the template itself is named in the spec).
     pub async fn job_submit(
         &self,
         caller: &Caller,
         job: ValidSubmission,
+        params: Option<&serde_json::Value>,
         request_hash: &[u8],
     ) -> Result<Submitted> {
+        let template = job.spec.template.clone();
         let spec = serde_json::to_value(&job.spec).map_err(Error::internal)?;
         // language=PostgreSQL
         let inserted = sqlx::query(
             "INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
-                               idempotency_key, request_hash, created_by)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                               idempotency_key, request_hash, created_by,
+                               template_name, template_version, template_digest, params)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
              RETURNING id, state, created_at, updated_at",
         )
@@ -99,6 +103,10 @@ impl Store {
         .bind(&job.idempotency_key)
         .bind(request_hash)
         .bind(caller.user_id)
+        .bind(template.as_ref().map(|t| &t.name))
+        .bind(template.as_ref().map(|t| &t.version))
+        .bind(template.as_ref().map(|t| &t.digest))
+        .bind(params)
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?;
@@ -121,18 +129,17 @@ impl Store {
                 started_at: None,
                 finished_at: None,
                 cancel_requested_at: None,
+                params: params.cloned(),
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.
         let key = job.idempotency_key.as_deref().unwrap_or_default();
-        let row = sqlx::query(job_select!(
-            "WHERE j.tenant_id = $1 AND j.idempotency_key = $2"
-        ))
-        .bind(caller.tenant_id)
-        .bind(key)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(db_error)?;
+        let row = sqlx::query(job_select!("WHERE j.tenant_id = $1 AND j.idempotency_key = $2"))
+            .bind(caller.tenant_id)
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)?;
         let earlier_hash: Option<Vec<u8>> = row.get("request_hash");
         if earlier_hash.as_deref() != Some(request_hash) {
             return Err(Error::Conflict(format!(
@@ -208,10 +215,7 @@ impl Store {
         .map_err(db_error)?;
         let job = self.job_get(caller.tenant_id, job_id).await?;
         if changed.is_none() && job.state != JobState::Cancelled {
-            return Err(Error::Conflict(format!(
-                "the job has already {}; there is nothing to cancel",
-                job.state
-            )));
+            return Err(Error::Conflict(format!("the job has already {}; there is nothing to cancel", job.state)));
         }
         Ok(job)
     }
@@ -235,17 +239,13 @@ impl Store {
             .map(|row| {
                 let state = |column: &str| -> Result<Option<JobState>> {
                     let text: Option<String> = row.get(column);
-                    text.map(|s| {
-                        JobState::parse(&s)
-                            .ok_or_else(|| Error::internal(format!("unknown state {s}")))
-                    })
-                    .transpose()
+                    text.map(|s| JobState::parse(&s).ok_or_else(|| Error::internal(format!("unknown state {s}"))))
+                        .transpose()
                 };
                 Ok(JobEvent {
                     seq: row.get("seq"),
                     from_state: state("from_state")?,
-                    to_state: state("to_state")?
-                        .ok_or_else(|| Error::internal("event without a state"))?,
+                    to_state: state("to_state")?.ok_or_else(|| Error::internal("event without a state"))?,
                     actor: row.get("actor"),
                     reason: row.get("reason"),
                     at: row.get("at"),
@@ -275,9 +275,7 @@ impl Store {
             .iter()
             .filter_map(|row| {
                 let attempt: Option<i32> = row.get("attempt");
-                let exit_codes: Vec<i32> = row
-                    .get::<Option<Vec<i32>>, _>("exit_codes")
-                    .unwrap_or_default();
+                let exit_codes: Vec<i32> = row.get::<Option<Vec<i32>>, _>("exit_codes").unwrap_or_default();
                 Some(JobAttempt {
                     attempt: attempt?,
                     placement: row.get("placement"),

@@ -15,7 +15,9 @@
 
 pub mod embedded;
 pub mod jobs;
+pub mod metrics;
 pub mod reconcile;
+pub mod templates;
 pub mod tenancy;
 
 use std::time::Duration;
@@ -37,8 +39,7 @@ impl Store {
     /// Connects with a pool sized for `max_connections` and a short acquire timeout, so that an
     /// overloaded or absent database turns into a quick 503 rather than a hung request.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, sqlx::Error> {
-        let options: PgConnectOptions =
-            url.parse::<PgConnectOptions>()?.disable_statement_logging();
+        let options: PgConnectOptions = url.parse::<PgConnectOptions>()?.disable_statement_logging();
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))

@@ -67,14 +67,12 @@ impl Store {
         rows.iter()
             .map(|row| {
                 let state: String = row.get("state");
-                let spec: sqlx::types::Json<JobSpec> =
-                    row.try_get("spec").map_err(Error::internal)?;
+                let spec: sqlx::types::Json<JobSpec> = row.try_get("spec").map_err(Error::internal)?;
                 let attempt: Option<i32> = row.get("attempt");
                 Ok(UnfinishedJob {
                     id: row.get("id"),
                     tenant_id: row.get("tenant_id"),
-                    state: JobState::parse(&state)
-                        .ok_or_else(|| Error::internal(format!("unknown state {state}")))?,
+                    state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown state {state}")))?,
                     reason: row.get("reason"),
                     spec: spec.0,
                     priority: row.get("priority"),
@@ -164,12 +162,7 @@ impl Store {
         Ok(Some(attempt))
     }
 
-    pub async fn attempt_placement_set(
-        &self,
-        job_id: Uuid,
-        attempt: i32,
-        placement: &serde_json::Value,
-    ) -> Result<()> {
+    pub async fn attempt_placement_set(&self, job_id: Uuid, attempt: i32, placement: &serde_json::Value) -> Result<()> {
         // language=PostgreSQL
         sqlx::query("UPDATE job_attempts SET placement = $3 WHERE job_id = $1 AND attempt = $2")
             .bind(job_id)
@@ -185,12 +178,7 @@ impl Store {
     /// to `to` (succeeded, failed, cancelled) or, for `restarting`, counting one more restart.
     pub async fn attempt_end(&self, end: AttemptEnd<'_>) -> Result<bool> {
         let mut tx = self.pool.begin().await.map_err(db_error)?;
-        let codes: Vec<i32> = end
-            .exit_codes
-            .iter()
-            .copied()
-            .map(to_stored_exit_code)
-            .collect();
+        let codes: Vec<i32> = end.exit_codes.iter().copied().map(to_stored_exit_code).collect();
         // language=PostgreSQL
         sqlx::query(
             "UPDATE job_attempts SET exit_codes = $3, reason = $4, ended_at = coalesce(ended_at, now())
@@ -203,6 +191,14 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
+        // The attempt's engine token dies with it.
+        // language=PostgreSQL
+        sqlx::query("DELETE FROM job_tokens WHERE job_id = $1 AND attempt = $2")
+            .bind(end.job_id)
+            .bind(end.attempt)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
         let restart = i32::from(end.to == JobState::Restarting);
         // language=PostgreSQL
         let moved = sqlx::query(

@@ -57,17 +57,12 @@ impl Store {
         if row.get::<Option<DateTime<Utc>>, _>("revoked_at").is_some() {
             return Err(Error::Unauthenticated("the token has been revoked".into()));
         }
-        if row
-            .get::<Option<DateTime<Utc>>, _>("expires_at")
-            .is_some_and(|at| at <= Utc::now())
-        {
+        if row.get::<Option<DateTime<Utc>>, _>("expires_at").is_some_and(|at| at <= Utc::now()) {
             return Err(Error::Unauthenticated("the token has expired".into()));
         }
         let token_id: Uuid = row.get("token_id");
         let last_used: Option<DateTime<Utc>> = row.get("last_used_at");
-        if last_used
-            .is_none_or(|at| Utc::now() - at > Duration::seconds(LAST_USED_GRANULARITY_SECS))
-        {
+        if last_used.is_none_or(|at| Utc::now() - at > Duration::seconds(LAST_USED_GRANULARITY_SECS)) {
             // language=PostgreSQL
             sqlx::query("UPDATE api_tokens SET last_used_at = now() WHERE id = $1")
                 .bind(token_id)
@@ -81,8 +76,7 @@ impl Store {
             user: row.get("user_name"),
             tenant_id: row.get("tenant_id"),
             tenant: row.get("tenant_name"),
-            role: Role::parse(&role)
-                .ok_or_else(|| Error::internal(format!("unknown role {role}")))?,
+            role: Role::parse(&role).ok_or_else(|| Error::internal(format!("unknown role {role}")))?,
             platform_admin: row.get("platform_admin"),
             token_id,
         })
@@ -150,28 +144,20 @@ impl Store {
 
     pub async fn tenant_create(&self, name: &str) -> Result<Tenant> {
         // language=PostgreSQL
-        let row = sqlx::query(
-            "INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at",
-        )
-        .bind(Uuid::now_v7())
-        .bind(name)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|err| match violated_constraint(&err) {
-            Some("tenants_name_unique") => {
-                Error::Conflict(format!("a tenant named {name:?} already exists"))
-            }
-            Some("tenants_name_format") => Error::invalid(
-                "name",
-                "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
-            ),
-            _ => db_error(err),
-        })?;
-        Ok(Tenant {
-            id: row.get("id"),
-            name: row.get("name"),
-            created_at: row.get("created_at"),
-        })
+        let row = sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at")
+            .bind(Uuid::now_v7())
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|err| match violated_constraint(&err) {
+                Some("tenants_name_unique") => Error::Conflict(format!("a tenant named {name:?} already exists")),
+                Some("tenants_name_format") => Error::invalid(
+                    "name",
+                    "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
+                ),
+                _ => db_error(err),
+            })?;
+        Ok(Tenant { id: row.get("id"), name: row.get("name"), created_at: row.get("created_at") })
     }
 
     pub async fn tenants_list(&self) -> Result<Vec<Tenant>> {
@@ -182,11 +168,7 @@ impl Store {
             .map_err(db_error)?;
         Ok(rows
             .into_iter()
-            .map(|row| Tenant {
-                id: row.get("id"),
-                name: row.get("name"),
-                created_at: row.get("created_at"),
-            })
+            .map(|row| Tenant { id: row.get("id"), name: row.get("name"), created_at: row.get("created_at") })
             .collect())
     }
 
@@ -238,8 +220,7 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
-        let token =
-            token_create_in(&mut *tx, tenant_id, user_id, token_name, expires_in_days).await?;
+        let token = token_create_in(&mut *tx, tenant_id, user_id, token_name, expires_in_days).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(token)
     }
@@ -255,10 +236,8 @@ impl Store {
             .await
             .map_err(db_error)?;
         // language=PostgreSQL
-        let has_users: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM users)")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_error)?;
+        let has_users: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM users)").fetch_one(&mut *tx).await.map_err(db_error)?;
         if has_users {
             return Ok(None);
         }
@@ -302,10 +281,7 @@ async fn token_create_in<'e>(
         return Err(Error::invalid("name", "a token name is 1 to 64 characters"));
     }
     if expires_in_days.is_some_and(|days| days == 0 || days > 3650) {
-        return Err(Error::invalid(
-            "expires_in_days",
-            "must be between 1 and 3650",
-        ));
+        return Err(Error::invalid("expires_in_days", "must be between 1 and 3650"));
     }
     let secret = token_generate();
     let id = Uuid::now_v7();
@@ -324,10 +300,5 @@ async fn token_create_in<'e>(
     .execute(executor)
     .await
     .map_err(db_error)?;
-    Ok(TokenCreated {
-        id,
-        name: name.to_string(),
-        token: secret,
-        expires_at,
-    })
+    Ok(TokenCreated { id, name: name.to_string(), token: secret, expires_at })
 }

@@ -23,8 +23,7 @@ pub use params::Params;
 
 /// The manifest's file name inside a template folder.
 pub const MANIFEST_FILE: &str = "template.yaml";
-/// Where a job finds the template's files, relative to each replica's working directory.
-pub const FILES_DIR: &str = "template";
+pub use trainyard_core::job::TEMPLATE_FILES_DIR;
 /// The most a bundle's files may weigh together.
 pub const MAX_BUNDLE_BYTES: usize = 1024 * 1024;
 
@@ -47,11 +46,7 @@ pub struct LoadError {
 
 impl LoadError {
     pub(crate) fn manifest(field: impl Into<String>, message: impl Into<String>) -> LoadError {
-        LoadError {
-            file: MANIFEST_FILE.to_string(),
-            field: field.into(),
-            message: message.into(),
-        }
+        LoadError { file: MANIFEST_FILE.to_string(), field: field.into(), message: message.into() }
     }
 }
 
@@ -76,15 +71,10 @@ impl Template {
         for (path, content) in &bundle.files {
             check_file_path(path)?;
             if std::str::from_utf8(content).is_err() && path.ends_with(".yaml") {
-                return Err(LoadError {
-                    file: path.clone(),
-                    field: "-".into(),
-                    message: "is not UTF-8".into(),
-                });
+                return Err(LoadError { file: path.clone(), field: "-".into(), message: "is not UTF-8".into() });
             }
         }
-        let total: usize =
-            bundle.files.values().map(Vec::len).sum::<usize>() + bundle.manifest.len();
+        let total: usize = bundle.files.values().map(Vec::len).sum::<usize>() + bundle.manifest.len();
         if total > MAX_BUNDLE_BYTES {
             return Err(LoadError::manifest(
                 "files",
@@ -100,11 +90,7 @@ impl Template {
             .map(|(p, c)| (p.clone(), c.clone()))
             .collect();
         let digest = Template::digest_of(&manifest, &files);
-        Ok(Template {
-            manifest,
-            files,
-            digest,
-        })
+        Ok(Template { manifest, files, digest })
     }
 
     /// The content digest: SHA-256 over the manifest as canonical JSON (so comments and
@@ -141,21 +127,14 @@ impl fmt::Display for Template {
 
 /// Bundle paths are relative, plain, and stay inside the bundle.
 fn check_file_path(path: &str) -> Result<(), LoadError> {
-    let bad = |message: &str| LoadError {
-        file: path.to_string(),
-        field: "-".into(),
-        message: message.into(),
-    };
+    let bad = |message: &str| LoadError { file: path.to_string(), field: "-".into(), message: message.into() };
     if path.is_empty() || path.len() > 255 {
         return Err(bad("a file path is 1 to 255 bytes"));
     }
     if path.starts_with('/') || path.contains('\\') || path.contains('\0') {
         return Err(bad("file paths are relative, with '/' between folders"));
     }
-    if path
-        .split('/')
-        .any(|part| part.is_empty() || part == "." || part == "..")
-    {
+    if path.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
         return Err(bad("file paths may not contain empty, '.' or '..' parts"));
     }
     Ok(())

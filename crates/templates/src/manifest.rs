@@ -171,17 +171,12 @@ pub struct OutputSpec {
 impl Manifest {
     /// True when the manifest's `files` include this bundle path.
     pub fn delivers(&self, path: &str) -> bool {
-        self.files.iter().any(|entry| {
-            entry == path || (entry.ends_with('/') && path.starts_with(entry.as_str()))
-        })
+        self.files.iter().any(|entry| entry == path || (entry.ends_with('/') && path.starts_with(entry.as_str())))
     }
 
     /// The expected run time in seconds, when the manifest gives one.
     pub fn expected_runtime_seconds(&self) -> Option<u64> {
-        self.expected_runtime
-            .as_deref()
-            .and_then(|t| humantime::parse_duration(t).ok())
-            .map(|d| d.as_secs())
+        self.expected_runtime.as_deref().and_then(|t| humantime::parse_duration(t).ok()).map(|d| d.as_secs())
     }
 }
 
@@ -214,85 +209,38 @@ pub(crate) fn environment() -> minijinja::Environment<'static> {
 pub(crate) fn check(m: &Manifest, files: &BTreeMap<String, Vec<u8>>) -> Result<(), LoadError> {
     let name_ok = regex::Regex::new(r"^[a-z0-9][a-z0-9-]{0,62}$").expect("valid regex");
     if !name_ok.is_match(&m.name) {
-        return Err(err(
-            "name",
-            "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
-        ));
+        return Err(err("name", "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit"));
     }
     if m.description.trim().is_empty() {
-        return Err(err(
-            "description",
-            "must say in a sentence what the template does",
-        ));
+        return Err(err("description", "must say in a sentence what the template does"));
     }
     let param_name_ok = regex::Regex::new(r"^[a-z_][a-z0-9_]{0,63}$").expect("valid regex");
     for (name, spec) in &m.parameters {
         let field = |attr: &str| format!("parameters.{name}.{attr}");
         if !param_name_ok.is_match(name) {
-            return Err(err(
-                format!("parameters.{name}"),
-                "parameter names are lowercase letters, digits and '_'",
-            ));
+            return Err(err(format!("parameters.{name}"), "parameter names are lowercase letters, digits and '_'"));
         }
         check_param(name, spec, &field)?;
     }
 
     let r = &m.resources;
-    check_quantity(
-        m,
-        "resources.cpu",
-        r.cpu.as_ref(),
-        &[ParamKind::Float, ParamKind::Int, ParamKind::String],
-        |v| {
-            serde_json::from_value::<Cpu>(v.clone())
-                .map(drop)
-                .map_err(|e| e.to_string())
-        },
-    )?;
-    check_quantity(
-        m,
-        "resources.memory",
-        r.memory.as_ref(),
-        &[ParamKind::String, ParamKind::Int],
-        |v| {
-            serde_json::from_value::<Memory>(v.clone())
-                .map(drop)
-                .map_err(|e| e.to_string())
-        },
-    )?;
-    check_quantity(
-        m,
-        "resources.gpus",
-        r.gpus.as_ref(),
-        &[ParamKind::Int],
-        |v| match v.as_u64() {
-            Some(n) if n <= u64::from(MAX_GPUS_PER_REPLICA) => Ok(()),
-            _ => Err(format!(
-                "must be a whole number from 0 to {MAX_GPUS_PER_REPLICA}"
-            )),
-        },
-    )?;
-    check_quantity(
-        m,
-        "resources.gpu_type",
-        r.gpu_type.as_ref(),
-        &[ParamKind::String, ParamKind::Enum],
-        |v| {
-            v.as_str()
-                .map(drop)
-                .ok_or_else(|| "must be a GPU type such as nvidia-h100-80gb".to_string())
-        },
-    )?;
-    check_quantity(
-        m,
-        "replicas",
-        Some(&m.replicas),
-        &[ParamKind::Int],
-        |v| match v.as_u64() {
-            Some(n) if (1..=u64::from(MAX_REPLICAS)).contains(&n) => Ok(()),
-            _ => Err(format!("must be a whole number from 1 to {MAX_REPLICAS}")),
-        },
-    )?;
+    check_quantity(m, "resources.cpu", r.cpu.as_ref(), &[ParamKind::Float, ParamKind::Int, ParamKind::String], |v| {
+        serde_json::from_value::<Cpu>(v.clone()).map(drop).map_err(|e| e.to_string())
+    })?;
+    check_quantity(m, "resources.memory", r.memory.as_ref(), &[ParamKind::String, ParamKind::Int], |v| {
+        serde_json::from_value::<Memory>(v.clone()).map(drop).map_err(|e| e.to_string())
+    })?;
+    check_quantity(m, "resources.gpus", r.gpus.as_ref(), &[ParamKind::Int], |v| match v.as_u64() {
+        Some(n) if n <= u64::from(MAX_GPUS_PER_REPLICA) => Ok(()),
+        _ => Err(format!("must be a whole number from 0 to {MAX_GPUS_PER_REPLICA}")),
+    })?;
+    check_quantity(m, "resources.gpu_type", r.gpu_type.as_ref(), &[ParamKind::String, ParamKind::Enum], |v| {
+        v.as_str().map(drop).ok_or_else(|| "must be a GPU type such as nvidia-h100-80gb".to_string())
+    })?;
+    check_quantity(m, "replicas", Some(&m.replicas), &[ParamKind::Int], |v| match v.as_u64() {
+        Some(n) if (1..=u64::from(MAX_REPLICAS)).contains(&n) => Ok(()),
+        _ => Err(format!("must be a whole number from 1 to {MAX_REPLICAS}")),
+    })?;
 
     if m.command.is_empty() {
         return Err(err("command", "must name the program to run"));
@@ -315,10 +263,7 @@ pub(crate) fn check(m: &Manifest, files: &BTreeMap<String, Vec<u8>>) -> Result<(
                         ));
                     }
                     None => {
-                        return Err(err(
-                            field,
-                            format!("expands {expand}, which is not a parameter"),
-                        ));
+                        return Err(err(field, format!("expands {expand}, which is not a parameter")));
                     }
                 },
             }
@@ -329,34 +274,20 @@ pub(crate) fn check(m: &Manifest, files: &BTreeMap<String, Vec<u8>>) -> Result<(
         check_expression(m, &env, &format!("env.{key}"), value)?;
     }
     for (i, entry) in m.files.iter().enumerate() {
-        let found = files.keys().any(|path| {
-            path == entry || (entry.ends_with('/') && path.starts_with(entry.as_str()))
-        });
+        let found =
+            files.keys().any(|path| path == entry || (entry.ends_with('/') && path.starts_with(entry.as_str())));
         if !found {
-            return Err(err(
-                format!("files[{i}]"),
-                format!("{entry} is not in the template folder"),
-            ));
+            return Err(err(format!("files[{i}]"), format!("{entry} is not in the template folder")));
         }
     }
     for (name, output) in &m.outputs {
-        if output.path.is_empty()
-            || output.path.starts_with('/')
-            || output.path.split('/').any(|p| p == "..")
-        {
-            return Err(err(
-                format!("outputs.{name}.path"),
-                "must be a relative path inside the working directory",
-            ));
+        if output.path.is_empty() || output.path.starts_with('/') || output.path.split('/').any(|p| p == "..") {
+            return Err(err(format!("outputs.{name}.path"), "must be a relative path inside the working directory"));
         }
     }
     if let Some(runtime) = &m.expected_runtime {
-        humantime::parse_duration(runtime).map_err(|e| {
-            err(
-                "expected_runtime",
-                format!("{runtime:?} is not a duration such as 45m or 2h: {e}"),
-            )
-        })?;
+        humantime::parse_duration(runtime)
+            .map_err(|e| err("expected_runtime", format!("{runtime:?} is not a duration such as 45m or 2h: {e}")))?;
     }
     if m.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
         return Err(err("image", "must name an image when present"));
@@ -364,48 +295,28 @@ pub(crate) fn check(m: &Manifest, files: &BTreeMap<String, Vec<u8>>) -> Result<(
     Ok(())
 }
 
-fn check_param(
-    name: &str,
-    spec: &ParamSpec,
-    field: &dyn Fn(&str) -> String,
-) -> Result<(), LoadError> {
-    let bounded = matches!(
-        spec.kind,
-        ParamKind::Int | ParamKind::Float | ParamKind::Duration | ParamKind::List
-    );
+fn check_param(name: &str, spec: &ParamSpec, field: &dyn Fn(&str) -> String) -> Result<(), LoadError> {
+    let bounded = matches!(spec.kind, ParamKind::Int | ParamKind::Float | ParamKind::Duration | ParamKind::List);
     if (spec.min.is_some() || spec.max.is_some()) && !bounded {
-        return Err(err(
-            field("min"),
-            format!("a {} parameter has no bounds", spec.kind.as_str()),
-        ));
+        return Err(err(field("min"), format!("a {} parameter has no bounds", spec.kind.as_str())));
     }
     if let (Some(min), Some(max)) = (spec.min, spec.max)
         && min > max
     {
-        return Err(err(
-            field("min"),
-            format!("min ({min}) is above max ({max})"),
-        ));
+        return Err(err(field("min"), format!("min ({min}) is above max ({max})")));
     }
     if let Some(pattern) = &spec.pattern {
         if !matches!(spec.kind, ParamKind::String | ParamKind::Path) {
-            return Err(err(
-                field("pattern"),
-                "only string and path parameters have a pattern",
-            ));
+            return Err(err(field("pattern"), "only string and path parameters have a pattern"));
         }
-        regex::Regex::new(pattern)
-            .map_err(|e| err(field("pattern"), format!("not a regular expression: {e}")))?;
+        regex::Regex::new(pattern).map_err(|e| err(field("pattern"), format!("not a regular expression: {e}")))?;
     }
     match (&spec.choices, spec.kind) {
         (None, ParamKind::Enum) => {
             return Err(err(field("choices"), "an enum parameter lists its choices"));
         }
         (Some(choices), ParamKind::Enum) if choices.is_empty() => {
-            return Err(err(
-                field("choices"),
-                "an enum parameter lists at least one choice",
-            ));
+            return Err(err(field("choices"), "an enum parameter lists at least one choice"));
         }
         (Some(_), kind) if kind != ParamKind::Enum => {
             return Err(err(field("choices"), "only enum parameters have choices"));
@@ -434,14 +345,9 @@ fn check_quantity(
 ) -> Result<(), LoadError> {
     match quantity {
         None => Ok(()),
-        Some(Quantity::Fixed(value)) => {
-            fixed_ok(value).map_err(|message| LoadError::manifest(field, message))
-        }
+        Some(Quantity::Fixed(value)) => fixed_ok(value).map_err(|message| LoadError::manifest(field, message)),
         Some(Quantity::FromParam { param }) => match m.parameters.get(param) {
-            None => Err(LoadError::manifest(
-                field,
-                format!("takes parameter {param}, which is not declared"),
-            )),
+            None => Err(LoadError::manifest(field, format!("takes parameter {param}, which is not declared"))),
             Some(spec) if !kinds.contains(&spec.kind) => {
                 let allowed: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
                 Err(LoadError::manifest(
@@ -466,25 +372,13 @@ fn check_expression(
     text: &str,
 ) -> Result<(), LoadError> {
     let template = env.template_from_str(text).map_err(|e| {
-        LoadError::manifest(
-            field,
-            format!(
-                "not a valid template expression: {}",
-                e.detail().unwrap_or("syntax error")
-            ),
-        )
+        LoadError::manifest(field, format!("not a valid template expression: {}", e.detail().unwrap_or("syntax error")))
     })?;
-    let mut unknown: Vec<String> = template
-        .undeclared_variables(false)
-        .into_iter()
-        .filter(|name| !m.parameters.contains_key(name))
-        .collect();
+    let mut unknown: Vec<String> =
+        template.undeclared_variables(false).into_iter().filter(|name| !m.parameters.contains_key(name)).collect();
     unknown.sort();
     if let Some(name) = unknown.first() {
-        return Err(LoadError::manifest(
-            field,
-            format!("uses {name}, which is not a parameter"),
-        ));
+        return Err(LoadError::manifest(field, format!("uses {name}, which is not a parameter")));
     }
     Ok(())
 }

@@ -25,33 +25,24 @@ impl Template {
     /// `params.<name>` and the rule. Optional parameters without a value are `null`.
     pub fn check_params(&self, given: &Params) -> Result<BTreeMap<String, Value>, Error> {
         let declared = &self.manifest.parameters;
-        let mut unknown: Vec<&String> = given
-            .keys()
-            .filter(|name| !declared.contains_key(*name))
-            .collect();
+        let mut unknown: Vec<&String> = given.keys().filter(|name| !declared.contains_key(*name)).collect();
         unknown.sort();
         if let Some(name) = unknown.first() {
             let known: Vec<&str> = declared.keys().map(String::as_str).collect();
             return Err(Error::invalid(
                 format!("params.{name}"),
-                format!(
-                    "{} has no parameter {name}; it has: {}",
-                    self.manifest.name,
-                    known.join(", ")
-                ),
+                format!("{} has no parameter {name}; it has: {}", self.manifest.name, known.join(", ")),
             ));
         }
         let mut values = BTreeMap::new();
         for (name, spec) in declared {
             let value = match (given.get(name), &spec.default) {
-                (Some(value), _) => coerce(spec, value)
-                    .map_err(|rule| Error::invalid(format!("params.{name}"), rule))?,
+                (Some(value), _) => {
+                    coerce(spec, value).map_err(|rule| Error::invalid(format!("params.{name}"), rule))?
+                }
                 (None, Some(default)) => coerce(spec, default).map_err(Error::internal)?,
                 (None, None) if spec.required => {
-                    return Err(Error::invalid(
-                        format!("params.{name}"),
-                        "is required".to_string(),
-                    ));
+                    return Err(Error::invalid(format!("params.{name}"), "is required".to_string()));
                 }
                 (None, None) => Value::Null,
             };
@@ -66,13 +57,10 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
     match spec.kind {
         ParamKind::Int => {
             let n = match value {
-                Value::Number(n) => n
-                    .as_i64()
-                    .ok_or_else(|| format!("must be a whole number, got {n}"))?,
-                Value::String(s) => s
-                    .trim()
-                    .parse::<i64>()
-                    .map_err(|_| format!("must be a whole number, got {s:?}"))?,
+                Value::Number(n) => n.as_i64().ok_or_else(|| format!("must be a whole number, got {n}"))?,
+                Value::String(s) => {
+                    s.trim().parse::<i64>().map_err(|_| format!("must be a whole number, got {s:?}"))?
+                }
                 other => return Err(format!("must be a whole number, got {}", kind_of(other))),
             };
             check_bounds(spec, n as f64, "")?;
@@ -80,22 +68,15 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
         }
         ParamKind::Float => {
             let x = match value {
-                Value::Number(n) => n
-                    .as_f64()
-                    .ok_or_else(|| format!("must be a number, got {n}"))?,
-                Value::String(s) => s
-                    .trim()
-                    .parse::<f64>()
-                    .map_err(|_| format!("must be a number, got {s:?}"))?,
+                Value::Number(n) => n.as_f64().ok_or_else(|| format!("must be a number, got {n}"))?,
+                Value::String(s) => s.trim().parse::<f64>().map_err(|_| format!("must be a number, got {s:?}"))?,
                 other => return Err(format!("must be a number, got {}", kind_of(other))),
             };
             if !x.is_finite() {
                 return Err("must be a finite number".into());
             }
             check_bounds(spec, x, "")?;
-            Ok(serde_json::Number::from_f64(x)
-                .map(Value::Number)
-                .expect("finite"))
+            Ok(serde_json::Number::from_f64(x).map(Value::Number).expect("finite"))
         }
         ParamKind::Bool => match value {
             Value::Bool(b) => Ok(Value::Bool(*b)),
@@ -120,44 +101,31 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
         }
         ParamKind::String | ParamKind::Path => {
             let s = text(value)?;
-            if spec.kind == ParamKind::Path
-                && (s.is_empty() || s.split('/').any(|part| part == ".."))
-            {
+            if spec.kind == ParamKind::Path && (s.is_empty() || s.split('/').any(|part| part == "..")) {
                 return Err(format!("must be a path without '..' parts, got {s:?}"));
             }
             if let Some(pattern) = &spec.pattern {
-                let whole =
-                    regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| e.to_string())?;
+                let whole = regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| e.to_string())?;
                 if !whole.is_match(s) {
-                    return Err(format!(
-                        "must match the pattern {pattern}, got {:?}",
-                        abbreviate(s)
-                    ));
+                    return Err(format!("must match the pattern {pattern}, got {:?}", abbreviate(s)));
                 }
             }
             Ok(Value::from(s))
         }
         ParamKind::Dataset => {
             let s = text(value)?;
-            let ok = s.split_once('@').is_some_and(|(name, version)| {
-                is_slug(name) && !version.is_empty() && is_slug(version)
-            });
+            let ok = s
+                .split_once('@')
+                .is_some_and(|(name, version)| is_slug(name) && !version.is_empty() && is_slug(version));
             if ok {
                 Ok(Value::from(s))
             } else {
-                Err(format!(
-                    "must be a dataset as name@version, got {:?}",
-                    abbreviate(s)
-                ))
+                Err(format!("must be a dataset as name@version, got {:?}", abbreviate(s)))
             }
         }
         ParamKind::Volume => {
             let s = text(value)?;
-            if is_slug(s) {
-                Ok(Value::from(s))
-            } else {
-                Err(format!("must be a volume name, got {:?}", abbreviate(s)))
-            }
+            if is_slug(s) { Ok(Value::from(s)) } else { Err(format!("must be a volume name, got {:?}", abbreviate(s))) }
         }
         ParamKind::List => {
             let Value::Array(items) = value else {
@@ -170,11 +138,7 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
             let items = items
                 .iter()
                 .enumerate()
-                .map(|(i, item)| {
-                    text(item)
-                        .map(Value::from)
-                        .map_err(|e| format!("item {i} {e}"))
-                })
+                .map(|(i, item)| text(item).map(Value::from).map_err(|e| format!("item {i} {e}")))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Value::Array(items))
         }
@@ -183,10 +147,9 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
 
 fn text(value: &Value) -> Result<&str, String> {
     match value {
-        Value::String(s) if s.len() > MAX_VALUE_BYTES => Err(format!(
-            "must be at most {MAX_VALUE_BYTES} bytes, got {}",
-            s.len()
-        )),
+        Value::String(s) if s.len() > MAX_VALUE_BYTES => {
+            Err(format!("must be at most {MAX_VALUE_BYTES} bytes, got {}", s.len()))
+        }
         Value::String(s) if s.contains('\0') => Err("must not contain a NUL byte".into()),
         Value::String(s) => Ok(s),
         other => Err(format!("must be a string, got {}", kind_of(other))),
@@ -208,10 +171,7 @@ fn check_bounds(spec: &ParamSpec, x: f64, unit: &str) -> Result<(), String> {
 }
 
 fn is_slug(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
 }
 
 fn kind_of(value: &Value) -> &'static str {
@@ -233,9 +193,5 @@ fn shown(value: &Value) -> String {
 }
 
 fn abbreviate(s: &str) -> String {
-    if s.chars().count() > 40 {
-        format!("{}...", s.chars().take(40).collect::<String>())
-    } else {
-        s.to_string()
-    }
+    if s.chars().count() > 40 { format!("{}...", s.chars().take(40).collect::<String>()) } else { s.to_string() }
 }

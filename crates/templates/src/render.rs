@@ -24,9 +24,8 @@ impl Template {
         let env = environment();
         let context = minijinja::Value::from(minijinja::value::Serde(values));
         let render_text = |field: &str, text: &str| -> Result<String, Error> {
-            env.render_str(text, context.clone()).map_err(|e| {
-                Error::invalid(field, format!("the template could not render it: {e}"))
-            })
+            env.render_str(text, context.clone())
+                .map_err(|e| Error::invalid(field, format!("the template could not render it: {e}")))
         };
         let render_args = |list: &str, items: &[ArgSpec]| -> Result<Vec<String>, Error> {
             let mut argv = Vec::with_capacity(items.len());
@@ -34,16 +33,8 @@ impl Template {
                 match item {
                     ArgSpec::Text(text) => argv.push(render_text(&format!("{list}[{i}]"), text)?),
                     ArgSpec::Expand { expand } => {
-                        let items = values
-                            .get(expand)
-                            .and_then(Value::as_array)
-                            .cloned()
-                            .unwrap_or_default();
-                        argv.extend(
-                            items
-                                .into_iter()
-                                .filter_map(|v| v.as_str().map(str::to_string)),
-                        );
+                        let items = values.get(expand).and_then(Value::as_array).cloned().unwrap_or_default();
+                        argv.extend(items.into_iter().filter_map(|v| v.as_str().map(str::to_string)));
                     }
                 }
             }
@@ -60,8 +51,7 @@ impl Template {
         let r = &m.resources;
         let resources = Resources {
             cpu: resolve(r.cpu.as_ref(), values, "resources.cpu")?.unwrap_or(defaults.cpu),
-            memory: resolve(r.memory.as_ref(), values, "resources.memory")?
-                .unwrap_or(defaults.memory),
+            memory: resolve(r.memory.as_ref(), values, "resources.memory")?.unwrap_or(defaults.memory),
             gpus: resolve(r.gpus.as_ref(), values, "resources.gpus")?.unwrap_or(0),
             gpu_type: resolve::<Option<String>>(r.gpu_type.as_ref(), values, "resources.gpu_type")?
                 .flatten()
@@ -83,11 +73,8 @@ impl Template {
         }
         .validate()?;
         let mut spec = valid.spec;
-        spec.template = Some(TemplateRef {
-            name: m.name.clone(),
-            version: m.version.to_string(),
-            digest: self.digest.clone(),
-        });
+        spec.template =
+            Some(TemplateRef { name: m.name.clone(), version: m.version.to_string(), digest: self.digest.clone() });
         Ok(spec)
     }
 }
@@ -102,15 +89,12 @@ fn resolve<T: DeserializeOwned>(
     let (value, field) = match quantity {
         None => return Ok(None),
         Some(Quantity::Fixed(value)) => (value.clone(), field.to_string()),
-        Some(Quantity::FromParam { param }) => (
-            values.get(param).cloned().unwrap_or(Value::Null),
-            format!("params.{param}"),
-        ),
+        Some(Quantity::FromParam { param }) => {
+            (values.get(param).cloned().unwrap_or(Value::Null), format!("params.{param}"))
+        }
     };
     if value.is_null() {
         return Ok(None);
     }
-    serde_json::from_value(value)
-        .map(Some)
-        .map_err(|e| Error::invalid(field, e.to_string()))
+    serde_json::from_value(value).map(Some).map_err(|e| Error::invalid(field, e.to_string()))
 }

@@ -40,10 +40,7 @@ fn bundle(manifest: &str) -> Bundle {
     let mut files = BTreeMap::new();
     files.insert("engine/train.py".to_string(), b"print('hi')\n".to_vec());
     files.insert("README.md".to_string(), b"not delivered\n".to_vec());
-    Bundle {
-        manifest: manifest.to_string(),
-        files,
-    }
+    Bundle { manifest: manifest.to_string(), files }
 }
 
 fn load(manifest: &str) -> Result<Template, crate::LoadError> {
@@ -68,46 +65,14 @@ fn each_broken_rule_names_its_field() {
     let cases: Vec<(&str, &str, &str)> = vec![
         ("name: train", "name: Train_Model", "name"),
         ("version: 1.2.0", "version: one", "version"),
-        (
-            "description: Train a model.",
-            "description: ''",
-            "description",
-        ),
-        (
-            "  lr: {type: float,",
-            "  lr: {type: complex,",
-            "parameters.lr.type",
-        ),
-        (
-            "min: 0.0, max: 1.0",
-            "min: 2.0, max: 1.0",
-            "parameters.lr.min",
-        ),
-        (
-            "default: 0.001, min",
-            "default: 5.0, min",
-            "parameters.lr.default",
-        ),
-        (
-            "help: learning rate}",
-            "help: learning rate, colour: red}",
-            "parameters.lr.colour",
-        ),
-        (
-            "pattern: \"[a-z0-9-]+\"",
-            "pattern: \"[a-z\"",
-            "parameters.run_name.pattern",
-        ),
-        (
-            "choices: [adam, sgd], default: adam",
-            "default: adam",
-            "parameters.optimizer.choices",
-        ),
-        (
-            "choices: [adam, sgd], default: adam",
-            "choices: [adam, sgd], default: lion",
-            "parameters.optimizer.default",
-        ),
+        ("description: Train a model.", "description: ''", "description"),
+        ("  lr: {type: float,", "  lr: {type: complex,", "parameters.lr.type"),
+        ("min: 0.0, max: 1.0", "min: 2.0, max: 1.0", "parameters.lr.min"),
+        ("default: 0.001, min", "default: 5.0, min", "parameters.lr.default"),
+        ("help: learning rate}", "help: learning rate, colour: red}", "parameters.lr.colour"),
+        ("pattern: \"[a-z0-9-]+\"", "pattern: \"[a-z\"", "parameters.run_name.pattern"),
+        ("choices: [adam, sgd], default: adam", "default: adam", "parameters.optimizer.choices"),
+        ("choices: [adam, sgd], default: adam", "choices: [adam, sgd], default: lion", "parameters.optimizer.default"),
         (
             "data: {type: path, required: true}",
             "data: {type: path, required: true, default: x}",
@@ -119,66 +84,31 @@ fn each_broken_rule_names_its_field() {
             "parameters.compile.min",
         ),
         ("  Epochs", "  Epochs", "-"),
-        (
-            "  epochs: {type: int",
-            "  Epochs: {type: int",
-            "parameters.Epochs",
-        ),
+        ("  epochs: {type: int", "  Epochs: {type: int", "parameters.Epochs"),
         ("memory: 8Gi", "memory: 8 gigs", "resources.memory"),
         ("cpu: 2", "cpu: -2", "resources.cpu"),
-        (
-            "gpus: {param: gpus}",
-            "gpus: {param: gpu_count}",
-            "resources.gpus",
-        ),
-        (
-            "replicas: {param: nodes}",
-            "replicas: {param: run_name}",
-            "replicas",
-        ),
+        ("gpus: {param: gpus}", "gpus: {param: gpu_count}", "resources.gpus"),
+        ("replicas: {param: nodes}", "replicas: {param: run_name}", "replicas"),
         ("replicas: {param: nodes}", "replicas: 0", "replicas"),
-        (
-            "\"--lr={{ lr }}\"",
-            "\"--lr={{ learning_rate }}\"",
-            "command[2]",
-        ),
+        ("\"--lr={{ lr }}\"", "\"--lr={{ learning_rate }}\"", "command[2]"),
         ("\"--lr={{ lr }}\"", "\"--lr={{ lr \"", "command[2]"),
         ("{expand: extra}", "{expand: data}", "command[5]"),
         ("RUN_NAME:", "RANK:", "env.RANK"),
         ("files: [engine/]", "files: [engine/missing.py]", "files[0]"),
-        (
-            "path: checkpoints,",
-            "path: ../../etc,",
-            "outputs.checkpoints.path",
-        ),
-        (
-            "expected_runtime: 45m",
-            "expected_runtime: soon",
-            "expected_runtime",
-        ),
-        (
-            "expected_runtime: 45m",
-            "expected_runtime: 45m\nsurprise: 1",
-            "surprise",
-        ),
+        ("path: checkpoints,", "path: ../../etc,", "outputs.checkpoints.path"),
+        ("expected_runtime: 45m", "expected_runtime: soon", "expected_runtime"),
+        ("expected_runtime: 45m", "expected_runtime: 45m\nsurprise: 1", "surprise"),
     ];
     for (from, to, field) in cases {
         if from == "  Epochs" {
             continue;
         }
-        assert!(
-            GOOD.contains(from),
-            "the test's anchor {from:?} is in the good manifest"
-        );
+        assert!(GOOD.contains(from), "the test's anchor {from:?} is in the good manifest");
         let broken = GOOD.replacen(from, to, 1);
         let err = load(&broken).expect_err(&format!("{to} must be refused"));
         assert_eq!(err.field, field, "{to}: {err}");
         assert_eq!(err.file, "template.yaml");
-        assert!(
-            err.to_string()
-                .starts_with(&format!("template.yaml: {field}: ")),
-            "{err}"
-        );
+        assert!(err.to_string().starts_with(&format!("template.yaml: {field}: ")), "{err}");
     }
     let err = load("command: [").unwrap_err();
     assert_eq!(err.file, "template.yaml");
@@ -197,67 +127,24 @@ fn bundle_paths_cannot_escape() {
 #[test]
 fn parameters_are_checked_and_defaults_filled() {
     let t = load(GOOD).unwrap();
-    let values = t
-        .check_params(&params(
-            json!({"data": "/shared/imagenet", "epochs": "7", "compile": "true"}),
-        ))
-        .unwrap();
-    assert_eq!(
-        values["epochs"],
-        json!(7),
-        "strings from --set become numbers"
-    );
+    let values =
+        t.check_params(&params(json!({"data": "/shared/imagenet", "epochs": "7", "compile": "true"}))).unwrap();
+    assert_eq!(values["epochs"], json!(7), "strings from --set become numbers");
     assert_eq!(values["compile"], json!(true));
     assert_eq!(values["lr"], json!(0.001));
     let cases = [
         (json!({}), "params.data", "is required"),
         (json!({"data": "d", "lr": 2}), "params.lr", "at most 1"),
-        (
-            json!({"data": "d", "epochs": 1.5}),
-            "params.epochs",
-            "whole number",
-        ),
-        (
-            json!({"data": "d", "epochs": "many"}),
-            "params.epochs",
-            "whole number",
-        ),
-        (
-            json!({"data": "d", "optimizer": "lion"}),
-            "params.optimizer",
-            "one of adam, sgd",
-        ),
-        (
-            json!({"data": "d", "run_name": "Bad Name"}),
-            "params.run_name",
-            "pattern",
-        ),
-        (
-            json!({"data": "d", "budget": "3 days"}),
-            "params.budget",
-            "at most 86400 seconds",
-        ),
-        (
-            json!({"data": "d", "budget": "soonish"}),
-            "params.budget",
-            "duration",
-        ),
+        (json!({"data": "d", "epochs": 1.5}), "params.epochs", "whole number"),
+        (json!({"data": "d", "epochs": "many"}), "params.epochs", "whole number"),
+        (json!({"data": "d", "optimizer": "lion"}), "params.optimizer", "one of adam, sgd"),
+        (json!({"data": "d", "run_name": "Bad Name"}), "params.run_name", "pattern"),
+        (json!({"data": "d", "budget": "3 days"}), "params.budget", "at most 86400 seconds"),
+        (json!({"data": "d", "budget": "soonish"}), "params.budget", "duration"),
         (json!({"data": "../../etc"}), "params.data", "'..'"),
-        (
-            json!({"data": "d", "extra": "--fast"}),
-            "params.extra",
-            "list of strings",
-        ),
-        (
-            json!({"data": "d", "compile": "yes"}),
-            "params.compile",
-            "true or false",
-        ),
-        (
-            json!({"data": "d", "learning_rate": 1}),
-            "params.learning_rate",
-            "no parameter learning_rate",
-        ),
+        (json!({"data": "d", "extra": "--fast"}), "params.extra", "list of strings"),
+        (json!({"data": "d", "compile": "yes"}), "params.compile", "true or false"),
+        (json!({"data": "d", "learning_rate": 1}), "params.learning_rate", "no parameter learning_rate"),
         (json!({"data": "d\u{0}"}), "params.data", "NUL"),
     ];
     for (given, field, rule) in cases {
@@ -275,71 +162,32 @@ fn parameters_are_checked_and_defaults_filled() {
 fn rendering_is_argv_out_and_deterministic() {
     let t = load(GOOD).unwrap();
     let values = t
-        .check_params(&params(json!({"data": "/d", "extra": ["--seed", "7"], "nodes": 2, "gpus": 1, "optimizer": "sgd"})))
+        .check_params(&params(
+            json!({"data": "/d", "extra": ["--seed", "7"], "nodes": 2, "gpus": 1, "optimizer": "sgd"}),
+        ))
         .unwrap();
     let spec = t.render(&values).unwrap();
-    assert_eq!(
-        spec.argv(),
-        [
-            "python",
-            "template/engine/train.py",
-            "--lr=0.001",
-            "--data",
-            "/d",
-            "--seed",
-            "7"
-        ]
-    );
+    assert_eq!(spec.argv(), ["python", "template/engine/train.py", "--lr=0.001", "--data", "/d", "--seed", "7"]);
     assert_eq!(spec.env["RUN_NAME"], "run-sgd");
-    assert_eq!(
-        (
-            spec.replicas,
-            spec.resources.gpus,
-            spec.resources.cpu.millis()
-        ),
-        (2, 1, 2000)
-    );
+    assert_eq!((spec.replicas, spec.resources.gpus, spec.resources.cpu.millis()), (2, 1, 2000));
     assert_eq!(spec.template.as_ref().unwrap().digest, t.digest);
     let again = t.render(&values).unwrap();
-    assert_eq!(
-        serde_json::to_vec(&spec).unwrap(),
-        serde_json::to_vec(&again).unwrap(),
-        "byte for byte"
-    );
+    assert_eq!(serde_json::to_vec(&spec).unwrap(), serde_json::to_vec(&again).unwrap(), "byte for byte");
 }
 
 #[test]
 fn the_digest_follows_content_not_formatting() {
     let a = load(GOOD).unwrap();
-    let b = load(&GOOD.replace(
-        "description: Train a model.",
-        "# a comment\ndescription:   Train a model.",
-    ))
-    .unwrap();
-    assert_eq!(
-        a.digest, b.digest,
-        "comments and spacing do not change the digest"
-    );
+    let b = load(&GOOD.replace("description: Train a model.", "# a comment\ndescription:   Train a model.")).unwrap();
+    assert_eq!(a.digest, b.digest, "comments and spacing do not change the digest");
     let c = load(&GOOD.replace("default: 3,", "default: 4,")).unwrap();
     assert_ne!(a.digest, c.digest);
     let mut changed = bundle(GOOD);
-    changed
-        .files
-        .insert("engine/train.py".into(), b"print('bye')\n".to_vec());
-    assert_ne!(
-        a.digest,
-        Template::load(&changed).unwrap().digest,
-        "a delivered file changes the digest"
-    );
+    changed.files.insert("engine/train.py".into(), b"print('bye')\n".to_vec());
+    assert_ne!(a.digest, Template::load(&changed).unwrap().digest, "a delivered file changes the digest");
     let mut unrelated = bundle(GOOD);
-    unrelated
-        .files
-        .insert("README.md".into(), b"edited\n".to_vec());
-    assert_eq!(
-        a.digest,
-        Template::load(&unrelated).unwrap().digest,
-        "files the job does not receive do not count"
-    );
+    unrelated.files.insert("README.md".into(), b"edited\n".to_vec());
+    assert_eq!(a.digest, Template::load(&unrelated).unwrap().digest, "files the job does not receive do not count");
 }
 
 #[test]
@@ -353,8 +201,7 @@ fn templates_cannot_read_files_or_the_environment() {
         let manifest = GOOD.replace("\"--lr={{ lr }}\"", &format!("{text:?}"));
         let result = load(&manifest).and_then(|t| {
             let values = t.check_params(&params(json!({"data": "/d"}))).unwrap();
-            t.render(&values)
-                .map_err(|e| crate::LoadError::manifest("render", e.to_string()))
+            t.render(&values).map_err(|e| crate::LoadError::manifest("render", e.to_string()))
         });
         assert!(result.is_err(), "{text} must not render");
     }
@@ -386,7 +233,5 @@ fn any_value() -> impl Strategy<Value = String> {
         Just("\" --evil=1 \"".to_string()),
         Just("x".repeat(60 * 1024)),
     ]
-    .prop_filter("paths have no '..' parts", |s| {
-        !s.split('/').any(|p| p == "..") && !s.is_empty()
-    })
+    .prop_filter("paths have no '..' parts", |s| !s.split('/').any(|p| p == "..") && !s.is_empty())
 }

@@ -6,9 +6,7 @@ use crate::Gpu;
 
 /// The GPUs `nvidia-smi` lists, or none when it is absent or fails.
 pub fn discover() -> Vec<Gpu> {
-    let Ok(output) = Command::new("nvidia-smi")
-        .args(["--query-gpu=index,name", "--format=csv,noheader"])
-        .output()
+    let Ok(output) = Command::new("nvidia-smi").args(["--query-gpu=index,name", "--format=csv,noheader"]).output()
     else {
         return Vec::new();
     };
@@ -24,10 +22,7 @@ pub fn parse(csv: &str) -> Vec<Gpu> {
     csv.lines()
         .filter_map(|line| {
             let (index, name) = line.split_once(',')?;
-            Some(Gpu {
-                index: index.trim().parse().ok()?,
-                gpu_type: normalise_type(name),
-            })
+            Some(Gpu { index: index.trim().parse().ok()?, gpu_type: normalise_type(name) })
         })
         .collect()
 }
@@ -49,13 +44,7 @@ mod tests {
     fn parses_nvidia_smi_csv() {
         let gpus = parse("0, NVIDIA H100 80GB HBM3\n1, NVIDIA H100 80GB HBM3\n");
         assert_eq!(gpus.len(), 2);
-        assert_eq!(
-            gpus[1],
-            Gpu {
-                index: 1,
-                gpu_type: "nvidia-h100-80gb-hbm3".into()
-            }
-        );
+        assert_eq!(gpus[1], Gpu { index: 1, gpu_type: "nvidia-h100-80gb-hbm3".into() });
         assert!(parse("garbage").is_empty());
     }
 }

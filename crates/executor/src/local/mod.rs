@@ -74,38 +74,22 @@ pub struct LocalExecutor {
 impl LocalExecutor {
     pub fn new(config: LocalConfig) -> std::io::Result<LocalExecutor> {
         std::fs::create_dir_all(config.data_dir.join("jobs"))?;
-        let cpus = config.cpus.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get() as f64)
-                .unwrap_or(1.0)
-        });
+        let cpus =
+            config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get() as f64).unwrap_or(1.0));
         let inventory = Inventory {
             cpu_millis: (cpus * 1000.0) as u64,
             memory_bytes: config.memory_bytes.unwrap_or_else(total_memory),
             gpus: gpus::discover(),
         };
-        Ok(LocalExecutor {
-            config,
-            inventory,
-            gpus_held: Mutex::new(HashMap::new()),
-            changes: Arc::new(Notify::new()),
-        })
+        Ok(LocalExecutor { config, inventory, gpus_held: Mutex::new(HashMap::new()), changes: Arc::new(Notify::new()) })
     }
 
     fn attempt_dir(&self, job_id: Uuid, attempt: i32) -> PathBuf {
-        self.config
-            .data_dir
-            .join("jobs")
-            .join(job_id.to_string())
-            .join(format!("attempt-{attempt}"))
+        self.config.data_dir.join("jobs").join(job_id.to_string()).join(format!("attempt-{attempt}"))
     }
 
     fn replica_workdir(&self, job_id: Uuid, rank: u32) -> PathBuf {
-        self.config
-            .data_dir
-            .join("jobs")
-            .join(job_id.to_string())
-            .join(format!("replica-{rank}"))
+        self.config.data_dir.join("jobs").join(job_id.to_string()).join(format!("replica-{rank}"))
     }
 
     /// Picks `per_replica` free GPUs of the wanted type for each of `replicas` replicas.
@@ -135,18 +119,12 @@ impl LocalExecutor {
             }
             assignment.push(chunk);
         }
-        held.insert(
-            (request.job_id, request.attempt),
-            assignment.iter().flatten().copied().collect(),
-        );
+        held.insert((request.job_id, request.attempt), assignment.iter().flatten().copied().collect());
         Ok(assignment)
     }
 
     fn gpus_free(&self, job_id: Uuid, attempt: i32) {
-        self.gpus_held
-            .lock()
-            .expect("gpu table poisoned")
-            .remove(&(job_id, attempt));
+        self.gpus_held.lock().expect("gpu table poisoned").remove(&(job_id, attempt));
     }
 
     fn spawn_replica(
@@ -159,6 +137,7 @@ impl LocalExecutor {
     ) -> Result<ReplicaPlacement, ExecutorError> {
         let workdir = self.replica_workdir(request.job_id, rank);
         std::fs::create_dir_all(&workdir)?;
+        deliver_files(&workdir, &request.files)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -182,19 +161,11 @@ impl LocalExecutor {
             .process_group(0)
             .kill_on_drop(false);
         let mut child = command.spawn().map_err(|err| {
-            ExecutorError::Launch(format!(
-                "cannot start the supervisor {}: {err}",
-                self.config.supervisor.display()
-            ))
+            ExecutorError::Launch(format!("cannot start the supervisor {}: {err}", self.config.supervisor.display()))
         })?;
-        let pid = child
-            .id()
-            .ok_or_else(|| ExecutorError::Launch("the supervisor exited at once".into()))?;
+        let pid = child.id().ok_or_else(|| ExecutorError::Launch("the supervisor exited at once".into()))?;
         let start_time = process::start_time(pid).unwrap_or_default();
-        std::fs::write(
-            attempt_dir.join(format!("replica-{rank}.pid")),
-            format!("{pid} {start_time}\n"),
-        )?;
+        std::fs::write(attempt_dir.join(format!("replica-{rank}.pid")), format!("{pid} {start_time}\n"))?;
         // Reap the supervisor when it ends and wake the reconciler. After a restart of the
         // server, supervisors are no longer our children; observing finds their end instead.
         let changes = Arc::clone(&self.changes);
@@ -202,17 +173,33 @@ impl LocalExecutor {
             let _ = child.wait().await;
             changes.notify_one();
         });
-        Ok(ReplicaPlacement {
-            rank,
-            pid,
-            start_time,
-            gpus: gpus.to_vec(),
-        })
+        Ok(ReplicaPlacement { rank, pid, start_time, gpus: gpus.to_vec() })
     }
 
     fn placement_of(attempt: &AttemptRef) -> Option<LocalPlacement> {
         serde_json::from_value(attempt.placement.clone()?).ok()
     }
+}
+
+/// Writes the template's files under `template/` in a replica's working directory, replacing
+/// what an earlier attempt had there, so every attempt starts from the recorded files.
+fn deliver_files(workdir: &Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let root = workdir.join(trainyard_core::job::TEMPLATE_FILES_DIR);
+    if root.exists() {
+        std::fs::remove_dir_all(&root)?;
+    }
+    for (path, content) in files {
+        // Paths were checked when the template was loaded: relative, no '..'.
+        let target = root.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(target, content)?;
+    }
+    Ok(())
 }
 
 /// The environment of one replica: a clean base, the job's own variables, then the
@@ -225,14 +212,12 @@ fn replica_env(
     workdir: &Path,
 ) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    env.insert(
-        "PATH".into(),
-        std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-    );
+    env.insert("PATH".into(), std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()));
     env.insert("HOME".into(), workdir.display().to_string());
     env.insert("LANG".into(), "C.UTF-8".into());
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
     env.extend(request.spec.env.clone());
+    env.extend(request.env.clone());
     let replicas = request.spec.replicas.to_string();
     let gpu_list: Vec<String> = gpus.iter().map(u32::to_string).collect();
     for (key, value) in [
@@ -266,23 +251,14 @@ impl Executor for LocalExecutor {
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError> {
         let attempt_dir = self.attempt_dir(request.job_id, request.attempt);
         if attempt_dir.join("replica-0.pid").exists() {
-            return Err(ExecutorError::Launch(format!(
-                "attempt {} was launched already",
-                request.attempt
-            )));
+            return Err(ExecutorError::Launch(format!("attempt {} was launched already", request.attempt)));
         }
         std::fs::create_dir_all(&attempt_dir)?;
         let gpus = self.gpus_reserve(request)?;
         let master_port = free_port()?;
         let mut replicas = Vec::with_capacity(gpus.len());
         for (rank, replica_gpus) in gpus.iter().enumerate() {
-            match self.spawn_replica(
-                request,
-                rank as u32,
-                replica_gpus,
-                master_port,
-                &attempt_dir,
-            ) {
+            match self.spawn_replica(request, rank as u32, replica_gpus, master_port, &attempt_dir) {
                 Ok(placement) => replicas.push(placement),
                 Err(err) => {
                     // All or nothing: stop the replicas that did start.
@@ -296,9 +272,7 @@ impl Executor for LocalExecutor {
         }
         let placement = LocalPlacement {
             executor: "local".into(),
-            host: nix::unistd::gethostname()
-                .map(|h| h.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
             master_port,
             replicas,
         };
@@ -326,16 +300,8 @@ impl Executor for LocalExecutor {
             .collect();
         if statuses.contains(&ReplicaStatus::Running) {
             // Re-adopting after a restart: remember the GPUs this attempt holds.
-            let held: Vec<u32> = placement
-                .replicas
-                .iter()
-                .flat_map(|r| r.gpus.iter().copied())
-                .collect();
-            self.gpus_held
-                .lock()
-                .expect("gpu table poisoned")
-                .entry((attempt.job_id, attempt.attempt))
-                .or_insert(held);
+            let held: Vec<u32> = placement.replicas.iter().flat_map(|r| r.gpus.iter().copied()).collect();
+            self.gpus_held.lock().expect("gpu table poisoned").entry((attempt.job_id, attempt.attempt)).or_insert(held);
         }
         statuses
     }
@@ -344,12 +310,8 @@ impl Executor for LocalExecutor {
         let Some(placement) = Self::placement_of(attempt) else {
             return;
         };
-        let live: Vec<u32> = placement
-            .replicas
-            .iter()
-            .filter(|r| process::is_alive(r.pid, r.start_time))
-            .map(|r| r.pid)
-            .collect();
+        let live: Vec<u32> =
+            placement.replicas.iter().filter(|r| process::is_alive(r.pid, r.start_time)).map(|r| r.pid).collect();
         for pgid in &live {
             process::signal_group(*pgid, Signal::SIGTERM);
         }
@@ -372,11 +334,7 @@ impl Executor for LocalExecutor {
             // the kernel has ended them, so that "ended" means no process is left.
             let groups: Vec<u32> = placement.replicas.iter().map(|r| r.pid).collect();
             for _ in 0..100 {
-                let live: Vec<u32> = groups
-                    .iter()
-                    .copied()
-                    .filter(|g| process::group_has_live_members(*g))
-                    .collect();
+                let live: Vec<u32> = groups.iter().copied().filter(|g| process::group_has_live_members(*g)).collect();
                 if live.is_empty() {
                     break;
                 }
@@ -395,9 +353,7 @@ impl Executor for LocalExecutor {
         attempt: i32,
         replica: u32,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError> {
-        let path = self
-            .attempt_dir(job_id, attempt)
-            .join(format!("replica-{replica}.log"));
+        let path = self.attempt_dir(job_id, attempt).join(format!("replica-{replica}.log"));
         match tokio::fs::File::open(&path).await {
             Ok(file) => Ok(Some(Box::new(file))),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -411,9 +367,7 @@ impl Executor for LocalExecutor {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn total_memory() -> u64 {

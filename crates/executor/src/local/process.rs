@@ -43,11 +43,7 @@ pub fn group_has_live_members(pgid: u32) -> bool {
         return false;
     };
     entries.flatten().any(|entry| {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             return false;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -81,11 +77,7 @@ mod tests {
 
     #[test]
     fn a_killed_group_has_no_live_members() {
-        let child = std::process::Command::new("sleep")
-            .arg("30")
-            .process_group(0)
-            .spawn()
-            .unwrap();
+        let child = std::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
         let pgid = child.id();
         assert!(group_has_live_members(pgid));
         signal_group(pgid, Signal::SIGKILL);

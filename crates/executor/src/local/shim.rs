@@ -32,11 +32,7 @@ pub struct ExitRecord {
 /// Runs `argv` to completion and records how it ended in `exit_file`. Returns the exit code.
 pub fn shim_main(exit_file: &Path, argv: &[OsString]) -> i32 {
     let noted = Arc::new(AtomicBool::new(false));
-    for signal in [
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ] {
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         // A handler, not SIG_IGN: handlers reset to the default on exec, so the replica still
         // dies of these signals while the shim lives on to record it.
         if let Err(err) = signal_hook::flag::register(signal, Arc::clone(&noted)) {
@@ -46,43 +42,24 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString]) -> i32 {
     let record = match argv.split_first() {
         None => {
             eprintln!("trainyard shim: no command given");
-            ExitRecord {
-                exit_code: EXIT_CANNOT_START,
-                signal: None,
-            }
+            ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
         }
-        Some((program, args)) => match Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .spawn()
-        {
+        Some((program, args)) => match Command::new(program).args(args).stdin(Stdio::null()).spawn() {
             Ok(mut child) => match child.wait() {
                 Ok(status) => record_of(status),
                 Err(err) => {
                     eprintln!("trainyard shim: lost track of the replica: {err}");
-                    ExitRecord {
-                        exit_code: EXIT_CANNOT_START,
-                        signal: None,
-                    }
+                    ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
                 }
             },
             Err(err) => {
-                eprintln!(
-                    "trainyard: cannot start {}: {err}",
-                    program.to_string_lossy()
-                );
-                ExitRecord {
-                    exit_code: EXIT_CANNOT_START,
-                    signal: None,
-                }
+                eprintln!("trainyard: cannot start {}: {err}", program.to_string_lossy());
+                ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
             }
         },
     };
     if let Err(err) = write_exit_record(exit_file, &record) {
-        eprintln!(
-            "trainyard shim: cannot record the exit status in {}: {err}",
-            exit_file.display()
-        );
+        eprintln!("trainyard shim: cannot record the exit status in {}: {err}", exit_file.display());
     }
     record.exit_code
 }
@@ -90,18 +67,9 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString]) -> i32 {
 fn record_of(status: ExitStatus) -> ExitRecord {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
-        (Some(code), _) => ExitRecord {
-            exit_code: code,
-            signal: None,
-        },
-        (None, Some(signal)) => ExitRecord {
-            exit_code: 128 + signal,
-            signal: Some(signal),
-        },
-        (None, None) => ExitRecord {
-            exit_code: EXIT_CANNOT_START,
-            signal: None,
-        },
+        (Some(code), _) => ExitRecord { exit_code: code, signal: None },
+        (None, Some(signal)) => ExitRecord { exit_code: 128 + signal, signal: Some(signal) },
+        (None, None) => ExitRecord { exit_code: EXIT_CANNOT_START, signal: None },
     }
 }
 
@@ -130,20 +98,8 @@ mod tests {
             shim_main(&file, &argv);
             read_exit_record(&file).unwrap()
         };
-        assert_eq!(
-            run(&["sh", "-c", "exit 3"]),
-            ExitRecord {
-                exit_code: 3,
-                signal: None
-            }
-        );
-        assert_eq!(
-            run(&["sh", "-c", "kill -TERM $$"]),
-            ExitRecord {
-                exit_code: 143,
-                signal: Some(15)
-            }
-        );
+        assert_eq!(run(&["sh", "-c", "exit 3"]), ExitRecord { exit_code: 3, signal: None });
+        assert_eq!(run(&["sh", "-c", "kill -TERM $$"]), ExitRecord { exit_code: 143, signal: Some(15) });
         assert_eq!(run(&["/no/such/program"]).exit_code, EXIT_CANNOT_START);
     }
 }

@@ -10,10 +10,7 @@ use crate::extract::{ApiJson, Auth};
 /// Every tenant (platform admins).
 #[utoipa::path(get, path = "/api/v1/admin/tenants", tag = "admin", security(("bearer" = [])),
     responses((status = 200, body = Vec<Tenant>), (status = 403, body = ErrorBody)))]
-pub async fn tenants_list(
-    State(state): State<AppState>,
-    Auth(caller): Auth,
-) -> ApiResult<Json<Vec<Tenant>>> {
+pub async fn tenants_list(State(state): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<Vec<Tenant>>> {
     Ok(Json(state.app.tenants_list(&caller).await?))
 }
 
@@ -30,10 +27,7 @@ pub async fn tenant_create(
     Auth(caller): Auth,
     ApiJson(body): ApiJson<TenantCreate>,
 ) -> ApiResult<(StatusCode, Json<Tenant>)> {
-    Ok((
-        StatusCode::CREATED,
-        Json(state.app.tenant_create(&caller, &body.name).await?),
-    ))
+    Ok((StatusCode::CREATED, Json(state.app.tenant_create(&caller, &body.name).await?)))
 }
 
 /// Add a member to a tenant (or change their role) and issue them a token.
@@ -51,8 +45,5 @@ pub async fn member_add(
     Path(tenant): Path<String>,
     ApiJson(body): ApiJson<MemberAdd>,
 ) -> ApiResult<(StatusCode, Json<MemberAdded>)> {
-    Ok((
-        StatusCode::CREATED,
-        Json(state.app.member_add(&caller, &tenant, body).await?),
-    ))
+    Ok((StatusCode::CREATED, Json(state.app.member_add(&caller, &tenant, body).await?)))
 }

@@ -19,16 +19,10 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     if state.app.store.ping().await {
         (StatusCode::OK, "ready\n")
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the database does not answer\n",
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, "the database does not answer\n")
     }
 }
 
 pub async fn openapi_json() -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        super::openapi_document(),
-    )
+    ([(header::CONTENT_TYPE, "application/json")], super::openapi_document())
 }

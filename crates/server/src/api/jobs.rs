@@ -74,33 +74,19 @@ fn list_filter(params: ListParams) -> Result<JobFilter> {
         .map(|s| {
             JobState::parse(&s).ok_or_else(|| {
                 let known: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
-                Error::invalid(
-                    "state",
-                    format!("unknown state {s:?}; one of {}", known.join(", ")),
-                )
+                Error::invalid("state", format!("unknown state {s:?}; one of {}", known.join(", ")))
             })
         })
         .transpose()?;
     let before = params
         .cursor
-        .map(|c| {
-            uuid::Uuid::parse_str(&c)
-                .map_err(|_| Error::invalid("cursor", "not a cursor from a previous page"))
-        })
+        .map(|c| uuid::Uuid::parse_str(&c).map_err(|_| Error::invalid("cursor", "not a cursor from a previous page")))
         .transpose()?;
     let limit = params.limit.unwrap_or(50);
     if !(1..=trainyard_store::jobs::MAX_PAGE).contains(&limit) {
-        return Err(Error::invalid(
-            "limit",
-            format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE),
-        ));
+        return Err(Error::invalid("limit", format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE)));
     }
-    Ok(JobFilter {
-        state,
-        name: params.name,
-        before,
-        limit,
-    })
+    Ok(JobFilter { state, name: params.name, before, limit })
 }
 
 /// One job.

@@ -46,13 +46,9 @@ pub async fn job_logs(
         attempt: params.attempt,
         follow: params.follow.unwrap_or(false),
     };
-    let stream =
-        crate::logs::job_logs(&state.app, &caller, request, state.shutdown.clone()).await?;
+    let stream = crate::logs::job_logs(&state.app, &caller, request, state.shutdown.clone()).await?;
     Ok((
-        [
-            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")],
         Body::from_stream(stream),
     )
         .into_response())

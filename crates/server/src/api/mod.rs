@@ -5,6 +5,8 @@ mod admin;
 mod health;
 mod jobs;
 mod logs;
+mod metrics;
+mod templates;
 mod tokens;
 
 use axum::Router;
@@ -26,19 +28,14 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/jobs/{id}/events", get(jobs::job_events))
         .route("/api/v1/jobs/{id}/attempts", get(jobs::job_attempts))
         .route("/api/v1/jobs/{id}/logs", get(logs::job_logs))
-        .route(
-            "/api/v1/tokens",
-            get(tokens::tokens_list).post(tokens::token_create),
-        )
+        .route("/api/v1/jobs/{id}/metrics", get(metrics::metrics_get).post(metrics::metrics_post))
+        .route("/api/v1/templates", get(templates::templates_list).post(templates::template_publish))
+        .route("/api/v1/templates/{name}", get(templates::template_show))
+        .route("/api/v1/templates/{name}/jobs", post(templates::template_run))
+        .route("/api/v1/tokens", get(tokens::tokens_list).post(tokens::token_create))
         .route("/api/v1/tokens/{id}", delete(tokens::token_revoke))
-        .route(
-            "/api/v1/admin/tenants",
-            get(admin::tenants_list).post(admin::tenant_create),
-        )
-        .route(
-            "/api/v1/admin/tenants/{tenant}/members",
-            post(admin::member_add),
-        )
+        .route("/api/v1/admin/tenants", get(admin::tenants_list).post(admin::tenant_create))
+        .route("/api/v1/admin/tenants/{tenant}/members", post(admin::member_add))
 }
 
 #[derive(OpenApi)]
@@ -60,6 +57,12 @@ pub fn routes() -> Router<AppState> {
         jobs::job_events,
         jobs::job_attempts,
         logs::job_logs,
+        metrics::metrics_post,
+        metrics::metrics_get,
+        templates::templates_list,
+        templates::template_show,
+        templates::template_publish,
+        templates::template_run,
         tokens::tokens_list,
         tokens::token_create,
         tokens::token_revoke,
@@ -70,6 +73,8 @@ pub fn routes() -> Router<AppState> {
     modifiers(&BearerAuth),
     tags(
         (name = "jobs", description = "Submit, list, watch and cancel jobs"),
+        (name = "templates", description = "Task templates: list, show, publish, run"),
+        (name = "metrics", description = "Metrics reported by jobs' engines"),
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "admin", description = "Tenants and members"),
         (name = "health", description = "Liveness and readiness"),
@@ -91,9 +96,7 @@ impl Modify for BearerAuth {
 
 /// The OpenAPI document as committed under `docs/openapi.json`.
 pub fn openapi_document() -> String {
-    let mut text = ApiDoc::openapi()
-        .to_pretty_json()
-        .expect("the OpenAPI document serialises");
+    let mut text = ApiDoc::openapi().to_pretty_json().expect("the OpenAPI document serialises");
     text.push('\n');
     text
 }

@@ -12,21 +12,13 @@ use crate::extract::{ApiJson, Auth, parse_id};
 #[utoipa::path(get, path = "/api/v1/me", tag = "tokens", security(("bearer" = [])),
     responses((status = 200, body = Me), (status = 401, body = ErrorBody)))]
 pub async fn me(Auth(caller): Auth) -> Json<Me> {
-    Json(Me {
-        user: caller.user,
-        tenant: caller.tenant,
-        role: caller.role,
-        platform_admin: caller.platform_admin,
-    })
+    Json(Me { user: caller.user, tenant: caller.tenant, role: caller.role, platform_admin: caller.platform_admin })
 }
 
 /// Your tokens in this tenant (never their secrets).
 #[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens", security(("bearer" = [])),
     responses((status = 200, body = Vec<TokenInfo>), (status = 401, body = ErrorBody)))]
-pub async fn tokens_list(
-    State(state): State<AppState>,
-    Auth(caller): Auth,
-) -> ApiResult<Json<Vec<TokenInfo>>> {
+pub async fn tokens_list(State(state): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<Vec<TokenInfo>>> {
     Ok(Json(state.app.tokens_list(&caller).await?))
 }
 
@@ -38,10 +30,7 @@ pub async fn token_create(
     Auth(caller): Auth,
     ApiJson(body): ApiJson<TokenCreate>,
 ) -> ApiResult<(StatusCode, Json<TokenCreated>)> {
-    let token = state
-        .app
-        .token_create(&caller, &body.name, body.expires_in_days)
-        .await?;
+    let token = state.app.token_create(&caller, &body.name, body.expires_in_days).await?;
     Ok((StatusCode::CREATED, Json(token)))
 }
 

@@ -1,0 +1,53 @@
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::Deserialize;
+use trainyard_core::api::{ErrorBody, JobMetrics, MetricBatch, MetricsAccepted};
+use trainyard_core::error::ObjectKind;
+use utoipa::IntoParams;
+
+use crate::AppState;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, ApiQuery, Auth, JobAuth, parse_id};
+
+/// Report metric points. Only for a job's engine, with the job token it finds in
+/// `TRAINYARD_TOKEN`; up to 50,000 points per request.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/metrics", tag = "metrics",
+    params(("id" = String, Path, description = "Job id")), request_body = MetricBatch, security(("job_token" = [])),
+    responses(
+        (status = 200, body = MetricsAccepted),
+        (status = 401, description = "Not a live job token", body = ErrorBody),
+        (status = 404, description = "Not this token's job", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+pub async fn metrics_post(
+    State(state): State<AppState>,
+    JobAuth(caller): JobAuth,
+    Path(id): Path<String>,
+    ApiJson(batch): ApiJson<MetricBatch>,
+) -> ApiResult<Json<MetricsAccepted>> {
+    let job_id = parse_id(&id, ObjectKind::Job)?;
+    let accepted = state.app.metrics_post(&caller, job_id, batch).await?;
+    Ok(Json(MetricsAccepted { accepted }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsQuery {
+    /// Only this series.
+    name: Option<String>,
+}
+
+/// A job's metric series, columnar and ordered by step.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/metrics", tag = "metrics",
+    params(("id" = String, Path, description = "Job id"), MetricsQuery), security(("bearer" = [])),
+    responses((status = 200, body = JobMetrics), (status = 404, body = ErrorBody)))]
+pub async fn metrics_get(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<MetricsQuery>,
+) -> ApiResult<Json<JobMetrics>> {
+    let job_id = parse_id(&id, ObjectKind::Job)?;
+    Ok(Json(state.app.metrics_get(&caller, job_id, query.name.as_deref()).await?))
+}

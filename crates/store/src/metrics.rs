@@ -1,0 +1,110 @@
+//! Job-scoped tokens and the metrics engines report with them.
+
+use sqlx::Row;
+use trainyard_core::api::{MetricPoint, MetricSeries};
+use trainyard_core::error::ObjectKind;
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::tenancy::token_hash;
+use crate::{Store, db_error};
+
+/// Job tokens start with this, so the API can tell them from user tokens at a glance.
+pub const JOB_TOKEN_PREFIX: &str = "tyj_";
+
+/// The job an engine's token stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobCaller {
+    pub job_id: Uuid,
+    pub tenant_id: Uuid,
+    pub attempt: i32,
+}
+
+impl Store {
+    /// A new token for one attempt of a job. The secret is returned once and only its hash
+    /// is kept; the token dies with the attempt.
+    pub async fn job_token_create(&self, job_id: Uuid, tenant_id: Uuid, attempt: i32) -> Result<String> {
+        let mut bytes = [0u8; 32];
+        rand::fill(&mut bytes);
+        let secret = format!("{JOB_TOKEN_PREFIX}{}", hex::encode(bytes));
+        // language=PostgreSQL
+        sqlx::query("INSERT INTO job_tokens (token_hash, job_id, tenant_id, attempt) VALUES ($1, $2, $3, $4)")
+            .bind(token_hash(&secret))
+            .bind(job_id)
+            .bind(tenant_id)
+            .bind(attempt)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(secret)
+    }
+
+    /// The job a job token stands for, while its job has not ended.
+    pub async fn job_token_authenticate(&self, secret: &str) -> Result<JobCaller> {
+        // language=PostgreSQL
+        let row = sqlx::query(
+            "SELECT t.job_id, t.tenant_id, t.attempt FROM job_tokens t JOIN jobs j ON j.id = t.job_id
+             WHERE t.token_hash = $1 AND j.state NOT IN ('succeeded', 'failed', 'cancelled')",
+        )
+        .bind(token_hash(secret))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| Error::Unauthenticated("the job token is not valid, or its job has ended".into()))?;
+        Ok(JobCaller { job_id: row.get("job_id"), tenant_id: row.get("tenant_id"), attempt: row.get("attempt") })
+    }
+
+    /// Stores a batch of points in one statement.
+    pub async fn metrics_insert(&self, caller: &JobCaller, points: &[MetricPoint]) -> Result<u64> {
+        let names: Vec<&str> = points.iter().map(|p| p.name.as_str()).collect();
+        let steps: Vec<i64> = points.iter().map(|p| p.step).collect();
+        let values: Vec<f64> = points.iter().map(|p| p.value).collect();
+        // language=PostgreSQL
+        let inserted = sqlx::query(
+            "INSERT INTO metrics (job_id, tenant_id, attempt, name, step, value)
+             SELECT $1, $2, $3, name, step, value FROM UNNEST($4::text[], $5::bigint[], $6::float8[]) AS p(name, step, value)",
+        )
+        .bind(caller.job_id)
+        .bind(caller.tenant_id)
+        .bind(caller.attempt)
+        .bind(&names)
+        .bind(&steps)
+        .bind(&values)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?
+        .rows_affected();
+        Ok(inserted)
+    }
+
+    /// A job's series, each ordered by step; only `name` when given.
+    pub async fn metrics_read(&self, tenant_id: Uuid, job_id: Uuid, name: Option<&str>) -> Result<Vec<MetricSeries>> {
+        // language=PostgreSQL
+        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1 AND tenant_id = $2)")
+            .bind(job_id)
+            .bind(tenant_id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)?;
+        if !exists {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT name, array_agg(step ORDER BY step, recorded_at) AS steps,
+                    array_agg(value ORDER BY step, recorded_at) AS values
+             FROM metrics WHERE job_id = $1 AND tenant_id = $2 AND ($3::text IS NULL OR name = $3)
+             GROUP BY name ORDER BY name",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows
+            .iter()
+            .map(|row| MetricSeries { name: row.get("name"), steps: row.get("steps"), values: row.get("values") })
+            .collect())
+    }
+}

@@ -1,0 +1,166 @@
+//! Tenant-owned task templates: publish once per (name, version), list, fetch. Built-in
+//! templates live in the server binary, not here.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use trainyard_core::auth::Caller;
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::{Store, db_error};
+
+/// A stored template version: what was uploaded.
+#[derive(Debug, Clone)]
+pub struct StoredTemplate {
+    pub name: String,
+    pub version: String,
+    pub digest: String,
+    pub description: String,
+    pub manifest: String,
+    pub files: BTreeMap<String, Vec<u8>>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// One row of a listing (no files).
+#[derive(Debug, Clone)]
+pub struct TemplateVersionRow {
+    pub name: String,
+    pub version: String,
+    pub digest: String,
+    pub description: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    Created,
+    /// The same (name, version) with the same digest was published before: nothing changed.
+    Unchanged,
+}
+
+impl Store {
+    /// Publishes a version, all or nothing. The same content again is harmless; other content
+    /// under a published (name, version) is a conflict.
+    pub async fn template_publish(&self, caller: &Caller, t: &StoredTemplate) -> Result<Published> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        // language=PostgreSQL
+        let inserted = sqlx::query(
+            "INSERT INTO templates (tenant_id, name, version, digest, description, manifest, created_by)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (tenant_id, name, version) DO NOTHING",
+        )
+        .bind(caller.tenant_id)
+        .bind(&t.name)
+        .bind(&t.version)
+        .bind(&t.digest)
+        .bind(&t.description)
+        .bind(&t.manifest)
+        .bind(caller.user_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?
+        .rows_affected();
+        if inserted == 0 {
+            // language=PostgreSQL
+            let digest: String =
+                sqlx::query_scalar("SELECT digest FROM templates WHERE tenant_id = $1 AND name = $2 AND version = $3")
+                    .bind(caller.tenant_id)
+                    .bind(&t.name)
+                    .bind(&t.version)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+            return if digest == t.digest {
+                Ok(Published::Unchanged)
+            } else {
+                Err(Error::Conflict(format!(
+                    "{}@{} is already published with other content ({digest}); a published version never changes, so publish a new version",
+                    t.name, t.version
+                )))
+            };
+        }
+        let paths: Vec<&str> = t.files.keys().map(String::as_str).collect();
+        let contents: Vec<&[u8]> = t.files.values().map(Vec::as_slice).collect();
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO template_files (tenant_id, name, version, path, content)
+             SELECT $1, $2, $3, path, content FROM UNNEST($4::text[], $5::bytea[]) AS f(path, content)",
+        )
+        .bind(caller.tenant_id)
+        .bind(&t.name)
+        .bind(&t.version)
+        .bind(&paths)
+        .bind(&contents)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(Published::Created)
+    }
+
+    /// Every version of every template of the tenant.
+    pub async fn templates_list(&self, tenant_id: Uuid) -> Result<Vec<TemplateVersionRow>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT name, version, digest, description, created_at FROM templates
+             WHERE tenant_id = $1 ORDER BY name, created_at",
+        )
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows
+            .iter()
+            .map(|row| TemplateVersionRow {
+                name: row.get("name"),
+                version: row.get("version"),
+                digest: row.get("digest"),
+                description: row.get("description"),
+                created_at: row.get("created_at"),
+            })
+            .collect())
+    }
+
+    /// One version with its files, or `None`.
+    pub async fn template_get(&self, tenant_id: Uuid, name: &str, version: &str) -> Result<Option<StoredTemplate>> {
+        // language=PostgreSQL
+        let Some(row) = sqlx::query(
+            "SELECT t.name, t.version, t.digest, t.description, t.manifest, u.name AS created_by, t.created_at
+             FROM templates t JOIN users u ON u.id = t.created_by
+             WHERE t.tenant_id = $1 AND t.name = $2 AND t.version = $3",
+        )
+        .bind(tenant_id)
+        .bind(name)
+        .bind(version)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        // language=PostgreSQL
+        let files: Vec<(String, Vec<u8>)> = sqlx::query_as(
+            "SELECT path, content FROM template_files WHERE tenant_id = $1 AND name = $2 AND version = $3",
+        )
+        .bind(tenant_id)
+        .bind(name)
+        .bind(version)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(Some(StoredTemplate {
+            name: row.get("name"),
+            version: row.get("version"),
+            digest: row.get("digest"),
+            description: row.get("description"),
+            manifest: row.get("manifest"),
+            files: files.into_iter().collect(),
+            created_by: row.get("created_by"),
+            created_at: row.get("created_at"),
+        }))
+    }
+}
