@@ -6,4 +6,5 @@ mod input;
 mod jobs;
 mod recovery;
 mod schema;
+mod templates;
 mod tenancy;

@@ -4,6 +4,7 @@
 mod client;
 mod config;
 mod output;
+mod templates;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -14,8 +15,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use trainyard_core::api::{
-    Job, JobAttempt, JobEvent, JobPage, Me, MemberAdd, MemberAdded, Tenant, TenantCreate, TokenCreate, TokenCreated,
-    TokenInfo,
+    Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded, TemplateRun, Tenant, TenantCreate,
+    TokenCreate, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::Role;
 use trainyard_core::job::{JobState, JobSubmission};
@@ -78,6 +79,20 @@ enum Command {
         #[arg(long)]
         timeout: Option<u64>,
     },
+    /// Run a job from a template: `yard run shell --set command='["echo","hi"]' --wait`.
+    Run(RunArgs),
+    /// Browse, scaffold and publish task templates.
+    Templates {
+        #[command(subcommand)]
+        command: TemplatesCommand,
+    },
+    /// Metrics a job's engine reported: a summary per series, or one series' points.
+    Metrics {
+        id: String,
+        /// Only this series, point by point.
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Your API tokens.
     Tokens {
         #[command(subcommand)]
@@ -123,6 +138,45 @@ struct SubmitArgs {
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// NAME or NAME@VERSION (the newest version when absent).
+    template: String,
+    /// A parameter, key=value (repeatable); a value starting with '[' is a JSON list.
+    #[arg(long = "set", short = 's', value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Parameters from a YAML file (--set wins over it).
+    #[arg(short = 'f', long = "file", value_name = "PARAMS.yaml")]
+    file: Option<std::path::PathBuf>,
+    /// Show the exact spec the job would run; queue nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Wait for the job to end; exit 0 only if it succeeded.
+    #[arg(long)]
+    wait: bool,
+    /// A name for the job (default: the template's).
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    #[arg(long, default_value_t = 0)]
+    max_restarts: u32,
+    #[arg(long)]
+    idempotency_key: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum TemplatesCommand {
+    /// Built-in templates and your tenant's.
+    Ls,
+    /// One template: NAME or NAME@VERSION, its parameters with defaults and help.
+    Show { template: String },
+    /// Create a folder NAME with a template that validates, ready to edit.
+    Init { name: String },
+    /// Check a template folder and publish it for your tenant.
+    Push { dir: std::path::PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -203,6 +257,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Templates { command: TemplatesCommand::Init { name } } = &cli.command {
+        templates::init(name)?;
+        eprintln!("created {name}/ (template.yaml, engine/main.py); publish it with `yard templates push {name}`");
+        return Ok(ExitCode::SUCCESS);
+    }
     let client = Client::new(config::load()?)?;
     match cli.command {
         Command::Login { .. } => unreachable!("handled above"),
@@ -263,6 +322,51 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Wait { id, timeout } => wait(&client, out, &id, timeout.map(Duration::from_secs)).await,
+        Command::Run(args) => {
+            let params = templates::params_of(args.file.as_deref(), &args.set)?;
+            let (_, version) = templates::split_reference(&args.template);
+            let run = TemplateRun {
+                version: version.map(str::to_string),
+                params,
+                name: args.name,
+                priority: args.priority,
+                max_restarts: args.max_restarts,
+                idempotency_key: args.idempotency_key,
+            };
+            match templates::run(&client, &args.template, &run, args.dry_run).await? {
+                templates::RunResult::DryRun(dry) => {
+                    println!("{}", serde_json::to_string_pretty(&dry)?);
+                    Ok(ExitCode::SUCCESS)
+                }
+                templates::RunResult::Job(job) if args.wait => {
+                    eprintln!("submitted {}", job.id);
+                    wait(&client, out, &job.id.to_string(), None).await
+                }
+                templates::RunResult::Job(job) => output::print(out, &job, |job| format!("{}\n", job.id)),
+            }
+        }
+        Command::Templates { command: TemplatesCommand::Ls } => {
+            let list = templates::list(&client).await?;
+            output::print(out, &list, output::templates_table)
+        }
+        Command::Templates { command: TemplatesCommand::Show { template } } => {
+            let detail = templates::show(&client, &template).await?;
+            output::print(out, &detail, output::template_detail)
+        }
+        Command::Templates { command: TemplatesCommand::Init { .. } } => unreachable!("handled before signing in"),
+        Command::Templates { command: TemplatesCommand::Push { dir } } => {
+            let detail = templates::push(&client, &dir).await?;
+            output::print(out, &detail, |d| format!("published {}@{} ({})\n", d.name, d.version, d.digest))
+        }
+        Command::Metrics { id, name } => {
+            let mut path = format!("/api/v1/jobs/{id}/metrics");
+            if let Some(name) = &name {
+                path.push('?');
+                path.push_str(&serde_urlencoded::to_string([("name", name)])?);
+            }
+            let metrics: JobMetrics = client.get(&path).await?;
+            output::print(out, &metrics, |m| output::metrics(m, name.is_some()))
+        }
         Command::Tokens { command: TokensCommand::Ls } => {
             let tokens: Vec<TokenInfo> = client.get("/api/v1/tokens").await?;
             output::print(out, &tokens, output::tokens_table)

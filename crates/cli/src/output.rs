@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
 use serde::Serialize;
-use trainyard_core::api::{Job, JobAttempt, JobEvent, JobPage, TokenInfo};
+use trainyard_core::api::{Job, JobAttempt, JobEvent, JobMetrics, JobPage, TemplateDetail, TemplateSummary, TokenInfo};
 
 use crate::Output;
 
@@ -110,4 +110,132 @@ pub fn tokens_table(tokens: &Vec<TokenInfo>) -> String {
         ]);
     }
     format!("{t}\n")
+}
+
+pub fn templates_table(list: &Vec<TemplateSummary>) -> String {
+    let mut t = table(&["NAME", "SOURCE", "LATEST", "VERSIONS", "DESCRIPTION"]);
+    for template in list {
+        let source = serde_json::to_value(template.source).ok().and_then(|v| v.as_str().map(str::to_string));
+        t.add_row(vec![
+            template.name.clone(),
+            source.unwrap_or_default(),
+            template.latest.clone(),
+            template.versions.len().to_string(),
+            template.description.clone(),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+pub fn template_detail(detail: &TemplateDetail) -> String {
+    let m = &detail.manifest;
+    let mut text = format!(
+        "{}@{}  ({})\n{}\ndigest:   {}\nversions: {}\n",
+        detail.name,
+        detail.version,
+        serde_json::to_value(detail.source).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+        m["description"].as_str().unwrap_or_default(),
+        detail.digest,
+        detail.versions.join(", "),
+    );
+    let mut t = table(&["PARAMETER", "TYPE", "DEFAULT", "RULES", "HELP"]);
+    if let Some(params) = m["parameters"].as_object() {
+        for (name, spec) in params {
+            let default = match (&spec["default"], spec["required"].as_bool().unwrap_or(false)) {
+                (_, true) => "(required)".to_string(),
+                (serde_json::Value::Null, false) => String::new(),
+                (value, false) => value.to_string(),
+            };
+            let mut rules = Vec::new();
+            if let Some(min) = spec["min"].as_f64() {
+                rules.push(format!(">= {min}"));
+            }
+            if let Some(max) = spec["max"].as_f64() {
+                rules.push(format!("<= {max}"));
+            }
+            if let Some(pattern) = spec["pattern"].as_str() {
+                rules.push(format!("matches {pattern}"));
+            }
+            if let Some(choices) = spec["choices"].as_array() {
+                let choices: Vec<&str> = choices.iter().filter_map(|c| c.as_str()).collect();
+                rules.push(format!("one of {}", choices.join("|")));
+            }
+            t.add_row(vec![
+                name.clone(),
+                spec["type"].as_str().unwrap_or_default().to_string(),
+                default,
+                rules.join(", "),
+                spec["help"].as_str().unwrap_or_default().to_string(),
+            ]);
+        }
+    }
+    text.push_str(&format!("\n{t}\n"));
+    text.push_str(&format!("\ncommand:  {}\n", m["command"]));
+    if !detail.files.is_empty() {
+        text.push_str(&format!("files:    {}\n", detail.files.join(", ")));
+    }
+    text
+}
+
+/// Per series: points, last value, range and a sparkline; with `points`, every point.
+pub fn metrics(metrics: &JobMetrics, points: bool) -> String {
+    if points {
+        let mut text = String::from("SERIES\tSTEP\tVALUE\n");
+        for series in &metrics.series {
+            for (step, value) in series.steps.iter().zip(&series.values) {
+                text.push_str(&format!("{}\t{step}\t{value}\n", series.name));
+            }
+        }
+        return text;
+    }
+    let mut t = table(&["SERIES", "POINTS", "LAST STEP", "LAST", "MIN", "MAX", "TREND"]);
+    for series in &metrics.series {
+        let min = series.values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = series.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        t.add_row(vec![
+            series.name.clone(),
+            series.values.len().to_string(),
+            series.steps.last().map(i64::to_string).unwrap_or_default(),
+            series.values.last().map(|v| format!("{v:.6}")).unwrap_or_default(),
+            format!("{min:.6}"),
+            format!("{max:.6}"),
+            sparkline(&series.values, 40),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+/// The values squeezed into `width` bars of eight heights (bucket means).
+pub fn sparkline(values: &[f64], width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    if values.is_empty() {
+        return String::new();
+    }
+    let buckets = width.min(values.len());
+    let means: Vec<f64> = (0..buckets)
+        .map(|b| {
+            let chunk = &values
+                [b * values.len() / buckets..((b + 1) * values.len() / buckets).max(b * values.len() / buckets + 1)];
+            chunk.iter().sum::<f64>() / chunk.len() as f64
+        })
+        .collect();
+    let (lo, hi) = means.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    means
+        .iter()
+        .map(|v| if hi > lo { BARS[(((v - lo) / (hi - lo)) * 7.0).round() as usize] } else { BARS[3] })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sparkline;
+
+    #[test]
+    fn sparkline_follows_the_trend() {
+        assert_eq!(sparkline(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 8), "▁▂▃▄▅▆▇█");
+        assert_eq!(sparkline(&[5.0; 100], 10).chars().count(), 10);
+        assert_eq!(sparkline(&[], 10), "");
+        let falling = sparkline(&(0..1000).map(|i| 1000.0 - f64::from(i)).collect::<Vec<_>>(), 20);
+        assert!(falling.starts_with('█') && falling.ends_with('▁'), "{falling}");
+    }
 }

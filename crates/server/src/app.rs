@@ -6,8 +6,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use trainyard_core::api::{
-    DryRun, Job, JobAttempt, JobEvent, JobMetrics, JobPage, MemberAdd, MemberAdded, MetricBatch, Tenant, TemplateDetail,
-    TemplateRun, TemplateSummary, TemplateUpload, TokenCreated, TokenInfo,
+    DryRun, Job, JobAttempt, JobEvent, JobMetrics, JobPage, MemberAdd, MemberAdded, MetricBatch, TemplateDetail,
+    TemplateRun, TemplateSummary, TemplateUpload, Tenant, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;

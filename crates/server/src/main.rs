@@ -145,7 +145,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             std::fs::create_dir_all(&data_dir)?;
-            let settings = ReconcilerSettings { grace: Duration::from_secs(grace_seconds), api_url: public_url, ..Default::default() };
+            let settings = ReconcilerSettings {
+                grace: Duration::from_secs(grace_seconds),
+                api_url: public_url,
+                ..Default::default()
+            };
             let server = dev::local_server(store, &data_dir.canonicalize()?, cpus, settings)?;
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.

@@ -268,7 +268,11 @@ impl Reconciler {
 
     /// Gathers what an attempt needs (the template's files, a job token for its engine) and
     /// starts it.
-    async fn launch_attempt(&self, job: &UnfinishedJob, attempt: i32) -> std::result::Result<serde_json::Value, String> {
+    async fn launch_attempt(
+        &self,
+        job: &UnfinishedJob,
+        attempt: i32,
+    ) -> std::result::Result<serde_json::Value, String> {
         let files = match &job.spec.template {
             Some(reference) => self.templates.files_for(job.tenant_id, reference).await.map_err(|e| e.to_string())?,
             None => Default::default(),
@@ -277,7 +281,8 @@ impl Reconciler {
         let mut env = std::collections::BTreeMap::new();
         env.insert("TRAINYARD_URL".to_string(), self.settings.api_url.clone().unwrap_or_default());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
-        let request = LaunchRequest { job_id: job.id, tenant_id: job.tenant_id, attempt, spec: job.spec.clone(), files, env };
+        let request =
+            LaunchRequest { job_id: job.id, tenant_id: job.tenant_id, attempt, spec: job.spec.clone(), files, env };
         self.executor.launch(&request).await.map_err(|e| e.to_string())
     }
 

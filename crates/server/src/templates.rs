@@ -74,7 +74,12 @@ impl Templates {
     }
 
     /// A template version: the given one, or the newest.
-    pub async fn resolve(&self, tenant_id: Uuid, name: &str, version: Option<&str>) -> Result<(Arc<Template>, TemplateDetail)> {
+    pub async fn resolve(
+        &self,
+        tenant_id: Uuid,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<(Arc<Template>, TemplateDetail)> {
         if let Some(template) = self.builtins.get(name) {
             if let Some(wanted) = version
                 && wanted != template.version().to_string()
@@ -101,7 +106,10 @@ impl Templates {
             Some(wanted) if versions.iter().any(|v| v.to_string() == wanted) => wanted.to_string(),
             Some(wanted) => {
                 let known: Vec<String> = versions.iter().map(|v| v.to_string()).collect();
-                return Err(Error::invalid("version", format!("{name} has no version {wanted}; it has {}", known.join(", "))));
+                return Err(Error::invalid(
+                    "version",
+                    format!("{name} has no version {wanted}; it has {}", known.join(", ")),
+                ));
             }
         };
         let stored = self
