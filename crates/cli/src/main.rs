@@ -295,8 +295,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
             let attempts: Vec<JobAttempt> = client.get(&format!("/api/v1/jobs/{id}/attempts")).await?;
             let events: Vec<JobEvent> = client.get(&format!("/api/v1/jobs/{id}/events")).await?;
-            let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events });
-            output::print(out, &detail, |_| output::job_detail(&job, &attempts, &events))
+            let outputs: serde_json::Value = client.get(&format!("/api/v1/jobs/{id}/outputs")).await?;
+            let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events, "outputs": outputs });
+            output::print(out, &detail, |_| output::job_detail(&job, &attempts, &events, &outputs))
         }
         Command::Logs { id, replica, attempt, follow } => {
             let mut query = vec![("replica", replica.to_string()), ("follow", follow.to_string())];

@@ -48,7 +48,7 @@ pub fn jobs_table(page: &JobPage) -> String {
     text
 }
 
-pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent]) -> String {
+pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outputs: &serde_json::Value) -> String {
     let spec = &job.spec;
     let mut text = format!(
         "{id}  {name}\nstate:     {state}{reason}\ncommand:   {argv}\nreplicas:  {replicas} x (cpu {cpu}, memory {memory}, gpus {gpus})\npriority:  {priority}   restarts: {restarts} of {max}\nsubmitted: {submitted} by {by}\n",
@@ -81,6 +81,12 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent]) -> St
             ]);
         }
         text.push_str(&format!("\n{t}\n"));
+    }
+    if let Some(outputs) = outputs.as_object().filter(|o| !o.is_empty()) {
+        text.push_str("\noutputs:\n");
+        for (name, value) in outputs {
+            text.push_str(&format!("  {name}: {value}\n"));
+        }
     }
     let mut t = table(&["#", "AT", "FROM", "TO", "BY", "WHY"]);
     for e in events {

@@ -284,3 +284,13 @@ pub struct DryRun {
     /// Exactly the spec the job would record and run.
     pub spec: crate::job::JobSpec,
 }
+
+/// A named output a job reports (for example `dataset`), recorded with its job token.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobOutput {
+    /// 1 to 64 letters, digits, `_`, `.` or `-`.
+    pub name: String,
+    #[schema(value_type = Object)]
+    pub value: serde_json::Value,
+}

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use trainyard_core::api::{
-    DryRun, Job, JobAttempt, JobEvent, JobMetrics, JobPage, MemberAdd, MemberAdded, MetricBatch, TemplateDetail,
-    TemplateRun, TemplateSummary, TemplateUpload, Tenant, TokenCreated, TokenInfo,
+    DryRun, Job, JobAttempt, JobEvent, JobMetrics, JobOutput, JobPage, MemberAdd, MemberAdded, MetricBatch,
+    TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload, Tenant, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
@@ -148,6 +148,28 @@ impl App {
             }
         }
         self.store.metrics_insert(caller, &batch.points).await
+    }
+
+    pub async fn job_output_set(&self, caller: &JobCaller, job_id: Uuid, output: JobOutput) -> Result<()> {
+        if caller.job_id != job_id {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        if serde_json::to_vec(&output.value).map_err(Error::internal)?.len() > 64 * 1024 {
+            return Err(Error::invalid(
+                "value",
+                "an output is at most 64 KiB of JSON; store large results as artefacts",
+            ));
+        }
+        self.store.job_output_set(caller, &output.name, &output.value).await
+    }
+
+    pub async fn job_outputs(
+        &self,
+        caller: &Caller,
+        job_id: Uuid,
+    ) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.job_outputs(caller.tenant_id, job_id).await
     }
 
     pub async fn metrics_get(&self, caller: &Caller, job_id: Uuid, name: Option<&str>) -> Result<JobMetrics> {

@@ -108,3 +108,54 @@ impl Store {
             .collect())
     }
 }
+
+impl Store {
+    /// Records (or replaces) a named output of the caller's job.
+    pub async fn job_output_set(&self, caller: &JobCaller, name: &str, value: &serde_json::Value) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO job_outputs (job_id, tenant_id, name, value, attempt) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (job_id, name) DO UPDATE SET value = EXCLUDED.value, attempt = EXCLUDED.attempt,
+                                                    recorded_at = now()",
+        )
+        .bind(caller.job_id)
+        .bind(caller.tenant_id)
+        .bind(name)
+        .bind(value)
+        .bind(caller.attempt)
+        .execute(&self.pool)
+        .await
+        .map_err(|err| match crate::violated_constraint(&err) {
+            Some("job_outputs_name_format") => Error::invalid("name", "1 to 64 letters, digits, '_', '.' or '-'"),
+            _ => db_error(err),
+        })?;
+        Ok(())
+    }
+
+    /// A job's outputs by name.
+    pub async fn job_outputs(
+        &self,
+        tenant_id: Uuid,
+        job_id: Uuid,
+    ) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT o.name, o.value FROM jobs j LEFT JOIN job_outputs o ON o.job_id = j.id
+             WHERE j.id = $1 AND j.tenant_id = $2",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        if rows.is_empty() {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                Some((row.get::<Option<String>, _>("name")?, row.get::<Option<serde_json::Value>, _>("value")?))
+            })
+            .collect())
+    }
+}

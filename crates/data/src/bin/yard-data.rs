@@ -50,8 +50,8 @@ enum Command {
         /// worker 0 then waits for the others and merges.
         #[arg(long)]
         workers_from_env: bool,
-        /// Replace a dataset already in DEST.
-        #[arg(long)]
+        /// Replace a dataset already in DEST (`--overwrite` or `--overwrite=true|false`).
+        #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
         overwrite: bool,
         /// Threads writing shards (default: all cores).
         #[arg(long)]

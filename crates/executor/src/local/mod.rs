@@ -154,7 +154,7 @@ impl LocalExecutor {
             // Jobs see only what they are given: never the server's own environment, which may
             // hold database credentials.
             .env_clear()
-            .envs(replica_env(request, rank, gpus, master_port, &workdir))
+            .envs(replica_env(request, rank, gpus, master_port, &workdir, self.config.supervisor.parent()))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -210,9 +210,16 @@ fn replica_env(
     gpus: &[u32],
     master_port: u16,
     workdir: &Path,
+    tools: Option<&Path>,
 ) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    env.insert("PATH".into(), std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()));
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+    // Trainyard's own tools (yard-data, yard) sit beside the supervisor and come first.
+    let path = match tools {
+        Some(dir) => format!("{}:{path}", dir.display()),
+        None => path,
+    };
+    env.insert("PATH".into(), path);
     env.insert("HOME".into(), workdir.display().to_string());
     env.insert("LANG".into(), "C.UTF-8".into());
     env.insert("PYTHONUNBUFFERED".into(), "1".into());

@@ -1,7 +1,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::Deserialize;
-use trainyard_core::api::{ErrorBody, JobMetrics, MetricBatch, MetricsAccepted};
+use trainyard_core::api::{ErrorBody, JobMetrics, JobOutput, MetricBatch, MetricsAccepted};
 use trainyard_core::error::ObjectKind;
 use utoipa::IntoParams;
 
@@ -50,4 +50,38 @@ pub async fn metrics_get(
 ) -> ApiResult<Json<JobMetrics>> {
     let job_id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.metrics_get(&caller, job_id, query.name.as_deref()).await?))
+}
+
+/// Record a named output of the job (replacing an earlier value). Only for the job's engine,
+/// with its job token.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/outputs", tag = "metrics",
+    params(("id" = String, Path, description = "Job id")), request_body = JobOutput, security(("job_token" = [])),
+    responses(
+        (status = 204, description = "Recorded"),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+pub async fn output_post(
+    State(state): State<AppState>,
+    JobAuth(caller): JobAuth,
+    Path(id): Path<String>,
+    ApiJson(output): ApiJson<JobOutput>,
+) -> ApiResult<axum::http::StatusCode> {
+    let job_id = parse_id(&id, ObjectKind::Job)?;
+    state.app.job_output_set(&caller, job_id, output).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
+/// What the job reported having produced, by name.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/outputs", tag = "metrics",
+    params(("id" = String, Path, description = "Job id")), security(("bearer" = [])),
+    responses((status = 200, body = Object), (status = 404, body = ErrorBody)))]
+pub async fn outputs_get(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+) -> ApiResult<Json<std::collections::BTreeMap<String, serde_json::Value>>> {
+    let job_id = parse_id(&id, ObjectKind::Job)?;
+    Ok(Json(state.app.job_outputs(&caller, job_id).await?))
 }

@@ -29,6 +29,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/jobs/{id}/attempts", get(jobs::job_attempts))
         .route("/api/v1/jobs/{id}/logs", get(logs::job_logs))
         .route("/api/v1/jobs/{id}/metrics", get(metrics::metrics_get).post(metrics::metrics_post))
+        .route("/api/v1/jobs/{id}/outputs", get(metrics::outputs_get).post(metrics::output_post))
         .route("/api/v1/templates", get(templates::templates_list).post(templates::template_publish))
         .route("/api/v1/templates/{name}", get(templates::template_show))
         .route("/api/v1/templates/{name}/jobs", post(templates::template_run))
@@ -59,6 +60,8 @@ pub fn routes() -> Router<AppState> {
         logs::job_logs,
         metrics::metrics_post,
         metrics::metrics_get,
+        metrics::output_post,
+        metrics::outputs_get,
         templates::templates_list,
         templates::template_show,
         templates::template_publish,
