@@ -1,8 +1,9 @@
 //! Reading a packed dataset for training.
 //!
-//! - **Rank assignment**: each epoch, the shard order is shuffled with a seed derived from
-//!   `(seed, epoch)`, the same on every rank; rank `r` of `w` takes every `w`-th shard from
-//!   position `r`. Every shard goes to exactly one rank, and the split changes each epoch.
+//! - **Rank assignment**: each epoch, the shard order is shuffled by a hash of `(seed, epoch)`,
+//!   the same on every rank (and in every language: see [`assign_shards`]); rank `r` of `w` takes
+//!   every `w`-th shard from position `r`. Every shard goes to exactly one rank, and the split
+//!   changes each epoch.
 //! - **Parallel readers, in order**: reader threads take the rank's shards in turn and stream
 //!   their samples through one bounded channel per shard; the consumer drains the channels in
 //!   shard order. Memory stays bounded (readers x prefetch batches) and the output does not
@@ -17,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
-use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -59,10 +59,16 @@ impl Default for ReaderOptions {
 }
 
 /// The shard positions (into the manifest's list) that `rank` reads in `epoch`, in order.
+///
+/// The epoch's order sorts shards by `sha256("<seed>:<epoch>:<position>")`, a rule any language
+/// reproduces with its standard library (the PyTorch engine does, in Python), so that a Rust
+/// reader and a Python one agree on which rank reads which shard.
 pub fn assign_shards(shards: usize, rank: usize, world_size: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..shards).collect();
-    order.shuffle(&mut ChaCha8Rng::seed_from_u64(mix(seed, epoch, 0)));
-    order.into_iter().skip(rank).step_by(world_size.max(1)).collect()
+    use sha2::{Digest, Sha256};
+    let mut order: Vec<(Vec<u8>, usize)> =
+        (0..shards).map(|i| (Sha256::digest(format!("{seed}:{epoch}:{i}")).to_vec(), i)).collect();
+    order.sort();
+    order.into_iter().map(|(_, i)| i).skip(rank).step_by(world_size.max(1)).collect()
 }
 
 /// A per-purpose seed from the user's seed (splitmix64 finaliser over the parts).
@@ -247,6 +253,19 @@ mod tests {
             prop_assert_eq!(seen, (0..shards).collect::<Vec<_>>());
         }
     }
+
+    #[test]
+    fn the_order_is_the_documented_hash_order() {
+        // What Python's hashlib gives for seed 7, epoch 3, 8 shards:
+        // sorted(range(8), key=lambda i: sha256(f"7:3:{i}".encode()).digest())
+        assert_eq!(assign_shards(8, 0, 1, 7, 3), PYTHON_ORDER_SEED7_EPOCH3);
+        assert_eq!(
+            assign_shards(8, 1, 3, 7, 3),
+            PYTHON_ORDER_SEED7_EPOCH3.iter().copied().skip(1).step_by(3).collect::<Vec<_>>()
+        );
+    }
+
+    const PYTHON_ORDER_SEED7_EPOCH3: [usize; 8] = [0, 4, 5, 3, 1, 7, 2, 6];
 
     #[test]
     fn the_split_changes_with_the_epoch_and_not_otherwise() {
