@@ -1,0 +1,107 @@
+//! What a cycle decides, and why a job waits.
+
+use std::fmt;
+
+use uuid::Uuid;
+
+use crate::model::Flavor;
+
+/// A job admitted now, with where each replica goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    pub job: Uuid,
+    /// Counted against this flavor's quota (`None` for CPU-only jobs).
+    pub flavor: Option<Flavor>,
+    /// The node of each replica, by name.
+    pub nodes: Vec<String>,
+}
+
+/// A running job to stop so that a waiting one can start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemption {
+    pub victim: Uuid,
+    pub for_job: Uuid,
+    pub kind: PreemptionKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreemptionKind {
+    /// The victim's tenant was borrowing; the preemptor's tenant asks for its own nominal quota.
+    Reclaim,
+    /// Same tenant, lower priority, and the tenant allows it.
+    LowerPriority,
+}
+
+/// A job that stays queued, where it stands, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub job: Uuid,
+    pub reason: PendingReason,
+    /// 1-based position among its tenant's waiting jobs.
+    pub tenant_position: usize,
+    /// 1-based position among all waiting jobs, in the order the scheduler considers them.
+    pub cluster_position: usize,
+    /// Higher-priority jobs of the same tenant still waiting ahead of it.
+    pub behind_higher_priority: usize,
+}
+
+/// Why a job is not running yet: structured, so the API can show it and tests can match it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PendingReason {
+    /// The tenant has no quota for this flavor.
+    NoQuota { flavor: Flavor },
+    /// No node of the cluster could ever hold one replica.
+    NeverFits { detail: String },
+    /// Nominal plus the borrowing limit would be exceeded.
+    QuotaExceeded { flavor: Flavor, used: u64, nominal: u64, borrowing_limit: Option<u64>, needed: u64 },
+    /// Within the tenant's limits, but the cohort has no idle quota to lend.
+    CohortExhausted { flavor: Flavor, used: u64, nominal: u64, lendable: u64, needed: u64 },
+    /// Quota allows it, but no set of nodes has room for every replica now.
+    NoRoom { flavor: Option<Flavor>, replicas: u32, gpus_per_replica: u32, free_gpus: u64 },
+    /// Nodes are held for a job that has waited long (the starvation rule).
+    Reserved { for_job: Uuid },
+    /// Jobs are being preempted to make room for this one.
+    WaitingForPreemption { victims: usize },
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PendingReason::NoQuota { flavor } => write!(f, "the tenant has no quota for {flavor}"),
+            PendingReason::NeverFits { detail } => write!(f, "{detail}"),
+            PendingReason::QuotaExceeded { flavor, used, nominal, borrowing_limit, needed } => {
+                write!(f, "tenant quota for {flavor}: {used} of {nominal} in use")?;
+                match borrowing_limit {
+                    Some(limit) => write!(f, ", may borrow {limit} more")?,
+                    None => write!(f, ", may borrow without limit")?,
+                }
+                write!(f, "; the job needs {needed}")
+            }
+            PendingReason::CohortExhausted { flavor, used, nominal, lendable, needed } => write!(
+                f,
+                "tenant quota for {flavor}: {used} of {nominal} in use, the cohort lends {lendable}; the job needs {needed}"
+            ),
+            PendingReason::NoRoom { flavor, replicas, gpus_per_replica, free_gpus } => match flavor {
+                Some(flavor) => write!(
+                    f,
+                    "no set of nodes has {replicas} x {gpus_per_replica} free GPUs of {flavor} now ({free_gpus} free in all)"
+                ),
+                None => write!(f, "no node has room for {replicas} replicas' cpu and memory now"),
+            },
+            PendingReason::Reserved { for_job } => {
+                write!(f, "the nodes it fits on are held for job {for_job}, which has waited longest")
+            }
+            PendingReason::WaitingForPreemption { victims } => {
+                write!(f, "preempting {victims} job(s) to make room; starts when they have stopped")
+            }
+        }
+    }
+}
+
+/// Everything one admission cycle decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CycleResult {
+    pub admissions: Vec<Admission>,
+    pub preemptions: Vec<Preemption>,
+    pub pending: Vec<Pending>,
+}

@@ -1,0 +1,124 @@
+//! What the scheduler looks at: one snapshot of the cluster, taken at one instant.
+
+use std::collections::BTreeMap;
+
+use uuid::Uuid;
+
+/// A GPU type (`nvidia-h100-80gb`): the resources quotas are counted in.
+pub type Flavor = String;
+
+/// A machine jobs run on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub name: String,
+    /// Rack or zone, when known: gangs prefer one.
+    pub rack: Option<String>,
+    /// The type of this node's GPUs (one type per node); `None` for CPU-only nodes.
+    pub gpu_type: Option<Flavor>,
+    pub gpus: u32,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+/// A tenant's quota for one flavor, in GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Guaranteed: always available to the tenant, reclaimed from borrowers when needed.
+    pub nominal: u64,
+    /// How much more than nominal it may use from its cohort's idle quota; unlimited when `None`.
+    pub borrowing_limit: Option<u64>,
+    /// How much of its idle nominal others may use; all of it when `None`.
+    pub lending_limit: Option<u64>,
+}
+
+/// A tenant as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantPolicy {
+    pub id: Uuid,
+    pub name: String,
+    /// Tenants in the same cohort lend each other idle quota; `None`: a cohort of its own.
+    pub cohort: Option<String>,
+    /// Fair-share weight (default 1): a tenant of weight 2 is entitled to twice the share.
+    pub weight: f64,
+    pub quotas: BTreeMap<Flavor, Quota>,
+    /// Whether a job of this tenant may preempt the tenant's own lower-priority jobs.
+    pub preempt_lower_priority: bool,
+}
+
+/// What a job asks for: `replicas` copies, each of which must fit on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Demand {
+    pub replicas: u32,
+    pub gpus: u32,
+    /// A specific GPU type, or any the tenant has quota for.
+    pub gpu_type: Option<Flavor>,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+impl Demand {
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.replicas) * u64::from(self.gpus)
+    }
+}
+
+/// A job waiting for admission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingJob {
+    pub id: Uuid,
+    pub tenant: Uuid,
+    pub priority: i32,
+    /// Submission order (ties in everything else go to the smaller).
+    pub seq: u64,
+    /// Seconds since the epoch.
+    pub submitted_at: i64,
+    pub demand: Demand,
+    /// Expected run time in seconds (from the template or the job), for start estimates.
+    pub expected_runtime: Option<i64>,
+}
+
+/// A job holding resources: admitted, starting, running, or being stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunningJob {
+    pub id: Uuid,
+    pub tenant: Uuid,
+    pub priority: i32,
+    pub demand: Demand,
+    /// The flavor its GPUs are counted in (`None` for CPU-only jobs).
+    pub flavor: Option<Flavor>,
+    /// The node of each replica, by name.
+    pub nodes: Vec<String>,
+    pub started_at: i64,
+    pub expected_runtime: Option<i64>,
+    /// Being stopped (preempted or cancelled): still holds its resources, not a victim again.
+    pub stopping: bool,
+}
+
+/// Knobs of the scheduling policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// A job that has waited this long and cannot be placed reserves the nodes it needs, so
+    /// that smaller jobs stop overtaking it (the starvation rule).
+    pub starvation_after_secs: i64,
+    /// Run time assumed for estimates when a job declares none.
+    pub default_runtime_secs: i64,
+    /// Forward-simulation steps at most, when estimating start times.
+    pub estimate_steps: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { starvation_after_secs: 30 * 60, default_runtime_secs: 60 * 60, estimate_steps: 5_000 }
+    }
+}
+
+/// Everything the scheduler looks at, taken at `now` (seconds since the epoch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub now: i64,
+    pub nodes: Vec<Node>,
+    pub tenants: Vec<TenantPolicy>,
+    pub running: Vec<RunningJob>,
+    pub pending: Vec<PendingJob>,
+    pub settings: Settings,
+}

@@ -1,0 +1,370 @@
+//! The mutable bookkeeping of one cycle: free capacity per node (indexed by flavor and free GPUs
+//! for best-fit lookups), usage per tenant and flavor, and per cohort the borrowed and lendable
+//! totals, all kept incrementally so that each decision costs O(log n), not a scan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use uuid::Uuid;
+
+use crate::decision::PendingReason;
+use crate::model::{Demand, Quota, RunningJob, Snapshot};
+
+/// Where a gang goes: the node index of each replica.
+pub(crate) type Placement = Vec<usize>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuotaCheck {
+    Fits,
+    /// Within the tenant's nominal quota, but others borrowed it: reclaimable by preemption.
+    Reclaimable,
+}
+
+/// Flavors are interned as small integers: every lookup in the hot path is an index.
+pub(crate) type FlavorId = usize;
+
+pub(crate) struct State<'a> {
+    pub snap: &'a Snapshot,
+    pub flavors: Vec<&'a str>,
+    flavor_ids: BTreeMap<&'a str, FlavorId>,
+    node_by_name: BTreeMap<&'a str, usize>,
+    node_flavor: Vec<Option<FlavorId>>,
+    free_gpus: Vec<u32>,
+    free_cpu: Vec<u64>,
+    free_mem: Vec<u64>,
+    reserved: Vec<Option<Uuid>>,
+    /// flavor -> free GPUs -> nodes (unreserved only), for best-fit lookups.
+    buckets: Vec<BTreeMap<u32, BTreeSet<usize>>>,
+    flavor_free: Vec<u64>,
+    tenant_index: BTreeMap<Uuid, usize>,
+    /// quotas[tenant][flavor]
+    quotas: Vec<Vec<Option<Quota>>>,
+    /// usage[tenant][flavor], in GPUs.
+    usage: Vec<Vec<u64>>,
+    cohort_of: Vec<usize>,
+    /// pools[cohort][flavor] = (borrowed, lendable) summed over the cohort's members.
+    pools: Vec<Vec<(u64, u64)>>,
+}
+
+impl<'a> State<'a> {
+    pub fn new(snap: &'a Snapshot) -> State<'a> {
+        let mut names: Vec<&'a str> = snap
+            .nodes
+            .iter()
+            .filter_map(|n| n.gpu_type.as_deref())
+            .chain(snap.tenants.iter().flat_map(|t| t.quotas.keys().map(String::as_str)))
+            .chain(snap.pending.iter().filter_map(|j| j.demand.gpu_type.as_deref()))
+            .chain(snap.running.iter().filter_map(|j| j.flavor.as_deref()))
+            .collect();
+        names.sort();
+        names.dedup();
+        let flavor_ids: BTreeMap<&str, FlavorId> = names.iter().enumerate().map(|(i, f)| (*f, i)).collect();
+        let mut cohorts: BTreeMap<String, usize> = BTreeMap::new();
+        let cohort_of: Vec<usize> = snap
+            .tenants
+            .iter()
+            .map(|t| {
+                let key = t.cohort.clone().unwrap_or_else(|| format!("\0tenant:{}", t.id));
+                let next = cohorts.len();
+                *cohorts.entry(key).or_insert(next)
+            })
+            .collect();
+        let nf = names.len();
+        let mut state = State {
+            snap,
+            node_by_name: snap.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect(),
+            node_flavor: snap.nodes.iter().map(|n| n.gpu_type.as_deref().map(|f| flavor_ids[f])).collect(),
+            free_gpus: snap.nodes.iter().map(|n| n.gpus).collect(),
+            free_cpu: snap.nodes.iter().map(|n| n.cpu_millis).collect(),
+            free_mem: snap.nodes.iter().map(|n| n.memory_bytes).collect(),
+            reserved: vec![None; snap.nodes.len()],
+            buckets: vec![BTreeMap::new(); nf],
+            flavor_free: vec![0; nf],
+            tenant_index: snap.tenants.iter().enumerate().map(|(i, t)| (t.id, i)).collect(),
+            quotas: snap
+                .tenants
+                .iter()
+                .map(|t| names.iter().map(|f| t.quotas.get(*f).copied()).collect())
+                .collect(),
+            usage: vec![vec![0; nf]; snap.tenants.len()],
+            pools: vec![vec![(0, 0); nf]; cohorts.len()],
+            cohort_of,
+            flavors: names,
+            flavor_ids,
+        };
+        for node in 0..snap.nodes.len() {
+            if let Some(f) = state.node_flavor[node] {
+                state.index_insert(f, node);
+            }
+        }
+        for t in 0..snap.tenants.len() {
+            for f in 0..nf {
+                let (b, l) = state.contribution(t, f, 0);
+                let pool = &mut state.pools[state.cohort_of[t]][f];
+                pool.0 += b;
+                pool.1 += l;
+            }
+        }
+        for job in &snap.running {
+            let nodes = state.running_nodes(job);
+            let flavor = job.flavor.as_deref().map(|f| state.flavor_ids[f]);
+            state.allocate(job.tenant, flavor, &job.demand, &nodes);
+        }
+        state
+    }
+
+    pub fn flavor_id(&self, name: &str) -> Option<FlavorId> {
+        self.flavor_ids.get(name).copied()
+    }
+
+    pub fn tenant(&self, id: Uuid) -> Option<usize> {
+        self.tenant_index.get(&id).copied()
+    }
+
+    pub fn quota(&self, t: usize, flavor: FlavorId) -> Option<Quota> {
+        self.quotas[t][flavor]
+    }
+
+    /// The flavors tenant `t` has a quota for.
+    pub fn quota_flavors(&self, t: Option<usize>) -> Vec<FlavorId> {
+        t.map_or_else(Vec::new, |t| (0..self.flavors.len()).filter(|&f| self.quotas[t][f].is_some()).collect())
+    }
+
+    pub fn usage(&self, t: usize, flavor: FlavorId) -> u64 {
+        self.usage[t][flavor]
+    }
+
+    /// What tenant `t` adds to its cohort's (borrowed, lendable) for `flavor` at usage `u`.
+    fn contribution(&self, t: usize, flavor: FlavorId, u: u64) -> (u64, u64) {
+        match self.quotas[t][flavor] {
+            None => (u, 0),
+            Some(q) => {
+                let idle = q.nominal.saturating_sub(u);
+                (u.saturating_sub(q.nominal), q.lending_limit.map_or(idle, |l| idle.min(l)))
+            }
+        }
+    }
+
+    fn usage_add(&mut self, t: usize, flavor: FlavorId, delta: i64) {
+        let old = self.usage[t][flavor];
+        let new = old.saturating_add_signed(delta);
+        let (b0, l0) = self.contribution(t, flavor, old);
+        let (b1, l1) = self.contribution(t, flavor, new);
+        let pool = &mut self.pools[self.cohort_of[t]][flavor];
+        pool.0 = pool.0 + b1 - b0;
+        pool.1 = pool.1 + l1 - l0;
+        self.usage[t][flavor] = new;
+    }
+
+    /// Whether tenant `t` may take `need` more GPUs of `flavor`.
+    pub fn quota_check(&self, t: Option<usize>, flavor: FlavorId, need: u64) -> Result<QuotaCheck, PendingReason> {
+        let name = self.flavors[flavor].to_string();
+        let (Some(t), Some(q)) = (t, t.and_then(|t| self.quotas[t][flavor])) else {
+            return Err(PendingReason::NoQuota { flavor: name });
+        };
+        let used = self.usage[t][flavor];
+        let after = used + need;
+        let borrowed = after.saturating_sub(q.nominal);
+        let alone = self.snap.tenants[t].cohort.is_none();
+        if borrowed > 0 && (alone || q.borrowing_limit.is_some_and(|limit| borrowed > limit)) {
+            return Err(PendingReason::QuotaExceeded {
+                flavor: name,
+                used,
+                nominal: q.nominal,
+                borrowing_limit: if alone { Some(0) } else { q.borrowing_limit },
+                needed: need,
+            });
+        }
+        let (pool_borrowed, pool_lendable) = self.pools[self.cohort_of[t]][flavor];
+        let (b0, l0) = self.contribution(t, flavor, used);
+        let (b1, l1) = self.contribution(t, flavor, after);
+        if pool_borrowed - b0 + b1 <= pool_lendable - l0 + l1 {
+            Ok(QuotaCheck::Fits)
+        } else if after <= q.nominal {
+            Ok(QuotaCheck::Reclaimable)
+        } else {
+            Err(PendingReason::CohortExhausted {
+                flavor: name,
+                used,
+                nominal: q.nominal,
+                lendable: pool_lendable.saturating_sub(pool_borrowed),
+                needed: need,
+            })
+        }
+    }
+
+    fn index_insert(&mut self, flavor: FlavorId, node: usize) {
+        if self.reserved[node].is_some() {
+            return;
+        }
+        let free = self.free_gpus[node];
+        self.buckets[flavor].entry(free).or_default().insert(node);
+        self.flavor_free[flavor] += u64::from(free);
+    }
+
+    fn index_remove(&mut self, flavor: FlavorId, node: usize) {
+        if self.reserved[node].is_some() {
+            return;
+        }
+        let free = self.free_gpus[node];
+        if let Some(bucket) = self.buckets[flavor].get_mut(&free) {
+            bucket.remove(&node);
+            if bucket.is_empty() {
+                self.buckets[flavor].remove(&free);
+            }
+        }
+        self.flavor_free[flavor] -= u64::from(free);
+    }
+
+    /// Takes a job's resources: on its nodes, and in its tenant's usage.
+    pub fn allocate(&mut self, tenant: Uuid, flavor: Option<FlavorId>, demand: &Demand, nodes: &[usize]) {
+        self.adjust(tenant, flavor, demand, nodes, -1);
+    }
+
+    /// Gives a job's resources back.
+    pub fn release(&mut self, tenant: Uuid, flavor: Option<FlavorId>, demand: &Demand, nodes: &[usize]) {
+        self.adjust(tenant, flavor, demand, nodes, 1);
+    }
+
+    fn adjust(&mut self, tenant: Uuid, flavor: Option<FlavorId>, demand: &Demand, nodes: &[usize], sign: i64) {
+        for &node in nodes {
+            let node_flavor = self.node_flavor[node];
+            if let Some(f) = node_flavor {
+                self.index_remove(f, node);
+            }
+            self.free_gpus[node] = self.free_gpus[node].saturating_add_signed((i64::from(demand.gpus) * sign) as i32);
+            self.free_cpu[node] = self.free_cpu[node].saturating_add_signed(demand.cpu_millis as i64 * sign);
+            self.free_mem[node] = self.free_mem[node].saturating_add_signed(demand.memory_bytes as i64 * sign);
+            if let Some(f) = node_flavor {
+                self.index_insert(f, node);
+            }
+        }
+        if let (Some(flavor), Some(t)) = (flavor, self.tenant(tenant)) {
+            self.usage_add(t, flavor, -sign * demand.total_gpus() as i64);
+        }
+    }
+
+    pub fn running_nodes(&self, job: &RunningJob) -> Vec<usize> {
+        job.nodes.iter().filter_map(|n| self.node_by_name.get(n.as_str()).copied()).collect()
+    }
+
+    /// Holds `nodes` for a starving job: nobody else is placed there this cycle.
+    pub fn reserve(&mut self, job: Uuid, nodes: &[usize]) {
+        for &node in nodes {
+            if let Some(f) = self.node_flavor[node] {
+                self.index_remove(f, node);
+            }
+            self.reserved[node] = Some(job);
+        }
+    }
+
+    pub fn reserved_by(&self, node: usize) -> Option<Uuid> {
+        self.reserved[node]
+    }
+
+    pub fn free_of(&self, flavor: FlavorId) -> u64 {
+        self.flavor_free[flavor]
+    }
+
+    pub fn node_flavor(&self, node: usize) -> Option<FlavorId> {
+        self.node_flavor[node]
+    }
+
+    /// How many replicas of `demand` node `i` holds now.
+    fn fits_on(&self, i: usize, demand: &Demand) -> u32 {
+        let by = |free: u64, need: u64| if need == 0 { u32::MAX } else { (free / need).min(u64::from(u32::MAX)) as u32 };
+        by(u64::from(self.free_gpus[i]), u64::from(demand.gpus))
+            .min(by(self.free_cpu[i], demand.cpu_millis))
+            .min(by(self.free_mem[i], demand.memory_bytes))
+    }
+
+    /// A placement for every replica, or `None`. One replica: the fullest node that still fits
+    /// (best fit keeps whole nodes free). Gangs: one rack when any rack can hold them all (the
+    /// tightest such rack), then as few nodes as possible, preferring the fullest.
+    pub fn place(&self, demand: &Demand, flavor: Option<FlavorId>) -> Option<Placement> {
+        let replicas = demand.replicas as usize;
+        let candidates: Vec<(usize, u32)> = match flavor {
+            Some(f) => {
+                if self.free_of(f) < demand.total_gpus() {
+                    return None;
+                }
+                let nodes = self.buckets[f].range(demand.gpus..).flat_map(|(_, nodes)| nodes.iter());
+                if replicas == 1 {
+                    return nodes.copied().find(|&i| self.fits_on(i, demand) >= 1).map(|i| vec![i]);
+                }
+                nodes.map(|&i| (i, self.fits_on(i, demand))).filter(|(_, n)| *n > 0).collect()
+            }
+            None => {
+                // CPU-only: nodes without GPUs first, then the fullest.
+                let mut nodes: Vec<(usize, u32)> = (0..self.snap.nodes.len())
+                    .filter(|&i| self.reserved[i].is_none())
+                    .map(|i| (i, self.fits_on(i, demand)))
+                    .filter(|(_, n)| *n > 0)
+                    .collect();
+                nodes.sort_by_key(|&(i, _)| (self.snap.nodes[i].gpus > 0, self.free_cpu[i], i));
+                if replicas == 1 {
+                    return nodes.first().map(|&(i, _)| vec![i]);
+                }
+                nodes
+            }
+        };
+        if candidates.iter().map(|(_, n)| u64::from(*n)).sum::<u64>() < replicas as u64 {
+            return None;
+        }
+        // Prefer one rack: the tightest rack that can hold every replica.
+        let mut racks: BTreeMap<Option<&str>, u64> = BTreeMap::new();
+        for (i, n) in &candidates {
+            *racks.entry(self.snap.nodes[*i].rack.as_deref()).or_default() += u64::from(*n);
+        }
+        let rack = racks
+            .iter()
+            .filter(|(rack, cap)| rack.is_some() && **cap >= replicas as u64)
+            .min_by_key(|(rack, cap)| (**cap, **rack))
+            .map(|(rack, _)| *rack);
+        let pool: Vec<(usize, u32)> = match rack {
+            Some(rack) => candidates.into_iter().filter(|(i, _)| self.snap.nodes[*i].rack.as_deref() == rack).collect(),
+            None => candidates,
+        };
+        greedy_fill(pool, replicas, |i| self.free_gpus[i])
+    }
+
+    /// Nodes of `flavor` that, once empty, would hold the gang: the ones with most free GPUs
+    /// first (closest to ready).
+    pub fn reservation_for(&self, demand: &Demand, flavor: FlavorId) -> Vec<usize> {
+        let mut nodes: Vec<usize> = (0..self.snap.nodes.len())
+            .filter(|&i| self.node_flavor[i] == Some(flavor) && self.reserved[i].is_none())
+            .filter(|&i| self.snap.nodes[i].gpus >= demand.gpus)
+            .collect();
+        nodes.sort_by_key(|&i| (std::cmp::Reverse(self.free_gpus[i]), i));
+        let mut chosen = Vec::new();
+        let mut holds = 0u64;
+        for i in nodes {
+            if holds >= u64::from(demand.replicas) {
+                break;
+            }
+            holds += u64::from(self.snap.nodes[i].gpus / demand.gpus.max(1));
+            chosen.push(i);
+        }
+        chosen
+    }
+}
+
+/// Fills `replicas` from nodes with capacities: a node that takes all the rest with the least
+/// left over, else the node that takes the most (fewest nodes), ties to the fullest.
+fn greedy_fill(mut pool: Vec<(usize, u32)>, replicas: usize, free: impl Fn(usize) -> u32) -> Option<Placement> {
+    let mut placement = Vec::with_capacity(replicas);
+    while placement.len() < replicas {
+        let remaining = (replicas - placement.len()) as u32;
+        let pick = pool
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, n))| *n >= remaining)
+            .min_by_key(|(_, (i, n))| (*n, free(*i), *i))
+            .or_else(|| pool.iter().enumerate().max_by_key(|(_, (i, n))| (*n, std::cmp::Reverse(free(*i)), std::cmp::Reverse(*i))))
+            .map(|(k, _)| k)?;
+        let (node, n) = pool.swap_remove(pick);
+        for _ in 0..n.min(remaining) {
+            placement.push(node);
+        }
+    }
+    Some(placement)
+}
