@@ -186,7 +186,8 @@ impl<'a> State<'a> {
                 flavor: name,
                 used,
                 nominal: q.nominal,
-                lendable: pool_lendable.saturating_sub(pool_borrowed),
+                // What the others lend and have not lent out yet.
+                lendable: (pool_lendable - l0).saturating_sub(pool_borrowed - b0),
                 needed: need,
             })
         }

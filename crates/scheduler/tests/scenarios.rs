@@ -1,0 +1,255 @@
+//! One scenario per rule: a fixed snapshot and the decisions it must produce.
+
+mod common;
+
+use common::*;
+use trainyard_scheduler::{PendingReason, PreemptionKind, admission_cycle, estimate_starts, what_if};
+
+fn admitted(result: &trainyard_scheduler::CycleResult) -> Vec<String> {
+    result.admissions.iter().map(|a| name_of(a.job)).collect()
+}
+
+fn reason_of(result: &trainyard_scheduler::CycleResult, job: &str) -> PendingReason {
+    result.pending.iter().find(|p| p.job == id(job)).unwrap_or_else(|| panic!("{job} is not pending")).reason.clone()
+}
+
+#[test]
+fn a_tenant_alone_stops_at_its_nominal_quota() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![tenant("a", None, &[(A100, quota(4, None, None))])],
+        vec![running("r", "a", 0, A100, &["n1"], 4, 0)],
+        vec![pending("j", "a", 0, 1, demand(1, 1, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    assert!(result.admissions.is_empty());
+    let reason = reason_of(&result, "j");
+    assert_eq!(reason.to_string(), "tenant quota for nvidia-a100-40gb: 4 of 4 in use, may borrow 0 more; the job needs 1");
+}
+
+#[test]
+fn a_tenant_borrows_idle_quota_of_its_cohort_up_to_its_limits() {
+    let tenants = || {
+        vec![
+            tenant("a", Some("c"), &[(A100, quota(4, Some(2), None))]),
+            tenant("b", Some("c"), &[(A100, quota(4, None, None))]),
+        ]
+    };
+    let nodes = || vec![node("n1", "r1", A100, 8)];
+    // 4 of its own plus 2 borrowed from b's idle quota: fine.
+    let snap = snapshot(nodes(), tenants(), vec![], vec![pending("j", "a", 0, 1, demand(1, 6, Some(A100)))]);
+    assert_eq!(admitted(&admission_cycle(&snap)), ["j"]);
+    // 3 borrowed is over the borrowing limit of 2.
+    let snap = snapshot(nodes(), tenants(), vec![], vec![pending("j", "a", 0, 1, demand(1, 7, Some(A100)))]);
+    let result = admission_cycle(&snap);
+    assert!(matches!(reason_of(&result, "j"), PendingReason::QuotaExceeded { borrowing_limit: Some(2), .. }));
+}
+
+#[test]
+fn a_lending_limit_caps_what_others_borrow() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![
+            tenant("a", Some("c"), &[(A100, quota(2, None, None))]),
+            tenant("b", Some("c"), &[(A100, quota(6, None, Some(1)))]),
+        ],
+        vec![],
+        vec![pending("big", "a", 0, 1, demand(1, 4, Some(A100))), pending("ok", "a", 0, 2, demand(1, 3, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    assert_eq!(admitted(&result), ["ok"], "2 own + 1 lent = 3, not 4");
+    assert!(matches!(reason_of(&result, "big"), PendingReason::CohortExhausted { lendable: 1, .. }), "{:?}", result);
+}
+
+#[test]
+fn the_tenant_using_less_of_its_share_goes_first() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![tenant("a", Some("c"), &[(A100, quota(8, None, None))]), tenant("b", Some("c"), &[(A100, quota(8, None, None))])],
+        vec![running("ra", "a", 0, A100, &["n1"], 7, 0)],
+        vec![pending("a2", "a", 5, 1, demand(1, 1, Some(A100))), pending("b1", "b", 0, 2, demand(1, 1, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    assert_eq!(admitted(&result), ["b1"], "b uses 0/8, a 7/8: b first, whatever a's priority");
+}
+
+#[test]
+fn within_a_tenant_priority_then_submission_order() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 2)],
+        vec![tenant("a", None, &[(A100, quota(8, None, None))])],
+        vec![],
+        vec![
+            pending("old", "a", 0, 1, demand(1, 1, Some(A100))),
+            pending("new", "a", 0, 2, demand(1, 1, Some(A100))),
+            pending("urgent", "a", 10, 3, demand(1, 1, Some(A100))),
+        ],
+    );
+    let result = admission_cycle(&snap);
+    assert_eq!(admitted(&result), ["urgent", "old"]);
+    let new = result.pending.iter().find(|p| p.job == id("new")).unwrap();
+    assert_eq!((new.tenant_position, new.cluster_position), (1, 1));
+}
+
+#[test]
+fn a_gang_is_admitted_whole_or_not_at_all() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8), node("n2", "r1", A100, 8)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["n1"], 5, 0), running("y", "a", 0, A100, &["n2"], 5, 0)],
+        vec![pending("gang", "a", 0, 1, demand(2, 4, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    assert!(result.admissions.is_empty(), "6 GPUs are free, but no node has 4");
+    assert!(matches!(reason_of(&result, "gang"), PendingReason::NoRoom { free_gpus: 6, .. }));
+}
+
+#[test]
+fn a_gang_takes_as_few_nodes_as_possible_in_one_rack() {
+    let snap = snapshot(
+        vec![
+            node("r1-a", "r1", A100, 8),
+            node("r1-b", "r1", A100, 8),
+            node("r2-a", "r2", A100, 8),
+            node("r2-b", "r2", A100, 8),
+        ],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["r1-a"], 4, 0), running("y", "a", 0, A100, &["r2-b"], 6, 0)],
+        vec![pending("gang", "a", 0, 1, demand(3, 4, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    let nodes = &result.admissions[0].nodes;
+    // r1 has 4 + 8 free (3 replicas), r2 has 8 + 2 (2 replicas): r1, two replicas on r1-b.
+    assert_eq!(nodes.iter().filter(|n| n.as_str() == "r1-b").count(), 2);
+    assert!(nodes.iter().all(|n| n.starts_with("r1")), "{nodes:?}");
+}
+
+#[test]
+fn a_small_job_goes_where_it_keeps_whole_nodes_free() {
+    let snap = snapshot(
+        vec![node("empty", "r1", A100, 8), node("busy", "r1", A100, 8)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["busy"], 6, 0)],
+        vec![pending("small", "a", 0, 1, demand(1, 2, Some(A100)))],
+    );
+    assert_eq!(admission_cycle(&snap).admissions[0].nodes, ["busy"]);
+}
+
+#[test]
+fn a_tenant_reclaims_its_nominal_quota_from_borrowers_lowest_priority_and_newest_first() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![tenant("a", Some("c"), &[(A100, quota(4, None, None))]), tenant("b", Some("c"), &[(A100, quota(4, None, None))])],
+        vec![
+            // b runs 8 (4 own, 4 borrowed from a).
+            running("b-old", "b", 0, A100, &["n1"], 2, 10),
+            running("b-new", "b", 0, A100, &["n1"], 2, 20),
+            running("b-high", "b", 5, A100, &["n1"], 2, 30),
+            running("b-mid", "b", 1, A100, &["n1"], 2, 40),
+        ],
+        vec![pending("a1", "a", 3, 1, demand(1, 2, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    assert!(result.admissions.is_empty());
+    let victims: Vec<String> = result.preemptions.iter().map(|p| name_of(p.victim)).collect();
+    assert_eq!(victims, ["b-new"], "the smallest set: one job of priority 0, the newer one");
+    assert_eq!(result.preemptions[0].kind, PreemptionKind::Reclaim);
+    assert_eq!(reason_of(&result, "a1"), PendingReason::WaitingForPreemption { victims: 1 });
+}
+
+#[test]
+fn reclaim_never_evicts_a_higher_priority_or_a_tenant_within_its_own_quota() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![tenant("a", Some("c"), &[(A100, quota(4, None, None))]), tenant("b", Some("c"), &[(A100, quota(4, None, None))])],
+        vec![running("b1", "b", 9, A100, &["n1"], 6, 10), running("b2", "b", 0, A100, &["n1"], 2, 20)],
+        vec![pending("a1", "a", 3, 1, demand(1, 4, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    // Freeing b2 (2 GPUs) is not enough; b1 has the higher priority: no preemption at all.
+    assert!(result.preemptions.is_empty(), "{:?}", result.preemptions);
+}
+
+#[test]
+fn within_a_tenant_higher_priority_preempts_lower_only_when_allowed() {
+    let build = |allowed: bool| {
+        let mut t = tenant("a", None, &[(A100, quota(8, None, None))]);
+        t.preempt_lower_priority = allowed;
+        snapshot(
+            vec![node("n1", "r1", A100, 8)],
+            vec![t],
+            vec![running("low", "a", 0, A100, &["n1"], 8, 10)],
+            vec![pending("high", "a", 5, 1, demand(1, 4, Some(A100)))],
+        )
+    };
+    let result = admission_cycle(&build(true));
+    assert_eq!(result.preemptions.iter().map(|p| name_of(p.victim)).collect::<Vec<_>>(), ["low"]);
+    assert_eq!(result.preemptions[0].kind, PreemptionKind::LowerPriority);
+    assert!(admission_cycle(&build(false)).preemptions.is_empty());
+}
+
+#[test]
+fn a_job_that_waited_long_holds_nodes_so_small_jobs_stop_overtaking_it() {
+    let mut snap = snapshot(
+        vec![node("n1", "r1", A100, 8), node("n2", "r1", H100, 8)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None)), (H100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["n1"], 4, 0)],
+        vec![
+            pending("big", "a", 5, 1, demand(1, 8, Some(A100))),
+            pending("small", "a", 0, 2, demand(1, 2, Some(A100))),
+            pending("other", "a", 0, 3, demand(1, 2, Some(H100))),
+        ],
+    );
+    // Not waited long yet: the small job backfills on the node the big one waits for.
+    assert_eq!(admitted(&admission_cycle(&snap)), ["small", "other"]);
+    snap.now += snap.settings.starvation_after_secs;
+    let result = admission_cycle(&snap);
+    assert_eq!(admitted(&result), ["other"], "the small job no longer overtakes; nodes the big one cannot use stay open");
+    assert_eq!(reason_of(&result, "small"), PendingReason::Reserved { for_job: id("big") });
+}
+
+#[test]
+fn a_job_no_node_can_hold_says_it_will_never_fit() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![],
+        vec![pending("huge", "a", 0, 1, demand(1, 16, Some(A100))), pending("h", "a", 0, 2, demand(1, 1, Some(H100)))],
+    );
+    let result = admission_cycle(&snap);
+    assert!(reason_of(&result, "huge").to_string().starts_with("no node has 16 GPUs of nvidia-a100-40gb"));
+    assert_eq!(reason_of(&result, "h"), PendingReason::NoQuota { flavor: H100.into() });
+}
+
+#[test]
+fn waiting_jobs_know_how_many_higher_priority_jobs_are_ahead() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 1)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["n1"], 1, 0)],
+        vec![pending("p9", "a", 9, 1, demand(1, 1, Some(A100))), pending("p1", "a", 1, 2, demand(1, 1, Some(A100)))],
+    );
+    let result = admission_cycle(&snap);
+    let p1 = result.pending.iter().find(|p| p.job == id("p1")).unwrap();
+    assert_eq!((p1.tenant_position, p1.behind_higher_priority), (2, 1));
+}
+
+#[test]
+fn estimates_follow_the_expected_ends_of_running_jobs() {
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["n1"], 8, 1_000_000)], // ends at 1_000_600
+        vec![pending("next", "a", 0, 1, demand(1, 8, Some(A100))), pending("after", "a", 0, 2, demand(1, 8, Some(A100)))],
+    );
+    let starts = estimate_starts(&snap);
+    assert_eq!(starts[&id("next")], Some(1_000_600));
+    assert_eq!(starts[&id("after")], Some(1_001_200), "after next's 600 s");
+
+    let answer = what_if(&snap, pending("probe", "a", 0, 3, demand(1, 4, Some(A100))));
+    assert!(!answer.admitted_now);
+    assert_eq!(answer.pending.as_ref().unwrap().tenant_position, 3);
+    assert_eq!(answer.estimated_start, Some(1_001_800));
+    let answer = what_if(&snap, pending("probe", "a", 99, 3, demand(1, 4, Some(A100))));
+    assert_eq!(answer.estimated_start, Some(1_000_600), "a higher priority goes first");
+}
