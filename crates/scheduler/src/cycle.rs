@@ -93,7 +93,8 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                     let nodes = state.reservation_for(&job.demand, flavor);
                     state.reserve(job.id, &nodes);
                 }
-                let behind = waiting_priorities.get(&tenant).map_or(0, |p| p.iter().filter(|&&p| p > job.priority).count());
+                let behind =
+                    waiting_priorities.get(&tenant).map_or(0, |p| p.iter().filter(|&&p| p > job.priority).count());
                 waiting_priorities.entry(tenant).or_default().push(job.priority);
                 result.pending.push(Pending {
                     job: job.id,
@@ -136,7 +137,13 @@ struct OrderKey {
 }
 
 fn order_key(state: &State<'_>, tenant: Uuid, job: &PendingJob) -> OrderKey {
-    OrderKey { share: dominant_share(state, tenant), priority: Reverse(job.priority), seq: job.seq, job: job.id, tenant }
+    OrderKey {
+        share: dominant_share(state, tenant),
+        priority: Reverse(job.priority),
+        seq: job.seq,
+        job: job.id,
+        tenant,
+    }
 }
 
 /// The tenant's weighted dominant share, in millionths: its largest usage over nominal quota.
@@ -208,7 +215,8 @@ fn try_admit(state: &mut State<'_>, job: &PendingJob) -> Result<Admission, (Pend
             best = Some(reason);
         }
     }
-    let unknown = || PendingReason::NoQuota { flavor: demand.gpu_type.clone().unwrap_or_else(|| "any GPU type".into()) };
+    let unknown =
+        || PendingReason::NoQuota { flavor: demand.gpu_type.clone().unwrap_or_else(|| "any GPU type".into()) };
     Err(best.unwrap_or_else(|| (unknown(), false)))
 }
 
@@ -231,7 +239,10 @@ fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId
     let name = flavor.map(|f| state.flavors[f].to_string());
     if !fits_empty {
         let what = match &name {
-            Some(f) => format!("{} GPUs of {f}, {} cpu millicores and {} bytes of memory", d.gpus, d.cpu_millis, d.memory_bytes),
+            Some(f) => format!(
+                "{} GPUs of {f}, {} cpu millicores and {} bytes of memory",
+                d.gpus, d.cpu_millis, d.memory_bytes
+            ),
             None => format!("{} cpu millicores and {} bytes of memory", d.cpu_millis, d.memory_bytes),
         };
         return PendingReason::NeverFits { detail: format!("no node has {what} for one replica") };

@@ -74,6 +74,7 @@ pub fn what_if(snap: &Snapshot, job: PendingJob) -> Estimate {
     let result = run_cycle(&with_job, CycleOptions::default());
     let admitted_now = result.admissions.iter().any(|a| a.job == id);
     let pending = result.pending.into_iter().find(|p| p.job == id);
-    let estimated_start = if admitted_now { Some(snap.now) } else { estimate_starts(&with_job).get(&id).copied().flatten() };
+    let estimated_start =
+        if admitted_now { Some(snap.now) } else { estimate_starts(&with_job).get(&id).copied().flatten() };
     Estimate { admitted_now, pending, estimated_start }
 }

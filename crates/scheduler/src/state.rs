@@ -80,11 +80,7 @@ impl<'a> State<'a> {
             buckets: vec![BTreeMap::new(); nf],
             flavor_free: vec![0; nf],
             tenant_index: snap.tenants.iter().enumerate().map(|(i, t)| (t.id, i)).collect(),
-            quotas: snap
-                .tenants
-                .iter()
-                .map(|t| names.iter().map(|f| t.quotas.get(*f).copied()).collect())
-                .collect(),
+            quotas: snap.tenants.iter().map(|t| names.iter().map(|f| t.quotas.get(*f).copied()).collect()).collect(),
             usage: vec![vec![0; nf]; snap.tenants.len()],
             pools: vec![vec![(0, 0); nf]; cohorts.len()],
             cohort_of,
@@ -272,7 +268,8 @@ impl<'a> State<'a> {
 
     /// How many replicas of `demand` node `i` holds now.
     fn fits_on(&self, i: usize, demand: &Demand) -> u32 {
-        let by = |free: u64, need: u64| if need == 0 { u32::MAX } else { (free / need).min(u64::from(u32::MAX)) as u32 };
+        let by =
+            |free: u64, need: u64| if need == 0 { u32::MAX } else { (free / need).min(u64::from(u32::MAX)) as u32 };
         by(u64::from(self.free_gpus[i]), u64::from(demand.gpus))
             .min(by(self.free_cpu[i], demand.cpu_millis))
             .min(by(self.free_mem[i], demand.memory_bytes))
@@ -360,7 +357,11 @@ fn greedy_fill(mut pool: Vec<(usize, u32)>, replicas: usize, free: impl Fn(usize
             .enumerate()
             .filter(|(_, (_, n))| *n >= remaining)
             .min_by_key(|(_, (i, n))| (*n, free(*i), *i))
-            .or_else(|| pool.iter().enumerate().max_by_key(|(_, (i, n))| (*n, std::cmp::Reverse(free(*i)), std::cmp::Reverse(*i))))
+            .or_else(|| {
+                pool.iter()
+                    .enumerate()
+                    .max_by_key(|(_, (i, n))| (*n, std::cmp::Reverse(free(*i)), std::cmp::Reverse(*i)))
+            })
             .map(|(k, _)| k)?;
         let (node, n) = pool.swap_remove(pick);
         for _ in 0..n.min(remaining) {

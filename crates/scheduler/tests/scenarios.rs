@@ -24,7 +24,10 @@ fn a_tenant_alone_stops_at_its_nominal_quota() {
     let result = admission_cycle(&snap);
     assert!(result.admissions.is_empty());
     let reason = reason_of(&result, "j");
-    assert_eq!(reason.to_string(), "tenant quota for nvidia-a100-40gb: 4 of 4 in use, may borrow 0 more; the job needs 1");
+    assert_eq!(
+        reason.to_string(),
+        "tenant quota for nvidia-a100-40gb: 4 of 4 in use, may borrow 0 more; the job needs 1"
+    );
 }
 
 #[test]
@@ -65,7 +68,10 @@ fn a_lending_limit_caps_what_others_borrow() {
 fn the_tenant_using_less_of_its_share_goes_first() {
     let snap = snapshot(
         vec![node("n1", "r1", A100, 8)],
-        vec![tenant("a", Some("c"), &[(A100, quota(8, None, None))]), tenant("b", Some("c"), &[(A100, quota(8, None, None))])],
+        vec![
+            tenant("a", Some("c"), &[(A100, quota(8, None, None))]),
+            tenant("b", Some("c"), &[(A100, quota(8, None, None))]),
+        ],
         vec![running("ra", "a", 0, A100, &["n1"], 7, 0)],
         vec![pending("a2", "a", 5, 1, demand(1, 1, Some(A100))), pending("b1", "b", 0, 2, demand(1, 1, Some(A100)))],
     );
@@ -139,7 +145,10 @@ fn a_small_job_goes_where_it_keeps_whole_nodes_free() {
 fn a_tenant_reclaims_its_nominal_quota_from_borrowers_lowest_priority_and_newest_first() {
     let snap = snapshot(
         vec![node("n1", "r1", A100, 8)],
-        vec![tenant("a", Some("c"), &[(A100, quota(4, None, None))]), tenant("b", Some("c"), &[(A100, quota(4, None, None))])],
+        vec![
+            tenant("a", Some("c"), &[(A100, quota(4, None, None))]),
+            tenant("b", Some("c"), &[(A100, quota(4, None, None))]),
+        ],
         vec![
             // b runs 8 (4 own, 4 borrowed from a).
             running("b-old", "b", 0, A100, &["n1"], 2, 10),
@@ -161,7 +170,10 @@ fn a_tenant_reclaims_its_nominal_quota_from_borrowers_lowest_priority_and_newest
 fn reclaim_never_evicts_a_higher_priority_or_a_tenant_within_its_own_quota() {
     let snap = snapshot(
         vec![node("n1", "r1", A100, 8)],
-        vec![tenant("a", Some("c"), &[(A100, quota(4, None, None))]), tenant("b", Some("c"), &[(A100, quota(4, None, None))])],
+        vec![
+            tenant("a", Some("c"), &[(A100, quota(4, None, None))]),
+            tenant("b", Some("c"), &[(A100, quota(4, None, None))]),
+        ],
         vec![running("b1", "b", 9, A100, &["n1"], 6, 10), running("b2", "b", 0, A100, &["n1"], 2, 20)],
         vec![pending("a1", "a", 3, 1, demand(1, 4, Some(A100)))],
     );
@@ -204,7 +216,11 @@ fn a_job_that_waited_long_holds_nodes_so_small_jobs_stop_overtaking_it() {
     assert_eq!(admitted(&admission_cycle(&snap)), ["small", "other"]);
     snap.now += snap.settings.starvation_after_secs;
     let result = admission_cycle(&snap);
-    assert_eq!(admitted(&result), ["other"], "the small job no longer overtakes; nodes the big one cannot use stay open");
+    assert_eq!(
+        admitted(&result),
+        ["other"],
+        "the small job no longer overtakes; nodes the big one cannot use stay open"
+    );
     assert_eq!(reason_of(&result, "small"), PendingReason::Reserved { for_job: id("big") });
 }
 
@@ -240,7 +256,10 @@ fn estimates_follow_the_expected_ends_of_running_jobs() {
         vec![node("n1", "r1", A100, 8)],
         vec![tenant("a", None, &[(A100, quota(64, None, None))])],
         vec![running("x", "a", 0, A100, &["n1"], 8, 1_000_000)], // ends at 1_000_600
-        vec![pending("next", "a", 0, 1, demand(1, 8, Some(A100))), pending("after", "a", 0, 2, demand(1, 8, Some(A100)))],
+        vec![
+            pending("next", "a", 0, 1, demand(1, 8, Some(A100))),
+            pending("after", "a", 0, 2, demand(1, 8, Some(A100))),
+        ],
     );
     let starts = estimate_starts(&snap);
     assert_eq!(starts[&id("next")], Some(1_000_600));

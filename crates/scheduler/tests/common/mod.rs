@@ -64,7 +64,15 @@ pub fn pending(name: &str, tenant: &str, priority: i32, seq: u64, demand: Demand
     }
 }
 
-pub fn running(name: &str, tenant: &str, priority: i32, flavor: &str, nodes: &[&str], gpus: u32, started: i64) -> RunningJob {
+pub fn running(
+    name: &str,
+    tenant: &str,
+    priority: i32,
+    flavor: &str,
+    nodes: &[&str],
+    gpus: u32,
+    started: i64,
+) -> RunningJob {
     RunningJob {
         id: id(name),
         tenant: id(tenant),
@@ -78,6 +86,11 @@ pub fn running(name: &str, tenant: &str, priority: i32, flavor: &str, nodes: &[&
     }
 }
 
-pub fn snapshot(nodes: Vec<Node>, tenants: Vec<TenantPolicy>, running: Vec<RunningJob>, pending: Vec<PendingJob>) -> Snapshot {
+pub fn snapshot(
+    nodes: Vec<Node>,
+    tenants: Vec<TenantPolicy>,
+    running: Vec<RunningJob>,
+    pending: Vec<PendingJob>,
+) -> Snapshot {
     Snapshot { now: 1_000_100, nodes, tenants, running, pending, settings: Settings::default() }
 }
