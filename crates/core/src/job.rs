@@ -100,6 +100,8 @@ pub struct ValidSubmission {
     pub priority: i32,
     pub max_restarts: u32,
     pub idempotency_key: Option<String>,
+    /// A typical run time, for start-time estimates (from the template).
+    pub expected_runtime_seconds: Option<u32>,
 }
 
 impl JobSubmission {
@@ -182,6 +184,7 @@ impl JobSubmission {
             priority: self.priority,
             max_restarts: self.max_restarts,
             idempotency_key: self.idempotency_key,
+            expected_runtime_seconds: None,
         })
     }
 }
@@ -295,13 +298,16 @@ impl JobState {
             (Starting, Failed),
             (Starting, Restarting),
             (Starting, Cancelled),
+            (Starting, Queued),
             (Running, Succeeded),
             (Running, Failed),
             (Running, Restarting),
             (Running, Cancelled),
+            (Running, Queued),
             (Restarting, Starting),
             (Restarting, Failed),
             (Restarting, Cancelled),
+            (Restarting, Queued),
         ]
     };
 

@@ -215,9 +215,15 @@ fn try_admit(state: &mut State<'_>, job: &PendingJob) -> Result<Admission, (Pend
             best = Some(reason);
         }
     }
-    let unknown =
-        || PendingReason::NoQuota { flavor: demand.gpu_type.clone().unwrap_or_else(|| "any GPU type".into()) };
-    Err(best.unwrap_or_else(|| (unknown(), false)))
+    let none_offered = || match &demand.gpu_type {
+        Some(flavor) => {
+            PendingReason::NeverFits { detail: format!("no node of the cluster has GPUs of type {flavor}") }
+        }
+        None => PendingReason::NeverFits {
+            detail: format!("no node of the cluster has GPUs; the job asks for {} per replica", demand.gpus),
+        },
+    };
+    Err(best.unwrap_or_else(|| (none_offered(), false)))
 }
 
 fn admission(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId>, nodes: &[usize]) -> Admission {

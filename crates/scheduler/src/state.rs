@@ -268,8 +268,7 @@ impl<'a> State<'a> {
 
     /// How many replicas of `demand` node `i` holds now.
     fn fits_on(&self, i: usize, demand: &Demand) -> u32 {
-        let by =
-            |free: u64, need: u64| if need == 0 { u32::MAX } else { (free / need).min(u64::from(u32::MAX)) as u32 };
+        let by = |free: u64, need: u64| free.checked_div(need).map_or(u32::MAX, |n| n.min(u64::from(u32::MAX)) as u32);
         by(u64::from(self.free_gpus[i]), u64::from(demand.gpus))
             .min(by(self.free_cpu[i], demand.cpu_millis))
             .min(by(self.free_mem[i], demand.memory_bytes))

@@ -44,7 +44,8 @@ fn trace(mut snap: Snapshot, rounds: usize, finish: &[&str]) -> String {
         let victims: BTreeSet<_> = result.preemptions.iter().map(|p| p.victim).collect();
         let mut requeued = Vec::new();
         snap.running.retain(|r| {
-            let keep = !victims.contains(&r.id) && !(round == 1 && finish.contains(&name_of(r.id).as_str()));
+            let finished = round == 1 && finish.contains(&name_of(r.id).as_str());
+            let keep = !(victims.contains(&r.id) || finished);
             if victims.contains(&r.id) {
                 requeued.push(PendingJob {
                     id: r.id,

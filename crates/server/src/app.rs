@@ -91,6 +91,8 @@ impl App {
         }
         .validate()?;
         valid.spec.template = spec.template;
+        valid.expected_runtime_seconds =
+            template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
         if dry_run {
             let values = serde_json::to_value(&values).map_err(Error::internal)?;
             return Ok(TemplateRunOutcome::DryRun(DryRun { name: valid.name, values, spec: valid.spec }));

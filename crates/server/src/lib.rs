@@ -15,6 +15,7 @@ pub mod error;
 pub mod extract;
 pub mod logs;
 pub mod reconciler;
+pub mod scheduling;
 pub mod templates;
 mod web;
 

@@ -20,14 +20,14 @@ use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
 use trainyard_core::job::JobState;
 use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaStatus};
-use trainyard_scheduler::{Capacity, Decision, PendingJob, Snapshot, admission_cycle};
+use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::reconcile::{AttemptEnd, UnfinishedJob};
 
+use crate::scheduling;
 use crate::templates::Templates;
 use uuid::Uuid;
 
-const ACTOR_SCHEDULER: &str = "scheduler";
 const ACTOR_EXECUTOR: &str = "executor";
 const ACTOR_RECONCILER: &str = "reconciler";
 
@@ -103,15 +103,13 @@ impl Reconciler {
                 ended.insert(job.id);
             }
         }
-        for job in jobs.iter().filter(|j| j.state == JobState::Restarting && j.cancel_requested) {
+        for job in
+            jobs.iter().filter(|j| j.state == JobState::Restarting && (j.cancel_requested || j.preempt_requested))
+        {
+            // Between attempts nothing runs: a cancel or a preemption takes effect at once.
+            let to = if job.cancel_requested { JobState::Cancelled } else { JobState::Queued };
             self.store
-                .job_transition(
-                    job.id,
-                    &[JobState::Restarting],
-                    JobState::Cancelled,
-                    ACTOR_RECONCILER,
-                    job.reason.as_deref(),
-                )
+                .job_transition(job.id, &[JobState::Restarting], to, ACTOR_RECONCILER, job.reason.as_deref())
                 .await?;
             ended.insert(job.id);
         }
@@ -153,7 +151,8 @@ impl Reconciler {
             ReplicaStatus::Lost => Some(REASON_LOST.to_string()),
         });
 
-        if running > 0 && (job.cancel_requested || failure.is_some()) {
+        let stopping = job.cancel_requested || job.preempt_requested;
+        if running > 0 && (stopping || failure.is_some()) {
             // Stop the attempt (cancelled, or one replica failed so the gang fails); its end is
             // recorded when no replica runs any more.
             self.stop(&attempt);
@@ -177,6 +176,9 @@ impl Reconciler {
             .collect();
         let (to, reason) = if job.cancel_requested {
             (JobState::Cancelled, job.reason.clone().unwrap_or_else(|| "cancelled".into()))
+        } else if job.preempt_requested {
+            // Back to the queue; the next attempt resumes from the job's last checkpoint.
+            (JobState::Queued, job.reason.clone().unwrap_or_else(|| "preempted".into()))
         } else if let Some(failure) = failure {
             if job.restart_count < job.max_restarts {
                 (JobState::Restarting, failure)
@@ -217,50 +219,38 @@ impl Reconciler {
         }
     }
 
-    /// Admits what fits, in queue order; returns the jobs admitted in this pass.
+    /// Runs an admission cycle: admits what the scheduler admits (with its placement), asks
+    /// preemption victims to stop, and keeps every waiting job's reason current. Returns the jobs
+    /// admitted in this pass.
     async fn admit<'a>(&self, jobs: &'a [UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<&'a UnfinishedJob>> {
-        let queue: Vec<&UnfinishedJob> = jobs.iter().filter(|j| j.state == JobState::Queued).collect();
-        if queue.is_empty() {
+        if !jobs.iter().any(|j| j.state == JobState::Queued) {
             return Ok(Vec::new());
         }
-        let inventory = self.executor.inventory();
-        let mut in_use = Capacity::default();
-        for job in jobs.iter().filter(|j| j.state.holds_capacity() && !ended.contains(&j.id)) {
-            let need = Capacity::of_job(&job.spec.resources, job.spec.replicas);
-            in_use.cpu_millis += need.cpu_millis;
-            in_use.memory_bytes += need.memory_bytes;
-            in_use.gpus += need.gpus;
-        }
-        let snapshot = Snapshot {
-            total: Capacity {
-                cpu_millis: inventory.cpu_millis,
-                memory_bytes: inventory.memory_bytes,
-                gpus: inventory.gpus.len() as u64,
-            },
-            in_use,
-            gpu_types: inventory.gpu_types(),
-            queue: queue
-                .iter()
-                .map(|j| PendingJob { id: j.id, resources: j.spec.resources.clone(), replicas: j.spec.replicas })
-                .collect(),
-        };
+        let tenants = scheduling::policies(&self.store.tenant_policies().await?);
+        let nodes = scheduling::nodes_of(&self.executor.inventory());
+        let snapshot = scheduling::snapshot(chrono::Utc::now(), nodes, tenants, jobs, ended);
+        let result = admission_cycle(&snapshot);
+        let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, j)).collect();
         let mut admitted = Vec::new();
-        for (decision, job) in admission_cycle(&snapshot).into_iter().zip(queue) {
-            match decision {
-                Decision::Admit(_) => {
-                    if self
-                        .store
-                        .job_transition(job.id, &[JobState::Queued], JobState::Admitted, ACTOR_SCHEDULER, None)
-                        .await?
-                    {
-                        admitted.push(job);
-                    }
-                }
-                Decision::Wait { reason, .. } => {
-                    if job.reason.as_deref() != Some(reason.as_str()) {
-                        self.store.job_pending_reason_set(job.id, &reason).await?;
-                    }
-                }
+        for admission in &result.admissions {
+            if self.store.job_admit(admission.job, admission.flavor.as_deref(), &admission.nodes).await? {
+                admitted.push(by_id[&admission.job]);
+            }
+        }
+        for preemption in &result.preemptions {
+            let why = match preemption.kind {
+                PreemptionKind::Reclaim => "to return borrowed quota to its owner",
+                PreemptionKind::LowerPriority => "for a higher-priority job of the same tenant",
+            };
+            let reason = format!("preempted {why} (job {})", preemption.for_job);
+            if self.store.job_preempt(preemption.victim, &reason).await? {
+                tracing::info!(victim = %preemption.victim, for_job = %preemption.for_job, ?preemption.kind, "preempting");
+            }
+        }
+        for pending in &result.pending {
+            let reason = pending.reason.to_string();
+            if by_id.get(&pending.job).is_some_and(|j| j.reason.as_deref() != Some(reason.as_str())) {
+                self.store.job_pending_reason_set(pending.job, &reason).await?;
             }
         }
         Ok(admitted)

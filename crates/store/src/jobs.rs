@@ -88,8 +88,8 @@ impl Store {
         let inserted = sqlx::query(
             "INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
                                idempotency_key, request_hash, created_by,
-                               template_name, template_version, template_digest, params)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                               template_name, template_version, template_digest, params, expected_runtime_seconds)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
              RETURNING id, state, created_at, updated_at",
         )
@@ -107,6 +107,7 @@ impl Store {
         .bind(template.as_ref().map(|t| &t.version))
         .bind(template.as_ref().map(|t| &t.digest))
         .bind(params)
+        .bind(job.expected_runtime_seconds.map(|s| s as i32))
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?;

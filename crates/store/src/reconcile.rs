@@ -24,7 +24,15 @@ pub struct UnfinishedJob {
     pub max_restarts: i32,
     pub restart_count: i32,
     pub cancel_requested: bool,
+    /// Someone (the scheduler) asked to stop it to make room; it returns to the queue.
+    pub preempt_requested: bool,
     pub created_at: DateTime<Utc>,
+    /// When it was last admitted (holding jobs only).
+    pub admitted_at: Option<DateTime<Utc>>,
+    /// The GPU type its quota is counted in, and the node of each replica, once admitted.
+    pub flavor: Option<String>,
+    pub assigned_nodes: Option<Vec<String>>,
+    pub expected_runtime_seconds: Option<i32>,
     /// The latest attempt, if the job was ever launched.
     pub attempt: Option<AttemptRecord>,
 }
@@ -37,8 +45,28 @@ pub struct AttemptRecord {
     pub ended: bool,
 }
 
-/// How many queued jobs one admission pass looks at: the head of the queue, not all of it.
-pub const QUEUE_WINDOW: i64 = 1000;
+/// How many queued jobs of each tenant one admission pass looks at: the head of every tenant's
+/// queue, so that fair share sees every tenant however long another's queue is.
+pub const QUEUE_WINDOW_PER_TENANT: i64 = 500;
+
+/// A tenant's scheduling policy and quotas, as stored.
+#[derive(Debug, Clone)]
+pub struct TenantPolicyRow {
+    pub id: Uuid,
+    pub name: String,
+    pub cohort: Option<String>,
+    pub weight: f64,
+    pub preempt_lower_priority: bool,
+    pub quotas: Vec<QuotaRow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaRow {
+    pub flavor: String,
+    pub nominal: i64,
+    pub borrowing_limit: Option<i64>,
+    pub lending_limit: Option<i64>,
+}
 
 impl Store {
     /// Every job that holds capacity or is being stopped, and the head of the queue in
@@ -47,7 +75,9 @@ impl Store {
         // language=PostgreSQL
         let rows = sqlx::query(
             "(SELECT j.id, j.tenant_id, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
-                     j.cancel_requested_at IS NOT NULL AS cancel_requested, j.created_at,
+                     j.cancel_requested_at IS NOT NULL AS cancel_requested,
+                     j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
+                     j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
                      a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended
               FROM jobs j
               LEFT JOIN LATERAL (SELECT attempt, placement, ended_at FROM job_attempts
@@ -55,12 +85,12 @@ impl Store {
               WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
              UNION ALL
              (SELECT j.id, j.tenant_id, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
-                     false, j.created_at, NULL, NULL, NULL
-              FROM jobs j WHERE j.state = 'queued'
-              ORDER BY j.priority DESC, j.id
-              LIMIT $1)",
+                     false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL
+              FROM tenants t
+              CROSS JOIN LATERAL (SELECT * FROM jobs q WHERE q.tenant_id = t.id AND q.state = 'queued'
+                                  ORDER BY q.priority DESC, q.id LIMIT $1) j)",
         )
-        .bind(QUEUE_WINDOW)
+        .bind(QUEUE_WINDOW_PER_TENANT)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
@@ -79,7 +109,12 @@ impl Store {
                     max_restarts: row.get("max_restarts"),
                     restart_count: row.get("restart_count"),
                     cancel_requested: row.get("cancel_requested"),
+                    preempt_requested: row.get("preempt_requested"),
                     created_at: row.get("created_at"),
+                    admitted_at: row.get("admitted_at"),
+                    flavor: row.get("flavor"),
+                    assigned_nodes: row.get("assigned_nodes"),
+                    expected_runtime_seconds: row.get("expected_runtime_seconds"),
                     attempt: attempt.map(|number| AttemptRecord {
                         number,
                         placement: row.get("placement"),
@@ -117,6 +152,92 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
+    /// Every tenant's scheduling policy and quotas.
+    pub async fn tenant_policies(&self) -> Result<Vec<TenantPolicyRow>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT t.id, t.name, t.cohort, t.weight, t.preempt_lower_priority,
+                    coalesce(json_agg(json_build_object('flavor', q.flavor, 'nominal', q.nominal,
+                             'borrowing_limit', q.borrowing_limit, 'lending_limit', q.lending_limit))
+                             FILTER (WHERE q.flavor IS NOT NULL), '[]') AS quotas
+             FROM tenants t LEFT JOIN quotas q ON q.tenant_id = t.id
+             GROUP BY t.id ORDER BY t.name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        rows.iter()
+            .map(|row| {
+                let quotas: Vec<serde_json::Value> =
+                    serde_json::from_value(row.get("quotas")).map_err(Error::internal)?;
+                Ok(TenantPolicyRow {
+                    id: row.get("id"),
+                    name: row.get("name"),
+                    cohort: row.get("cohort"),
+                    weight: row.get("weight"),
+                    preempt_lower_priority: row.get("preempt_lower_priority"),
+                    quotas: quotas
+                        .iter()
+                        .map(|q| QuotaRow {
+                            flavor: q["flavor"].as_str().unwrap_or_default().to_string(),
+                            nominal: q["nominal"].as_i64().unwrap_or(0),
+                            borrowing_limit: q["borrowing_limit"].as_i64(),
+                            lending_limit: q["lending_limit"].as_i64(),
+                        })
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// Admits a still-queued job with the scheduler's placement. False when it moved meanwhile.
+    pub async fn job_admit(&self, job_id: Uuid, flavor: Option<&str>, nodes: &[String]) -> Result<bool> {
+        // language=PostgreSQL
+        let result = sqlx::query(
+            "UPDATE jobs SET state = 'admitted', reason = NULL, last_actor = 'scheduler', flavor = $2,
+                             assigned_nodes = $3, preempt_requested_at = NULL
+             WHERE id = $1 AND state = 'queued'",
+        )
+        .bind(job_id)
+        .bind(flavor)
+        .bind(nodes)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Asks to stop a job so that another can start; the reconciler stops it and requeues it.
+    /// An admitted job that has not launched goes straight back to the queue.
+    pub async fn job_preempt(&self, job_id: Uuid, reason: &str) -> Result<bool> {
+        // language=PostgreSQL
+        let requeued = sqlx::query(
+            "UPDATE jobs SET state = 'queued', reason = $2, last_actor = 'scheduler', flavor = NULL, assigned_nodes = NULL
+             WHERE id = $1 AND state = 'admitted'",
+        )
+        .bind(job_id)
+        .bind(reason)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?
+        .rows_affected();
+        if requeued == 1 {
+            return Ok(true);
+        }
+        // language=PostgreSQL
+        let marked = sqlx::query(
+            "UPDATE jobs SET preempt_requested_at = coalesce(preempt_requested_at, now()), reason = $2
+             WHERE id = $1 AND state IN ('starting', 'running', 'restarting') AND cancel_requested_at IS NULL",
+        )
+        .bind(job_id)
+        .bind(reason)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?
+        .rows_affected();
+        Ok(marked == 1)
+    }
+
     /// Keeps a queued job's "why pending" up to date; writes only when it changed.
     pub async fn job_pending_reason_set(&self, job_id: Uuid, reason: &str) -> Result<()> {
         // language=PostgreSQL
@@ -137,6 +258,7 @@ impl Store {
         let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "UPDATE jobs SET state = 'starting', reason = NULL, last_actor = $2
              WHERE id = $1 AND state IN ('admitted', 'restarting') AND cancel_requested_at IS NULL
+               AND preempt_requested_at IS NULL
              RETURNING tenant_id",
         )
         .bind(job_id)
@@ -202,7 +324,11 @@ impl Store {
         let restart = i32::from(end.to == JobState::Restarting);
         // language=PostgreSQL
         let moved = sqlx::query(
-            "UPDATE jobs SET state = $2, reason = $3, last_actor = $4, restart_count = restart_count + $5
+            "UPDATE jobs SET state = $2, reason = $3, last_actor = $4, restart_count = restart_count + $5,
+                             -- back in the queue, a job holds nothing
+                             preempt_requested_at = CASE WHEN $2 = 'queued' THEN NULL ELSE preempt_requested_at END,
+                             flavor = CASE WHEN $2 = 'queued' THEN NULL ELSE flavor END,
+                             assigned_nodes = CASE WHEN $2 = 'queued' THEN NULL ELSE assigned_nodes END
              WHERE id = $1 AND state IN ('starting', 'running')",
         )
         .bind(end.job_id)

@@ -1,0 +1,126 @@
+//! The bridge between Postgres rows and the pure scheduler: builds a [`Snapshot`] from what the
+//! store holds and what the executor offers.
+
+use std::collections::{BTreeMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use trainyard_core::job::JobState;
+use trainyard_executor::Inventory;
+use trainyard_scheduler::{Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy};
+use trainyard_store::reconcile::{TenantPolicyRow, UnfinishedJob};
+use uuid::Uuid;
+
+/// The name of the local executor's machine as a scheduling node.
+pub const LOCAL_NODE: &str = "local";
+
+/// The executor's inventory as nodes. The local machine is one node; with GPUs of several types
+/// it becomes one node per type (a node has one GPU type), sharing CPU and memory evenly.
+pub fn nodes_of(inventory: &Inventory) -> Vec<Node> {
+    let mut by_type: BTreeMap<&str, u32> = BTreeMap::new();
+    for gpu in &inventory.gpus {
+        *by_type.entry(gpu.gpu_type.as_str()).or_default() += 1;
+    }
+    if by_type.is_empty() {
+        return vec![Node {
+            name: LOCAL_NODE.into(),
+            rack: None,
+            gpu_type: None,
+            gpus: 0,
+            cpu_millis: inventory.cpu_millis,
+            memory_bytes: inventory.memory_bytes,
+        }];
+    }
+    let parts = by_type.len() as u64;
+    by_type
+        .iter()
+        .enumerate()
+        .map(|(i, (gpu_type, count))| Node {
+            name: if i == 0 { LOCAL_NODE.into() } else { format!("{LOCAL_NODE}-{gpu_type}") },
+            rack: None,
+            gpu_type: Some(gpu_type.to_string()),
+            gpus: *count,
+            cpu_millis: inventory.cpu_millis / parts,
+            memory_bytes: inventory.memory_bytes / parts,
+        })
+        .collect()
+}
+
+pub fn policies(rows: &[TenantPolicyRow]) -> Vec<TenantPolicy> {
+    rows.iter()
+        .map(|t| TenantPolicy {
+            id: t.id,
+            name: t.name.clone(),
+            cohort: t.cohort.clone(),
+            weight: t.weight,
+            quotas: t
+                .quotas
+                .iter()
+                .map(|q| {
+                    let quota = Quota {
+                        nominal: q.nominal.max(0) as u64,
+                        borrowing_limit: q.borrowing_limit.map(|v| v.max(0) as u64),
+                        lending_limit: q.lending_limit.map(|v| v.max(0) as u64),
+                    };
+                    (q.flavor.clone(), quota)
+                })
+                .collect(),
+            preempt_lower_priority: t.preempt_lower_priority,
+        })
+        .collect()
+}
+
+fn demand_of(job: &UnfinishedJob) -> Demand {
+    let r = &job.spec.resources;
+    Demand {
+        replicas: job.spec.replicas,
+        gpus: r.gpus,
+        gpu_type: r.gpu_type.clone(),
+        cpu_millis: r.cpu.millis(),
+        memory_bytes: r.memory.bytes(),
+    }
+}
+
+fn seconds(at: DateTime<Utc>) -> i64 {
+    at.timestamp()
+}
+
+/// The snapshot the scheduler decides on. Jobs in `ended` (finished in this pass) hold nothing.
+pub fn snapshot(
+    now: DateTime<Utc>,
+    nodes: Vec<Node>,
+    tenants: Vec<TenantPolicy>,
+    jobs: &[UnfinishedJob],
+    ended: &HashSet<Uuid>,
+) -> Snapshot {
+    let default_node = nodes.first().map(|n| n.name.clone()).unwrap_or_else(|| LOCAL_NODE.into());
+    let running = jobs
+        .iter()
+        .filter(|j| j.state.holds_capacity() && !ended.contains(&j.id))
+        .map(|j| RunningJob {
+            id: j.id,
+            tenant: j.tenant_id,
+            priority: j.priority,
+            demand: demand_of(j),
+            flavor: j.flavor.clone(),
+            nodes: j.assigned_nodes.clone().unwrap_or_else(|| vec![default_node.clone(); j.spec.replicas as usize]),
+            started_at: seconds(j.admitted_at.unwrap_or(j.created_at)),
+            expected_runtime: j.expected_runtime_seconds.map(i64::from),
+            stopping: j.cancel_requested || j.preempt_requested,
+        })
+        .collect();
+    let pending = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Queued)
+        .map(|j| PendingJob {
+            id: j.id,
+            tenant: j.tenant_id,
+            priority: j.priority,
+            // Time-ordered ids: submission order.
+            seq: j.created_at.timestamp_micros().max(0) as u64,
+            submitted_at: seconds(j.created_at),
+            demand: demand_of(j),
+            expected_runtime: j.expected_runtime_seconds.map(i64::from),
+        })
+        .collect();
+    Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default() }
+}
