@@ -6,6 +6,7 @@ mod dev;
 mod input;
 mod jobs;
 mod recovery;
+mod scheduling;
 mod schema;
 mod templates;
 mod tenancy;

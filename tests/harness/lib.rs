@@ -61,16 +61,23 @@ impl TestDb {
 pub struct ServerProcess {
     child: Child,
     pub url: String,
+    extra: Vec<String>,
 }
 
 impl ServerProcess {
     pub fn start(db_url: &str, data_dir: &Path) -> ServerProcess {
+        ServerProcess::start_with(db_url, data_dir, &[])
+    }
+
+    /// Starts with extra `trainyard serve` arguments (e.g. `--simulate-gpus 8`).
+    pub fn start_with(db_url: &str, data_dir: &Path, extra: &[&str]) -> ServerProcess {
         std::fs::create_dir_all(data_dir).unwrap();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(data_dir.join("server.log")).unwrap();
         let mut child = Command::new(bin("trainyard"))
             .args(["serve", "--listen", "127.0.0.1:0", "--cpus", "8", "--grace-seconds", "2", "--max-connections", "8"])
             .arg("--data-dir")
             .arg(data_dir)
+            .args(extra)
             .env("TRAINYARD_DATABASE_URL", db_url)
             .env("RUST_LOG", "info,sqlx=warn")
             .stdout(Stdio::piped())
@@ -94,7 +101,7 @@ impl ServerProcess {
         };
         // Keep reading so that the server never writes into a closed pipe.
         std::thread::spawn(move || lines.for_each(drop));
-        ServerProcess { child, url }
+        ServerProcess { child, url, extra: extra.iter().map(|s| s.to_string()).collect() }
     }
 
     /// SIGKILL: the server dies without any cleanup, as in a crash.
@@ -128,6 +135,11 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn start() -> TestEnv {
+        TestEnv::start_with(&[]).await
+    }
+
+    /// A server started with extra `trainyard serve` arguments.
+    pub async fn start_with(extra: &[&str]) -> TestEnv {
         let db = TestDb::fresh().await;
         let dir = tempfile::Builder::new().prefix("trainyard-test-").tempdir().unwrap();
         let output = Command::new(bin("trainyard"))
@@ -137,7 +149,7 @@ impl TestEnv {
             .expect("run trainyard bootstrap");
         assert!(output.status.success(), "bootstrap failed: {}", String::from_utf8_lossy(&output.stderr));
         let admin_token = String::from_utf8(output.stdout).unwrap().trim().to_string();
-        let server = ServerProcess::start(&db.url, &dir.path().join("data"));
+        let server = ServerProcess::start_with(&db.url, &dir.path().join("data"), extra);
         TestEnv { db, dir, server, admin_token, http: reqwest::Client::new() }
     }
 
@@ -147,7 +159,9 @@ impl TestEnv {
 
     pub fn restart_after_crash(&mut self) {
         self.server.kill_hard();
-        self.server = ServerProcess::start(&self.db.url, &self.data_dir());
+        let extra: Vec<String> = self.server.extra.clone();
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        self.server = ServerProcess::start_with(&self.db.url, &self.data_dir(), &extra);
     }
 
     /// Sends a request; returns the status and the JSON body (Null when there is none).
@@ -188,9 +202,14 @@ impl TestEnv {
 
     /// Polls a job until `done` says so; panics with the last state after `timeout`.
     pub async fn wait_job(&self, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
+        self.wait_job_as(&self.admin_token, id, timeout, done).await
+    }
+
+    /// [`TestEnv::wait_job`] with the token of the job's tenant.
+    pub async fn wait_job_as(&self, token: &str, id: &str, timeout: Duration, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            let (status, job) = self.get(&format!("/api/v1/jobs/{id}"), &self.admin_token).await;
+            let (status, job) = self.get(&format!("/api/v1/jobs/{id}"), token).await;
             assert_eq!(status, StatusCode::OK, "{job}");
             if done(&job) {
                 return job;

@@ -43,6 +43,17 @@ impl Client {
         decode(self.send(self.request(Method::POST, path).json(body)).await?).await
     }
 
+    /// PUT or PATCH with a JSON body; the answer's body (if any) is not needed.
+    pub async fn put<B: Serialize>(&self, path: &str, body: &B) -> anyhow::Result<()> {
+        self.send(self.request(Method::PUT, path).json(body)).await?;
+        Ok(())
+    }
+
+    pub async fn patch<B: Serialize>(&self, path: &str, body: &B) -> anyhow::Result<()> {
+        self.send(self.request(Method::PATCH, path).json(body)).await?;
+        Ok(())
+    }
+
     pub async fn delete(&self, path: &str) -> anyhow::Result<()> {
         self.send(self.request(Method::DELETE, path)).await?;
         Ok(())

@@ -15,8 +15,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use trainyard_core::api::{
-    Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded, TemplateRun, Tenant, TenantCreate,
-    TokenCreate, TokenCreated, TokenInfo,
+    Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded, QuotaReport, QuotaSet, Schedule,
+    TemplateRun, Tenant, TenantCreate, TenantPolicyUpdate, TokenCreate, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::Role;
 use trainyard_core::job::{JobState, JobSubmission};
@@ -93,6 +93,8 @@ enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Your tenant's GPU quotas and usage: nominal, used, borrowed, lent.
+    Quota,
     /// Your API tokens.
     Tokens {
         #[command(subcommand)]
@@ -135,6 +137,9 @@ struct SubmitArgs {
     /// Makes a retried submit return the first job instead of a second one.
     #[arg(long)]
     idempotency_key: Option<String>,
+    /// Say whether it would start now, or its queue position and estimated start; submit nothing.
+    #[arg(long)]
+    what_if: bool,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -151,8 +156,11 @@ struct RunArgs {
     #[arg(short = 'f', long = "file", value_name = "PARAMS.yaml")]
     file: Option<std::path::PathBuf>,
     /// Show the exact spec the job would run; queue nothing.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "what_if")]
     dry_run: bool,
+    /// Say whether it would start now, or its queue position and estimated start; queue nothing.
+    #[arg(long)]
+    what_if: bool,
     /// Wait for the job to end; exit 0 only if it succeeded.
     #[arg(long)]
     wait: bool,
@@ -217,6 +225,31 @@ enum AdminCommand {
     TenantCreate { name: String },
     /// List tenants (platform admins).
     Tenants,
+    /// Set a tenant's quota for one GPU type (platform admins).
+    QuotaSet {
+        tenant: String,
+        flavor: String,
+        #[arg(long)]
+        nominal: u64,
+        /// How many more it may borrow from its cohort (default: no limit).
+        #[arg(long)]
+        borrow: Option<u64>,
+        /// How many of its idle GPUs others may borrow (default: all).
+        #[arg(long)]
+        lend: Option<u64>,
+    },
+    /// Put a tenant in a cohort, set its fair-share weight or preemption policy (platform admins).
+    TenantSet {
+        tenant: String,
+        /// Cohort to join ("" to leave).
+        #[arg(long)]
+        cohort: Option<String>,
+        #[arg(long)]
+        weight: Option<f64>,
+        /// Let its higher-priority jobs preempt its lower-priority ones.
+        #[arg(long)]
+        preempt_lower_priority: Option<bool>,
+    },
     /// Add a user to a tenant with a role, and print their first token.
     MemberAdd {
         tenant: String,
@@ -277,6 +310,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 )
             })
         }
+        Command::Submit(args) if args.what_if => {
+            let submission = submission_of(args)?;
+            let schedule: Schedule = client.post("/api/v1/jobs/what-if", &submission).await?;
+            output::print(out, &schedule, output::schedule)
+        }
         Command::Submit(args) => {
             let submission = submission_of(args)?;
             let job: Job = client.post("/api/v1/jobs", &submission).await?;
@@ -296,8 +334,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let attempts: Vec<JobAttempt> = client.get(&format!("/api/v1/jobs/{id}/attempts")).await?;
             let events: Vec<JobEvent> = client.get(&format!("/api/v1/jobs/{id}/events")).await?;
             let outputs: serde_json::Value = client.get(&format!("/api/v1/jobs/{id}/outputs")).await?;
-            let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events, "outputs": outputs });
-            output::print(out, &detail, |_| output::job_detail(&job, &attempts, &events, &outputs))
+            let schedule: Option<Schedule> = client.get(&format!("/api/v1/jobs/{id}/schedule")).await?;
+            let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events, "outputs": outputs, "schedule": schedule });
+            output::print(out, &detail, |_| {
+                let waiting = schedule.as_ref().map(output::schedule).unwrap_or_default();
+                format!("{}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
+            })
         }
         Command::Logs { id, replica, attempt, follow } => {
             let mut query = vec![("replica", replica.to_string()), ("follow", follow.to_string())];
@@ -334,6 +376,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 max_restarts: args.max_restarts,
                 idempotency_key: args.idempotency_key,
             };
+            if args.what_if {
+                let schedule = templates::what_if(&client, &args.template, &run).await?;
+                return output::print(out, &schedule, output::schedule);
+            }
             match templates::run(&client, &args.template, &run, args.dry_run).await? {
                 templates::RunResult::DryRun(dry) => {
                     println!("{}", serde_json::to_string_pretty(&dry)?);
@@ -367,6 +413,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let metrics: JobMetrics = client.get(&path).await?;
             output::print(out, &metrics, |m| output::metrics(m, name.is_some()))
+        }
+        Command::Quota => {
+            let report: QuotaReport = client.get("/api/v1/quota").await?;
+            output::print(out, &report, output::quota)
+        }
+        Command::Admin { command: AdminCommand::QuotaSet { tenant, flavor, nominal, borrow, lend } } => {
+            let body = QuotaSet { nominal, borrowing_limit: borrow, lending_limit: lend };
+            client.put(&format!("/api/v1/admin/tenants/{tenant}/quotas/{flavor}"), &body).await?;
+            eprintln!("quota of {tenant} for {flavor}: nominal {nominal}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Admin { command: AdminCommand::TenantSet { tenant, cohort, weight, preempt_lower_priority } } => {
+            let body = TenantPolicyUpdate { cohort, weight, preempt_lower_priority };
+            client.patch(&format!("/api/v1/admin/tenants/{tenant}"), &body).await?;
+            eprintln!("updated {tenant}");
+            Ok(ExitCode::SUCCESS)
         }
         Command::Tokens { command: TokensCommand::Ls } => {
             let tokens: Vec<TokenInfo> = client.get("/api/v1/tokens").await?;

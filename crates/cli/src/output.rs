@@ -6,7 +6,9 @@ use chrono::{DateTime, Utc};
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};
 use serde::Serialize;
-use trainyard_core::api::{Job, JobAttempt, JobEvent, JobMetrics, JobPage, TemplateDetail, TemplateSummary, TokenInfo};
+use trainyard_core::api::{
+    Job, JobAttempt, JobEvent, JobMetrics, JobPage, QuotaReport, Schedule, TemplateDetail, TemplateSummary, TokenInfo,
+};
 
 use crate::Output;
 
@@ -230,6 +232,59 @@ pub fn sparkline(values: &[f64], width: usize) -> String {
         .iter()
         .map(|v| if hi > lo { BARS[(((v - lo) / (hi - lo)) * 7.0).round() as usize] } else { BARS[3] })
         .collect()
+}
+
+/// "Would start now", or why it waits, where, and until when.
+pub fn schedule(schedule: &Schedule) -> String {
+    if schedule.admitted_now {
+        return "would start now\n".to_string();
+    }
+    let mut text = String::new();
+    if let Some(reason) = &schedule.reason {
+        text.push_str(&format!("waiting:  {reason}\n"));
+    }
+    if let (Some(tenant), Some(cluster)) = (schedule.tenant_position, schedule.cluster_position) {
+        text.push_str(&format!("position: {tenant} in your tenant's queue, {cluster} in the cluster's"));
+        if schedule.behind_higher_priority > 0 {
+            text.push_str(&format!(" (behind {} of higher priority)", schedule.behind_higher_priority));
+        }
+        text.push('\n');
+    }
+    match schedule.estimated_start {
+        Some(at) => text.push_str(&format!("estimate: starts around {}\n", when(at))),
+        None => text.push_str("estimate: no start within the horizon of running jobs' expected ends\n"),
+    }
+    text
+}
+
+pub fn quota(report: &QuotaReport) -> String {
+    let text = format!(
+        "tenant {} (cohort {}, weight {})\n",
+        report.tenant,
+        report.cohort.as_deref().unwrap_or("none"),
+        report.weight
+    );
+    let mut t = table(&["GPU TYPE", "NOMINAL", "USED", "BORROWED", "LENT", "BORROW LIMIT", "LEND LIMIT", "USE"]);
+    for f in &report.flavors {
+        let limit = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        t.add_row(vec![
+            f.flavor.clone(),
+            f.nominal.to_string(),
+            f.used.to_string(),
+            f.borrowed.to_string(),
+            f.lent.to_string(),
+            limit(f.borrowing_limit),
+            limit(f.lending_limit),
+            bar(f.used, f.nominal.max(f.used).max(1), 20),
+        ]);
+    }
+    format!("{text}{t}\n")
+}
+
+/// `used` of `total` as a bar of `width` cells.
+fn bar(used: u64, total: u64, width: usize) -> String {
+    let filled = ((used as f64 / total as f64) * width as f64).round() as usize;
+    format!("{}{}", "█".repeat(filled.min(width)), "░".repeat(width - filled.min(width)))
 }
 
 #[cfg(test)]

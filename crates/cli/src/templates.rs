@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use base64::Engine;
 use serde_json::Value;
-use trainyard_core::api::{DryRun, Job, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload};
+use trainyard_core::api::{DryRun, Job, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload};
 use trainyard_templates::{Bundle, MANIFEST_FILE, Template};
 
 use crate::client::Client;
@@ -65,6 +65,11 @@ pub fn params_of(file: Option<&Path>, sets: &[String]) -> anyhow::Result<serde_j
 pub enum RunResult {
     DryRun(DryRun),
     Job(Job),
+}
+
+pub async fn what_if(client: &Client, reference: &str, run: &TemplateRun) -> anyhow::Result<Schedule> {
+    let (name, _) = split_reference(reference);
+    client.post(&format!("/api/v1/templates/{name}/jobs?what_if=true"), run).await
 }
 
 pub async fn run(client: &Client, reference: &str, run: &TemplateRun, dry_run: bool) -> anyhow::Result<RunResult> {

@@ -294,3 +294,72 @@ pub struct JobOutput {
     #[schema(value_type = Object)]
     pub value: serde_json::Value,
 }
+
+/// A tenant's quotas and what it uses of them, per GPU type.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct QuotaReport {
+    pub tenant: String,
+    /// Tenants of one cohort lend each other idle quota.
+    pub cohort: Option<String>,
+    pub weight: f64,
+    pub flavors: Vec<FlavorUsage>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FlavorUsage {
+    pub flavor: String,
+    pub nominal: u64,
+    pub borrowing_limit: Option<u64>,
+    pub lending_limit: Option<u64>,
+    /// GPUs held by the tenant's admitted and running jobs.
+    pub used: u64,
+    /// Of `used`, what is beyond nominal (taken from the cohort).
+    pub borrowed: u64,
+    /// Of the tenant's idle nominal, what others in the cohort use now.
+    pub lent: u64,
+}
+
+/// Sets a tenant's quota for one GPU type.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSet {
+    /// Guaranteed GPUs.
+    pub nominal: u64,
+    /// How many more it may borrow from its cohort; no limit when absent.
+    #[serde(default)]
+    pub borrowing_limit: Option<u64>,
+    /// How many of its idle GPUs others may borrow; all when absent.
+    #[serde(default)]
+    pub lending_limit: Option<u64>,
+}
+
+/// Changes a tenant's scheduling policy; absent fields stay as they are.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TenantPolicyUpdate {
+    /// The cohort to join; "" leaves any cohort.
+    #[serde(default)]
+    pub cohort: Option<String>,
+    /// Fair-share weight (default 1).
+    #[serde(default)]
+    pub weight: Option<f64>,
+    /// Whether its higher-priority jobs may preempt its lower-priority ones.
+    #[serde(default)]
+    pub preempt_lower_priority: Option<bool>,
+}
+
+/// Where a waiting job stands: why it waits, its positions, and when it should start.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Schedule {
+    /// Admitted by the very next admission cycle.
+    pub admitted_now: bool,
+    pub reason: Option<String>,
+    /// 1-based, among the tenant's waiting jobs.
+    pub tenant_position: Option<usize>,
+    /// 1-based, among all waiting jobs, in the order the scheduler considers them.
+    pub cluster_position: Option<usize>,
+    /// Higher-priority jobs of the same tenant waiting ahead.
+    pub behind_higher_priority: usize,
+    /// Estimated from the expected ends of running jobs; absent when beyond the horizon.
+    pub estimated_start: Option<DateTime<Utc>>,
+}

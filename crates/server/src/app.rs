@@ -6,8 +6,9 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use trainyard_core::api::{
-    DryRun, Job, JobAttempt, JobEvent, JobMetrics, JobOutput, JobPage, MemberAdd, MemberAdded, MetricBatch,
-    TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload, Tenant, TokenCreated, TokenInfo,
+    DryRun, FlavorUsage, Job, JobAttempt, JobEvent, JobMetrics, JobOutput, JobPage, MemberAdd, MemberAdded,
+    MetricBatch, QuotaReport, QuotaSet, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload, Tenant,
+    TenantPolicyUpdate, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
@@ -36,7 +37,18 @@ pub struct App {
 /// What a template run did.
 pub enum TemplateRunOutcome {
     DryRun(DryRun),
+    WhatIf(Schedule),
     Submitted(Submitted),
+}
+
+/// How far a template run goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    Submit,
+    /// Render and check; return the spec.
+    DryRun,
+    /// Render and check; say when it would start.
+    WhatIf,
 }
 
 /// The most points one metrics request may carry.
@@ -64,7 +76,7 @@ impl App {
         caller: &Caller,
         template: &str,
         run: TemplateRun,
-        dry_run: bool,
+        mode: RunMode,
     ) -> Result<TemplateRunOutcome> {
         caller.authorize(Action::WriteJobs)?;
         let request_hash = {
@@ -93,7 +105,11 @@ impl App {
         valid.spec.template = spec.template;
         valid.expected_runtime_seconds =
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
-        if dry_run {
+        if mode == RunMode::WhatIf {
+            let schedule = self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await?;
+            return Ok(TemplateRunOutcome::WhatIf(schedule));
+        }
+        if mode == RunMode::DryRun {
             let values = serde_json::to_value(&values).map_err(Error::internal)?;
             return Ok(TemplateRunOutcome::DryRun(DryRun { name: valid.name, values, spec: valid.spec }));
         }
@@ -250,5 +266,160 @@ impl App {
             .member_add(tenant, &member.user, member.role, false, &member.token_name, member.expires_in_days)
             .await?;
         Ok(MemberAdded { user: member.user, tenant: tenant.to_string(), role: member.role, token })
+    }
+}
+
+/// Scheduling: quotas, positions, estimates, what-if.
+impl App {
+    /// The scheduler's view right now (what the next admission cycle would see).
+    async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
+        let jobs = self.store.jobs_unfinished().await?;
+        let tenants = crate::scheduling::policies(&self.store.tenant_policies().await?);
+        let nodes = crate::scheduling::nodes_of(&self.executor.inventory());
+        Ok(crate::scheduling::snapshot(chrono::Utc::now(), nodes, tenants, &jobs, &Default::default()))
+    }
+
+    /// Why a queued job waits, where it stands, and when it should start.
+    pub async fn job_schedule(&self, caller: &Caller, job_id: Uuid) -> Result<Option<Schedule>> {
+        caller.authorize(Action::ReadJobs)?;
+        let job = self.store.job_get(caller.tenant_id, job_id).await?;
+        if job.state != trainyard_core::job::JobState::Queued {
+            return Ok(None);
+        }
+        let snapshot = self.scheduling_snapshot().await?;
+        let result = trainyard_scheduler::run_cycle(&snapshot, Default::default());
+        let admitted_now = result.admissions.iter().any(|a| a.job == job_id);
+        let pending = result.pending.iter().find(|p| p.job == job_id);
+        let estimate = if admitted_now {
+            Some(snapshot.now)
+        } else {
+            trainyard_scheduler::estimate_starts(&snapshot).get(&job_id).copied().flatten()
+        };
+        Ok(Some(schedule_of(admitted_now, pending, estimate)))
+    }
+
+    /// What would happen to a job submitted now. Checks it like a submit; queues nothing.
+    pub async fn job_what_if(&self, caller: &Caller, submission: JobSubmission) -> Result<Schedule> {
+        caller.authorize(Action::WriteJobs)?;
+        let valid = submission.validate()?;
+        self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await
+    }
+
+    pub(crate) async fn what_if_of(
+        &self,
+        caller: &Caller,
+        spec: &trainyard_core::job::JobSpec,
+        priority: i32,
+        expected_runtime: Option<u32>,
+    ) -> Result<Schedule> {
+        let snapshot = self.scheduling_snapshot().await?;
+        let now = snapshot.now;
+        let probe = trainyard_scheduler::PendingJob {
+            id: Uuid::now_v7(),
+            tenant: caller.tenant_id,
+            priority,
+            seq: u64::MAX,
+            submitted_at: now,
+            demand: trainyard_scheduler::Demand {
+                replicas: spec.replicas,
+                gpus: spec.resources.gpus,
+                gpu_type: spec.resources.gpu_type.clone(),
+                cpu_millis: spec.resources.cpu.millis(),
+                memory_bytes: spec.resources.memory.bytes(),
+            },
+            expected_runtime: expected_runtime.map(i64::from),
+        };
+        let answer = trainyard_scheduler::what_if(&snapshot, probe);
+        Ok(schedule_of(answer.admitted_now, answer.pending.as_ref(), answer.estimated_start))
+    }
+
+    /// The caller's tenant: quotas and usage per GPU type.
+    pub async fn quota_report(&self, caller: &Caller) -> Result<QuotaReport> {
+        caller.authorize(Action::ReadJobs)?;
+        let policies = self.store.tenant_policies().await?;
+        let snapshot = self.scheduling_snapshot().await?;
+        let mine =
+            policies.iter().find(|t| t.id == caller.tenant_id).ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        let used = |tenant: Uuid, flavor: &str| -> u64 {
+            snapshot
+                .running
+                .iter()
+                .filter(|r| r.tenant == tenant && r.flavor.as_deref() == Some(flavor))
+                .map(|r| r.demand.total_gpus())
+                .sum()
+        };
+        let flavors = mine
+            .quotas
+            .iter()
+            .map(|q| {
+                let nominal = q.nominal.max(0) as u64;
+                let mine_used = used(mine.id, &q.flavor);
+                // What the cohort borrows is attributed to its lenders in name order.
+                let mut lent = 0;
+                if mine.cohort.is_some() {
+                    let members: Vec<&trainyard_store::reconcile::TenantPolicyRow> =
+                        policies.iter().filter(|t| t.cohort == mine.cohort).collect();
+                    let quota_of = |t: &trainyard_store::reconcile::TenantPolicyRow| {
+                        t.quotas.iter().find(|x| x.flavor == q.flavor).cloned()
+                    };
+                    let mut borrowed: u64 = members
+                        .iter()
+                        .map(|t| {
+                            used(t.id, &q.flavor).saturating_sub(quota_of(t).map_or(0, |x| x.nominal.max(0) as u64))
+                        })
+                        .sum();
+                    for member in members {
+                        let Some(quota) = quota_of(member) else { continue };
+                        let idle = (quota.nominal.max(0) as u64).saturating_sub(used(member.id, &q.flavor));
+                        let lendable = quota.lending_limit.map_or(idle, |l| idle.min(l.max(0) as u64));
+                        let share = lendable.min(borrowed);
+                        borrowed -= share;
+                        if member.id == mine.id {
+                            lent = share;
+                        }
+                    }
+                }
+                FlavorUsage {
+                    flavor: q.flavor.clone(),
+                    nominal,
+                    borrowing_limit: q.borrowing_limit.map(|v| v.max(0) as u64),
+                    lending_limit: q.lending_limit.map(|v| v.max(0) as u64),
+                    used: mine_used,
+                    borrowed: mine_used.saturating_sub(nominal),
+                    lent,
+                }
+            })
+            .collect();
+        Ok(QuotaReport { tenant: mine.name.clone(), cohort: mine.cohort.clone(), weight: mine.weight, flavors })
+    }
+
+    pub async fn quota_set(&self, caller: &Caller, tenant: &str, flavor: &str, quota: QuotaSet) -> Result<()> {
+        caller.require_platform_admin()?;
+        self.store.quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit).await?;
+        self.reconciler_wake.notify_one();
+        Ok(())
+    }
+
+    pub async fn tenant_policy_set(&self, caller: &Caller, tenant: &str, update: TenantPolicyUpdate) -> Result<()> {
+        caller.require_platform_admin()?;
+        if update.weight.is_some_and(|w| !w.is_finite()) {
+            return Err(Error::invalid("weight", "must be a number"));
+        }
+        self.store
+            .tenant_policy_set(tenant, update.cohort.as_deref(), update.weight, update.preempt_lower_priority)
+            .await?;
+        self.reconciler_wake.notify_one();
+        Ok(())
+    }
+}
+
+fn schedule_of(admitted_now: bool, pending: Option<&trainyard_scheduler::Pending>, estimate: Option<i64>) -> Schedule {
+    Schedule {
+        admitted_now,
+        reason: pending.map(|p| p.reason.to_string()),
+        tenant_position: pending.map(|p| p.tenant_position),
+        cluster_position: pending.map(|p| p.cluster_position),
+        behind_higher_priority: pending.map_or(0, |p| p.behind_higher_priority),
+        estimated_start: estimate.and_then(|s| chrono::DateTime::from_timestamp(s, 0)),
     }
 }

@@ -24,20 +24,40 @@ pub const DRAIN: Duration = Duration::from_secs(10);
 pub struct DevOptions {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
+    pub local: LocalExecutorArgs,
+}
+
+/// Settings of the local executor, shared by `trainyard dev` and `trainyard serve`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LocalExecutorArgs {
+    /// CPU cores offered to jobs (default: this machine's).
+    #[arg(long)]
     pub cpus: Option<f64>,
+    /// Offer this many simulated GPUs instead of the machine's, to try quotas and scheduling
+    /// where there are none (replicas see indices in CUDA_VISIBLE_DEVICES but no device).
+    #[arg(long)]
+    pub simulate_gpus: Option<u32>,
+    /// The type of the simulated GPUs.
+    #[arg(long, default_value = "simulated-gpu")]
+    pub simulate_gpu_type: String,
 }
 
 /// A server with the local executor, its job folders under `data_dir`.
 pub fn local_server(
     store: Store,
     data_dir: &Path,
-    cpus: Option<f64>,
+    local: &LocalExecutorArgs,
     settings: ReconcilerSettings,
 ) -> anyhow::Result<Server> {
     let supervisor = std::env::current_exe().context("finding the trainyard binary to supervise replicas")?;
-    let executor =
-        LocalExecutor::new(LocalConfig { data_dir: data_dir.to_path_buf(), supervisor, cpus, memory_bytes: None })
-            .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
+    let executor = LocalExecutor::new(LocalConfig {
+        data_dir: data_dir.to_path_buf(),
+        supervisor,
+        cpus: local.cpus,
+        memory_bytes: None,
+        simulated_gpus: local.simulate_gpus.map(|n| (n, local.simulate_gpu_type.clone())),
+    })
+    .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
     Server::new(store, Arc::new(executor), settings).map_err(anyhow::Error::msg)
 }
 
@@ -64,7 +84,17 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
         .await
         .with_context(|| format!("listening on {} (is another trainyard running?)", options.listen))?;
     let url = format!("http://{}", listener.local_addr()?);
-    let server = local_server(store, data_dir, options.cpus, ReconcilerSettings::default())?;
+    let server = local_server(store.clone(), data_dir, &options.local, ReconcilerSettings::default())?;
+    if first_token.is_some() {
+        // The default tenant starts with every GPU of this machine as its nominal quota.
+        let mut by_type: std::collections::BTreeMap<String, u64> = Default::default();
+        for gpu in server.state.app.executor.inventory().gpus {
+            *by_type.entry(gpu.gpu_type).or_default() += 1;
+        }
+        for (gpu_type, count) in by_type {
+            store.quota_set(DEFAULT_TENANT, &gpu_type, count, None, None).await?;
+        }
+    }
 
     println!();
     println!("  Trainyard is running (local executor, data in {})", data_dir.display());

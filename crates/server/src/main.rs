@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
-use trainyard_server::dev::{self, DevOptions};
+use trainyard_server::dev::{self, DevOptions, LocalExecutorArgs};
 use trainyard_server::reconciler::ReconcilerSettings;
 use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
@@ -49,9 +49,8 @@ enum Command {
         data_dir: PathBuf,
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// CPU cores offered to jobs (default: this machine's).
-        #[arg(long)]
-        cpus: Option<f64>,
+        #[command(flatten)]
+        local: LocalExecutorArgs,
     },
     /// Production mode: Postgres by URL; applies pending migrations first.
     Serve {
@@ -62,9 +61,8 @@ enum Command {
         /// Where the local executor keeps job folders and logs.
         #[arg(long, default_value = ".trainyard")]
         data_dir: PathBuf,
-        /// CPU cores offered to jobs (default: this machine's).
-        #[arg(long)]
-        cpus: Option<f64>,
+        #[command(flatten)]
+        local: LocalExecutorArgs,
         /// Database connections in the pool.
         #[arg(long, default_value_t = 16)]
         max_connections: u32,
@@ -140,8 +138,8 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Dev { data_dir, listen, cpus } => dev::run(DevOptions { data_dir, listen, cpus }).await,
-        Command::Serve { database_url, listen, data_dir, cpus, max_connections, grace_seconds, public_url } => {
+        Command::Dev { data_dir, listen, local } => dev::run(DevOptions { data_dir, listen, local }).await,
+        Command::Serve { database_url, listen, data_dir, local, max_connections, grace_seconds, public_url } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             std::fs::create_dir_all(&data_dir)?;
@@ -150,7 +148,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 api_url: public_url,
                 ..Default::default()
             };
-            let server = dev::local_server(store, &data_dir.canonicalize()?, cpus, settings)?;
+            let server = dev::local_server(store, &data_dir.canonicalize()?, &local, settings)?;
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.
             println!("trainyard: listening on http://{}", listener.local_addr()?);

@@ -302,3 +302,80 @@ async fn token_create_in<'e>(
     .map_err(db_error)?;
     Ok(TokenCreated { id, name: name.to_string(), token: secret, expires_at })
 }
+
+impl Store {
+    /// Sets (or replaces) a tenant's quota for one GPU type.
+    pub async fn quota_set(
+        &self,
+        tenant: &str,
+        flavor: &str,
+        nominal: u64,
+        borrowing_limit: Option<u64>,
+        lending_limit: Option<u64>,
+    ) -> Result<()> {
+        let as_db = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        // language=PostgreSQL
+        let result = sqlx::query(
+            "INSERT INTO quotas (tenant_id, flavor, nominal, borrowing_limit, lending_limit)
+             SELECT id, $2, $3, $4, $5 FROM tenants WHERE name = $1
+             ON CONFLICT (tenant_id, flavor) DO UPDATE SET nominal = EXCLUDED.nominal,
+                 borrowing_limit = EXCLUDED.borrowing_limit, lending_limit = EXCLUDED.lending_limit, updated_at = now()",
+        )
+        .bind(tenant)
+        .bind(flavor)
+        .bind(as_db(nominal))
+        .bind(borrowing_limit.map(as_db))
+        .bind(lending_limit.map(as_db))
+        .execute(&self.pool)
+        .await
+        .map_err(|err| match violated_constraint(&err) {
+            Some("quotas_flavor_format") => {
+                Error::invalid("flavor", "a GPU type is lowercase letters, digits, '.', '_' or '-', e.g. nvidia-h100-80gb")
+            }
+            Some("quotas_nominal_range") => Error::invalid("nominal", "must be between 0 and 1000000"),
+            Some("quotas_borrowing_range") => Error::invalid("borrowing_limit", "must be between 0 and 1000000"),
+            Some("quotas_lending_range") => Error::invalid("lending_limit", "must be between 0 and 1000000"),
+            _ => db_error(err),
+        })?;
+        if result.rows_affected() == 0 {
+            return Err(Error::not_found(ObjectKind::Tenant));
+        }
+        Ok(())
+    }
+
+    /// Changes a tenant's scheduling policy; `None` leaves a field as it is. An empty cohort
+    /// name takes the tenant out of its cohort.
+    pub async fn tenant_policy_set(
+        &self,
+        tenant: &str,
+        cohort: Option<&str>,
+        weight: Option<f64>,
+        preempt_lower_priority: Option<bool>,
+    ) -> Result<()> {
+        // language=PostgreSQL
+        let result = sqlx::query(
+            "UPDATE tenants SET
+                 cohort = CASE WHEN $2::text IS NULL THEN cohort ELSE nullif($2, '') END,
+                 weight = coalesce($3, weight),
+                 preempt_lower_priority = coalesce($4, preempt_lower_priority)
+             WHERE name = $1",
+        )
+        .bind(tenant)
+        .bind(cohort)
+        .bind(weight)
+        .bind(preempt_lower_priority)
+        .execute(&self.pool)
+        .await
+        .map_err(|err| match violated_constraint(&err) {
+            Some("tenants_cohort_format") => {
+                Error::invalid("cohort", "1 to 63 lowercase letters, digits or '-', starting with a letter or digit")
+            }
+            Some("tenants_weight_positive") => Error::invalid("weight", "must be more than 0 and at most 1000"),
+            _ => db_error(err),
+        })?;
+        if result.rows_affected() == 0 {
+            return Err(Error::not_found(ObjectKind::Tenant));
+        }
+        Ok(())
+    }
+}

@@ -40,6 +40,10 @@ pub struct LocalConfig {
     pub cpus: Option<f64>,
     /// Memory offered to jobs; this machine's total when `None`.
     pub memory_bytes: Option<u64>,
+    /// Offer this many GPUs of this type instead of the machine's: for trying quotas and
+    /// scheduling where there are no GPUs. Replicas get indices in `CUDA_VISIBLE_DEVICES` that
+    /// name no device.
+    pub simulated_gpus: Option<(u32, String)>,
 }
 
 /// Where one replica ran, as stored in Postgres.
@@ -79,7 +83,12 @@ impl LocalExecutor {
         let inventory = Inventory {
             cpu_millis: (cpus * 1000.0) as u64,
             memory_bytes: config.memory_bytes.unwrap_or_else(total_memory),
-            gpus: gpus::discover(),
+            gpus: match &config.simulated_gpus {
+                Some((count, gpu_type)) => {
+                    (0..*count).map(|index| crate::Gpu { index, gpu_type: gpu_type.clone() }).collect()
+                }
+                None => gpus::discover(),
+            },
         };
         Ok(LocalExecutor { config, inventory, gpus_held: Mutex::new(HashMap::new()), changes: Arc::new(Notify::new()) })
     }

@@ -6,11 +6,12 @@ mod health;
 mod jobs;
 mod logs;
 mod metrics;
+mod scheduling;
 mod templates;
 mod tokens;
 
 use axum::Router;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, patch, post, put};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -30,6 +31,11 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/jobs/{id}/logs", get(logs::job_logs))
         .route("/api/v1/jobs/{id}/metrics", get(metrics::metrics_get).post(metrics::metrics_post))
         .route("/api/v1/jobs/{id}/outputs", get(metrics::outputs_get).post(metrics::output_post))
+        .route("/api/v1/jobs/{id}/schedule", get(scheduling::job_schedule))
+        .route("/api/v1/jobs/what-if", post(scheduling::job_what_if))
+        .route("/api/v1/quota", get(scheduling::quota_get))
+        .route("/api/v1/admin/tenants/{tenant}", patch(scheduling::tenant_patch))
+        .route("/api/v1/admin/tenants/{tenant}/quotas/{flavor}", put(scheduling::quota_put))
         .route("/api/v1/templates", get(templates::templates_list).post(templates::template_publish))
         .route("/api/v1/templates/{name}", get(templates::template_show))
         .route("/api/v1/templates/{name}/jobs", post(templates::template_run))
@@ -61,6 +67,11 @@ pub fn routes() -> Router<AppState> {
         metrics::metrics_post,
         metrics::metrics_get,
         metrics::output_post,
+        scheduling::quota_get,
+        scheduling::quota_put,
+        scheduling::tenant_patch,
+        scheduling::job_schedule,
+        scheduling::job_what_if,
         metrics::outputs_get,
         templates::templates_list,
         templates::template_show,
@@ -78,6 +89,7 @@ pub fn routes() -> Router<AppState> {
         (name = "jobs", description = "Submit, list, watch and cancel jobs"),
         (name = "templates", description = "Task templates: list, show, publish, run"),
         (name = "metrics", description = "Metrics reported by jobs' engines"),
+        (name = "scheduling", description = "Quotas, queue positions, start estimates, what-if"),
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "admin", description = "Tenants and members"),
         (name = "health", description = "Liveness and readiness"),

@@ -9,7 +9,7 @@ use trainyard_store::templates::Published;
 use utoipa::IntoParams;
 
 use crate::AppState;
-use crate::app::TemplateRunOutcome;
+use crate::app::{RunMode, TemplateRunOutcome};
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiQuery, Auth};
 
@@ -70,6 +70,8 @@ pub async fn template_publish(
 pub struct DryRunParam {
     /// Render and check everything, return the exact spec, queue nothing.
     dry_run: Option<bool>,
+    /// Render and check everything, say whether it would start now or when; queue nothing.
+    what_if: Option<bool>,
 }
 
 /// Submit a job from a template (or, with `dry_run=true`, see exactly what would run).
@@ -89,8 +91,17 @@ pub async fn template_run(
     ApiQuery(query): ApiQuery<DryRunParam>,
     ApiJson(run): ApiJson<TemplateRun>,
 ) -> ApiResult<Response> {
-    Ok(match state.app.template_run(&caller, &name, run, query.dry_run.unwrap_or(false)).await? {
+    let mode = match (query.dry_run.unwrap_or(false), query.what_if.unwrap_or(false)) {
+        (true, true) => {
+            return Err(trainyard_core::Error::invalid("what_if", "ask for dry_run or what_if, not both").into());
+        }
+        (true, false) => RunMode::DryRun,
+        (false, true) => RunMode::WhatIf,
+        (false, false) => RunMode::Submit,
+    };
+    Ok(match state.app.template_run(&caller, &name, run, mode).await? {
         TemplateRunOutcome::DryRun(dry) => (StatusCode::OK, Json(dry)).into_response(),
+        TemplateRunOutcome::WhatIf(schedule) => (StatusCode::OK, Json(schedule)).into_response(),
         TemplateRunOutcome::Submitted(Submitted::Created(job)) => (StatusCode::CREATED, Json(job)).into_response(),
         TemplateRunOutcome::Submitted(Submitted::Replayed(job)) => (StatusCode::OK, Json(job)).into_response(),
     })

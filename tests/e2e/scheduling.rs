@@ -1,0 +1,127 @@
+//! Quotas, borrowing, reclaim and "why pending" through the real server, on the local executor
+//! with simulated GPUs (this machine has none).
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use trainyard_tests::{StatusCode, TestEnv, stderr, stdout};
+
+const GPU: &str = "sim-a100";
+
+async fn gpu_job(env: &TestEnv, token: &str, name: &str, gpus: u32) -> String {
+    let body =
+        json!({"name": name, "command": ["sleep", "600"], "resources": {"gpus": gpus, "cpu": 0.1, "memory": "64Mi"}});
+    let (status, job) = env.post("/api/v1/jobs", token, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    job["id"].as_str().unwrap().to_string()
+}
+
+async fn state(env: &TestEnv, token: &str, id: &str) -> Value {
+    env.get(&format!("/api/v1/jobs/{id}"), token).await.1
+}
+
+async fn wait_running(env: &TestEnv, token: &str, id: &str) {
+    env.wait_job_as(token, id, Duration::from_secs(30), |j| j["state"] == "running").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_tenants_borrow_reclaim_and_explain_their_queues() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "8", "--simulate-gpu-type", GPU]).await;
+    let admin = env.admin_token.clone();
+    for team in ["team-a", "team-b"] {
+        assert_eq!(env.post("/api/v1/admin/tenants", &admin, &json!({"name": team})).await.0, StatusCode::CREATED);
+        let set = env.yard(&admin, &["admin", "tenant-set", team, "--cohort", "lab"]);
+        assert!(set.status.success(), "{}", stderr(&set));
+        let quota = env.yard(&admin, &["admin", "quota-set", team, GPU, "--nominal", "4"]);
+        assert!(quota.status.success(), "{}", stderr(&quota));
+    }
+    let alice = env.member("team-a", "alice", "member").await;
+    let bob = env.member("team-b", "bob", "member").await;
+
+    // Bob bursts while Alice is idle: 4 jobs x 2 GPUs = his 4 plus 4 borrowed from Alice.
+    let mut bobs = Vec::new();
+    for i in 0..4 {
+        bobs.push(gpu_job(&env, &bob, &format!("bob-{i}"), 2).await);
+    }
+    for id in &bobs {
+        wait_running(&env, &bob, id).await;
+    }
+    let quota = env.yard(&bob, &["quota", "-o", "json"]);
+    let quota: Value = serde_json::from_slice(&quota.stdout).unwrap();
+    assert_eq!((quota["flavors"][0]["used"].as_u64(), quota["flavors"][0]["borrowed"].as_u64()), (Some(8), Some(4)));
+    let (_, alice_quota) = env.get("/api/v1/quota", &alice).await;
+    assert_eq!(alice_quota["flavors"][0]["lent"], 4);
+
+    // Alice asks for her own 4: the two newest of Bob's jobs make way, back to his queue.
+    let mine = gpu_job(&env, &alice, "alice-0", 4).await;
+    wait_running(&env, &alice, &mine).await;
+    let mut requeued = Vec::new();
+    for id in &bobs {
+        let job = state(&env, &bob, id).await;
+        if job["state"] == "queued" {
+            requeued.push(id.clone());
+        } else {
+            assert_eq!(job["state"], "running", "{job}");
+        }
+    }
+    assert_eq!(requeued, bobs[2..], "the newest two were preempted");
+    let (_, events) = env.get(&format!("/api/v1/jobs/{}/events", requeued[0]), &bob).await;
+    let last = events.as_array().unwrap().last().unwrap();
+    assert_eq!((last["from_state"].as_str(), last["to_state"].as_str()), (Some("running"), Some("queued")));
+    assert!(last["reason"].as_str().unwrap().contains("preempted to return borrowed quota"), "{last}");
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{}/attempts", requeued[0]), &bob).await;
+    assert_eq!(attempts[0]["reason"].as_str().unwrap().split(' ').next(), Some("preempted"));
+
+    // Why Bob's jobs wait, where they stand, and that the CLI says so.
+    let (_, schedule) = env.get(&format!("/api/v1/jobs/{}/schedule", requeued[0]), &bob).await;
+    assert_eq!(schedule["tenant_position"], 1);
+    let reason = schedule["reason"].as_str().unwrap();
+    assert!(reason.contains(&format!("tenant quota for {GPU}: 4 of 4 in use, the cohort lends 0")), "{reason}");
+    assert!(schedule["estimated_start"].is_string(), "an estimate from the running jobs' expected ends: {schedule}");
+    let shown = env.yard(&bob, &["jobs", "show", &requeued[1]]);
+    assert!(stdout(&shown).contains("position: 2 in your tenant's queue"), "{}", stdout(&shown));
+
+    // What-if, for a new job of Bob's: it would queue third; nothing is submitted.
+    let before = env.jobs_in_db().await;
+    let what_if = env.yard(&bob, &["submit", "--gpus", "2", "--what-if", "--", "true"]);
+    assert!(what_if.status.success(), "{}", stderr(&what_if));
+    assert!(stdout(&what_if).contains("position: 3 in your tenant's queue"), "{}", stdout(&what_if));
+    let (_, answer) =
+        env.post("/api/v1/templates/shell/jobs?what_if=true", &alice, &json!({"params": {"command": ["true"]}})).await;
+    assert_eq!(answer["admitted_now"], true, "a CPU-only job of Alice's would start now: {answer}");
+    assert_eq!(env.jobs_in_db().await, before);
+
+    // Only platform admins set quotas, and bad values are named.
+    let (status, _) = env
+        .call(
+            Method::PUT,
+            &format!("/api/v1/admin/tenants/team-a/quotas/{GPU}"),
+            Some(&bob),
+            Some(&json!({"nominal": 99})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, body) = env
+        .call(Method::PUT, "/api/v1/admin/tenants/team-a/quotas/Bad Type", Some(&admin), Some(&json!({"nominal": 1})))
+        .await;
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("flavor")));
+    let (status, body) = env
+        .call(
+            Method::PUT,
+            &format!("/api/v1/admin/tenants/team-a/quotas/{GPU}"),
+            Some(&admin),
+            Some(&json!({"nominal": -1})),
+        )
+        .await;
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("nominal")));
+    let (status, _) = env
+        .call(
+            Method::PUT,
+            &format!("/api/v1/admin/tenants/nobody/quotas/{GPU}"),
+            Some(&admin),
+            Some(&json!({"nominal": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
