@@ -12,13 +12,16 @@
 //! that later, smaller jobs stop overtaking it. Everything else gets a reason.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use uuid::Uuid;
 
 use crate::decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};
 use crate::model::{PendingJob, RunningJob, Snapshot};
 use crate::state::{FlavorId, QuotaCheck, State};
+
+/// Preemption searches per cycle at most (one per tenant, for its first waiting job).
+const MAX_PREEMPTION_SEARCHES: usize = 32;
 
 /// Options of one cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,42 +50,61 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
 
     // Each tenant's queue, in its own order; tenants without a policy queue too (they get
     // "no quota" for GPU jobs but may run CPU-only ones).
-    let mut queues: BTreeMap<Uuid, VecDeque<&PendingJob>> = BTreeMap::new();
-    for job in &snap.pending {
-        queues.entry(job.tenant).or_default().push_back(job);
+    // Tenants by small index, queues of job positions: the hot loop compares integers.
+    let mut tenant_ids: Vec<Uuid> = snap.pending.iter().map(|j| j.tenant).collect();
+    tenant_ids.sort_unstable();
+    tenant_ids.dedup();
+    let tenant_index = |id: &Uuid| tenant_ids.binary_search(id).expect("a tenant of a pending job") as u32;
+    // Each queued tenant's index in the state (None: a tenant without a policy).
+    let policy_of: Vec<Option<usize>> = tenant_ids.iter().map(|id| state.tenant(*id)).collect();
+    let mut sorted: Vec<(u32, Reverse<i32>, u64, Uuid, usize)> = snap
+        .pending
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (tenant_index(&j.tenant), Reverse(j.priority), j.seq, j.id, i))
+        .collect();
+    sorted.sort_unstable();
+    let mut queues: Vec<VecDeque<usize>> = vec![VecDeque::new(); tenant_ids.len()];
+    for (rank, &(tenant, ..)) in sorted.iter().enumerate() {
+        queues[tenant as usize].push_back(rank);
     }
-    for queue in queues.values_mut() {
-        queue.make_contiguous().sort_by_key(|j| (Reverse(j.priority), j.seq, j.id));
-    }
-    let tenant_position: BTreeMap<Uuid, usize> =
-        queues.values().flat_map(|q| q.iter().enumerate().map(|(i, j)| (j.id, i + 1))).collect();
 
-    let mut heap = BinaryHeap::new();
-    for (tenant, queue) in &queues {
-        if let Some(head) = queue.front() {
-            heap.push(Reverse(order_key(&state, *tenant, head)));
+    let mut heap = BinaryHeap::with_capacity(queues.len());
+    for (tenant, queue) in queues.iter().enumerate() {
+        if let Some(&head) = queue.front() {
+            heap.push(Reverse(order_key(&state, &policy_of, tenant as u32, &sorted, head)));
         }
     }
-    let mut victims_taken: Vec<Uuid> = Vec::new();
-    let mut waiting_priorities: BTreeMap<Uuid, Vec<i32>> = BTreeMap::new();
-    let mut considered = 0usize;
+    let mut victims_taken: BTreeSet<Uuid> = BTreeSet::new();
+    let mut searched: BTreeSet<Uuid> = BTreeSet::new();
+    let running_by_flavor = running_by_flavor(snap);
+    // Per tenant: jobs left waiting so far, and how many of them share the latest priority (a
+    // tenant's jobs come in priority order, so the rest had a higher one).
+    let mut waiting: Vec<(usize, i32, usize)> = vec![(0, i32::MIN, 0); tenant_ids.len()];
 
     while let Some(Reverse(key)) = heap.pop() {
-        let tenant = key.tenant;
-        let queue = queues.get_mut(&tenant).expect("queue of a queued tenant");
-        let job = queue.pop_front().expect("the head that was pushed");
-        considered += 1;
+        let tenant = tenant_ids[key.tenant as usize];
+        let queue = &mut queues[key.tenant as usize];
+        let rank = queue.pop_front().expect("the head that was pushed");
+        let job = &snap.pending[sorted[rank].4];
 
         match try_admit(&mut state, job) {
             Ok(admission) => result.admissions.push(admission),
-            Err((reason, reclaimable)) => {
+            Err((reason, quota_allows)) => {
                 let mut reason = reason;
-                if options.preempt
-                    && let Some((victims, kind)) = find_victims(&mut state, job, reclaimable, &victims_taken)
+                // Preemption is searched for the first waiting job of each tenant only, and for at
+                // most a few jobs per cycle: bounded work, and the next cycle serves the rest.
+                let may_search = options.preempt && searched.len() < MAX_PREEMPTION_SEARCHES && !searched.contains(&tenant);
+                if may_search {
+                    searched.insert(tenant);
+                }
+                if may_search
+                    && let Some((victims, kind)) =
+                        find_victims(&mut state, job, quota_allows, &victims_taken, &running_by_flavor)
                 {
                     reason = PendingReason::WaitingForPreemption { victims: victims.len() };
                     for victim in victims {
-                        victims_taken.push(victim);
+                        victims_taken.insert(victim);
                         result.preemptions.push(Preemption { victim, for_job: job.id, kind });
                     }
                 } else if options.reserve
@@ -93,66 +115,55 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                     let nodes = state.reservation_for(&job.demand, flavor);
                     state.reserve(job.id, &nodes);
                 }
-                let behind =
-                    waiting_priorities.get(&tenant).map_or(0, |p| p.iter().filter(|&&p| p > job.priority).count());
-                waiting_priorities.entry(tenant).or_default().push(job.priority);
+                let entry = &mut waiting[key.tenant as usize];
+                if entry.1 != job.priority {
+                    *entry = (entry.0, job.priority, 0);
+                }
+                let behind_higher_priority = entry.0 - entry.2;
+                entry.0 += 1;
+                entry.2 += 1;
                 result.pending.push(Pending {
                     job: job.id,
                     reason,
-                    tenant_position: tenant_position[&job.id],
-                    cluster_position: considered,
-                    behind_higher_priority: behind,
+                    tenant_position: entry.0,
+                    cluster_position: result.pending.len() + 1,
+                    behind_higher_priority,
                 });
             }
         }
-        if let Some(next) = queue.front() {
-            heap.push(Reverse(order_key(&state, tenant, next)));
+        if let Some(&next) = queues[key.tenant as usize].front() {
+            heap.push(Reverse(order_key(&state, &policy_of, key.tenant, &sorted, next)));
         }
-    }
-    // Positions count waiting jobs only.
-    for (i, pending) in result.pending.iter_mut().enumerate() {
-        pending.cluster_position = i + 1;
-    }
-    let mut tenant_counts: BTreeMap<Uuid, usize> = BTreeMap::new();
-    let tenant_of: BTreeMap<Uuid, Uuid> = snap.pending.iter().map(|j| (j.id, j.tenant)).collect();
-    let mut by_tenant_order: Vec<(usize, usize)> =
-        result.pending.iter().enumerate().map(|(i, p)| (p.tenant_position, i)).collect();
-    by_tenant_order.sort();
-    for (_, i) in by_tenant_order {
-        let count = tenant_counts.entry(tenant_of[&result.pending[i].job]).or_default();
-        *count += 1;
-        result.pending[i].tenant_position = *count;
     }
     result
 }
 
-/// Fair-share order across tenants, then priority, then submission order.
+/// Fair-share order across tenants, then priority, then submission order, then job id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct OrderKey {
     share: u64,
     priority: Reverse<i32>,
     seq: u64,
     job: Uuid,
-    tenant: Uuid,
+    tenant: u32,
 }
 
-fn order_key(state: &State<'_>, tenant: Uuid, job: &PendingJob) -> OrderKey {
-    OrderKey {
-        share: dominant_share(state, tenant),
-        priority: Reverse(job.priority),
-        seq: job.seq,
-        job: job.id,
-        tenant,
-    }
+fn order_key(
+    state: &State<'_>,
+    policy_of: &[Option<usize>],
+    tenant: u32,
+    sorted: &[(u32, Reverse<i32>, u64, Uuid, usize)],
+    rank: usize,
+) -> OrderKey {
+    let (_, priority, seq, job, _) = sorted[rank];
+    OrderKey { share: dominant_share(state, policy_of[tenant as usize]), priority, seq, job, tenant }
 }
 
 /// The tenant's weighted dominant share, in millionths: its largest usage over nominal quota.
-fn dominant_share(state: &State<'_>, tenant: Uuid) -> u64 {
-    let Some(t) = state.tenant(tenant) else { return u64::MAX };
-    let share = state
-        .quota_flavors(Some(t))
-        .into_iter()
-        .map(|f| state.usage(t, f) as f64 / state.quota(t, f).map_or(1, |q| q.nominal.max(1)) as f64)
+fn dominant_share(state: &State<'_>, tenant: Option<usize>) -> u64 {
+    let Some(t) = tenant else { return u64::MAX };
+    let share = (0..state.flavors.len())
+        .filter_map(|f| state.quota(t, f).map(|q| state.usage(t, f) as f64 / q.nominal.max(1) as f64))
         .fold(0.0, f64::max)
         / state.snap.tenants[t].weight.max(1e-6);
     (share * 1e6) as u64
@@ -237,44 +248,39 @@ fn admission(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId>, node
 /// "Can never fit on this cluster" or "no room now".
 fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId>) -> PendingReason {
     let d = &job.demand;
-    let nodes = || (0..state.snap.nodes.len()).filter(|&i| flavor.is_none() || state.node_flavor(i) == flavor);
-    let fits_empty = nodes().any(|i| {
-        let n = &state.snap.nodes[i];
-        n.gpus >= d.gpus && n.cpu_millis >= d.cpu_millis && n.memory_bytes >= d.memory_bytes
-    });
-    let name = flavor.map(|f| state.flavors[f].to_string());
-    if !fits_empty {
-        let what = match &name {
-            Some(f) => format!(
-                "{} GPUs of {f}, {} cpu millicores and {} bytes of memory",
+    let Some(f) = flavor else {
+        let fits = state
+            .snap
+            .nodes
+            .iter()
+            .any(|n| n.cpu_millis >= d.cpu_millis && n.memory_bytes >= d.memory_bytes);
+        return if fits {
+            PendingReason::NoRoom { flavor: None, replicas: d.replicas, gpus_per_replica: 0, free_gpus: 0 }
+        } else {
+            PendingReason::NeverFits {
+                detail: format!("no node has {} cpu millicores and {} bytes of memory for one replica", d.cpu_millis, d.memory_bytes),
+            }
+        };
+    };
+    let name = state.flavors[f];
+    let (one, total) = state.fits_ever(d, f);
+    if !one {
+        return PendingReason::NeverFits {
+            detail: format!(
+                "no node has {} GPUs of {name}, {} cpu millicores and {} bytes of memory for one replica",
                 d.gpus, d.cpu_millis, d.memory_bytes
             ),
-            None => format!("{} cpu millicores and {} bytes of memory", d.cpu_millis, d.memory_bytes),
         };
-        return PendingReason::NeverFits { detail: format!("no node has {what} for one replica") };
     }
-    if flavor.is_some() {
-        let total: u64 = nodes().map(|i| u64::from(state.snap.nodes[i].gpus / d.gpus.max(1))).sum();
-        if total < u64::from(d.replicas) {
-            return PendingReason::NeverFits {
-                detail: format!(
-                    "the cluster holds at most {total} replicas of {} GPUs of {}; the job needs {}",
-                    d.gpus,
-                    name.as_deref().unwrap_or_default(),
-                    d.replicas
-                ),
-            };
-        }
+    if total < u64::from(d.replicas) {
+        return PendingReason::NeverFits {
+            detail: format!("the cluster holds at most {total} replicas of {} GPUs of {name}; the job needs {}", d.gpus, d.replicas),
+        };
     }
-    if let Some(holder) = nodes().find_map(|i| state.reserved_by(i)).filter(|holder| *holder != job.id) {
+    if let Some(holder) = state.reserved_for(f).filter(|holder| *holder != job.id) {
         return PendingReason::Reserved { for_job: holder };
     }
-    PendingReason::NoRoom {
-        flavor: name,
-        replicas: d.replicas,
-        gpus_per_replica: d.gpus,
-        free_gpus: flavor.map_or(0, |f| state.free_of(f)),
-    }
+    PendingReason::NoRoom { flavor: Some(name.to_string()), replicas: d.replicas, gpus_per_replica: d.gpus, free_gpus: state.free_of(f) }
 }
 
 fn flavor_for_reservation(state: &State<'_>, job: &PendingJob) -> Option<FlavorId> {
@@ -285,16 +291,28 @@ fn flavor_for_reservation(state: &State<'_>, job: &PendingJob) -> Option<FlavorI
     flavors_for(state, job).into_iter().find(|&f| state.quota_check(t, f, job.demand.total_gpus()).is_ok())
 }
 
-/// The smallest sufficient set of victims for `job`, or `None`. Reclaim first (when the job is
-/// within its tenant's nominal quota): other tenants' jobs running on borrowed quota in the same
-/// cohort. Then, when the tenant allows it, the tenant's own lower-priority jobs. Victims are
-/// never of higher priority than the job, lowest priority and newest go first, and the set is
-/// pruned to the smallest that still suffices.
+/// Running jobs by the flavor their quota is counted in.
+fn running_by_flavor(snap: &Snapshot) -> BTreeMap<&str, Vec<&RunningJob>> {
+    let mut by_flavor: BTreeMap<&str, Vec<&RunningJob>> = BTreeMap::new();
+    for job in &snap.running {
+        if let Some(flavor) = job.flavor.as_deref() {
+            by_flavor.entry(flavor).or_default().push(job);
+        }
+    }
+    by_flavor
+}
+
+/// The smallest sufficient set of victims for `job`, or `None`. Reclaim first (when the job
+/// stays within its tenant's nominal quota): other tenants' jobs running on borrowed quota in
+/// the same cohort. Then, when the tenant allows it, the tenant's own lower-priority jobs.
+/// Victims are never of higher priority than the job, lowest priority and newest go first, and
+/// the set is pruned to the smallest that still suffices.
 fn find_victims<'a>(
     state: &mut State<'a>,
     job: &PendingJob,
-    reclaimable: bool,
-    taken: &[Uuid],
+    quota_allows: bool,
+    taken: &BTreeSet<Uuid>,
+    running_by_flavor: &BTreeMap<&str, Vec<&'a RunningJob>>,
 ) -> Option<(Vec<Uuid>, PreemptionKind)> {
     if job.demand.gpus == 0 {
         return None;
@@ -302,28 +320,40 @@ fn find_victims<'a>(
     let snap = state.snap;
     let t = state.tenant(job.tenant)?;
     let cohort = snap.tenants[t].cohort.as_deref();
+    let need = job.demand.total_gpus();
     let eligible = |r: &RunningJob| !r.stopping && !taken.contains(&r.id) && r.priority <= job.priority;
     for flavor in flavors_for(state, job) {
-        let on_flavor = |r: &RunningJob| r.flavor.as_deref() == Some(state.flavors[flavor]);
+        let Some(on_flavor) = running_by_flavor.get(state.flavors[flavor]) else { continue };
+        let within_nominal = state.quota(t, flavor).is_some_and(|q| state.usage(t, flavor) + need <= q.nominal);
         let mut tries: Vec<(PreemptionKind, Vec<&'a RunningJob>)> = Vec::new();
-        if reclaimable && cohort.is_some() {
-            let borrowers = snap
-                .running
+        if quota_allows && within_nominal && cohort.is_some() {
+            let borrowers = on_flavor
                 .iter()
-                .filter(|r| eligible(r) && r.tenant != job.tenant && on_flavor(r))
-                .filter(|r| state.tenant(r.tenant).is_some_and(|rt| snap.tenants[rt].cohort.as_deref() == cohort))
+                .copied()
+                .filter(|r| eligible(r) && r.tenant != job.tenant)
+                .filter(|r| {
+                    state.tenant(r.tenant).is_some_and(|rt| {
+                        snap.tenants[rt].cohort.as_deref() == cohort
+                            && state.usage(rt, flavor) > state.quota(rt, flavor).map_or(0, |q| q.nominal)
+                    })
+                })
                 .collect();
             tries.push((PreemptionKind::Reclaim, borrowers));
         }
         if snap.tenants[t].preempt_lower_priority {
-            let own = snap
-                .running
+            let own = on_flavor
                 .iter()
-                .filter(|r| eligible(r) && r.tenant == job.tenant && r.priority < job.priority && on_flavor(r))
+                .copied()
+                .filter(|r| eligible(r) && r.tenant == job.tenant && r.priority < job.priority)
                 .collect();
             tries.push((PreemptionKind::LowerPriority, own));
         }
         for (kind, mut candidates) in tries {
+            // Not enough to free even with every candidate gone: do not search.
+            let freeable: u64 = candidates.iter().map(|r| r.demand.total_gpus()).sum();
+            if freeable + state.free_of(flavor) < need {
+                continue;
+            }
             candidates.sort_by_key(|r| (r.priority, Reverse(r.started_at), r.id));
             if let Some(victims) = smallest_sufficient(state, job, flavor, kind, &candidates) {
                 return Some((victims, kind));

@@ -19,6 +19,9 @@ pub(crate) enum QuotaCheck {
     Reclaimable,
 }
 
+/// The fewest nodes a gang's placement looks at (the fullest first; four per replica when more).
+const MAX_GANG_CANDIDATES: usize = 64;
+
 /// Flavors are interned as small integers: every lookup in the hot path is an index.
 pub(crate) type FlavorId = usize;
 
@@ -32,6 +35,12 @@ pub(crate) struct State<'a> {
     free_cpu: Vec<u64>,
     free_mem: Vec<u64>,
     reserved: Vec<Option<Uuid>>,
+    /// The first job that holds nodes this cycle, per flavor.
+    reserved_holder: Vec<Option<Uuid>>,
+    /// Per flavor: the largest node (GPUs, cpu, memory) and node counts by size, for "can this
+    /// ever fit" answers without scanning nodes.
+    largest: Vec<(u32, u64, u64)>,
+    sizes: Vec<BTreeMap<u32, u64>>,
     /// flavor -> free GPUs -> nodes (unreserved only), for best-fit lookups.
     buckets: Vec<BTreeMap<u32, BTreeSet<usize>>>,
     flavor_free: Vec<u64>,
@@ -77,6 +86,9 @@ impl<'a> State<'a> {
             free_cpu: snap.nodes.iter().map(|n| n.cpu_millis).collect(),
             free_mem: snap.nodes.iter().map(|n| n.memory_bytes).collect(),
             reserved: vec![None; snap.nodes.len()],
+            reserved_holder: vec![None; nf],
+            largest: vec![(0, 0, 0); nf],
+            sizes: vec![BTreeMap::new(); nf],
             buckets: vec![BTreeMap::new(); nf],
             flavor_free: vec![0; nf],
             tenant_index: snap.tenants.iter().enumerate().map(|(i, t)| (t.id, i)).collect(),
@@ -90,6 +102,10 @@ impl<'a> State<'a> {
         for node in 0..snap.nodes.len() {
             if let Some(f) = state.node_flavor[node] {
                 state.index_insert(f, node);
+                let n = &snap.nodes[node];
+                let largest = &mut state.largest[f];
+                *largest = (largest.0.max(n.gpus), largest.1.max(n.cpu_millis), largest.2.max(n.memory_bytes));
+                *state.sizes[f].entry(n.gpus).or_default() += 1;
             }
         }
         for t in 0..snap.tenants.len() {
@@ -153,9 +169,9 @@ impl<'a> State<'a> {
 
     /// Whether tenant `t` may take `need` more GPUs of `flavor`.
     pub fn quota_check(&self, t: Option<usize>, flavor: FlavorId, need: u64) -> Result<QuotaCheck, PendingReason> {
-        let name = self.flavors[flavor].to_string();
+        let name = || self.flavors[flavor].to_string();
         let (Some(t), Some(q)) = (t, t.and_then(|t| self.quotas[t][flavor])) else {
-            return Err(PendingReason::NoQuota { flavor: name });
+            return Err(PendingReason::NoQuota { flavor: name() });
         };
         let used = self.usage[t][flavor];
         let after = used + need;
@@ -163,7 +179,7 @@ impl<'a> State<'a> {
         let alone = self.snap.tenants[t].cohort.is_none();
         if borrowed > 0 && (alone || q.borrowing_limit.is_some_and(|limit| borrowed > limit)) {
             return Err(PendingReason::QuotaExceeded {
-                flavor: name,
+                flavor: name(),
                 used,
                 nominal: q.nominal,
                 borrowing_limit: if alone { Some(0) } else { q.borrowing_limit },
@@ -179,7 +195,7 @@ impl<'a> State<'a> {
             Ok(QuotaCheck::Reclaimable)
         } else {
             Err(PendingReason::CohortExhausted {
-                flavor: name,
+                flavor: name(),
                 used,
                 nominal: q.nominal,
                 // What the others lend and have not lent out yet.
@@ -249,21 +265,29 @@ impl<'a> State<'a> {
         for &node in nodes {
             if let Some(f) = self.node_flavor[node] {
                 self.index_remove(f, node);
+                self.reserved_holder[f].get_or_insert(job);
             }
             self.reserved[node] = Some(job);
         }
     }
 
-    pub fn reserved_by(&self, node: usize) -> Option<Uuid> {
-        self.reserved[node]
+    /// The job holding nodes of `flavor`, if any.
+    pub fn reserved_for(&self, flavor: FlavorId) -> Option<Uuid> {
+        self.reserved_holder[flavor]
+    }
+
+    /// Whether one replica fits an empty node of `flavor`, and how many replicas all its nodes
+    /// hold when empty.
+    pub fn fits_ever(&self, demand: &Demand, flavor: FlavorId) -> (bool, u64) {
+        let (gpus, cpu, mem) = self.largest[flavor];
+        let one = gpus >= demand.gpus && cpu >= demand.cpu_millis && mem >= demand.memory_bytes;
+        let total =
+            self.sizes[flavor].iter().map(|(size, count)| count * u64::from(size / demand.gpus.max(1))).sum::<u64>();
+        (one, total)
     }
 
     pub fn free_of(&self, flavor: FlavorId) -> u64 {
         self.flavor_free[flavor]
-    }
-
-    pub fn node_flavor(&self, node: usize) -> Option<FlavorId> {
-        self.node_flavor[node]
     }
 
     /// How many replicas of `demand` node `i` holds now.
@@ -288,7 +312,18 @@ impl<'a> State<'a> {
                 if replicas == 1 {
                     return nodes.copied().find(|&i| self.fits_on(i, demand) >= 1).map(|i| vec![i]);
                 }
-                nodes.map(|&i| (i, self.fits_on(i, demand))).filter(|(_, n)| *n > 0).collect()
+                // An upper bound from the buckets alone, before looking at any node.
+                let bound: u64 = self.buckets[f]
+                    .range(demand.gpus..)
+                    .map(|(free, nodes)| nodes.len() as u64 * u64::from(free / demand.gpus.max(1)))
+                    .sum();
+                if bound < replicas as u64 {
+                    return None;
+                }
+                // The fullest nodes that fit, up to a bound: enough to choose racks and nodes
+                // well without visiting thousands of nodes per gang.
+                let cap = MAX_GANG_CANDIDATES.max(4 * replicas);
+                nodes.map(|&i| (i, self.fits_on(i, demand))).filter(|(_, n)| *n > 0).take(cap).collect()
             }
             None => {
                 // CPU-only: nodes without GPUs first, then the fullest.

@@ -1,0 +1,258 @@
+//! The scheduler simulator: replays a workload on a virtual clock through the real admission
+//! cycle. At every instant something happens (a job arrives or ends), one cycle runs; admitted
+//! jobs run for their duration; preempted jobs go back to the queue and start over.
+//!
+//!   cargo run --release -p trainyard-scheduler --example simulate -- kueue-baseline
+//!   cargo run --release -p trainyard-scheduler --example simulate -- workload.json
+//!
+//! `kueue-baseline` is Kueue's published performance scenario (see docs/PERFORMANCE.md). A
+//! workload file is JSON: {"nodes": [{"name", "flavor", "gpus", "rack"?}], "tenants": [{"name",
+//! "cohort"?, "quotas": {flavor: [nominal, borrowing_limit?, lending_limit?]}, "preempt_lower_priority"?}],
+//! "jobs": [{"tenant", "class", "gpus", "flavor", "priority", "arrival_ms", "duration_ms"}]}.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use serde::Deserialize;
+use trainyard_scheduler::{Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy, admission_cycle};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Deserialize)]
+struct Workload {
+    nodes: Vec<NodeSpec>,
+    tenants: Vec<TenantSpec>,
+    jobs: Vec<JobSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct NodeSpec {
+    name: String,
+    flavor: String,
+    gpus: u32,
+    #[serde(default)]
+    rack: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct TenantSpec {
+    name: String,
+    #[serde(default)]
+    cohort: Option<String>,
+    quotas: BTreeMap<String, (u64, Option<u64>, Option<u64>)>,
+    #[serde(default)]
+    preempt_lower_priority: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct JobSpec {
+    tenant: String,
+    class: String,
+    gpus: u32,
+    flavor: String,
+    priority: i32,
+    arrival_ms: i64,
+    duration_ms: i64,
+}
+
+/// Kueue's baseline: 5 cohorts x 6 ClusterQueues, nominal 20 units, borrowing limit 100, reclaim
+/// within the cohort and lower-priority preemption within a queue; per queue 350 small (1 unit,
+/// 200 ms, one every 100 ms), 100 medium (5 units, 500 ms, every 500 ms), 50 large (20 units,
+/// 1 s, every 1.2 s). Each cohort's capacity (its queues' nominal, 120 units) is three nodes of
+/// 40 units. Priorities: large 3, medium 2, small 1.
+fn kueue_baseline() -> Workload {
+    let mut nodes = Vec::new();
+    let mut tenants = Vec::new();
+    let mut jobs = Vec::new();
+    for cohort in 0..5 {
+        let flavor = format!("unit-c{cohort}");
+        for n in 0..3 {
+            nodes.push(NodeSpec { name: format!("c{cohort}-n{n}"), flavor: flavor.clone(), gpus: 40, rack: None });
+        }
+        for queue in 0..6 {
+            let name = format!("c{cohort}-q{queue}");
+            tenants.push(TenantSpec {
+                name: name.clone(),
+                cohort: Some(format!("cohort-{cohort}")),
+                quotas: [(flavor.clone(), (20, Some(100), None))].into_iter().collect(),
+                preempt_lower_priority: true,
+            });
+            for (class, count, gpus, duration, every, priority) in
+                [("small", 350, 1, 200, 100, 1), ("medium", 100, 5, 500, 500, 2), ("large", 50, 20, 1000, 1200, 3)]
+            {
+                for k in 0..count {
+                    jobs.push(JobSpec {
+                        tenant: name.clone(),
+                        class: class.into(),
+                        gpus,
+                        flavor: flavor.clone(),
+                        priority,
+                        arrival_ms: k * every,
+                        duration_ms: duration,
+                    });
+                }
+            }
+        }
+    }
+    Workload { nodes, tenants, jobs }
+}
+
+struct Running {
+    job: usize,
+    end: i64,
+    flavor: Option<String>,
+    nodes: Vec<String>,
+    started: i64,
+}
+
+fn main() {
+    let arg = std::env::args().nth(1).unwrap_or_else(|| "kueue-baseline".into());
+    let workload = if arg == "kueue-baseline" {
+        kueue_baseline()
+    } else {
+        let text = std::fs::read_to_string(&arg).unwrap_or_else(|e| panic!("{arg}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{arg}: not a workload: {e}"))
+    };
+    let tenant_id: BTreeMap<&str, Uuid> =
+        workload.tenants.iter().enumerate().map(|(i, t)| (t.name.as_str(), Uuid::from_u128(i as u128 + 1))).collect();
+    let base = Snapshot {
+        now: 0,
+        nodes: workload
+            .nodes
+            .iter()
+            .map(|n| Node {
+                name: n.name.clone(),
+                rack: n.rack.clone(),
+                gpu_type: Some(n.flavor.clone()),
+                gpus: n.gpus,
+                cpu_millis: 1 << 40,
+                memory_bytes: 1 << 50,
+            })
+            .collect(),
+        tenants: workload
+            .tenants
+            .iter()
+            .map(|t| TenantPolicy {
+                id: tenant_id[t.name.as_str()],
+                name: t.name.clone(),
+                cohort: t.cohort.clone(),
+                weight: 1.0,
+                quotas: t
+                    .quotas
+                    .iter()
+                    .map(|(f, (n, b, l))| (f.clone(), Quota { nominal: *n, borrowing_limit: *b, lending_limit: *l }))
+                    .collect(),
+                preempt_lower_priority: t.preempt_lower_priority,
+            })
+            .collect(),
+        running: Vec::new(),
+        pending: Vec::new(),
+        settings: Settings { starvation_after_secs: i64::MAX / 4, ..Settings::default() },
+    };
+    let jobs = &workload.jobs;
+    let demand = |j: &JobSpec| Demand { replicas: 1, gpus: j.gpus, gpu_type: Some(j.flavor.clone()), cpu_millis: 1, memory_bytes: 1 };
+    let mut arrivals: Vec<usize> = (0..jobs.len()).collect();
+    arrivals.sort_by_key(|&i| (jobs[i].arrival_ms, i));
+    let mut next_arrival = 0;
+    let mut pending: BTreeSet<usize> = BTreeSet::new();
+    let mut running: Vec<Running> = Vec::new();
+    let mut admitted_at: Vec<Option<i64>> = vec![None; jobs.len()];
+    let mut preemptions = 0usize;
+    let mut cycles = 0usize;
+    // Usage over time per tenant: integral of used units over virtual ms.
+    let mut usage_integral: BTreeMap<&str, f64> = BTreeMap::new();
+    let mut now = 0i64;
+    let started = Instant::now();
+
+    loop {
+        let next_end = running.iter().map(|r| r.end).min();
+        let next_in = arrivals.get(next_arrival).map(|&i| jobs[i].arrival_ms);
+        let Some(next) = [next_end, next_in].into_iter().flatten().min() else { break };
+        for r in &running {
+            *usage_integral.entry(jobs[r.job].tenant.as_str()).or_default() += (next - now) as f64 * f64::from(jobs[r.job].gpus);
+        }
+        now = next;
+        running.retain(|r| r.end > now);
+        while next_arrival < arrivals.len() && jobs[arrivals[next_arrival]].arrival_ms <= now {
+            pending.insert(arrivals[next_arrival]);
+            next_arrival += 1;
+        }
+        if pending.is_empty() {
+            continue;
+        }
+        let mut snap = base.clone();
+        snap.now = now / 1000;
+        snap.running = running
+            .iter()
+            .map(|r| RunningJob {
+                id: Uuid::from_u128(r.job as u128),
+                tenant: tenant_id[jobs[r.job].tenant.as_str()],
+                priority: jobs[r.job].priority,
+                demand: demand(&jobs[r.job]),
+                flavor: r.flavor.clone(),
+                nodes: r.nodes.clone(),
+                started_at: r.started,
+                expected_runtime: Some(jobs[r.job].duration_ms / 1000),
+                stopping: false,
+            })
+            .collect();
+        snap.pending = pending
+            .iter()
+            .map(|&i| PendingJob {
+                id: Uuid::from_u128(i as u128),
+                tenant: tenant_id[jobs[i].tenant.as_str()],
+                priority: jobs[i].priority,
+                seq: i as u64,
+                submitted_at: jobs[i].arrival_ms / 1000,
+                demand: demand(&jobs[i]),
+                expected_runtime: Some(jobs[i].duration_ms / 1000),
+            })
+            .collect();
+        let result = admission_cycle(&snap);
+        cycles += 1;
+        for p in &result.preemptions {
+            let victim = p.victim.as_u128() as usize;
+            running.retain(|r| r.job != victim);
+            pending.insert(victim);
+            preemptions += 1;
+        }
+        for a in &result.admissions {
+            let job = a.job.as_u128() as usize;
+            pending.remove(&job);
+            admitted_at[job] = Some(now);
+            running.push(Running {
+                job,
+                end: now + jobs[job].duration_ms,
+                flavor: a.flavor.clone(),
+                nodes: a.nodes.clone(),
+                started: now / 1000,
+            });
+        }
+    }
+    let compute = started.elapsed();
+
+    println!("workload: {} jobs, {} tenants, {} nodes", jobs.len(), workload.tenants.len(), workload.nodes.len());
+    println!("virtual wall time until the last job ended: {:.1} s", now as f64 / 1000.0);
+    for class in ["small", "medium", "large"] {
+        let waits: Vec<f64> = jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| j.class == class)
+            .filter_map(|(i, j)| admitted_at[i].map(|a| (a - j.arrival_ms) as f64 / 1000.0))
+            .collect();
+        if !waits.is_empty() {
+            println!("mean time to admission, {class}: {:.1} s ({} jobs)", waits.iter().sum::<f64>() / waits.len() as f64, waits.len());
+        }
+    }
+    let usage: Vec<(f64, &str)> = workload
+        .tenants
+        .iter()
+        .map(|t| {
+            let nominal: u64 = t.quotas.values().map(|q| q.0).sum();
+            (usage_integral.get(t.name.as_str()).copied().unwrap_or(0.0) / (now.max(1) as f64 * nominal.max(1) as f64), t.name.as_str())
+        })
+        .collect();
+    let min = usage.iter().cloned().fold((f64::INFINITY, ""), |a, b| if b.0 < a.0 { b } else { a });
+    let max = usage.iter().cloned().fold((0.0, ""), |a, b| if b.0 > a.0 { b } else { a });
+    println!("queue usage (time-averaged use over nominal): min {:.1}% ({}), max {:.1}% ({})", min.0 * 100.0, min.1, max.0 * 100.0, max.1);
+    println!("preemptions: {preemptions}; admission cycles: {cycles}; simulation took {:.2} s of real time", compute.as_secs_f64());
+}
