@@ -67,3 +67,47 @@ async fn a_clean_shutdown_leaves_jobs_running_for_the_next_start() {
     std::fs::write(&marker, "").unwrap();
     env.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_server_leads_the_control_loops_and_a_standby_takes_over() {
+    let mut env = TestEnv::start().await;
+    let standby = trainyard_tests::ServerProcess::start(&env.db.url, &env.dir.path().join("standby"));
+    let via_standby = |body: serde_json::Value| {
+        let (url, token) = (standby.url.clone(), env.admin_token.clone());
+        async move {
+            let response = reqwest::Client::new()
+                .post(format!("{url}/api/v1/jobs"))
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+            response.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string()
+        }
+    };
+    // Submitted through the standby, run by the leader, exactly once.
+    let first = via_standby(json!({"command": ["true"]})).await;
+    env.wait_state(&first, "succeeded", Duration::from_secs(30)).await;
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{first}/attempts"), &env.admin_token).await;
+    assert_eq!(attempts.as_array().unwrap().len(), 1);
+    assert!(!env.dir.path().join("standby/jobs").read_dir().unwrap().any(|_| true), "the standby launched nothing");
+
+    // The leader dies; the standby leads from then on.
+    env.server.kill_hard();
+    let second = via_standby(json!({"command": ["true"]})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1::uuid")
+            .bind(&second)
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
+        if state == "succeeded" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the standby never took over; the job is {state}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(standby);
+}

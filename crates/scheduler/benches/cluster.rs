@@ -53,7 +53,13 @@ pub fn cluster(pending: usize) -> Snapshot {
             id: Uuid::from_u128(1_000_000 + i as u128),
             tenant: tenants[i % 1000].id,
             priority: 0,
-            demand: Demand { replicas: 1, gpus: 4, gpu_type: node.gpu_type.clone(), cpu_millis: 8000, memory_bytes: 64 << 30 },
+            demand: Demand {
+                replicas: 1,
+                gpus: 4,
+                gpu_type: node.gpu_type.clone(),
+                cpu_millis: 8000,
+                memory_bytes: 64 << 30,
+            },
             flavor: node.gpu_type.clone(),
             nodes: vec![node.name.clone()],
             started_at: 0,
@@ -84,4 +90,3 @@ pub fn cluster(pending: usize) -> Snapshot {
         .collect();
     Snapshot { now: 2_000, nodes, tenants, running, pending, settings: Settings::default() }
 }
-

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use serde::Deserialize;
-use trainyard_scheduler::{Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy, admission_cycle};
+use trainyard_scheduler::{
+    Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy, admission_cycle,
+};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -149,7 +151,13 @@ fn main() {
         settings: Settings { starvation_after_secs: i64::MAX / 4, ..Settings::default() },
     };
     let jobs = &workload.jobs;
-    let demand = |j: &JobSpec| Demand { replicas: 1, gpus: j.gpus, gpu_type: Some(j.flavor.clone()), cpu_millis: 1, memory_bytes: 1 };
+    let demand = |j: &JobSpec| Demand {
+        replicas: 1,
+        gpus: j.gpus,
+        gpu_type: Some(j.flavor.clone()),
+        cpu_millis: 1,
+        memory_bytes: 1,
+    };
     let mut arrivals: Vec<usize> = (0..jobs.len()).collect();
     arrivals.sort_by_key(|&i| (jobs[i].arrival_ms, i));
     let mut next_arrival = 0;
@@ -168,7 +176,8 @@ fn main() {
         let next_in = arrivals.get(next_arrival).map(|&i| jobs[i].arrival_ms);
         let Some(next) = [next_end, next_in].into_iter().flatten().min() else { break };
         for r in &running {
-            *usage_integral.entry(jobs[r.job].tenant.as_str()).or_default() += (next - now) as f64 * f64::from(jobs[r.job].gpus);
+            *usage_integral.entry(jobs[r.job].tenant.as_str()).or_default() +=
+                (next - now) as f64 * f64::from(jobs[r.job].gpus);
         }
         now = next;
         running.retain(|r| r.end > now);
@@ -240,7 +249,11 @@ fn main() {
             .filter_map(|(i, j)| admitted_at[i].map(|a| (a - j.arrival_ms) as f64 / 1000.0))
             .collect();
         if !waits.is_empty() {
-            println!("mean time to admission, {class}: {:.1} s ({} jobs)", waits.iter().sum::<f64>() / waits.len() as f64, waits.len());
+            println!(
+                "mean time to admission, {class}: {:.1} s ({} jobs)",
+                waits.iter().sum::<f64>() / waits.len() as f64,
+                waits.len()
+            );
         }
     }
     let usage: Vec<(f64, &str)> = workload
@@ -248,11 +261,24 @@ fn main() {
         .iter()
         .map(|t| {
             let nominal: u64 = t.quotas.values().map(|q| q.0).sum();
-            (usage_integral.get(t.name.as_str()).copied().unwrap_or(0.0) / (now.max(1) as f64 * nominal.max(1) as f64), t.name.as_str())
+            (
+                usage_integral.get(t.name.as_str()).copied().unwrap_or(0.0)
+                    / (now.max(1) as f64 * nominal.max(1) as f64),
+                t.name.as_str(),
+            )
         })
         .collect();
     let min = usage.iter().cloned().fold((f64::INFINITY, ""), |a, b| if b.0 < a.0 { b } else { a });
     let max = usage.iter().cloned().fold((0.0, ""), |a, b| if b.0 > a.0 { b } else { a });
-    println!("queue usage (time-averaged use over nominal): min {:.1}% ({}), max {:.1}% ({})", min.0 * 100.0, min.1, max.0 * 100.0, max.1);
-    println!("preemptions: {preemptions}; admission cycles: {cycles}; simulation took {:.2} s of real time", compute.as_secs_f64());
+    println!(
+        "queue usage (time-averaged use over nominal): min {:.1}% ({}), max {:.1}% ({})",
+        min.0 * 100.0,
+        min.1,
+        max.0 * 100.0,
+        max.1
+    );
+    println!(
+        "preemptions: {preemptions}; admission cycles: {cycles}; simulation took {:.2} s of real time",
+        compute.as_secs_f64()
+    );
 }

@@ -94,7 +94,8 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                 let mut reason = reason;
                 // Preemption is searched for the first waiting job of each tenant only, and for at
                 // most a few jobs per cycle: bounded work, and the next cycle serves the rest.
-                let may_search = options.preempt && searched.len() < MAX_PREEMPTION_SEARCHES && !searched.contains(&tenant);
+                let may_search =
+                    options.preempt && searched.len() < MAX_PREEMPTION_SEARCHES && !searched.contains(&tenant);
                 if may_search {
                     searched.insert(tenant);
                 }
@@ -249,16 +250,15 @@ fn admission(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId>, node
 fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId>) -> PendingReason {
     let d = &job.demand;
     let Some(f) = flavor else {
-        let fits = state
-            .snap
-            .nodes
-            .iter()
-            .any(|n| n.cpu_millis >= d.cpu_millis && n.memory_bytes >= d.memory_bytes);
+        let fits = state.snap.nodes.iter().any(|n| n.cpu_millis >= d.cpu_millis && n.memory_bytes >= d.memory_bytes);
         return if fits {
             PendingReason::NoRoom { flavor: None, replicas: d.replicas, gpus_per_replica: 0, free_gpus: 0 }
         } else {
             PendingReason::NeverFits {
-                detail: format!("no node has {} cpu millicores and {} bytes of memory for one replica", d.cpu_millis, d.memory_bytes),
+                detail: format!(
+                    "no node has {} cpu millicores and {} bytes of memory for one replica",
+                    d.cpu_millis, d.memory_bytes
+                ),
             }
         };
     };
@@ -274,13 +274,21 @@ fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId
     }
     if total < u64::from(d.replicas) {
         return PendingReason::NeverFits {
-            detail: format!("the cluster holds at most {total} replicas of {} GPUs of {name}; the job needs {}", d.gpus, d.replicas),
+            detail: format!(
+                "the cluster holds at most {total} replicas of {} GPUs of {name}; the job needs {}",
+                d.gpus, d.replicas
+            ),
         };
     }
     if let Some(holder) = state.reserved_for(f).filter(|holder| *holder != job.id) {
         return PendingReason::Reserved { for_job: holder };
     }
-    PendingReason::NoRoom { flavor: Some(name.to_string()), replicas: d.replicas, gpus_per_replica: d.gpus, free_gpus: state.free_of(f) }
+    PendingReason::NoRoom {
+        flavor: Some(name.to_string()),
+        replicas: d.replicas,
+        gpus_per_replica: d.gpus,
+        free_gpus: state.free_of(f),
+    }
 }
 
 fn flavor_for_reservation(state: &State<'_>, job: &PendingJob) -> Option<FlavorId> {

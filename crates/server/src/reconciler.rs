@@ -77,12 +77,32 @@ impl Reconciler {
         self.settings.api_url.get_or_insert(url);
     }
 
-    /// Runs passes until `shutdown`. A failed pass (database away) is logged and retried.
+    /// Runs passes until `shutdown`, while this server leads: one leader across server replicas
+    /// (a Postgres advisory lock), the others wait as standbys and take over when it goes. A
+    /// failed pass (database away) is logged and retried.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let executor_changes = self.executor.changes();
+        let mut leadership = None;
         loop {
-            if let Err(err) = self.pass().await {
-                tracing::warn!(%err, "reconciler pass failed; retrying");
+            if leadership.is_none() {
+                match self.store.leadership_try().await {
+                    Ok(Some(lock)) => {
+                        tracing::info!("leading the control loops");
+                        leadership = Some(lock);
+                    }
+                    Ok(None) => tracing::debug!("another server leads; standing by"),
+                    Err(err) => tracing::warn!(%err, "cannot try for leadership"),
+                }
+            }
+            if let Some(lock) = leadership.as_mut() {
+                if lock.still_held().await {
+                    if let Err(err) = self.pass().await {
+                        tracing::warn!(%err, "reconciler pass failed; retrying");
+                    }
+                } else {
+                    tracing::warn!("lost leadership (its database connection broke)");
+                    leadership = None;
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,

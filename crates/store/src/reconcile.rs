@@ -356,3 +356,35 @@ pub struct AttemptEnd<'a> {
     pub reason: Option<&'a str>,
     pub actor: &'a str,
 }
+
+/// The advisory lock that makes one server the leader of the control loops.
+const LEADER_LOCK: i64 = 0x7472_6169_6e79_6172; // "trainyar"
+
+/// Held leadership of the control loops: a session-level advisory lock on a connection of its
+/// own. It ends when this value is dropped or the connection dies (a killed server loses it at
+/// once, and a standby takes over).
+pub struct Leadership {
+    connection: sqlx::PgConnection,
+}
+
+impl Store {
+    /// Becomes the leader if no one else is. `None` when another server leads.
+    pub async fn leadership_try(&self) -> Result<Option<Leadership>> {
+        let mut connection = self.pool.acquire().await.map_err(db_error)?.detach();
+        // language=PostgreSQL
+        let acquired: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LEADER_LOCK)
+            .fetch_one(&mut connection)
+            .await
+            .map_err(db_error)?;
+        Ok(acquired.then_some(Leadership { connection }))
+    }
+}
+
+impl Leadership {
+    /// True while the lock's connection answers (and so still holds the lock).
+    pub async fn still_held(&mut self) -> bool {
+        // language=PostgreSQL
+        sqlx::query("SELECT 1").execute(&mut self.connection).await.is_ok()
+    }
+}
