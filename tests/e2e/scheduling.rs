@@ -31,9 +31,9 @@ async fn two_tenants_borrow_reclaim_and_explain_their_queues() {
     let admin = env.admin_token.clone();
     for team in ["team-a", "team-b"] {
         assert_eq!(env.post("/api/v1/admin/tenants", &admin, &json!({"name": team})).await.0, StatusCode::CREATED);
-        let set = env.yard(&admin, &["admin", "tenant-set", team, "--cohort", "lab"]);
+        let set = env.yard(&admin, &["admin", "tenant", "set", team, "--cohort", "lab"]);
         assert!(set.status.success(), "{}", stderr(&set));
-        let quota = env.yard(&admin, &["admin", "quota-set", team, GPU, "--nominal", "4"]);
+        let quota = env.yard(&admin, &["admin", "quota", "set", team, GPU, "--nominal", "4"]);
         assert!(quota.status.success(), "{}", stderr(&quota));
     }
     let alice = env.member("team-a", "alice", "member").await;

@@ -225,8 +225,29 @@ enum AdminCommand {
     TenantCreate { name: String },
     /// List tenants (platform admins).
     Tenants,
-    /// Set a tenant's quota for one GPU type (platform admins).
-    QuotaSet {
+    /// Quotas (platform admins): `yard admin quota set TENANT FLAVOR --nominal N`.
+    Quota {
+        #[command(subcommand)]
+        command: AdminQuotaCommand,
+    },
+    /// Tenant scheduling policy (platform admins): `yard admin tenant set TENANT --cohort C`.
+    Tenant {
+        #[command(subcommand)]
+        command: AdminTenantCommand,
+    },
+    /// Add a user to a tenant with a role, and print their first token.
+    MemberAdd {
+        tenant: String,
+        user: String,
+        #[arg(long, value_parser = ["viewer", "member", "admin"], default_value = "member")]
+        role: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminQuotaCommand {
+    /// Set a tenant's quota for one GPU type.
+    Set {
         tenant: String,
         flavor: String,
         #[arg(long)]
@@ -238,8 +259,12 @@ enum AdminCommand {
         #[arg(long)]
         lend: Option<u64>,
     },
-    /// Put a tenant in a cohort, set its fair-share weight or preemption policy (platform admins).
-    TenantSet {
+}
+
+#[derive(Subcommand)]
+enum AdminTenantCommand {
+    /// Put a tenant in a cohort, set its fair-share weight or preemption policy.
+    Set {
         tenant: String,
         /// Cohort to join ("" to leave).
         #[arg(long)]
@@ -249,13 +274,6 @@ enum AdminCommand {
         /// Let its higher-priority jobs preempt its lower-priority ones.
         #[arg(long)]
         preempt_lower_priority: Option<bool>,
-    },
-    /// Add a user to a tenant with a role, and print their first token.
-    MemberAdd {
-        tenant: String,
-        user: String,
-        #[arg(long, value_parser = ["viewer", "member", "admin"], default_value = "member")]
-        role: String,
     },
 }
 
@@ -418,13 +436,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
             output::print(out, &report, output::quota)
         }
-        Command::Admin { command: AdminCommand::QuotaSet { tenant, flavor, nominal, borrow, lend } } => {
+        Command::Admin {
+            command: AdminCommand::Quota { command: AdminQuotaCommand::Set { tenant, flavor, nominal, borrow, lend } },
+        } => {
             let body = QuotaSet { nominal, borrowing_limit: borrow, lending_limit: lend };
             client.put(&format!("/api/v1/admin/tenants/{tenant}/quotas/{flavor}"), &body).await?;
             eprintln!("quota of {tenant} for {flavor}: nominal {nominal}");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Admin { command: AdminCommand::TenantSet { tenant, cohort, weight, preempt_lower_priority } } => {
+        Command::Admin {
+            command:
+                AdminCommand::Tenant { command: AdminTenantCommand::Set { tenant, cohort, weight, preempt_lower_priority } },
+        } => {
             let body = TenantPolicyUpdate { cohort, weight, preempt_lower_priority };
             client.patch(&format!("/api/v1/admin/tenants/{tenant}"), &body).await?;
             eprintln!("updated {tenant}");
