@@ -68,7 +68,7 @@ async fn failing_job_is_restarted_then_fails_with_its_exit_code_on_every_attempt
         .await;
     let job = env.wait_job(&id, Duration::from_secs(60), |j| j["state"] == "failed").await;
     assert_eq!(job["restart_count"], 1);
-    assert_eq!(job["reason"], "replica 0 exited with code 3");
+    assert_eq!(job["reason"], "replica 0 exited with code 3: attempt 2", "the last line it wrote explains the failure");
 
     let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token).await;
     let attempts = attempts.as_array().unwrap();

@@ -10,3 +10,4 @@ mod scheduling;
 mod schema;
 mod templates;
 mod tenancy;
+mod training;

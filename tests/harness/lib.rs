@@ -30,6 +30,18 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The PATH jobs see: the test Python's folder first (it has torch and webdataset), when set.
+fn job_path() -> String {
+    let path = std::env::var("PATH").unwrap_or_default();
+    match std::env::var("TRAINYARD_TEST_PYTHON") {
+        Ok(python) => match Path::new(&python).parent() {
+            Some(dir) => format!("{}:{path}", dir.display()),
+            None => path,
+        },
+        Err(_) => path,
+    }
+}
+
 /// A database of its own for one test, with all migrations applied.
 pub struct TestDb {
     pub url: String,
@@ -78,6 +90,7 @@ impl ServerProcess {
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
+            .env("PATH", job_path())
             .env("TRAINYARD_DATABASE_URL", db_url)
             .env("RUST_LOG", "info,sqlx=warn")
             .stdout(Stdio::piped())

@@ -66,3 +66,30 @@ fn the_webdataset_library_reads_our_shards_as_they_are() {
     assert_eq!(seen.len(), 300, "webdataset yields every sample once");
     assert_eq!(seen, expected, "same keys, same extensions, same bytes");
 }
+
+#[test]
+fn the_training_engine_assigns_shards_to_ranks_as_the_data_pipeline_does() {
+    let python = std::env::var("TRAINYARD_TEST_PYTHON").expect("run the tests through tests/run");
+    let engine = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../templates/pytorch-ddp/engine");
+    let script = "import json, sys\nsys.path.insert(0, sys.argv[1])\nfrom shards import assign_shards\n\
+        print(json.dumps([[assign_shards(n, r, w, s, e) for r in range(w)] for n, w, s, e in json.loads(sys.argv[2])]))";
+    let cases: Vec<(usize, usize, u64, u64)> =
+        vec![(1, 1, 0, 0), (13, 2, 0, 0), (13, 2, 0, 1), (100, 8, 42, 3), (7, 16, 9, 2), (64, 3, 123_456, 0)];
+    let output = Command::new(&python)
+        .args(["-c", script])
+        .arg(&engine)
+        .arg(serde_json::to_string(&cases).unwrap())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let python_says: Vec<Vec<Vec<usize>>> = serde_json::from_slice(&output.stdout).unwrap();
+    for ((n, w, s, e), ranks) in cases.into_iter().zip(python_says) {
+        for (rank, shards) in ranks.into_iter().enumerate() {
+            assert_eq!(
+                shards,
+                trainyard_data::reader::assign_shards(n, rank, w, s, e),
+                "n={n} w={w} seed={s} epoch={e} rank={rank}"
+            );
+        }
+    }
+}

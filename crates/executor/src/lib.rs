@@ -104,6 +104,15 @@ pub trait Executor: Send + Sync + 'static {
     /// Frees what an ended attempt still holds (stray processes, reserved GPUs).
     async fn release(&self, attempt: &AttemptRef);
 
+    /// The last non-empty line a replica wrote (its error, when it failed), if any.
+    async fn log_last_line(&self, job_id: Uuid, attempt: i32, replica: u32) -> Option<String> {
+        use tokio::io::AsyncReadExt;
+        let mut reader = self.log_reader(job_id, attempt, replica).await.ok()??;
+        let mut text = Vec::new();
+        reader.read_to_end(&mut text).await.ok()?;
+        last_line(&text)
+    }
+
     /// A replica's log: what it wrote so far, and more as it writes. `None` when there is none.
     async fn log_reader(
         &self,
@@ -115,4 +124,11 @@ pub trait Executor: Send + Sync + 'static {
     /// Wakes when something may have changed (a replica exited), so the reconciler need not
     /// wait for its next tick.
     fn changes(&self) -> std::sync::Arc<tokio::sync::Notify>;
+}
+
+/// The last non-empty line of `text`, at most 300 characters.
+pub fn last_line(text: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(text);
+    let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
+    Some(line.chars().take(300).collect())
 }

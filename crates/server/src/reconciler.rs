@@ -165,11 +165,30 @@ impl Reconciler {
         };
         let statuses = self.executor.observe(&attempt).await;
         let running = statuses.iter().filter(|s| **s == ReplicaStatus::Running).count();
-        let failure = statuses.iter().enumerate().find_map(|(rank, status)| match status {
-            ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
-            ReplicaStatus::Exited(code) => Some(format!("replica {rank} exited with code {code}")),
-            ReplicaStatus::Lost => Some(REASON_LOST.to_string()),
-        });
+        // The failure that explains the others: an exit code of the program's own before one
+        // from a signal (the rest of a gang is stopped with SIGTERM), then a vanished replica.
+        let failed = statuses
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, status)| match status {
+                ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
+                ReplicaStatus::Exited(code) => Some((u8::from(*code >= 128), rank, Some(*code))),
+                ReplicaStatus::Lost => Some((2, rank, None)),
+            })
+            .min();
+        let failure = match failed {
+            None => None,
+            Some((_, _, None)) => Some(REASON_LOST.to_string()),
+            Some((_, rank, Some(code))) if running == 0 => {
+                // Its last words (a Python traceback ends with the exception) make the reason.
+                let last = self.executor.log_last_line(job.id, record.number, rank as u32).await;
+                Some(match last {
+                    Some(line) => format!("replica {rank} exited with code {code}: {line}"),
+                    None => format!("replica {rank} exited with code {code}"),
+                })
+            }
+            Some((_, rank, Some(code))) => Some(format!("replica {rank} exited with code {code}")),
+        };
 
         let stopping = job.cancel_requested || job.preempt_requested;
         if running > 0 && (stopping || failure.is_some()) {

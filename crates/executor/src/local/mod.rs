@@ -363,6 +363,17 @@ impl Executor for LocalExecutor {
         self.gpus_free(attempt.job_id, attempt.attempt);
     }
 
+    async fn log_last_line(&self, job_id: Uuid, attempt: i32, replica: u32) -> Option<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.attempt_dir(job_id, attempt).join(format!("replica-{replica}.log"));
+        let mut file = std::fs::File::open(path).ok()?;
+        let size = file.metadata().ok()?.len();
+        file.seek(SeekFrom::Start(size.saturating_sub(4096))).ok()?;
+        let mut tail = Vec::new();
+        file.read_to_end(&mut tail).ok()?;
+        crate::last_line(&tail)
+    }
+
     async fn log_reader(
         &self,
         job_id: Uuid,

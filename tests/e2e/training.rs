@@ -1,0 +1,193 @@
+//! The pytorch-ddp template with real PyTorch on CPU (gloo): pack a generated dataset with
+//! data-pack, train the built-in example on 2 replicas, survive a killed replica by resuming from
+//! the last checkpoint, checkpoint on cancel, and fail clearly on bad user code.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use trainyard_tests::{TestEnv, stderr, stdout};
+
+/// 8x8 images of 4 classes (class k lights quadrant k), 1,200 samples, then packed by data-pack.
+async fn packed_dataset(env: &TestEnv) -> PathBuf {
+    let source = env.dir.path().join("images");
+    let mut noise: u32 = 12345;
+    for i in 0..1200u32 {
+        let class = i % 4;
+        let dir = source.join(format!("c{class}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut bytes = Vec::with_capacity(256);
+        for r in 0..8 {
+            for c in 0..8 {
+                noise = noise.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                let jitter = ((noise >> 16) % 1000) as f32 / 1000.0 * 0.6 - 0.3;
+                let lit = u32::from(r >= 4) * 2 + u32::from(c >= 4) == class;
+                bytes.extend_from_slice(&(f32::from(u8::from(lit)) + jitter).to_le_bytes());
+            }
+        }
+        std::fs::write(dir.join(format!("img{i:05}.bin")), bytes).unwrap();
+        std::fs::write(dir.join(format!("img{i:05}.cls")), class.to_string()).unwrap();
+    }
+    let dest = env.dir.path().join("shards");
+    let packed = env.yard(
+        &env.admin_token,
+        &[
+            "run",
+            "data-pack",
+            "--set",
+            &format!("source={}", source.display()),
+            "--set",
+            &format!("destination={}", dest.display()),
+            "--set",
+            "shard_size=32Ki",
+            "--set",
+            "threads=1",
+            "--wait",
+        ],
+    );
+    assert!(packed.status.success(), "{} {}", stdout(&packed), stderr(&packed));
+    dest
+}
+
+fn train_args<'a>(data: &'a str, extra: &[&'a str]) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "pytorch-ddp", "--set"].iter().map(|s| s.to_string()).collect();
+    args.push(format!("data={data}"));
+    for set in ["replicas=2", "cpu=0.5", "memory=1Gi", "batch_size=32", "workers=1", "precision=bf16"] {
+        args.push("--set".into());
+        args.push(set.into());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn checkpoint_step(env: &TestEnv, job: &str) -> Option<u64> {
+    let latest = env.data_dir().join("jobs").join(job).join("replica-0/checkpoints/latest.json");
+    let text = std::fs::read_to_string(latest).ok()?;
+    serde_json::from_str::<Value>(&text).ok()?["step"].as_u64()
+}
+
+async fn wait_for_checkpoint(env: &TestEnv, job: &str, at_least: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while checkpoint_step(env, job).is_none_or(|s| s < at_least) {
+        let (_, state) = env.get(&format!("/api/v1/jobs/{job}"), &env.admin_token).await;
+        assert!(
+            std::time::Instant::now() < deadline && state["finished_at"].is_null(),
+            "no checkpoint {at_least}: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn log_of(env: &TestEnv, job: &str, attempt: u32, replica: u32) -> String {
+    let path = env.data_dir().join("jobs").join(job).join(format!("attempt-{attempt}/replica-{replica}.log"));
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn submit(env: &TestEnv, args: &[String]) -> String {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.yard(&env.admin_token, &args);
+    assert!(out.status.success(), "{} {}", stdout(&out), stderr(&out));
+    stdout(&out).trim().lines().last().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_trains_on_two_replicas_and_its_loss_falls() {
+    let env = TestEnv::start().await;
+    let data = packed_dataset(&env).await;
+    let args = train_args(
+        data.to_str().unwrap(),
+        &["--set", "epochs=4", "--set", "checkpoint_every=20", "--wait", "-o", "json"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let trained = env.yard(&env.admin_token, &args);
+    assert!(trained.status.success(), "{} {}", stdout(&trained), stderr(&trained));
+    let job: Value = serde_json::from_slice(&trained.stdout).unwrap();
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(job["state"], "succeeded");
+
+    let (_, metrics) = env.get(&format!("/api/v1/jobs/{id}/metrics"), &env.admin_token).await;
+    let series =
+        |name: &str| -> Vec<f64> {
+            metrics["series"].as_array().unwrap().iter().find(|s| s["name"] == name).map_or_else(Vec::new, |s| {
+                s["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
+            })
+        };
+    let loss = series("loss");
+    assert!(loss.len() >= 3, "{metrics}");
+    assert!(loss.last().unwrap() < &(loss[0] * 0.5), "the loss falls by a clear margin: {loss:?}");
+    assert!(!series("samples_per_second").is_empty() && !series("input_stall_seconds").is_empty());
+    assert!(checkpoint_step(&env, id).is_some_and(|s| s > 0), "a checkpoint exists");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_replica_restarts_the_job_from_its_last_checkpoint() {
+    let env = TestEnv::start().await;
+    let data = packed_dataset(&env).await;
+    let args = train_args(
+        data.to_str().unwrap(),
+        &["--set", "epochs=1000", "--set", "max_steps=300", "--set", "checkpoint_every=10", "--max-restarts", "2"],
+    );
+    let id = submit(&env, &args);
+    wait_for_checkpoint(&env, &id, 20).await;
+    let pids = env.replica_pids(&id, 1).await;
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pids[1] as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+
+    let job = env.wait_job(&id, Duration::from_secs(240), |j| j["finished_at"].is_string()).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(job["restart_count"].as_u64().unwrap() >= 1);
+    let resumed = log_of(&env, &id, 2, 0);
+    let from: u64 = resumed
+        .lines()
+        .find_map(|l| l.strip_prefix("resuming from step ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("attempt 2 did not resume from a checkpoint:\n{resumed}"));
+    assert!(from >= 20, "resumed from step {from}");
+    assert!(!resumed.contains("step 10 loss"), "the step counter continues; it does not restart at 0");
+    assert_eq!(checkpoint_step(&env, &id), Some(300));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_training_writes_a_final_checkpoint_within_the_grace_period() {
+    let env = TestEnv::start().await;
+    let data = packed_dataset(&env).await;
+    let args = train_args(data.to_str().unwrap(), &["--set", "epochs=1000", "--set", "checkpoint_every=1000"]);
+    let id = submit(&env, &args);
+    // Training is under way once it reports a loss (every 10 steps).
+    env.wait_job(&id, Duration::from_secs(120), |j| j["state"] == "running").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !log_of(&env, &id, 1, 0).contains("step 10 loss") {
+        assert!(std::time::Instant::now() < deadline, "no training progress:\n{}", log_of(&env, &id, 1, 0));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(checkpoint_step(&env, &id), None, "no checkpoint yet (every 1000 steps)");
+    let cancelled = env.yard(&env.admin_token, &["cancel", &id]);
+    assert!(cancelled.status.success());
+    env.wait_state(&id, "cancelled", Duration::from_secs(30)).await;
+    let log = log_of(&env, &id, 1, 0);
+    assert!(log.contains("stopping on SIGTERM after a final checkpoint"), "{log}");
+    assert!(
+        checkpoint_step(&env, &id).is_some_and(|s| s >= 10),
+        "the final checkpoint was written within the 2 s grace period"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_user_code_fails_the_job_with_the_python_error() {
+    let env = TestEnv::start().await;
+    let data = packed_dataset(&env).await;
+    let module = env.dir.path().join("broken.py");
+    std::fs::write(&module, "import numpy_but_misspelled_xyz\n").unwrap();
+    let user = format!("user_module={}", module.display());
+    let args = train_args(data.to_str().unwrap(), &["--set", &user]);
+    let id = submit(&env, &args);
+    let job = env.wait_job(&id, Duration::from_secs(120), |j| j["finished_at"].is_string()).await;
+    assert_eq!(job["state"], "failed");
+    let reason = job["reason"].as_str().unwrap();
+    assert!(reason.contains("ModuleNotFoundError: No module named 'numpy_but_misspelled_xyz'"), "{reason}");
+    assert!(log_of(&env, &id, 1, 0).contains("Traceback"));
+}
+
+/// Used by the rank-assignment comparison in crates/data.
+#[allow(dead_code)]
+fn engine_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/pytorch-ddp/engine")
+}
