@@ -39,6 +39,18 @@ class Files(Dataset):
         return decode({"bin": data, "cls": label})
 
 
+def drop_caches():
+    """Empties the page cache (root only) so that a run reads from the disk, as a first epoch
+    over a big dataset does. Returns whether it could."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
 def run(name, batches, steps):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10))
@@ -77,10 +89,16 @@ def main():
     torch.set_num_threads(1)
     plain = DataLoader(Files(args.files), batch_size=args.batch_size, shuffle=True, num_workers=args.workers, prefetch_factor=4)
     ours = shards.loader(shards.ShardDataset(args.shards, decode, 0, 1, 0, 1000), args.batch_size, args.workers, 4, False)
-    for round in (1, 2):
-        print(f"round {round}")
-        run("plain DataLoader over files", plain, args.steps)
-        run("pytorch-ddp shard pipeline", ours, args.steps)
+    if drop_caches():
+        print("cold page cache (dropped before each run):")
+        for name, batches in (("plain DataLoader over files", plain), ("pytorch-ddp shard pipeline", ours)):
+            drop_caches()
+            run(name, batches, args.steps)
+    else:
+        print("cannot drop the page cache here (not root): cold runs skipped")
+    print("warm page cache:")
+    for name, batches in (("plain DataLoader over files", plain), ("pytorch-ddp shard pipeline", ours)):
+        run(name, batches, args.steps)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,23 @@ def split_key(name):
 
 
 def read_shard(path):
+    """Samples of one shard, through its index when it has one (a seek and a read per member, no
+    tar parsing in Python), else by reading the tar."""
+    index = path[: -len(".tar")] + ".idx.json" if path.endswith(".tar") else None
+    if index and os.path.exists(index):
+        entries = json.load(open(index))["samples"]
+        with open(path, "rb", buffering=1 << 20) as f:
+            for entry in entries:
+                sample = {"__key__": entry["key"]}
+                for member in entry["members"]:
+                    f.seek(member["offset"])
+                    sample[member["ext"]] = f.read(member["size"])
+                yield sample
+        return
+    yield from read_tar(path)
+
+
+def read_tar(path):
     """Samples of one tar shard: consecutive members with the same key form one sample."""
     current_key, sample = None, None
     with tarfile.open(path, mode="r|") as archive:
