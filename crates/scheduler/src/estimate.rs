@@ -4,7 +4,7 @@
 //! cycle that admits it. Estimates assume no new submissions and jobs that end on time, like
 //! Slurm's: a forecast, recomputed whenever asked.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use uuid::Uuid;
 
@@ -22,28 +22,10 @@ pub fn estimate_starts(snap: &Snapshot) -> BTreeMap<Uuid, Option<i64>> {
     };
     for _ in 0..snap.settings.estimate_steps {
         let result = run_cycle(&sim, options);
-        if !result.admissions.is_empty() {
-            let admitted: BTreeSet<Uuid> = result.admissions.iter().map(|a| a.job).collect();
-            let by_id: BTreeMap<Uuid, &PendingJob> = sim.pending.iter().map(|j| (j.id, j)).collect();
-            let mut started = Vec::new();
-            for admission in &result.admissions {
-                let job = by_id[&admission.job];
-                starts.insert(job.id, Some(sim.now));
-                started.push(RunningJob {
-                    id: job.id,
-                    tenant: job.tenant,
-                    priority: job.priority,
-                    demand: job.demand.clone(),
-                    flavor: admission.flavor.clone(),
-                    nodes: admission.nodes.clone(),
-                    started_at: sim.now,
-                    expected_runtime: job.expected_runtime,
-                    stopping: false,
-                });
-            }
-            sim.pending.retain(|j| !admitted.contains(&j.id));
-            sim.running.extend(started);
+        for admission in &result.admissions {
+            starts.insert(admission.job, Some(sim.now));
         }
+        sim.apply(&result, u64::MAX);
         if sim.pending.is_empty() {
             break;
         }

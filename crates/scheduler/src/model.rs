@@ -122,3 +122,44 @@ pub struct Snapshot {
     pub pending: Vec<PendingJob>,
     pub settings: Settings,
 }
+
+impl Snapshot {
+    /// Plays a cycle's decisions forward: admitted jobs start now; preemption victims go back
+    /// to the queue (as newly submitted, with `requeue_seq`). Used by estimates, the simulator
+    /// and the tests to step a cluster from one cycle to the next.
+    pub fn apply(&mut self, result: &crate::CycleResult, requeue_seq: u64) {
+        use std::collections::{BTreeMap, BTreeSet};
+        let admitted: BTreeMap<Uuid, &crate::Admission> = result.admissions.iter().map(|a| (a.job, a)).collect();
+        let victims: BTreeSet<Uuid> = result.preemptions.iter().map(|p| p.victim).collect();
+        let now = self.now;
+        let (started, waiting): (Vec<PendingJob>, Vec<PendingJob>) =
+            self.pending.drain(..).partition(|j| admitted.contains_key(&j.id));
+        let (stopped, running): (Vec<RunningJob>, Vec<RunningJob>) =
+            self.running.drain(..).partition(|r| victims.contains(&r.id));
+        self.running = running;
+        self.running.extend(started.into_iter().map(|job| {
+            let admission = admitted[&job.id];
+            RunningJob {
+                id: job.id,
+                tenant: job.tenant,
+                priority: job.priority,
+                demand: job.demand,
+                flavor: admission.flavor.clone(),
+                nodes: admission.nodes.clone(),
+                started_at: now,
+                expected_runtime: job.expected_runtime,
+                stopping: false,
+            }
+        }));
+        self.pending = waiting;
+        self.pending.extend(stopped.into_iter().map(|r| PendingJob {
+            id: r.id,
+            tenant: r.tenant,
+            priority: r.priority,
+            seq: requeue_seq,
+            submitted_at: now,
+            demand: r.demand,
+            expected_runtime: r.expected_runtime,
+        }));
+    }
+}

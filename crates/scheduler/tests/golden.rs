@@ -3,11 +3,10 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use common::*;
-use trainyard_scheduler::{PendingJob, RunningJob, Snapshot, admission_cycle};
+use trainyard_scheduler::{Snapshot, admission_cycle};
 
 /// Runs `rounds` cycles; admitted jobs start, victims requeue, jobs in `finish` end after
 /// round 1. Returns one line per decision.
@@ -40,41 +39,10 @@ fn trace(mut snap: Snapshot, rounds: usize, finish: &[&str]) -> String {
             )
             .unwrap();
         }
-        let admitted: BTreeSet<_> = result.admissions.iter().map(|a| a.job).collect();
-        let victims: BTreeSet<_> = result.preemptions.iter().map(|p| p.victim).collect();
-        let mut requeued = Vec::new();
-        snap.running.retain(|r| {
-            let finished = round == 1 && finish.contains(&name_of(r.id).as_str());
-            let keep = !(victims.contains(&r.id) || finished);
-            if victims.contains(&r.id) {
-                requeued.push(PendingJob {
-                    id: r.id,
-                    tenant: r.tenant,
-                    priority: r.priority,
-                    seq: 100 + round as u64,
-                    submitted_at: snap.now,
-                    demand: r.demand.clone(),
-                    expected_runtime: r.expected_runtime,
-                });
-            }
-            keep
-        });
-        for job in snap.pending.iter().filter(|j| admitted.contains(&j.id)) {
-            let a = result.admissions.iter().find(|a| a.job == job.id).unwrap();
-            snap.running.push(RunningJob {
-                id: job.id,
-                tenant: job.tenant,
-                priority: job.priority,
-                demand: job.demand.clone(),
-                flavor: a.flavor.clone(),
-                nodes: a.nodes.clone(),
-                started_at: snap.now,
-                expected_runtime: job.expected_runtime,
-                stopping: false,
-            });
+        if round == 1 {
+            snap.running.retain(|r| !finish.contains(&name_of(r.id).as_str()));
         }
-        snap.pending.retain(|j| !admitted.contains(&j.id));
-        snap.pending.extend(requeued);
+        snap.apply(&result, 100 + round as u64);
         snap.now += 60;
     }
     out

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
 use proptest::prelude::*;
-use trainyard_scheduler::{CycleResult, PendingJob, RunningJob, Snapshot, admission_cycle};
+use trainyard_scheduler::{CycleResult, RunningJob, Snapshot, admission_cycle};
 use uuid::Uuid;
 
 fn cluster() -> impl Strategy<Value = Snapshot> {
@@ -66,46 +66,9 @@ fn cluster() -> impl Strategy<Value = Snapshot> {
     })
 }
 
-/// Applies a cycle: admitted jobs start; preemption victims go back to the queue.
+/// Applies a cycle (admitted jobs start, victims requeue) and moves the clock on.
 fn apply(snap: &mut Snapshot, result: &CycleResult, round: i64) {
-    let admitted: BTreeMap<Uuid, &trainyard_scheduler::Admission> =
-        result.admissions.iter().map(|a| (a.job, a)).collect();
-    let mut still = Vec::new();
-    for job in snap.pending.drain(..) {
-        match admitted.get(&job.id) {
-            Some(a) => snap.running.push(RunningJob {
-                id: job.id,
-                tenant: job.tenant,
-                priority: job.priority,
-                demand: job.demand.clone(),
-                flavor: a.flavor.clone(),
-                nodes: a.nodes.clone(),
-                started_at: snap.now + round,
-                expected_runtime: job.expected_runtime,
-                stopping: false,
-            }),
-            None => still.push(job),
-        }
-    }
-    let victims: BTreeSet<Uuid> = result.preemptions.iter().map(|p| p.victim).collect();
-    let mut kept = Vec::new();
-    for job in snap.running.drain(..) {
-        if victims.contains(&job.id) {
-            still.push(PendingJob {
-                id: job.id,
-                tenant: job.tenant,
-                priority: job.priority,
-                seq: 1_000 + round as u64,
-                submitted_at: snap.now,
-                demand: job.demand,
-                expected_runtime: job.expected_runtime,
-            });
-        } else {
-            kept.push(job);
-        }
-    }
-    snap.running = kept;
-    snap.pending = still;
+    snap.apply(result, 1_000 + round as u64);
     snap.now += 60;
 }
 
