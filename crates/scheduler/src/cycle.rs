@@ -208,7 +208,7 @@ fn try_admit(state: &mut State<'_>, job: &PendingJob) -> Result<Admission, (Pend
             },
             Ok(QuotaCheck::Reclaimable) => (
                 PendingReason::CohortExhausted {
-                    flavor: state.flavors[flavor].to_string(),
+                    flavor: state.flavor_names[flavor].clone(),
                     used: t.map_or(0, |t| state.usage(t, flavor)),
                     nominal: t.and_then(|t| state.quota(t, flavor)).map_or(0, |q| q.nominal),
                     lendable: 0,
@@ -284,7 +284,7 @@ fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId
         return PendingReason::Reserved { for_job: holder };
     }
     PendingReason::NoRoom {
-        flavor: Some(name.to_string()),
+        flavor: Some(state.flavor_names[f].clone()),
         replicas: d.replicas,
         gpus_per_replica: d.gpus,
         free_gpus: state.free_of(f),
@@ -332,6 +332,42 @@ fn find_victims<'a>(
     let eligible = |r: &RunningJob| !r.stopping && !taken.contains(&r.id) && r.priority <= job.priority;
     for flavor in flavors_for(state, job) {
         let Some(on_flavor) = running_by_flavor.get(state.flavors[flavor]) else { continue };
+        // Jobs already being stopped (victims of an earlier cycle) will free their resources:
+        // count them as gone, so that no one is preempted twice over for the same room.
+        let stopping: Vec<&RunningJob> = on_flavor.iter().copied().filter(|r| r.stopping).collect();
+        for r in &stopping {
+            take(state, r, true);
+        }
+        let found = victims_on(state, job, flavor, t, cohort, need, quota_allows, on_flavor, &eligible, stopping.len());
+        for r in &stopping {
+            take(state, r, false);
+        }
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+#[allow(clippy::too_many_arguments)]
+fn victims_on<'a>(
+    state: &mut State<'a>,
+    job: &PendingJob,
+    flavor: FlavorId,
+    t: usize,
+    cohort: Option<&str>,
+    need: u64,
+    quota_allows: bool,
+    on_flavor: &[&'a RunningJob],
+    eligible: &dyn Fn(&RunningJob) -> bool,
+    stopping: usize,
+) -> Option<(Vec<Uuid>, PreemptionKind)> {
+    let snap = state.snap;
+    if stopping > 0 && job_fits(state, job, flavor) {
+        // What is being stopped already makes room: wait for it, preempt no one else.
+        return Some((Vec::new(), PreemptionKind::Reclaim));
+    }
+    {
         let within_nominal = state.quota(t, flavor).is_some_and(|q| state.usage(t, flavor) + need <= q.nominal);
         let mut tries: Vec<(PreemptionKind, Vec<&'a RunningJob>)> = Vec::new();
         if quota_allows && within_nominal && cohort.is_some() {
@@ -362,13 +398,25 @@ fn find_victims<'a>(
             if freeable + state.free_of(flavor) < need {
                 continue;
             }
-            candidates.sort_by_key(|r| (r.priority, Reverse(r.started_at), r.id));
+            // Ties in start time (seconds) go to the larger id: Trainyard's ids are time-ordered (UUIDv7).
+            candidates.sort_by_key(|r| (r.priority, Reverse(r.started_at), Reverse(r.id)));
             if let Some(victims) = smallest_sufficient(state, job, flavor, kind, &candidates) {
                 return Some((victims, kind));
             }
         }
     }
     None
+}
+
+/// Releases (`release`) or takes back a running job's resources in the cycle's bookkeeping.
+fn take<'a>(state: &mut State<'a>, r: &RunningJob, release: bool) {
+    let nodes = state.running_nodes(r);
+    let f = r.flavor.as_deref().and_then(|f| state.flavor_id(f));
+    if release {
+        state.release(r.tenant, f, &r.demand, &nodes);
+    } else {
+        state.allocate(r.tenant, f, &r.demand, &nodes);
+    }
 }
 
 fn job_fits(state: &State<'_>, job: &PendingJob, flavor: FlavorId) -> bool {
@@ -383,15 +431,6 @@ fn smallest_sufficient<'a>(
     kind: PreemptionKind,
     candidates: &[&'a RunningJob],
 ) -> Option<Vec<Uuid>> {
-    let take = |state: &mut State<'a>, r: &RunningJob, release: bool| {
-        let nodes = state.running_nodes(r);
-        let f = r.flavor.as_deref().and_then(|f| state.flavor_id(f));
-        if release {
-            state.release(r.tenant, f, &r.demand, &nodes);
-        } else {
-            state.allocate(r.tenant, f, &r.demand, &nodes);
-        }
-    };
     let mut chosen: Vec<&RunningJob> = Vec::new();
     let mut fits = false;
     for &candidate in candidates {

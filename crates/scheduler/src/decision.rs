@@ -4,7 +4,13 @@ use std::fmt;
 
 use uuid::Uuid;
 
+use std::sync::Arc;
+
 use crate::model::Flavor;
+
+/// A flavor's name in a reason: shared, so that the thousands of reasons of one cycle do not
+/// each copy it.
+pub type FlavorName = Arc<str>;
 
 /// A job admitted now, with where each replica goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,15 +55,15 @@ pub struct Pending {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PendingReason {
     /// The tenant has no quota for this flavor.
-    NoQuota { flavor: Flavor },
+    NoQuota { flavor: FlavorName },
     /// No node of the cluster could ever hold one replica.
     NeverFits { detail: String },
     /// Nominal plus the borrowing limit would be exceeded.
-    QuotaExceeded { flavor: Flavor, used: u64, nominal: u64, borrowing_limit: Option<u64>, needed: u64 },
+    QuotaExceeded { flavor: FlavorName, used: u64, nominal: u64, borrowing_limit: Option<u64>, needed: u64 },
     /// Within the tenant's limits, but the cohort has no idle quota to lend.
-    CohortExhausted { flavor: Flavor, used: u64, nominal: u64, lendable: u64, needed: u64 },
+    CohortExhausted { flavor: FlavorName, used: u64, nominal: u64, lendable: u64, needed: u64 },
     /// Quota allows it, but no set of nodes has room for every replica now.
-    NoRoom { flavor: Option<Flavor>, replicas: u32, gpus_per_replica: u32, free_gpus: u64 },
+    NoRoom { flavor: Option<FlavorName>, replicas: u32, gpus_per_replica: u32, free_gpus: u64 },
     /// Nodes are held for a job that has waited long (the starvation rule).
     Reserved { for_job: Uuid },
     /// Jobs are being preempted to make room for this one.
@@ -90,6 +96,9 @@ impl fmt::Display for PendingReason {
             },
             PendingReason::Reserved { for_job } => {
                 write!(f, "the nodes it fits on are held for job {for_job}, which has waited longest")
+            }
+            PendingReason::WaitingForPreemption { victims: 0 } => {
+                write!(f, "jobs are being stopped to make room; starts when they have stopped")
             }
             PendingReason::WaitingForPreemption { victims } => {
                 write!(f, "preempting {victims} job(s) to make room; starts when they have stopped")

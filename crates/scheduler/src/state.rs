@@ -28,6 +28,8 @@ pub(crate) type FlavorId = usize;
 pub(crate) struct State<'a> {
     pub snap: &'a Snapshot,
     pub flavors: Vec<&'a str>,
+    /// The same names, shared into reasons.
+    pub flavor_names: Vec<crate::decision::FlavorName>,
     flavor_ids: BTreeMap<&'a str, FlavorId>,
     node_by_name: BTreeMap<&'a str, usize>,
     node_flavor: Vec<Option<FlavorId>>,
@@ -96,6 +98,7 @@ impl<'a> State<'a> {
             usage: vec![vec![0; nf]; snap.tenants.len()],
             pools: vec![vec![(0, 0); nf]; cohorts.len()],
             cohort_of,
+            flavor_names: names.iter().map(|n| std::sync::Arc::from(*n)).collect(),
             flavors: names,
             flavor_ids,
         };
@@ -169,7 +172,7 @@ impl<'a> State<'a> {
 
     /// Whether tenant `t` may take `need` more GPUs of `flavor`.
     pub fn quota_check(&self, t: Option<usize>, flavor: FlavorId, need: u64) -> Result<QuotaCheck, PendingReason> {
-        let name = || self.flavors[flavor].to_string();
+        let name = || self.flavor_names[flavor].clone();
         let (Some(t), Some(q)) = (t, t.and_then(|t| self.quotas[t][flavor])) else {
             return Err(PendingReason::NoQuota { flavor: name() });
         };

@@ -167,6 +167,34 @@ fn a_tenant_reclaims_its_nominal_quota_from_borrowers_lowest_priority_and_newest
 }
 
 #[test]
+fn jobs_already_being_stopped_count_as_room_so_no_one_is_preempted_twice() {
+    let mut snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![
+            tenant("a", Some("c"), &[(A100, quota(4, None, None))]),
+            tenant("b", Some("c"), &[(A100, quota(4, None, None))]),
+        ],
+        vec![
+            running("b-old", "b", 0, A100, &["n1"], 2, 10),
+            running("b-new", "b", 0, A100, &["n1"], 2, 20),
+            running("b-newer", "b", 0, A100, &["n1"], 2, 30),
+            running("b-newest", "b", 0, A100, &["n1"], 2, 40),
+        ],
+        vec![pending("a1", "a", 0, 1, demand(1, 4, Some(A100)))],
+    );
+    let first = admission_cycle(&snap);
+    let victims: Vec<String> = first.preemptions.iter().map(|p| name_of(p.victim)).collect();
+    assert_eq!(victims, ["b-newest", "b-newer"]);
+    // Next cycle: the victims are still stopping. Nobody else is preempted.
+    for r in snap.running.iter_mut().filter(|r| victims.contains(&name_of(r.id))) {
+        r.stopping = true;
+    }
+    let second = admission_cycle(&snap);
+    assert!(second.preemptions.is_empty(), "{:?}", second.preemptions);
+    assert_eq!(reason_of(&second, "a1"), PendingReason::WaitingForPreemption { victims: 0 });
+}
+
+#[test]
 fn reclaim_never_evicts_a_higher_priority_or_a_tenant_within_its_own_quota() {
     let snap = snapshot(
         vec![node("n1", "r1", A100, 8)],
