@@ -5,7 +5,11 @@
 mod cluster;
 
 fn main() {
-    for pending in [1_000, 10_000, 100_000] {
+    let sizes: Vec<usize> = match std::env::args().nth(1) {
+        Some(n) => vec![n.parse().expect("a number of pending jobs")],
+        None => vec![1_000, 10_000, 100_000],
+    };
+    for pending in sizes {
         let snap = cluster::cluster(pending);
         let started = std::time::Instant::now();
         let result = trainyard_scheduler::admission_cycle(&snap);

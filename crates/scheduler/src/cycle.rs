@@ -14,6 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
+use smallvec::SmallVec;
 use uuid::Uuid;
 
 use crate::decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};
@@ -51,22 +52,36 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
     // Each tenant's queue, in its own order; tenants without a policy queue too (they get
     // "no quota" for GPU jobs but may run CPU-only ones).
     // Tenants by small index, queues of job positions: the hot loop compares integers.
-    let mut tenant_ids: Vec<Uuid> = snap.pending.iter().map(|j| j.tenant).collect();
-    tenant_ids.sort_unstable();
-    tenant_ids.dedup();
-    let tenant_index = |id: &Uuid| tenant_ids.binary_search(id).expect("a tenant of a pending job") as u32;
+    let mut tenant_ids: Vec<Uuid> = Vec::new();
+    let mut tenant_of: std::collections::HashMap<Uuid, u32> = std::collections::HashMap::new();
+    let job_tenant: Vec<u32> = snap
+        .pending
+        .iter()
+        .map(|j| {
+            *tenant_of.entry(j.tenant).or_insert_with(|| {
+                tenant_ids.push(j.tenant);
+                (tenant_ids.len() - 1) as u32
+            })
+        })
+        .collect();
     // Each queued tenant's index in the state (None: a tenant without a policy).
     let policy_of: Vec<Option<usize>> = tenant_ids.iter().map(|id| state.tenant(*id)).collect();
-    let mut sorted: Vec<(u32, Reverse<i32>, u64, Uuid, usize)> = snap
+    // Sorted by tenant, priority (descending), submission order, then id; packed for speed.
+    let mut sorted: Vec<(u64, u64, u32)> = snap
         .pending
         .iter()
         .enumerate()
-        .map(|(i, j)| (tenant_index(&j.tenant), Reverse(j.priority), j.seq, j.id, i))
+        .map(|(i, j)| {
+            let priority_desc = u64::from(u32::MAX - (i64::from(j.priority) - i64::from(i32::MIN)) as u32);
+            ((u64::from(job_tenant[i]) << 32) | priority_desc, j.seq, i as u32)
+        })
         .collect();
-    sorted.sort_unstable();
+    sorted.sort_unstable_by(|a, b| {
+        (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| snap.pending[a.2 as usize].id.cmp(&snap.pending[b.2 as usize].id))
+    });
     let mut queues: Vec<VecDeque<usize>> = vec![VecDeque::new(); tenant_ids.len()];
-    for (rank, &(tenant, ..)) in sorted.iter().enumerate() {
-        queues[tenant as usize].push_back(rank);
+    for (rank, &(key, ..)) in sorted.iter().enumerate() {
+        queues[(key >> 32) as usize].push_back(rank);
     }
 
     let mut heap = BinaryHeap::with_capacity(queues.len());
@@ -86,7 +101,7 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
         let tenant = tenant_ids[key.tenant as usize];
         let queue = &mut queues[key.tenant as usize];
         let rank = queue.pop_front().expect("the head that was pushed");
-        let job = &snap.pending[sorted[rank].4];
+        let job = &snap.pending[sorted[rank].2 as usize];
 
         match try_admit(&mut state, job) {
             Ok(admission) => result.admissions.push(admission),
@@ -153,11 +168,17 @@ fn order_key(
     state: &State<'_>,
     policy_of: &[Option<usize>],
     tenant: u32,
-    sorted: &[(u32, Reverse<i32>, u64, Uuid, usize)],
+    sorted: &[(u64, u64, u32)],
     rank: usize,
 ) -> OrderKey {
-    let (_, priority, seq, job, _) = sorted[rank];
-    OrderKey { share: dominant_share(state, policy_of[tenant as usize]), priority, seq, job, tenant }
+    let job = &state.snap.pending[sorted[rank].2 as usize];
+    OrderKey {
+        share: dominant_share(state, policy_of[tenant as usize]),
+        priority: Reverse(job.priority),
+        seq: job.seq,
+        job: job.id,
+        tenant,
+    }
 }
 
 /// The tenant's weighted dominant share, in millionths: its largest usage over nominal quota.
@@ -172,7 +193,7 @@ fn dominant_share(state: &State<'_>, tenant: Option<usize>) -> u64 {
 
 /// Flavors a job could use: the one it names, or every flavor its tenant has quota for (every
 /// flavor of the cluster, when it has none, so that the reason says so).
-fn flavors_for(state: &State<'_>, job: &PendingJob) -> Vec<FlavorId> {
+fn flavors_for(state: &State<'_>, job: &PendingJob) -> SmallVec<[FlavorId; 4]> {
     match &job.demand.gpu_type {
         Some(name) => state.flavor_id(name).into_iter().collect(),
         None => {

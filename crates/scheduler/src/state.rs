@@ -140,8 +140,8 @@ impl<'a> State<'a> {
     }
 
     /// The flavors tenant `t` has a quota for.
-    pub fn quota_flavors(&self, t: Option<usize>) -> Vec<FlavorId> {
-        t.map_or_else(Vec::new, |t| (0..self.flavors.len()).filter(|&f| self.quotas[t][f].is_some()).collect())
+    pub fn quota_flavors(&self, t: Option<usize>) -> smallvec::SmallVec<[FlavorId; 4]> {
+        t.map_or_else(Default::default, |t| (0..self.flavors.len()).filter(|&f| self.quotas[t][f].is_some()).collect())
     }
 
     pub fn usage(&self, t: usize, flavor: FlavorId) -> u64 {
