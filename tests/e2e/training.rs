@@ -186,8 +186,59 @@ async fn bad_user_code_fails_the_job_with_the_python_error() {
     assert!(log_of(&env, &id, 1, 0).contains("Traceback"));
 }
 
-/// Used by the rank-assignment comparison in crates/data.
-#[allow(dead_code)]
+/// The template's engine folder in the source tree.
 fn engine_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/pytorch-ddp/engine")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_code_from_a_git_commit_runs_and_is_recorded() {
+    let env = TestEnv::start().await;
+    let data = packed_dataset(&env).await;
+    // A team's repository: the example model, committed; then a later, broken commit.
+    let repo = env.dir.path().join("team-repo");
+    std::fs::create_dir_all(repo.join("models")).unwrap();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git").current_dir(&repo).args(args).output().unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    git(&["init", "--quiet"]);
+    std::fs::copy(engine_dir().join("example.py"), repo.join("models/net.py")).unwrap();
+    git(&["add", "."]);
+    git(&["-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "model"]);
+    let good = git(&["rev-parse", "HEAD"]);
+    std::fs::write(repo.join("models/net.py"), "raise RuntimeError('the newest commit is broken')\n").unwrap();
+    git(&["-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-am", "broken"]);
+
+    let args = train_args(
+        data.to_str().unwrap(),
+        &[
+            "--set",
+            &format!("user_repo=file://{}", repo.display()),
+            "--set",
+            &format!("user_commit={good}"),
+            "--set",
+            "user_module=models/net.py",
+            "--set",
+            "replicas=1",
+            "--set",
+            "epochs=1",
+            "--wait",
+            "-o",
+            "json",
+        ],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ran = env.yard(&env.admin_token, &args);
+    assert!(
+        ran.status.success(),
+        "the pinned commit runs, not the broken newest one: {} {}",
+        stdout(&ran),
+        stderr(&ran)
+    );
+    let job: Value = serde_json::from_slice(&ran.stdout).unwrap();
+    let (_, outputs) =
+        env.get(&format!("/api/v1/jobs/{}/outputs", job["id"].as_str().unwrap()), &env.admin_token).await;
+    assert_eq!(outputs["code"]["commit"], good.as_str(), "the job records the exact commit it ran");
 }

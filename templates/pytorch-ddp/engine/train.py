@@ -28,6 +28,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data", required=True, help="folder of shards written by yard-data / data-pack")
     p.add_argument("--user-module", default="", help="python file with build_model, loss_fn, decode")
+    p.add_argument("--user-repo", default="", help="git repository of the user code (fetched by launch.py)")
+    p.add_argument("--user-commit", default="", help="the commit of --user-repo to run")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     p.add_argument("--batch-size", type=int, default=64, help="per process")
