@@ -87,7 +87,8 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(1)
-    plain = DataLoader(Files(args.files), batch_size=args.batch_size, shuffle=True, num_workers=args.workers, prefetch_factor=4)
+    plain = DataLoader(Files(args.files), batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                       prefetch_factor=4, persistent_workers=True)
     ours = shards.loader(shards.ShardDataset(args.shards, decode, 0, 1, 0, 1000), args.batch_size, args.workers, 4, False)
     if drop_caches():
         print("cold page cache (dropped before each run):")

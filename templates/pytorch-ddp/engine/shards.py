@@ -76,10 +76,16 @@ class ShardDataset(IterableDataset):
         self.paths = [os.path.join(root, s["name"]) for s in manifest["shards"]]
         self.samples_total = manifest["samples"]
         self.decode, self.rank, self.world_size = decode, rank, world_size
-        self.seed, self.shuffle_buffer, self.epoch = seed, shuffle_buffer, 0
+        self.seed, self.shuffle_buffer = seed, shuffle_buffer
+        # Shared with the decode workers, which persist across epochs.
+        self._epoch = torch.multiprocessing.Value("i", 0)
+
+    @property
+    def epoch(self):
+        return self._epoch.value
 
     def set_epoch(self, epoch):
-        self.epoch = epoch
+        self._epoch.value = epoch
 
     def shards_of_rank(self):
         return assign_shards(len(self.paths), self.rank, self.world_size, self.seed, self.epoch)
@@ -111,5 +117,6 @@ def loader(dataset, batch_size, workers, prefetch, pin_memory):
     """A DataLoader over the shards: `workers` decode processes, `prefetch` batches each ahead."""
     kwargs = {"num_workers": workers, "pin_memory": pin_memory, "worker_init_fn": _ignore_sigterm}
     if workers > 0:
-        kwargs.update(prefetch_factor=prefetch, persistent_workers=False)
+        # Workers persist across epochs: no process start and import per epoch.
+        kwargs.update(prefetch_factor=prefetch, persistent_workers=True)
     return DataLoader(dataset, batch_size=batch_size, **kwargs)

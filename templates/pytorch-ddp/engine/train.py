@@ -178,9 +178,10 @@ def main():
     reporter = Reporter(rank == 0)
     started, stall_total = time.time(), 0.0
     finished = False
+    batch_loader = shards.loader(dataset, args.batch_size, args.workers, args.prefetch, cuda)
     while epoch < args.epochs and not finished:
         dataset.set_epoch(epoch)
-        batches = iter(shards.loader(dataset, args.batch_size, args.workers, args.prefetch, cuda))
+        batches = iter(batch_loader)
         seen = 0
         while True:
             waited = time.time()
