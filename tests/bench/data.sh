@@ -7,13 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 samples=${1:-50000}
 cargo build --release --locked -p trainyard-data
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+source tests/python-env
 yard_data="$target_dir/release/yard-data"
-venv="$target_dir/pyenv"
-if ! "$venv/bin/python" -c 'import webdataset' >/dev/null 2>&1; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/python-requirements.txt
-fi
 py="$venv/bin/python"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-data-bench.XXXXXX")

@@ -6,9 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 samples=${1:-20000}
 cargo build --release --locked -p trainyard-data
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-venv="$target_dir/pyenv"
-[ -x "$venv/bin/python" ] || { python3 -m venv "$venv"; "$venv/bin/pip" install -q -r tests/python-requirements.txt; }
+source tests/python-env
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-train-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 "$venv/bin/python" - "$work/files" "$samples" <<'PY'
