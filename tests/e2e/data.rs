@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use trainyard_tests::{TestEnv, bin, stderr, stdout};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -71,4 +71,73 @@ async fn data_pack_with_two_workers_records_the_same_dataset_as_one_worker() {
     let again = env.wait_job(again["id"].as_str().unwrap(), Duration::from_secs(60), |j| j["state"] == "failed").await;
     let (_, log) = env.get(&format!("/api/v1/jobs/{}/logs", again["id"].as_str().unwrap()), &env.admin_token).await;
     assert!(log.as_str().unwrap_or_default().contains("already holds a dataset"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_packed_dataset_is_registered_and_jobs_record_the_exact_version_they_used() {
+    let env = TestEnv::start().await;
+    let token = env.admin_token.clone();
+    let pack = |name: &str, samples: usize| {
+        let source = env.dir.path().join(format!("{name}-src"));
+        for i in 0..samples {
+            std::fs::create_dir_all(&source).unwrap();
+            std::fs::write(source.join(format!("s{i:03}.txt")), format!("{name} {i}")).unwrap();
+        }
+        let dest = env.dir.path().join(name);
+        let ran = env.yard(
+            &token,
+            &[
+                "run",
+                "data-pack",
+                "--set",
+                &format!("source={}", source.display()),
+                "--set",
+                &format!("destination={}", dest.display()),
+                "--wait",
+                "-o",
+                "json",
+            ],
+        );
+        assert!(ran.status.success(), "{}", stderr(&ran));
+        serde_json::from_slice::<Value>(&ran.stdout).unwrap()["id"].as_str().unwrap().to_string()
+    };
+    let first = pack("photos-a", 20);
+    let registered = env.yard(&token, &["datasets", "register", "photos@1", "--from-job", &first, "-o", "json"]);
+    assert!(registered.status.success(), "{}", stderr(&registered));
+    let dataset: Value = serde_json::from_slice(&registered.stdout).unwrap();
+    let (_, outputs) = env.get(&format!("/api/v1/jobs/{first}/outputs"), &token).await;
+    assert_eq!(dataset["content_hash"], outputs["dataset"]["content_hash"]);
+    assert_eq!(dataset["samples"], 20);
+
+    // The same version with other content is refused; a new version is fine.
+    let second = pack("photos-b", 25);
+    let again = env.yard(&token, &["datasets", "register", "photos@1", "--from-job", &second]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("registered with other content"), "{}", stderr(&again));
+    assert!(env.yard(&token, &["datasets", "register", "photos@2", "--from-job", &second]).status.success());
+
+    // A template with a dataset parameter: the job gets the dataset's path and records it.
+    let manifest = "name: count\nversion: 1.0.0\ndescription: Count a dataset's shards.\nparameters:\n  data: {type: dataset, required: true}\ncommand: [ls, \"{{ data }}\"]\n";
+    let (status, body) = env.post("/api/v1/templates", &token, &json!({"manifest": manifest})).await;
+    assert_eq!(status, trainyard_tests::StatusCode::CREATED, "{body}");
+    let (status, job) =
+        env.post("/api/v1/templates/count/jobs", &token, &json!({"params": {"data": "photos@1"}})).await;
+    assert_eq!(status, trainyard_tests::StatusCode::CREATED, "{job}");
+    assert_eq!(job["datasets"][0]["version"], "1");
+    assert_eq!(job["datasets"][0]["content_hash"], dataset["content_hash"]);
+    assert_eq!(job["spec"]["command"][1], dataset["uri"], "the job reads the registered location");
+    let done = env.wait_state(job["id"].as_str().unwrap(), "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(done["datasets"], job["datasets"]);
+    let (status, body) =
+        env.post("/api/v1/templates/count/jobs", &token, &json!({"params": {"data": "photos@9"}})).await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (trainyard_tests::StatusCode::UNPROCESSABLE_ENTITY, Some("params.data"))
+    );
+
+    // Another tenant sees none of it.
+    env.post("/api/v1/admin/tenants", &token, &json!({"name": "team-b"})).await;
+    let bob = env.member("team-b", "bob", "member").await;
+    assert_eq!(env.get("/api/v1/datasets", &bob).await.1, json!([]));
+    assert_eq!(env.get("/api/v1/datasets/photos/1", &bob).await.0, trainyard_tests::StatusCode::NOT_FOUND);
 }

@@ -15,8 +15,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use trainyard_core::api::{
-    Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded, QuotaReport, QuotaSet, Schedule,
-    TemplateRun, Tenant, TenantCreate, TenantPolicyUpdate, TokenCreate, TokenCreated, TokenInfo,
+    Dataset, DatasetRegister, Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded, QuotaReport,
+    QuotaSet, Schedule, TemplateRun, Tenant, TenantCreate, TenantPolicyUpdate, TokenCreate, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::Role;
 use trainyard_core::job::{JobState, JobSubmission};
@@ -95,6 +95,11 @@ enum Command {
     },
     /// Your tenant's GPU quotas and usage: nominal, used, borrowed, lent.
     Quota,
+    /// The dataset registry: named, immutable dataset versions.
+    Datasets {
+        #[command(subcommand)]
+        command: DatasetsCommand,
+    },
     /// Your API tokens.
     Tokens {
         #[command(subcommand)]
@@ -203,6 +208,27 @@ enum JobsCommand {
     },
     /// One job: spec, attempts and state history.
     Show { id: String },
+}
+
+#[derive(Subcommand)]
+enum DatasetsCommand {
+    Ls,
+    /// One version: NAME@VERSION.
+    Show {
+        dataset: String,
+    },
+    /// Register NAME@VERSION from a data-pack job (--from-job) or by description.
+    Register {
+        dataset: String,
+        #[arg(long)]
+        from_job: Option<uuid::Uuid>,
+        #[arg(long)]
+        uri: Option<String>,
+        #[arg(long)]
+        content_hash: Option<String>,
+        #[arg(long)]
+        format: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -432,6 +458,36 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let metrics: JobMetrics = client.get(&path).await?;
             output::print(out, &metrics, |m| output::metrics(m, name.is_some()))
         }
+        Command::Datasets { command: DatasetsCommand::Ls } => {
+            let list: Vec<Dataset> = client.get("/api/v1/datasets").await?;
+            output::print(out, &list, |list| {
+                list.iter()
+                    .map(|d| {
+                        format!("{}@{}\t{}\t{}\t{}\n", d.name, d.version, d.samples.unwrap_or(0), d.content_hash, d.uri)
+                    })
+                    .collect()
+            })
+        }
+        Command::Datasets { command: DatasetsCommand::Show { dataset } } => {
+            let (name, version) = split_dataset(&dataset)?;
+            let d: Dataset = client.get(&format!("/api/v1/datasets/{name}/{version}")).await?;
+            output::print(out, &d, |d| format!("{}\n", serde_json::to_string_pretty(d).unwrap_or_default()))
+        }
+        Command::Datasets { command: DatasetsCommand::Register { dataset, from_job, uri, content_hash, format } } => {
+            let (name, version) = split_dataset(&dataset)?;
+            let body = DatasetRegister {
+                name: name.into(),
+                version: version.into(),
+                from_job,
+                uri,
+                format,
+                content_hash,
+                size_bytes: None,
+                samples: None,
+            };
+            let d: Dataset = client.post("/api/v1/datasets", &body).await?;
+            output::print(out, &d, |d| format!("registered {}@{} ({})\n", d.name, d.version, d.content_hash))
+        }
         Command::Quota => {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
             output::print(out, &report, output::quota)
@@ -481,6 +537,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output::print(out, &added, |a| format!("{}\n", a.token.token))
         }
     }
+}
+
+/// `NAME@VERSION`.
+fn split_dataset(text: &str) -> anyhow::Result<(&str, &str)> {
+    text.split_once('@').ok_or_else(|| anyhow::anyhow!("{text:?}: name a dataset as NAME@VERSION"))
 }
 
 fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {

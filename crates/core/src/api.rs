@@ -35,6 +35,9 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub params: Option<serde_json::Value>,
+    /// The exact dataset versions it used (name, version, URI, content hash).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<DatasetUse>,
 }
 
 /// One page of jobs, newest first.
@@ -362,4 +365,55 @@ pub struct Schedule {
     pub behind_higher_priority: usize,
     /// Estimated from the expected ends of running jobs; absent when beyond the horizon.
     pub estimated_start: Option<DateTime<Utc>>,
+}
+
+/// A registered dataset version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Dataset {
+    pub name: String,
+    pub version: String,
+    /// Where it is (a path on shared storage, an object-store URL).
+    pub uri: String,
+    /// `trainyard-shards-v1` for data-pack output.
+    pub format: String,
+    pub size_bytes: Option<i64>,
+    pub samples: Option<i64>,
+    /// The data pipeline's content hash: the same for the same content, always.
+    pub content_hash: String,
+    /// The job that produced it, when registered from one.
+    pub source_job: Option<Uuid>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Registers a dataset version: either described in full, or taken from a data-pack job's
+/// `dataset` output (`from_job`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetRegister {
+    pub name: String,
+    pub version: String,
+    #[serde(default)]
+    pub from_job: Option<Uuid>,
+    #[serde(default)]
+    pub uri: Option<String>,
+    #[serde(default)]
+    pub format: Option<String>,
+    #[serde(default)]
+    pub content_hash: Option<String>,
+    #[serde(default)]
+    pub size_bytes: Option<i64>,
+    #[serde(default)]
+    pub samples: Option<i64>,
+}
+
+/// A dataset version a job used, as recorded with the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DatasetUse {
+    /// The template parameter that named it.
+    pub param: String,
+    pub name: String,
+    pub version: String,
+    pub uri: String,
+    pub content_hash: String,
 }

@@ -43,6 +43,7 @@ pub enum ObjectKind {
     /// A path the API does not have.
     Route,
     Template,
+    Dataset,
 }
 
 impl fmt::Display for ObjectKind {
@@ -56,6 +57,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Log => "log",
             ObjectKind::Route => "route",
             ObjectKind::Template => "template",
+            ObjectKind::Dataset => "dataset",
         })
     }
 }

@@ -102,6 +102,8 @@ pub struct ValidSubmission {
     pub idempotency_key: Option<String>,
     /// A typical run time, for start-time estimates (from the template).
     pub expected_runtime_seconds: Option<u32>,
+    /// The dataset versions its parameters named, resolved in the registry.
+    pub datasets: Vec<crate::api::DatasetUse>,
 }
 
 impl JobSubmission {
@@ -185,6 +187,7 @@ impl JobSubmission {
             max_restarts: self.max_restarts,
             idempotency_key: self.idempotency_key,
             expected_runtime_seconds: None,
+            datasets: Vec::new(),
         })
     }
 }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use trainyard_core::api::{
-    DryRun, FlavorUsage, Job, JobAttempt, JobEvent, JobMetrics, JobOutput, JobPage, MemberAdd, MemberAdded,
-    MetricBatch, QuotaReport, QuotaSet, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload, Tenant,
-    TenantPolicyUpdate, TokenCreated, TokenInfo,
+    Dataset, DatasetRegister, DryRun, FlavorUsage, Job, JobAttempt, JobEvent, JobMetrics, JobOutput, JobPage,
+    MemberAdd, MemberAdded, MetricBatch, QuotaReport, QuotaSet, Schedule, TemplateDetail, TemplateRun, TemplateSummary,
+    TemplateUpload, Tenant, TenantPolicyUpdate, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
@@ -38,7 +38,7 @@ pub struct App {
 pub enum TemplateRunOutcome {
     DryRun(DryRun),
     WhatIf(Schedule),
-    Submitted(Submitted),
+    Submitted(Box<Submitted>),
 }
 
 /// How far a template run goes.
@@ -87,7 +87,32 @@ impl App {
             hasher.finalize().to_vec()
         };
         let (template, _) = self.templates.resolve(caller.tenant_id, template, run.version.as_deref()).await?;
-        let values = template.check_params(&run.params)?;
+        let mut values = template.check_params(&run.params)?;
+        // A dataset parameter names a registered version: the job gets its URI and records
+        // exactly which version and content it used.
+        let mut datasets = Vec::new();
+        for (param, spec) in &template.manifest.parameters {
+            if spec.kind != trainyard_templates::ParamKind::Dataset {
+                continue;
+            }
+            let Some(reference) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
+            let (name, version) = reference.split_once('@').expect("checked as name@version");
+            let dataset = self.store.dataset_get(caller.tenant_id, name, version).await.map_err(|err| match err {
+                Error::NotFound { .. } => Error::invalid(
+                    format!("params.{param}"),
+                    format!("no dataset {reference} is registered in your tenant"),
+                ),
+                other => other,
+            })?;
+            values.insert(param.clone(), serde_json::Value::String(dataset.uri.clone()));
+            datasets.push(trainyard_core::api::DatasetUse {
+                param: param.clone(),
+                name: dataset.name,
+                version: dataset.version,
+                uri: dataset.uri,
+                content_hash: dataset.content_hash,
+            });
+        }
         let spec = template.render(&values)?;
         // The job-level fields pass the same checks as a direct submit.
         let mut valid = JobSubmission {
@@ -103,6 +128,7 @@ impl App {
         }
         .validate()?;
         valid.spec.template = spec.template;
+        valid.datasets = datasets;
         valid.expected_runtime_seconds =
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
         if mode == RunMode::WhatIf {
@@ -118,7 +144,7 @@ impl App {
         if matches!(submitted, Submitted::Created(_)) {
             self.reconciler_wake.notify_one();
         }
-        Ok(TemplateRunOutcome::Submitted(submitted))
+        Ok(TemplateRunOutcome::Submitted(Box::new(submitted)))
     }
 
     pub async fn templates_list(&self, caller: &Caller) -> Result<Vec<TemplateSummary>> {
@@ -188,6 +214,65 @@ impl App {
     ) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
         caller.authorize(Action::ReadJobs)?;
         self.store.job_outputs(caller.tenant_id, job_id).await
+    }
+
+    /// Registers a dataset version, described in full or taken from a data-pack job's output.
+    pub async fn dataset_register(&self, caller: &Caller, request: DatasetRegister) -> Result<(Dataset, bool)> {
+        caller.authorize(Action::WriteJobs)?;
+        let mut dataset = Dataset {
+            name: request.name.clone(),
+            version: request.version.clone(),
+            uri: request.uri.clone().unwrap_or_default(),
+            format: request.format.clone().unwrap_or_else(|| "files".into()),
+            size_bytes: request.size_bytes,
+            samples: request.samples,
+            content_hash: request.content_hash.clone().unwrap_or_default(),
+            source_job: None,
+            created_by: caller.user.clone(),
+            created_at: chrono::Utc::now(),
+        };
+        if let Some(job_id) = request.from_job {
+            let outputs = self.store.job_outputs(caller.tenant_id, job_id).await?;
+            let job = self.store.job_get(caller.tenant_id, job_id).await?;
+            if job.state != trainyard_core::job::JobState::Succeeded {
+                return Err(Error::invalid(
+                    "from_job",
+                    format!("the job {}; only a succeeded job's output is registered", job.state),
+                ));
+            }
+            let out = outputs.get("dataset").ok_or_else(|| {
+                Error::invalid("from_job", "the job recorded no `dataset` output (data-pack jobs do)")
+            })?;
+            let text = |k: &str| out[k].as_str().map(str::to_string);
+            dataset.uri = text("path").unwrap_or_default();
+            dataset.format = text("format").unwrap_or_else(|| "trainyard-shards-v1".into());
+            dataset.content_hash = text("content_hash").unwrap_or_default();
+            dataset.size_bytes = out["bytes"].as_i64();
+            dataset.samples = out["samples"].as_i64();
+            dataset.source_job = Some(job_id);
+        }
+        if dataset.uri.is_empty() {
+            return Err(Error::invalid("uri", "say where the dataset is, or give from_job"));
+        }
+        if dataset.content_hash.is_empty() {
+            return Err(Error::invalid(
+                "content_hash",
+                "a dataset version needs its content hash (data-pack records one)",
+            ));
+        }
+        let published = self.store.dataset_register(caller, &dataset).await?;
+        let stored = self.store.dataset_get(caller.tenant_id, &dataset.name, &dataset.version).await?;
+        Ok((stored, published == Published::Created))
+    }
+
+    pub async fn datasets_list(&self, caller: &Caller) -> Result<Vec<Dataset>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.datasets_list(caller.tenant_id).await
+    }
+
+    pub async fn dataset_get(&self, caller: &Caller, name: &str, version: &str) -> Result<Dataset> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.dataset_get(caller.tenant_id, name, version).await
     }
 
     pub async fn metrics_get(&self, caller: &Caller, job_id: Uuid, name: Option<&str>) -> Result<JobMetrics> {

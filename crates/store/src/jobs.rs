@@ -31,7 +31,7 @@ macro_rules! job_select {
         concat!(
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
-                    j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params
+                    j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params, j.datasets
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
             $rest
         )
@@ -59,6 +59,12 @@ pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
         finished_at: row.get("finished_at"),
         cancel_requested_at: row.get("cancel_requested_at"),
         params: row.get("params"),
+        datasets: row
+            .get::<Option<serde_json::Value>, _>("datasets")
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(Error::internal)?
+            .unwrap_or_default(),
     })
 }
 
@@ -88,8 +94,9 @@ impl Store {
         let inserted = sqlx::query(
             "INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
                                idempotency_key, request_hash, created_by,
-                               template_name, template_version, template_digest, params, expected_runtime_seconds)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                               template_name, template_version, template_digest, params, expected_runtime_seconds,
+                               datasets)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
              RETURNING id, state, created_at, updated_at",
         )
@@ -108,6 +115,7 @@ impl Store {
         .bind(template.as_ref().map(|t| &t.digest))
         .bind(params)
         .bind(job.expected_runtime_seconds.map(|s| s as i32))
+        .bind((!job.datasets.is_empty()).then(|| serde_json::to_value(&job.datasets).expect("serialises")))
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?;
@@ -131,6 +139,7 @@ impl Store {
                 finished_at: None,
                 cancel_requested_at: None,
                 params: params.cloned(),
+                datasets: job.datasets,
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.

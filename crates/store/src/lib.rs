@@ -13,6 +13,7 @@
 //!
 //! [`embedded`] runs a private Postgres cluster for `trainyard dev` and the tests.
 
+pub mod datasets;
 pub mod embedded;
 pub mod jobs;
 pub mod metrics;

@@ -2,6 +2,7 @@
 //! Handlers are thin: extract, call one [`App`](crate::app::App) operation, shape the response.
 
 mod admin;
+mod datasets;
 mod health;
 mod jobs;
 mod logs;
@@ -34,6 +35,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/jobs/{id}/schedule", get(scheduling::job_schedule))
         .route("/api/v1/jobs/what-if", post(scheduling::job_what_if))
         .route("/api/v1/quota", get(scheduling::quota_get))
+        .route("/api/v1/datasets", get(datasets::datasets_list).post(datasets::dataset_register))
+        .route("/api/v1/datasets/{name}/{version}", get(datasets::dataset_get))
         .route("/api/v1/admin/tenants/{tenant}", patch(scheduling::tenant_patch))
         .route("/api/v1/admin/tenants/{tenant}/quotas/{flavor}", put(scheduling::quota_put))
         .route("/api/v1/templates", get(templates::templates_list).post(templates::template_publish))
@@ -68,6 +71,9 @@ pub fn routes() -> Router<AppState> {
         metrics::metrics_get,
         metrics::output_post,
         scheduling::quota_get,
+        datasets::dataset_register,
+        datasets::datasets_list,
+        datasets::dataset_get,
         scheduling::quota_put,
         scheduling::tenant_patch,
         scheduling::job_schedule,
@@ -89,6 +95,7 @@ pub fn routes() -> Router<AppState> {
         (name = "jobs", description = "Submit, list, watch and cancel jobs"),
         (name = "templates", description = "Task templates: list, show, publish, run"),
         (name = "metrics", description = "Metrics reported by jobs' engines"),
+        (name = "datasets", description = "The dataset registry: named, immutable versions"),
         (name = "scheduling", description = "Quotas, queue positions, start estimates, what-if"),
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "admin", description = "Tenants and members"),

@@ -102,7 +102,9 @@ pub async fn template_run(
     Ok(match state.app.template_run(&caller, &name, run, mode).await? {
         TemplateRunOutcome::DryRun(dry) => (StatusCode::OK, Json(dry)).into_response(),
         TemplateRunOutcome::WhatIf(schedule) => (StatusCode::OK, Json(schedule)).into_response(),
-        TemplateRunOutcome::Submitted(Submitted::Created(job)) => (StatusCode::CREATED, Json(job)).into_response(),
-        TemplateRunOutcome::Submitted(Submitted::Replayed(job)) => (StatusCode::OK, Json(job)).into_response(),
+        TemplateRunOutcome::Submitted(submitted) => match *submitted {
+            Submitted::Created(job) => (StatusCode::CREATED, Json(job)).into_response(),
+            Submitted::Replayed(job) => (StatusCode::OK, Json(job)).into_response(),
+        },
     })
 }

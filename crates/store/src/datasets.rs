@@ -1,0 +1,98 @@
+//! The dataset registry: named, immutable dataset versions per tenant.
+
+use sqlx::Row;
+use trainyard_core::api::Dataset;
+use trainyard_core::auth::Caller;
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::templates::Published;
+use crate::{Store, db_error, violated_constraint};
+
+impl Store {
+    /// Registers a version; the same content again is harmless, other content under a
+    /// registered version is a conflict.
+    pub async fn dataset_register(&self, caller: &Caller, d: &Dataset) -> Result<Published> {
+        // language=PostgreSQL
+        let inserted = sqlx::query(
+            "INSERT INTO datasets (tenant_id, name, version, uri, format, size_bytes, samples, content_hash,
+                                   source_job, created_by)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             ON CONFLICT (tenant_id, name, version) DO NOTHING",
+        )
+        .bind(caller.tenant_id)
+        .bind(&d.name)
+        .bind(&d.version)
+        .bind(&d.uri)
+        .bind(&d.format)
+        .bind(d.size_bytes)
+        .bind(d.samples)
+        .bind(&d.content_hash)
+        .bind(d.source_job)
+        .bind(caller.user_id)
+        .execute(&self.pool)
+        .await
+        .map_err(|err| match violated_constraint(&err) {
+            Some("datasets_name_format") => Error::invalid("name", "1 to 128 letters, digits, '.', '_' or '-'"),
+            Some("datasets_version_format") => Error::invalid("version", "1 to 64 letters, digits, '.', '_' or '-'"),
+            _ => db_error(err),
+        })?
+        .rows_affected();
+        if inserted == 1 {
+            return Ok(Published::Created);
+        }
+        let existing = self.dataset_get(caller.tenant_id, &d.name, &d.version).await?;
+        if existing.content_hash == d.content_hash && existing.uri == d.uri {
+            Ok(Published::Unchanged)
+        } else {
+            Err(Error::Conflict(format!(
+                "{}@{} is registered with other content ({}); a version never changes, so register a new one",
+                d.name, d.version, existing.content_hash
+            )))
+        }
+    }
+
+    pub async fn datasets_list(&self, tenant_id: Uuid) -> Result<Vec<Dataset>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT d.*, u.name AS created_by_name FROM datasets d JOIN users u ON u.id = d.created_by
+             WHERE d.tenant_id = $1 ORDER BY d.name, d.created_at",
+        )
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows.iter().map(dataset_from_row).collect())
+    }
+
+    pub async fn dataset_get(&self, tenant_id: Uuid, name: &str, version: &str) -> Result<Dataset> {
+        // language=PostgreSQL
+        let row = sqlx::query(
+            "SELECT d.*, u.name AS created_by_name FROM datasets d JOIN users u ON u.id = d.created_by
+             WHERE d.tenant_id = $1 AND d.name = $2 AND d.version = $3",
+        )
+        .bind(tenant_id)
+        .bind(name)
+        .bind(version)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| Error::not_found(trainyard_core::error::ObjectKind::Dataset))?;
+        Ok(dataset_from_row(&row))
+    }
+}
+
+fn dataset_from_row(row: &sqlx::postgres::PgRow) -> Dataset {
+    Dataset {
+        name: row.get("name"),
+        version: row.get("version"),
+        uri: row.get("uri"),
+        format: row.get("format"),
+        size_bytes: row.get("size_bytes"),
+        samples: row.get("samples"),
+        content_hash: row.get("content_hash"),
+        source_job: row.get("source_job"),
+        created_by: row.get("created_by_name"),
+        created_at: row.get("created_at"),
+    }
+}
