@@ -84,22 +84,7 @@ async fn a_packed_dataset_is_registered_and_jobs_record_the_exact_version_they_u
             std::fs::write(source.join(format!("s{i:03}.txt")), format!("{name} {i}")).unwrap();
         }
         let dest = env.dir.path().join(name);
-        let ran = env.yard(
-            &token,
-            &[
-                "run",
-                "data-pack",
-                "--set",
-                &format!("source={}", source.display()),
-                "--set",
-                &format!("destination={}", dest.display()),
-                "--wait",
-                "-o",
-                "json",
-            ],
-        );
-        assert!(ran.status.success(), "{}", stderr(&ran));
-        serde_json::from_slice::<Value>(&ran.stdout).unwrap()["id"].as_str().unwrap().to_string()
+        env.data_pack(&source, &dest, &[])["id"].as_str().unwrap().to_string()
     };
     let first = pack("photos-a", 20);
     let registered = env.yard(&token, &["datasets", "register", "photos@1", "--from-job", &first, "-o", "json"]);

@@ -29,23 +29,8 @@ async fn packed_dataset(env: &TestEnv) -> PathBuf {
         std::fs::write(dir.join(format!("img{i:05}.cls")), class.to_string()).unwrap();
     }
     let dest = env.dir.path().join("shards");
-    let packed = env.yard(
-        &env.admin_token,
-        &[
-            "run",
-            "data-pack",
-            "--set",
-            &format!("source={}", source.display()),
-            "--set",
-            &format!("destination={}", dest.display()),
-            "--set",
-            "shard_size=32Ki",
-            "--set",
-            "threads=1",
-            "--wait",
-        ],
-    );
-    assert!(packed.status.success(), "{} {}", stdout(&packed), stderr(&packed));
+    let packed = env.data_pack(&source, &dest, &["shard_size=32Ki", "threads=1"]);
+    assert_eq!(packed["state"], "succeeded");
     dest
 }
 

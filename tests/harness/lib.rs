@@ -261,6 +261,20 @@ impl TestEnv {
             .expect("run yard")
     }
 
+    /// Packs `source` into `dest` with the `data-pack` template through `yard run ... --wait`
+    /// (extra `--set key=value` pairs in `sets`); returns the finished job as JSON.
+    pub fn data_pack(&self, source: &Path, dest: &Path, sets: &[&str]) -> Value {
+        let (source, dest) = (format!("source={}", source.display()), format!("destination={}", dest.display()));
+        let mut args = vec!["run", "data-pack", "--set", source.as_str(), "--set", dest.as_str()];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        args.extend(["--wait", "-o", "json"]);
+        let ran = self.yard(&self.admin_token, &args);
+        assert!(ran.status.success(), "data-pack: {} {}", stdout(&ran), stderr(&ran));
+        serde_json::from_slice(&ran.stdout).expect("yard run -o json prints the job")
+    }
+
     /// Process ids (also process-group ids) of a job's replicas in one attempt.
     pub async fn replica_pids(&self, id: &str, attempt: usize) -> Vec<u32> {
         let (_, attempts) = self.get(&format!("/api/v1/jobs/{id}/attempts"), &self.admin_token).await;
