@@ -341,6 +341,24 @@ impl App {
         self.store.tenants_list().await
     }
 
+    /// Every tenant's scheduling policy and quotas (platform admins).
+    pub async fn tenant_policies(&self, caller: &Caller) -> Result<Vec<trainyard_store::reconcile::TenantPolicyRow>> {
+        caller.require_platform_admin()?;
+        self.store.tenant_policies().await
+    }
+
+    /// Every membership of every tenant (platform admins).
+    pub async fn members_list(&self, caller: &Caller) -> Result<Vec<(String, String, trainyard_core::auth::Role)>> {
+        caller.require_platform_admin()?;
+        self.store.members_list().await
+    }
+
+    /// What the executor offers, as the scheduler's nodes (platform admins).
+    pub fn nodes(&self, caller: &Caller) -> Result<Vec<trainyard_scheduler::Node>> {
+        caller.require_platform_admin()?;
+        Ok(crate::scheduling::nodes_of(&self.executor.inventory()))
+    }
+
     /// Platform admins add members to any tenant; a tenant's admins to their own.
     pub async fn member_add(&self, caller: &Caller, tenant: &str, member: MemberAdd) -> Result<MemberAdded> {
         if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {

@@ -24,6 +24,11 @@ impl From<Error> for ApiError {
 }
 
 impl ApiError {
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
     fn parts(&self) -> (StatusCode, &'static str, String, Option<String>) {
         match self {
             ApiError::Domain(err) => match err {

@@ -17,6 +17,8 @@ use crate::{Store, db_error};
 pub struct JobFilter {
     pub state: Option<JobState>,
     pub name: Option<String>,
+    /// Only jobs from this template (by name).
+    pub template: Option<String>,
     /// Jobs older than this id (the previous page's last job).
     pub before: Option<Uuid>,
     pub limit: u32,
@@ -179,6 +181,7 @@ impl Store {
                AND ($2::text IS NULL OR j.state = $2)
                AND ($3::text IS NULL OR j.name = $3)
                AND ($4::uuid IS NULL OR j.id < $4)
+               AND ($6::text IS NULL OR j.template_name = $6)
              ORDER BY j.id DESC
              LIMIT $5"
         ))
@@ -187,6 +190,7 @@ impl Store {
         .bind(&filter.name)
         .bind(filter.before)
         .bind(i64::from(limit) + 1)
+        .bind(&filter.template)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;

@@ -18,6 +18,7 @@ pub mod embedded;
 pub mod jobs;
 pub mod metrics;
 pub mod reconcile;
+pub mod sessions;
 pub mod templates;
 pub mod tenancy;
 

@@ -29,6 +29,27 @@ pub fn token_hash(secret: &str) -> Vec<u8> {
 /// `last_used_at` is refreshed at most this often, so that authenticating is a read, not a write.
 const LAST_USED_GRANULARITY_SECS: i64 = 60;
 
+/// The columns [`Store::caller_from_row`] reads: a token with its user, tenant and membership.
+/// A macro so that callers can append their `WHERE` and keep the SQL a static string.
+macro_rules! caller_select {
+    () => {
+        caller_select!("")
+    };
+    ($extra_columns:literal) => {
+        concat!(
+            "SELECT t.id AS token_id, t.expires_at, t.revoked_at, t.last_used_at,
+                    u.id AS user_id, u.name AS user_name, u.platform_admin,
+                    n.id AS tenant_id, n.name AS tenant_name, m.role",
+            $extra_columns,
+            " FROM api_tokens t
+             JOIN memberships m ON m.tenant_id = t.tenant_id AND m.user_id = t.user_id
+             JOIN users u ON u.id = t.user_id
+             JOIN tenants n ON n.id = t.tenant_id"
+        )
+    };
+}
+pub(crate) use caller_select;
+
 impl Store {
     /// The caller a bearer token stands for, or `Unauthenticated` with the reason. The role comes
     /// from the membership now, not from when the token was made.
@@ -37,23 +58,18 @@ impl Store {
         if !secret.starts_with(TOKEN_PREFIX) {
             return Err(unauthenticated());
         }
-        // language=PostgreSQL
-        let row = sqlx::query(
-            "SELECT t.id AS token_id, t.expires_at, t.revoked_at, t.last_used_at,
-                    u.id AS user_id, u.name AS user_name, u.platform_admin,
-                    n.id AS tenant_id, n.name AS tenant_name, m.role
-             FROM api_tokens t
-             JOIN memberships m ON m.tenant_id = t.tenant_id AND m.user_id = t.user_id
-             JOIN users u ON u.id = t.user_id
-             JOIN tenants n ON n.id = t.tenant_id
-             WHERE t.token_hash = $1",
-        )
-        .bind(token_hash(secret))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db_error)?
-        .ok_or_else(unauthenticated)?;
+        let row = sqlx::query(concat!(caller_select!(), " WHERE t.token_hash = $1"))
+            .bind(token_hash(secret))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_error)?
+            .ok_or_else(unauthenticated)?;
+        self.caller_from_row(&row).await
+    }
 
+    /// The caller a token row stands for, after checking that the token is still good. Shared by
+    /// bearer tokens and browser sessions, so a session is never worth more than its token.
+    pub(crate) async fn caller_from_row(&self, row: &sqlx::postgres::PgRow) -> Result<Caller> {
         if row.get::<Option<DateTime<Utc>>, _>("revoked_at").is_some() {
             return Err(Error::Unauthenticated("the token has been revoked".into()));
         }
@@ -140,6 +156,26 @@ impl Store {
             return Err(Error::not_found(ObjectKind::Token));
         }
         Ok(())
+    }
+
+    /// Every membership: tenant name, user name and role, by tenant then user.
+    pub async fn members_list(&self) -> Result<Vec<(String, String, Role)>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT n.name AS tenant, u.name AS user_name, m.role
+             FROM memberships m JOIN tenants n ON n.id = m.tenant_id JOIN users u ON u.id = m.user_id
+             ORDER BY n.name, u.name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        rows.iter()
+            .map(|row| {
+                let role: String = row.get("role");
+                let role = Role::parse(&role).ok_or_else(|| Error::internal(format!("unknown role {role}")))?;
+                Ok((row.get("tenant"), row.get("user_name"), role))
+            })
+            .collect()
     }
 
     pub async fn tenant_create(&self, name: &str) -> Result<Tenant> {

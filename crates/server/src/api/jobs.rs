@@ -37,19 +37,21 @@ pub async fn job_submit(
     })
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
+#[derive(Debug, Default, Clone, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
     /// Only jobs in this state.
     #[param(value_type = Option<String>)]
-    state: Option<String>,
+    pub state: Option<String>,
     /// Only jobs with exactly this name.
-    name: Option<String>,
+    pub name: Option<String>,
+    /// Only jobs from this template.
+    pub template: Option<String>,
     /// The `next_cursor` of the previous page.
-    cursor: Option<String>,
+    pub cursor: Option<String>,
     /// Page size, 1 to 500 (default 50).
-    limit: Option<u32>,
+    pub limit: Option<u32>,
 }
 
 /// List the tenant's jobs, newest first.
@@ -68,7 +70,8 @@ pub async fn jobs_list(
     Ok(Json(state.app.jobs_list(&caller, &filter).await?))
 }
 
-fn list_filter(params: ListParams) -> Result<JobFilter> {
+/// The store filter for list parameters, naming the parameter that is wrong.
+pub fn list_filter(params: ListParams) -> Result<JobFilter> {
     let state = params
         .state
         .map(|s| {
@@ -86,7 +89,7 @@ fn list_filter(params: ListParams) -> Result<JobFilter> {
     if !(1..=trainyard_store::jobs::MAX_PAGE).contains(&limit) {
         return Err(Error::invalid("limit", format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE)));
     }
-    Ok(JobFilter { state, name: params.name, before, limit })
+    Ok(JobFilter { state, name: params.name, template: params.template, before, limit })
 }
 
 /// One job.

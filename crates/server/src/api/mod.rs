@@ -4,7 +4,7 @@
 mod admin;
 mod datasets;
 mod health;
-mod jobs;
+pub mod jobs;
 mod logs;
 mod metrics;
 mod scheduling;

@@ -1,0 +1,87 @@
+//! Browser sessions of the dashboard. Signing in with an API token opens a session; the cookie
+//! carries a random secret whose SHA-256 is all the database keeps. Each request re-checks the
+//! token behind the session, so revoking the token (or its expiry) ends the session too.
+
+use chrono::{DateTime, Duration, Utc};
+use trainyard_core::auth::Caller;
+use trainyard_core::{Error, Result};
+
+use crate::tenancy::{caller_select, token_hash};
+use crate::{Store, db_error};
+
+/// How long a session lasts at most; never longer than its token.
+pub const SESSION_LIFETIME_HOURS: i64 = 12;
+
+/// A session as the browser holds it.
+#[derive(Debug, Clone)]
+pub struct WebSession {
+    /// The cookie's value. Shown once, here.
+    pub secret: String,
+    /// The value every form post of this session must carry.
+    pub csrf: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+fn random_hex() -> String {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    hex::encode(bytes)
+}
+
+impl Store {
+    /// Opens a session for the holder of an API token, or says why the token is refused.
+    pub async fn session_open(&self, token: &str) -> Result<(WebSession, Caller)> {
+        let caller = self.token_authenticate(token).await?;
+        // language=PostgreSQL
+        let token_expires: Option<DateTime<Utc>> =
+            sqlx::query_scalar("SELECT expires_at FROM api_tokens WHERE id = $1")
+                .bind(caller.token_id)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(db_error)?;
+        let mut expires_at = Utc::now() + Duration::hours(SESSION_LIFETIME_HOURS);
+        if let Some(token_expires) = token_expires {
+            expires_at = expires_at.min(token_expires);
+        }
+        let session = WebSession { secret: random_hex(), csrf: random_hex(), expires_at };
+        // Expired sessions are swept here, where a write happens anyway.
+        // language=PostgreSQL
+        sqlx::query("DELETE FROM web_sessions WHERE expires_at < now()").execute(&self.pool).await.map_err(db_error)?;
+        // language=PostgreSQL
+        sqlx::query("INSERT INTO web_sessions (secret_hash, token_id, csrf, expires_at) VALUES ($1, $2, $3, $4)")
+            .bind(token_hash(&session.secret))
+            .bind(caller.token_id)
+            .bind(&session.csrf)
+            .bind(session.expires_at)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok((session, caller))
+    }
+
+    /// The caller and CSRF value of a session cookie, checked against its token now.
+    pub async fn session_authenticate(&self, secret: &str) -> Result<(Caller, String)> {
+        let row = sqlx::query(concat!(
+            caller_select!(", s.csrf"),
+            " JOIN web_sessions s ON s.token_id = t.id WHERE s.secret_hash = $1 AND s.expires_at > now()"
+        ))
+        .bind(token_hash(secret))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| Error::Unauthenticated("the session has ended; sign in again".into()))?;
+        let csrf = sqlx::Row::get::<String, _>(&row, "csrf");
+        Ok((self.caller_from_row(&row).await?, csrf))
+    }
+
+    /// Ends a session. Ending one that is gone already is harmless.
+    pub async fn session_close(&self, secret: &str) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query("DELETE FROM web_sessions WHERE secret_hash = $1")
+            .bind(token_hash(secret))
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+}
