@@ -17,6 +17,8 @@ use trainyard_store::Store;
 
 pub use reqwest::StatusCode;
 
+pub mod web;
+
 /// The folder holding the workspace's built binaries (next to this test executable).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
