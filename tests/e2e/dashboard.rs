@@ -40,7 +40,17 @@ fn lines(argv: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_researcher_signs_in_submits_watches_and_signs_out_in_a_browser() {
     let Some(browser) = browser_or_skip("dashboard browser test").await else { return };
-    let env = TestEnv::start().await;
+    let env = TestEnv::start_with(&["--simulate-gpus", "4", "--simulate-gpu-type", "sim-gpu"]).await;
+    let quota = json!({"nominal": 4});
+    let (status, body) = env
+        .call(
+            reqwest::Method::PUT,
+            "/api/v1/admin/tenants/default/quotas/sim-gpu",
+            Some(&env.admin_token),
+            Some(&quota),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
     let base = &env.server.url;
     let c = &browser.client;
 
@@ -116,7 +126,11 @@ async fn a_researcher_signs_in_submits_watches_and_signs_out_in_a_browser() {
     // The job list: a new job appears and reaches `succeeded` without a reload.
     c.goto(&format!("{base}/jobs")).await.unwrap();
     mark_page(&browser).await;
-    let id = env.submit(json!({"name": "listed-live", "command": ["sleep", "2"]})).await;
+    let id = env
+        .submit(
+            json!({"name": "listed-live", "command": ["sleep", "2"], "resources": {"gpus": 1, "gpu_type": "sim-gpu"}}),
+        )
+        .await;
     let badge = format!("tr[data-job='{id}'] .badge");
     browser.wait_text(&badge, Duration::from_secs(30), |t| t == "succeeded").await;
     assert!(page_was_not_reloaded(&browser).await, "the list updated in place");
@@ -249,4 +263,45 @@ async fn a_session_is_worth_no_more_than_its_token() {
     let (status, page) = stranger.post_form("/login", &[("csrf", &csrf_of(&page)), ("token", "tyd_0000")]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(page.contains("token-error"), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_sets_a_quota_in_the_admin_page_and_the_quota_page_draws_its_use() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "4", "--simulate-gpu-type", "sim-gpu"]).await;
+    let admin = WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (status, page) = admin.get("/admin").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<td>sim-gpu</td><td>4</td>"), "the node inventory lists the 4 GPUs: {page}");
+    let csrf = csrf_of(&page);
+
+    // A bad number names its field and sets nothing.
+    let form = [("csrf", csrf.as_str()), ("tenant", "default"), ("flavor", "sim-gpu"), ("nominal", "four")];
+    let (status, page) = admin.post_form("/admin/quota", &form).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(page.contains("nominal: must be a whole number"), "{page}");
+    assert!(admin.get("/quota").await.1.contains("no GPU quota yet"));
+
+    let form = [("csrf", csrf.as_str()), ("tenant", "default"), ("flavor", "sim-gpu"), ("nominal", "4")];
+    let (status, page) = admin.post_form("/admin/quota", &form).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("quota of default for sim-gpu set to 4 GPUs"), "{page}");
+
+    let id = env.submit(json!({"command": ["sleep", "600"], "resources": {"gpus": 2, "gpu_type": "sim-gpu"}})).await;
+    env.wait_state(&id, "running", Duration::from_secs(30)).await;
+    let (_, quota) = admin.get("/quota").await;
+    assert!(quota.contains("aria-label=\"2 GPUs used of 4 nominal; 0 borrowed, 0 lent\""), "{quota}");
+    assert!(quota.contains("style=\"width: 50%\""), "half the bar is in use: {quota}");
+
+    // Members are added from the same page; the new member's token is shown once and works.
+    let form = [("csrf", csrf.as_str()), ("tenant", "default"), ("user", "mia"), ("role", "viewer")];
+    let (status, page) = admin.post_form("/admin/members", &form).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let token =
+        regex::Regex::new(r"tyd_[0-9a-f]{64}").unwrap().find(&page).expect("the new token").as_str().to_string();
+    let mia = WebClient::signed_in(&env.server.url, &token).await;
+    assert!(mia.get("/jobs").await.1.contains("mia · default (viewer)"));
+    let (_, quota) = mia.get("/quota").await;
+    assert!(quota.contains("2 GPUs used of 4 nominal"), "members see their tenant's use");
+    let cancel = env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
+    assert_eq!(cancel.0, StatusCode::OK);
 }
