@@ -35,11 +35,13 @@ echo "server at $url; $(nproc) cores; $(psql -tA "$admin_url" -c 'SHOW server_ve
 
 # One real job, from a template, then 100,000 more like it in the same tenant.
 job=$(curl -sf -H "Authorization: Bearer $TRAINYARD_TOKEN" -H 'Content-Type: application/json' \
-  -d '{"params": {"command": ["true"]}}' "$url/api/v1/templates/shell/run" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  -d '{"params": {"command": ["true"]}}' "$url/api/v1/templates/shell/jobs" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 psql -q "$db_url" <<'SQL'
 INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by, template_name)
 SELECT gen_random_uuid(), t.id, 'filler-' || (n % 100), j.spec, 'bench', u.id, 'shell'
 FROM generate_series(1, 100000) n, tenants t, users u, LATERAL (SELECT spec FROM jobs LIMIT 1) j;
+-- History, not a queue: the fillers have ended (the state machine allows queued -> cancelled).
+UPDATE jobs SET state = 'cancelled', reason = 'bench filler', finished_at = now() WHERE last_actor = 'bench';
 ANALYZE jobs;
 SQL
 echo "jobs in the tenant: $(psql -tA "$db_url" -c 'SELECT count(*) FROM jobs')"
@@ -54,6 +56,9 @@ run() { # label, path, auth (cookie|bearer)
   local header
   if [ "$3" = cookie ]; then header="Cookie: $TRAINYARD_COOKIE"; else header="Authorization: Bearer $TRAINYARD_TOKEN"; fi
   echo; echo "== $1 ($2), 1 client, ${duration}s"
+  status=$(curl -s -o /dev/null -w '%{http_code}' -H "$header" "$url$2")
+  # 286 is the live part of a finished job: "stop polling" to htmx.
+  [ "$status" = 200 ] || [ "$status" = 286 ] || { echo "expected 200 from $2, got $status"; exit 1; }
   wrk -t1 -c1 -d"${duration}s" --latency -H "$header" "$url$2" | grep -E "Requests/sec|50%|90%|99%|Non-2xx|Socket errors"
 }
 run "jobs page, first 50 of 100,001" "/jobs" cookie
@@ -95,11 +100,15 @@ sys.exit(1)' && return
 export URL="$url"
 alone=$(submit_printer); echo "no viewers:  $(runtime "$alone")"
 watched=$(submit_printer)
+viewers=()
 for v in $(seq 100); do
   curl -sN -b "$work/jar" "$url/jobs/$watched/log/stream?replica=0" > "$work/viewer-$v.sse" &
+  viewers+=($!)
 done
 echo "100 viewers: $(runtime "$watched")"
-wait
+start=$(date +%s.%N)
+wait "${viewers[@]}"
+echo "the last viewer finished $(python3 -c "import time; print(round(time.time() - $start, 2))") s after the job's end was seen"
 complete=0
 for v in $(seq 100); do
   lines=$(grep -c '^event: line' "$work/viewer-$v.sse" || true)
