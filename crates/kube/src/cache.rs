@@ -55,10 +55,16 @@ impl Cache {
         Cache { pods, jobs, nodes, tasks: vec![pods_task, jobs_task, nodes_task] }
     }
 
-    /// Waits until every watcher has listed once, so that an absent object really is absent.
+    /// Waits until the pod and Job watchers have listed once, so that an absent object really
+    /// is absent. Nodes are not waited for: without the right to list them, jobs still run.
     pub async fn ready(&self) {
         // An error means the watcher task ended (the cache is being dropped): nothing to wait for.
-        let _ = tokio::join!(self.pods.wait_until_ready(), self.jobs.wait_until_ready(), self.nodes.wait_until_ready());
+        let _ = tokio::join!(self.pods.wait_until_ready(), self.jobs.wait_until_ready());
+    }
+
+    /// Whether the node watcher has listed the nodes (so a node missing from it is gone).
+    pub fn nodes_listed(&self) -> bool {
+        matches!(futures::FutureExt::now_or_never(self.nodes.wait_until_ready()), Some(Ok(())))
     }
 
     /// The Job of an attempt, found by its labels wherever it lives.

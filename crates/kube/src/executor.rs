@@ -216,9 +216,9 @@ impl KubernetesExecutor {
                 unschedulable: self.config.unschedulable_timeout,
                 image_pull: self.config.image_pull_timeout,
             },
-            // With no node listed at all, the node watcher may lack the rights or be behind:
-            // then no pod is declared lost for its node.
-            node_exists: (!node_names.is_empty()).then_some(&node_exists as &dyn Fn(&str) -> bool),
+            // Until the node watcher has listed the nodes (it may lack the rights, or be behind),
+            // no pod is declared lost for its node.
+            node_exists: self.cache.nodes_listed().then_some(&node_exists as &dyn Fn(&str) -> bool),
         };
         let mut ended = self.ended.lock().expect("ended poisoned");
         (0..attempt.replicas)

@@ -86,7 +86,7 @@ pub fn tenant_objects(config: &KubeConfig, tenant_id: Uuid, ceiling: Option<&Quo
                 "metadata": metadata("trainyard-ceiling", Some(&ns), &labels),
                 "spec": { "hard": {
                     "requests.cpu": format!("{}m", ceiling.cpu_millis),
-                    "requests.memory": ceiling.memory_bytes.to_string(),
+                    "requests.memory": trainyard_core::resources::Memory(ceiling.memory_bytes).to_string(),
                     format!("requests.{GPU_RESOURCE}"): ceiling.gpus.to_string(),
                 }},
             }))
@@ -246,7 +246,7 @@ fn job(
     let resources = &spec.resources;
     let mut limits = BTreeMap::from([
         ("cpu".to_string(), format!("{}m", resources.cpu.millis())),
-        ("memory".to_string(), resources.memory.bytes().to_string()),
+        ("memory".to_string(), resources.memory.to_string()),
     ]);
     if resources.gpus > 0 {
         limits.insert(GPU_RESOURCE.to_string(), resources.gpus.to_string());
@@ -319,7 +319,7 @@ fn job(
                         { "name": "template", "configMap": { "name": name, "items": template_items(&request.files) } },
                         // PyTorch's data loader workers share tensors through /dev/shm; the
                         // container runtime's 64 MiB default is far too small.
-                        { "name": "shm", "emptyDir": { "medium": "Memory", "sizeLimit": resources.memory.bytes().to_string() } },
+                        { "name": "shm", "emptyDir": { "medium": "Memory", "sizeLimit": resources.memory.to_string() } },
                     ],
                 },
             },

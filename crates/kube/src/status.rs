@@ -40,7 +40,7 @@ pub struct Context<'a> {
 /// The replica a pod runs, as Trainyard sees it.
 pub fn replica_from_pod(rank: u32, pod: &Pod, ctx: &Context<'_>) -> ReplicaDetail {
     let status = pod.status.as_ref();
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
     let container = status.and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.first());
     let image_digest =
         container.map(|c| c.image_id.trim_start_matches("docker-pullable://").to_string()).filter(|d| !d.is_empty());
