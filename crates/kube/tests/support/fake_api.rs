@@ -83,9 +83,9 @@ struct ParsedPath {
 
 fn parse_path(path: &str) -> Option<ParsedPath> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest = match segments.first()? {
-        &"api" => &segments[2..],
-        &"apis" => &segments[3..],
+    let rest = match *segments.first()? {
+        "api" => segments.get(2..)?,
+        "apis" => segments.get(3..)?,
         _ => return None,
     };
     let owned = |s: Option<&&str>| s.map(|s| s.to_string());
@@ -190,8 +190,7 @@ impl FakeApi {
     /// Removes an object and, as the garbage collector does, every object it owns.
     pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let mut state = self.state.lock().unwrap();
-        let removed = self.delete_locked(&mut state, &(plural.into(), namespace.into(), name.into()));
-        removed
+        self.delete_locked(&mut state, &(plural.into(), namespace.into(), name.into()))
     }
 
     fn delete_locked(&self, state: &mut State, key: &Key) -> Option<Value> {
