@@ -20,6 +20,7 @@ use futures::TryFutureExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -411,8 +412,10 @@ impl Executor for KubernetesExecutor {
         self.cache.ready().await;
         let key = (request.job_id, request.attempt);
         let placement = serde_json::to_value(self.placement(request)).expect("placement serialises");
-        let known = self.cache.job_of(request.job_id, request.attempt).is_some()
-            || self.launched.lock().expect("launched poisoned").contains_key(&key);
+        let job_ref = ObjectRef::new(&names::attempt_object(request.job_id, request.attempt))
+            .within(&names::namespace(&self.config.namespace_prefix, request.tenant_id));
+        let known = self.launched.lock().expect("launched poisoned").contains_key(&key)
+            || self.cache.jobs.get(&job_ref).is_some();
         if known {
             tracing::info!(job = %request.job_id, attempt = request.attempt, "attempt exists already; launching nothing");
             return Ok(placement);

@@ -368,8 +368,9 @@ impl FakeApi {
                         }
                         {
                             let state = state.lock().unwrap();
-                            let from = seen;
-                            for (version, p, ns, kind, object) in state.events.iter().filter(|e| e.0 > from) {
+                            // Events are in version order: start after the last one seen.
+                            let start = state.events.partition_point(|e| e.0 <= seen);
+                            for (version, p, ns, kind, object) in &state.events[start..] {
                                 seen = *version;
                                 let matches = *p == plural
                                     && namespace.as_ref().is_none_or(|n| n == ns)
