@@ -74,7 +74,7 @@ pub fn replica_from_pod(rank: u32, pod: &Pod, ctx: &Context<'_>) -> ReplicaDetai
             detail.exit_code = Some(0);
             detail
         }
-        (_, Some(ContainerState { terminated: Some(end), .. })) if phase != "Pending" || end.exit_code != 0 => {
+        (_, Some(ContainerState { terminated: Some(end), .. })) => {
             if end.exit_code == 0 {
                 detail.phase = ReplicaPhase::Succeeded;
                 detail.exit_code = Some(0);
@@ -193,4 +193,92 @@ pub fn failure_sentence(detail: &ReplicaDetail) -> Option<String> {
     let code = detail.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
     let message = detail.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
     Some(format!("replica {} {}{code}{message}", detail.rank, reason.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ctx(node_exists: Option<&dyn Fn(&str) -> bool>) -> Context<'_> {
+        Context {
+            now: Timestamp::now(),
+            patience: Patience { unschedulable: Duration::from_secs(600), image_pull: Duration::from_secs(300) },
+            node_exists,
+        }
+    }
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "p", "creationTimestamp": Timestamp::now().to_string() },
+            "spec": { "nodeName": "gpu-1", "containers": [] },
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn waiting(reason: &str) -> serde_json::Value {
+        json!({ "phase": "Pending", "containerStatuses": [{ "name": "replica", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 0, "state": { "waiting": { "reason": reason } } }] })
+    }
+
+    #[test]
+    fn a_pod_without_status_is_pending() {
+        let detail = replica_from_pod(0, &pod(json!({})), &ctx(None));
+        assert_eq!(detail.phase, ReplicaPhase::Pending);
+        assert_eq!(status_of(&detail), ReplicaStatus::Running, "pending has not ended");
+    }
+
+    #[test]
+    fn removal_by_the_taint_manager_or_pod_gc_is_node_loss() {
+        for reason in ["DeletionByTaintManager", "DeletionByPodGC"] {
+            let status = json!({ "phase": "Failed", "conditions": [{ "type": "DisruptionTarget", "status": "True", "reason": reason }] });
+            let detail = replica_from_pod(1, &pod(status), &ctx(None));
+            assert_eq!(detail.reason, Some(FailureReason::NodeLost), "{reason}");
+            assert_eq!(status_of(&detail), ReplicaStatus::Lost);
+        }
+    }
+
+    #[test]
+    fn an_unknown_phase_or_a_vanished_node_is_node_loss() {
+        assert_eq!(
+            replica_from_pod(0, &pod(json!({ "phase": "Unknown" })), &ctx(None)).reason,
+            Some(FailureReason::NodeLost)
+        );
+        let none = |_: &str| false;
+        let detail = replica_from_pod(0, &pod(json!({ "phase": "Running" })), &ctx(Some(&none)));
+        assert_eq!(detail.reason, Some(FailureReason::NodeLost));
+        assert!(detail.message.unwrap().contains("gpu-1"));
+    }
+
+    #[test]
+    fn an_invalid_image_name_fails_at_once_but_a_fresh_pull_backoff_waits() {
+        assert_eq!(
+            replica_from_pod(0, &pod(waiting("InvalidImageName")), &ctx(None)).reason,
+            Some(FailureReason::ImagePullBackOff)
+        );
+        assert_eq!(replica_from_pod(0, &pod(waiting("ImagePullBackOff")), &ctx(None)).phase, ReplicaPhase::Pending);
+        // Waiting for a Secret that is not there yet (the Job is applied before its Secret) is normal.
+        assert_eq!(
+            replica_from_pod(0, &pod(waiting("CreateContainerConfigError")), &ctx(None)).phase,
+            ReplicaPhase::Pending
+        );
+    }
+
+    #[test]
+    fn the_failure_sentence_names_replica_reason_code_and_message() {
+        let detail = ReplicaDetail {
+            rank: 1,
+            phase: ReplicaPhase::Failed,
+            exit_code: Some(137),
+            reason: Some(FailureReason::OomKilled),
+            message: Some("killed for using more memory than its limit".into()),
+            image_digest: None,
+            node: None,
+        };
+        assert_eq!(
+            failure_sentence(&detail).unwrap(),
+            "replica 1 OOMKilled (exit 137): killed for using more memory than its limit"
+        );
+    }
 }
