@@ -190,7 +190,9 @@ pub trait Executor: Send + Sync + 'static {
     fn inventory(&self) -> Inventory;
 
     /// Starts every replica of an attempt and returns its placement (stored in Postgres).
-    /// Launching the same attempt twice is an error, never a second set of processes.
+    /// Launching the same attempt twice never starts a second set of replicas: the local
+    /// backend refuses it with an error, the Kubernetes backend finds the attempt's Job and
+    /// returns the same placement without sending anything.
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError>;
 
     /// The status of each replica of an attempt, in rank order.
@@ -214,6 +216,14 @@ pub trait Executor: Send + Sync + 'static {
     /// [`Executor::inventory`] as one machine).
     fn nodes(&self) -> Option<Vec<NodeInventory>> {
         None
+    }
+
+    /// Removes what the backend still runs or keeps for attempts not in `live` (the current
+    /// attempts of unfinished jobs): leftovers of finished, cancelled or unknown jobs, found after
+    /// a restart. Returns how many attempts it removed. Backends that leave nothing behind keep
+    /// the default.
+    async fn garbage_collect(&self, _live: &[(Uuid, i32)]) -> usize {
+        0
     }
 
     /// Records a tenant's quota ceiling so that the backend can enforce it too (a Kubernetes

@@ -311,10 +311,8 @@ impl KubernetesExecutor {
         Some((placement.namespace, placement.job))
     }
 
-    /// Deletes the Jobs (and so everything else) of attempts that are not in `live`: finished,
-    /// cancelled, or unknown to Trainyard. Jobs younger than a few minutes are spared, since
-    /// their launch may not be recorded yet. Returns how many it deleted.
-    pub async fn garbage_collect(&self, live: &[(Uuid, i32)]) -> usize {
+    /// The garbage collection of [`Executor::garbage_collect`], callable without the trait.
+    pub async fn jobs_collect(&self, live: &[(Uuid, i32)]) -> usize {
         self.cache.ready().await;
         let live: HashSet<(Uuid, i32)> = live.iter().copied().collect();
         let now = k8s_openapi::jiff::Timestamp::now();
@@ -457,6 +455,13 @@ impl Executor for KubernetesExecutor {
     async fn replica_details(&self, attempt: &AttemptRef) -> Vec<ReplicaDetail> {
         self.cache.ready().await;
         self.details_now(attempt)
+    }
+
+    /// Deletes the Jobs (and so everything else) of attempts that are not in `live`: finished,
+    /// cancelled, or unknown to Trainyard. Jobs younger than a few minutes are spared, since
+    /// their launch may not be recorded yet. Returns how many it deleted.
+    async fn garbage_collect(&self, live: &[(Uuid, i32)]) -> usize {
+        self.jobs_collect(live).await
     }
 
     fn nodes(&self) -> Option<Vec<NodeInventory>> {
