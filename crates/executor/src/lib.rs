@@ -148,6 +148,33 @@ impl ReplicaDetail {
         };
         ReplicaDetail { rank, phase, exit_code, reason, message: None, image_digest: None, node: None }
     }
+
+    /// The replica in the words of [`Executor::observe`]: a replica still waiting for its place
+    /// counts as running (it holds its place and has not ended); an end without an exit code
+    /// counts as lost.
+    pub fn status(&self) -> ReplicaStatus {
+        match (self.phase, self.exit_code) {
+            (ReplicaPhase::Pending | ReplicaPhase::Running, _) => ReplicaStatus::Running,
+            (ReplicaPhase::Succeeded, _) => ReplicaStatus::Exited(0),
+            (ReplicaPhase::Failed, Some(code)) => ReplicaStatus::Exited(code),
+            (ReplicaPhase::Failed, None) => ReplicaStatus::Lost,
+        }
+    }
+
+    /// Whether the failure has a cause beyond the program's own exit code (OOMKilled, Evicted,
+    /// ImagePullBackOff, Unschedulable, NodeLost): then it explains the attempt's end better than
+    /// any exit code.
+    pub fn has_external_cause(&self) -> bool {
+        matches!(self.reason, Some(reason) if !matches!(reason, FailureReason::Error | FailureReason::Lost))
+    }
+
+    /// A sentence for the attempt's reason: `replica 1 OOMKilled (exit 137): <message>`.
+    pub fn failure_sentence(&self) -> Option<String> {
+        let reason = self.reason?;
+        let code = self.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
+        let message = self.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
+        Some(format!("replica {} {}{code}{message}", self.rank, reason.as_str()))
+    }
 }
 
 /// One machine of a cluster, as the scheduler's snapshot needs it.
@@ -259,4 +286,26 @@ pub fn last_line(text: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(text);
     let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
     Some(line.chars().take(300).collect())
+}
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+
+    #[test]
+    fn a_detail_made_from_a_status_gives_that_status_back() {
+        for status in [ReplicaStatus::Running, ReplicaStatus::Exited(0), ReplicaStatus::Exited(3), ReplicaStatus::Lost]
+        {
+            assert_eq!(ReplicaDetail::from_status(0, status).status(), status);
+        }
+    }
+
+    #[test]
+    fn only_causes_beyond_the_exit_code_count_as_external() {
+        let mut detail = ReplicaDetail::from_status(1, ReplicaStatus::Exited(137));
+        assert!(!detail.has_external_cause());
+        detail.reason = Some(FailureReason::OomKilled);
+        assert!(detail.has_external_cause());
+        assert_eq!(detail.failure_sentence().as_deref(), Some("replica 1 OOMKilled (exit 137)"));
+    }
 }

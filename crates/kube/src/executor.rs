@@ -425,7 +425,7 @@ impl Executor for KubernetesExecutor {
     }
 
     async fn observe(&self, attempt: &AttemptRef) -> Vec<ReplicaStatus> {
-        self.replica_details(attempt).await.iter().map(status::status_of).collect()
+        self.replica_details(attempt).await.iter().map(ReplicaDetail::status).collect()
     }
 
     /// Deletes the attempt's Job (background propagation): its pods get SIGTERM, then SIGKILL

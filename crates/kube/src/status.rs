@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ContainerState, Pod, PodCondition};
 use k8s_openapi::jiff::Timestamp;
-use trainyard_executor::{FailureReason, ReplicaDetail, ReplicaPhase, ReplicaStatus};
+use trainyard_executor::{FailureReason, ReplicaDetail, ReplicaPhase};
 
 /// How long a replica may wait before waiting counts as failing.
 #[derive(Debug, Clone, Copy)]
@@ -175,30 +175,11 @@ fn default_message(reason: FailureReason) -> &'static str {
     }
 }
 
-/// The replica in the words of [`trainyard_executor::Executor::observe`]: a replica still
-/// waiting for its node counts as running (it holds its place and has not ended); an end
-/// without an exit code counts as lost.
-pub fn status_of(detail: &ReplicaDetail) -> ReplicaStatus {
-    match (detail.phase, detail.exit_code) {
-        (ReplicaPhase::Pending | ReplicaPhase::Running, _) => ReplicaStatus::Running,
-        (ReplicaPhase::Succeeded, _) => ReplicaStatus::Exited(0),
-        (ReplicaPhase::Failed, Some(code)) => ReplicaStatus::Exited(code),
-        (ReplicaPhase::Failed, None) => ReplicaStatus::Lost,
-    }
-}
-
-/// A short sentence for the attempt's reason: `replica 1 OOMKilled (exit 137): ...`.
-pub fn failure_sentence(detail: &ReplicaDetail) -> Option<String> {
-    let reason = detail.reason?;
-    let code = detail.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
-    let message = detail.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
-    Some(format!("replica {} {}{code}{message}", detail.rank, reason.as_str()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use trainyard_executor::ReplicaStatus;
 
     fn ctx(node_exists: Option<&dyn Fn(&str) -> bool>) -> Context<'_> {
         Context {
@@ -226,7 +207,7 @@ mod tests {
     fn a_pod_without_status_is_pending() {
         let detail = replica_from_pod(0, &pod(json!({})), &ctx(None));
         assert_eq!(detail.phase, ReplicaPhase::Pending);
-        assert_eq!(status_of(&detail), ReplicaStatus::Running, "pending has not ended");
+        assert_eq!(detail.status(), ReplicaStatus::Running, "pending has not ended");
     }
 
     #[test]
@@ -235,7 +216,7 @@ mod tests {
             let status = json!({ "phase": "Failed", "conditions": [{ "type": "DisruptionTarget", "status": "True", "reason": reason }] });
             let detail = replica_from_pod(1, &pod(status), &ctx(None));
             assert_eq!(detail.reason, Some(FailureReason::NodeLost), "{reason}");
-            assert_eq!(status_of(&detail), ReplicaStatus::Lost);
+            assert_eq!(detail.status(), ReplicaStatus::Lost);
         }
     }
 
@@ -277,7 +258,7 @@ mod tests {
             node: None,
         };
         assert_eq!(
-            failure_sentence(&detail).unwrap(),
+            detail.failure_sentence().unwrap(),
             "replica 1 OOMKilled (exit 137): killed for using more memory than its limit"
         );
     }
