@@ -44,6 +44,8 @@ use crate::{inventory, names::MANAGED_SELECTOR};
 const WATCH_LAG: Duration = Duration::from_secs(120);
 /// Jobs younger than this are never collected: their launch may not be recorded yet.
 const GC_MIN_AGE: Duration = Duration::from_secs(300);
+/// How long a call waits for the watchers' first list before answering without them.
+const CACHE_WAIT: Duration = Duration::from_secs(30);
 /// The container every replica runs in.
 const CONTAINER: &str = "replica";
 
@@ -61,6 +63,8 @@ pub enum KubeError {
     Manifest(#[from] ManifestError),
     #[error("Kubernetes returned the Job {0} without a uid")]
     NoUid(String),
+    #[error("the cluster has not been listed yet (is the API server reachable?)")]
+    NotObserved,
 }
 
 impl From<KubeError> for ExecutorError {
@@ -131,6 +135,12 @@ impl KubernetesExecutor {
     /// Waits until the watchers have listed the cluster once.
     pub async fn ready(&self) {
         self.cache.ready().await;
+    }
+
+    /// Waits (a bounded time) for the watchers' first list; false if it has not come, so that
+    /// a call never acts on an incomplete picture nor hangs while the API server is away.
+    async fn ready_soon(&self) -> bool {
+        tokio::time::timeout(CACHE_WAIT, self.cache.ready()).await.is_ok()
     }
 
     /// Server-side apply with our one field manager, forcing ownership of our fields.
@@ -313,7 +323,9 @@ impl KubernetesExecutor {
 
     /// The garbage collection of [`Executor::garbage_collect`], callable without the trait.
     pub async fn jobs_collect(&self, live: &[(Uuid, i32)]) -> usize {
-        self.cache.ready().await;
+        if !self.ready_soon().await {
+            return 0; // never delete on an incomplete picture
+        }
         let live: HashSet<(Uuid, i32)> = live.iter().copied().collect();
         let now = k8s_openapi::jiff::Timestamp::now();
         let doomed: Vec<Arc<Job>> = self.cache.jobs.state_filter(|job| {
@@ -407,7 +419,9 @@ impl Executor for KubernetesExecutor {
     /// Job exists already is left as it is: a repeated launch sends nothing and returns the
     /// same placement.
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError> {
-        self.cache.ready().await;
+        if !self.ready_soon().await {
+            return Err(KubeError::NotObserved.into());
+        }
         let key = (request.job_id, request.attempt);
         let placement = serde_json::to_value(self.placement(request)).expect("placement serialises");
         let job_ref = ObjectRef::new(&names::attempt_object(request.job_id, request.attempt))
@@ -453,7 +467,16 @@ impl Executor for KubernetesExecutor {
     }
 
     async fn replica_details(&self, attempt: &AttemptRef) -> Vec<ReplicaDetail> {
-        self.cache.ready().await;
+        if !self.ready_soon().await {
+            // Not seen is not ended: report every replica as waiting rather than lost.
+            return (0..attempt.replicas)
+                .map(|rank| ReplicaDetail {
+                    phase: ReplicaPhase::Pending,
+                    message: Some(KubeError::NotObserved.to_string()),
+                    ..ReplicaDetail::from_status(rank, ReplicaStatus::Running)
+                })
+                .collect();
+        }
         self.details_now(attempt)
     }
 
@@ -494,7 +517,7 @@ impl Executor for KubernetesExecutor {
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(err.into()),
         }
-        self.cache.ready().await;
+        self.ready_soon().await;
         let Some(pod) = newest_by_rank(self.cache.pods_of(job_id, attempt)).remove(&replica) else {
             return Ok(None);
         };

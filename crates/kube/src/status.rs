@@ -13,6 +13,7 @@
 //! | Failed, `Evicted` or a `DisruptionTarget` by eviction | failed: Evicted |
 //! | `Unknown`, on a node that vanished, or removed by the taint manager or pod GC | failed: NodeLost |
 //! | Failed with a non-zero exit code | failed: Error, that code |
+//! | `CreateContainerConfigError` (its Secret or ConfigMap missing) for longer than `image_pull_timeout` | failed: Lost |
 
 use std::time::Duration;
 
@@ -100,6 +101,12 @@ pub fn replica_from_pod(rank: u32, pod: &Pod, ctx: &Context<'_>) -> ReplicaDetai
                 || (pull_failing && waited_longer(pulling_since, ctx.now, ctx.patience.image_pull))
             {
                 return failed(detail, FailureReason::ImagePullBackOff, None, waiting.message.clone());
+            }
+            // The attempt's Secret or ConfigMap is missing (a launch cut short): brief while a
+            // launch is under way, a failure when it lasts.
+            let config_missing = reason == "CreateContainerConfigError";
+            if config_missing && waited_longer(pulling_since, ctx.now, ctx.patience.image_pull) {
+                return failed(detail, FailureReason::Lost, None, waiting.message.clone());
             }
             detail.message = waiting.message.clone().or_else(|| (!reason.is_empty()).then(|| reason.to_string()));
             detail
@@ -244,6 +251,15 @@ mod tests {
             replica_from_pod(0, &pod(waiting("CreateContainerConfigError")), &ctx(None)).phase,
             ReplicaPhase::Pending
         );
+    }
+
+    #[test]
+    fn a_missing_secret_that_lasts_fails_the_replica() {
+        let mut stuck = pod(waiting("CreateContainerConfigError"));
+        let long_ago = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(3600);
+        stuck.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(long_ago));
+        let detail = replica_from_pod(0, &stuck, &ctx(None));
+        assert_eq!((detail.phase, detail.reason), (ReplicaPhase::Failed, Some(FailureReason::Lost)));
     }
 
     #[test]
