@@ -195,9 +195,10 @@ pub struct NodeInventory {
 /// behind the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct QuotaCeiling {
-    pub gpus: u32,
-    pub cpu_millis: u64,
-    pub memory_bytes: u64,
+    /// GPUs of any type; no limit when `None`.
+    pub gpus: Option<u32>,
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]

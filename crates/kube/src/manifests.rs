@@ -15,6 +15,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use trainyard_core::resources::Memory;
 use trainyard_executor::{LaunchRequest, QuotaCeiling};
 use uuid::Uuid;
 
@@ -81,14 +82,21 @@ pub fn tenant_objects(config: &KubeConfig, tenant_id: Uuid, ceiling: Option<&Quo
             "metadata": metadata(&ns, None, &ns_labels),
         })),
         quota: ceiling.map(|ceiling| {
+            // Only the amounts the ceiling names: a missing one is no limit, never zero.
+            let mut hard = BTreeMap::new();
+            if let Some(cpu) = ceiling.cpu_millis {
+                hard.insert("requests.cpu".to_string(), format!("{cpu}m"));
+            }
+            if let Some(memory) = ceiling.memory_bytes {
+                hard.insert("requests.memory".to_string(), Memory(memory).to_string());
+            }
+            if let Some(gpus) = ceiling.gpus {
+                hard.insert(format!("requests.{GPU_RESOURCE}"), gpus.to_string());
+            }
             typed(json!({
                 "apiVersion": "v1", "kind": "ResourceQuota",
                 "metadata": metadata("trainyard-ceiling", Some(&ns), &labels),
-                "spec": { "hard": {
-                    "requests.cpu": format!("{}m", ceiling.cpu_millis),
-                    "requests.memory": trainyard_core::resources::Memory(ceiling.memory_bytes).to_string(),
-                    format!("requests.{GPU_RESOURCE}"): ceiling.gpus.to_string(),
-                }},
+                "spec": { "hard": hard },
             }))
         }),
         limit_range: typed(json!({

@@ -392,3 +392,28 @@ async fn wait(done: impl Fn() -> bool) {
     }
     panic!("condition not reached in 5 s");
 }
+
+#[tokio::test]
+async fn tenant_objects_are_applied_once_and_the_quota_again_only_when_the_ceiling_changes() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    fake.requests_clear();
+    let mut second = examples::pytorch_ddp();
+    second.job_id = uuid::Uuid::from_u128(99);
+    executor.launch(&second).await.unwrap();
+    let kinds: Vec<String> = fake.writes_and_reads().iter().map(|r| r.kind()).collect();
+    assert_eq!(kinds.len(), 4, "a second job of the tenant costs 4 requests: {kinds:?}");
+    assert!(!kinds.contains(&"Namespace".to_string()));
+
+    fake.requests_clear();
+    executor.tenant_ceiling_set(TENANT, &examples::ceiling()).await.unwrap();
+    assert!(fake.writes_and_reads().is_empty(), "an unchanged ceiling is left alone");
+
+    let mut raised = examples::ceiling();
+    raised.gpus = Some(64);
+    raised.cpu_millis = None;
+    executor.tenant_ceiling_set(TENANT, &raised).await.unwrap();
+    let quota = fake.get("resourcequotas", NS, "trainyard-ceiling").unwrap();
+    assert_eq!(quota["spec"]["hard"]["requests.nvidia.com/gpu"], "64");
+    assert!(quota["spec"]["hard"].get("requests.cpu").is_none(), "no cpu limit when the ceiling names none");
+}

@@ -25,7 +25,7 @@ pub fn config() -> KubeConfig {
 }
 
 pub fn ceiling() -> QuotaCeiling {
-    QuotaCeiling { gpus: 32, cpu_millis: 256_000, memory_bytes: 2 << 40 }
+    QuotaCeiling { gpus: Some(32), cpu_millis: Some(256_000), memory_bytes: Some(2 << 40) }
 }
 
 pub fn workspace_root() -> PathBuf {
