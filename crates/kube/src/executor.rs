@@ -11,7 +11,7 @@
 //! an attempt's Job is found by `trainyard.dev/job` and `trainyard.dev/attempt`, and a launch of
 //! an attempt whose Job exists sends nothing.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,10 +35,10 @@ use uuid::Uuid;
 
 use crate::cache::Cache;
 use crate::config::KubeConfig;
+use crate::inventory;
 use crate::manifests::{self, ManifestError};
 use crate::names;
 use crate::status::{self, Context, Patience};
-use crate::{inventory, names::MANAGED_SELECTOR};
 
 /// How long after launching an attempt its missing Job is put down to watch lag, not loss.
 const WATCH_LAG: Duration = Duration::from_secs(120);
@@ -534,15 +534,4 @@ impl Executor for KubernetesExecutor {
     fn changes(&self) -> Arc<Notify> {
         Arc::clone(&self.changes)
     }
-}
-
-/// Labels every object of the attempt carries; for `kubectl get -l` and the tests.
-pub fn attempt_selector(job_id: Uuid, attempt: i32) -> String {
-    let labels: BTreeMap<String, String> = BTreeMap::from([
-        (names::LABEL_JOB.to_string(), job_id.to_string()),
-        (names::LABEL_ATTEMPT.to_string(), attempt.to_string()),
-    ]);
-    let mut selector = vec![MANAGED_SELECTOR.to_string()];
-    selector.extend(labels.iter().map(|(k, v)| format!("{k}={v}")));
-    selector.join(",")
 }
