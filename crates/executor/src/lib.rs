@@ -2,8 +2,11 @@
 //! them, and hand out their logs. The reconciler in the server drives them; they hold no intent
 //! of their own (that lives in Postgres) and every call is safe to repeat.
 //!
-//! Backends: [`local`] (child processes on this machine, the embedded default). The Kubernetes
-//! backend comes behind the same trait.
+//! Backends: [`local`] (child processes on this machine, the embedded default) and the
+//! Kubernetes backend in the `trainyard-kube` crate, behind the same trait. The methods with
+//! default bodies ([`Executor::replica_details`], [`Executor::nodes`],
+//! [`Executor::tenant_ceiling_set`]) carry what only a cluster backend knows; the local backend
+//! keeps their defaults.
 
 pub mod local;
 
@@ -74,6 +77,130 @@ pub enum ReplicaStatus {
     Lost,
 }
 
+/// Where a replica is in its life, in more detail than [`ReplicaStatus`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaPhase {
+    /// Accepted but not running yet: waiting for a node, pulling its image, starting.
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// Why a replica failed when its exit code alone does not say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureReason {
+    /// The program exited with a non-zero code of its own.
+    Error,
+    /// Killed by the kernel for using more memory than its limit.
+    OomKilled,
+    /// Evicted from its node (node pressure, drain).
+    Evicted,
+    /// Its image could not be pulled (wrong name, no access), for longer than the executor waits.
+    ImagePullBackOff,
+    /// No node could take it for longer than the executor waits.
+    Unschedulable,
+    /// Its node stopped answering or vanished.
+    NodeLost,
+    /// It vanished without a trace (deleted by someone else).
+    Lost,
+}
+
+impl FailureReason {
+    /// A short stable name for reasons and metrics: `OOMKilled`, `Evicted`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::Error => "Error",
+            FailureReason::OomKilled => "OOMKilled",
+            FailureReason::Evicted => "Evicted",
+            FailureReason::ImagePullBackOff => "ImagePullBackOff",
+            FailureReason::Unschedulable => "Unschedulable",
+            FailureReason::NodeLost => "NodeLost",
+            FailureReason::Lost => "Lost",
+        }
+    }
+}
+
+/// What an executor knows about one replica beyond its [`ReplicaStatus`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaDetail {
+    pub rank: u32,
+    pub phase: ReplicaPhase,
+    pub exit_code: Option<i32>,
+    /// Set when `phase` is [`ReplicaPhase::Failed`].
+    pub reason: Option<FailureReason>,
+    /// A sentence for people, e.g. the scheduler's or the image puller's message.
+    pub message: Option<String>,
+    /// The image actually run, by digest (`repo@sha256:...`), once known.
+    pub image_digest: Option<String>,
+    /// The machine it runs on.
+    pub node: Option<String>,
+}
+
+impl ReplicaDetail {
+    /// The detail that a bare status implies (for backends that know no more).
+    pub fn from_status(rank: u32, status: ReplicaStatus) -> ReplicaDetail {
+        let (phase, exit_code, reason) = match status {
+            ReplicaStatus::Running => (ReplicaPhase::Running, None, None),
+            ReplicaStatus::Exited(0) => (ReplicaPhase::Succeeded, Some(0), None),
+            ReplicaStatus::Exited(code) => (ReplicaPhase::Failed, Some(code), Some(FailureReason::Error)),
+            ReplicaStatus::Lost => (ReplicaPhase::Failed, None, Some(FailureReason::Lost)),
+        };
+        ReplicaDetail { rank, phase, exit_code, reason, message: None, image_digest: None, node: None }
+    }
+
+    /// The replica in the words of [`Executor::observe`]: a replica still waiting for its place
+    /// counts as running (it holds its place and has not ended); an end without an exit code
+    /// counts as lost.
+    pub fn status(&self) -> ReplicaStatus {
+        match (self.phase, self.exit_code) {
+            (ReplicaPhase::Pending | ReplicaPhase::Running, _) => ReplicaStatus::Running,
+            (ReplicaPhase::Succeeded, _) => ReplicaStatus::Exited(0),
+            (ReplicaPhase::Failed, Some(code)) => ReplicaStatus::Exited(code),
+            (ReplicaPhase::Failed, None) => ReplicaStatus::Lost,
+        }
+    }
+
+    /// Whether the failure has a cause beyond the program's own exit code (OOMKilled, Evicted,
+    /// ImagePullBackOff, Unschedulable, NodeLost): then it explains the attempt's end better than
+    /// any exit code.
+    pub fn has_external_cause(&self) -> bool {
+        matches!(self.reason, Some(reason) if !matches!(reason, FailureReason::Error | FailureReason::Lost))
+    }
+
+    /// A sentence for the attempt's reason: `replica 1 OOMKilled (exit 137): <message>`.
+    pub fn failure_sentence(&self) -> Option<String> {
+        let reason = self.reason?;
+        let code = self.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default();
+        let message = self.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
+        Some(format!("replica {} {}{code}{message}", self.rank, reason.as_str()))
+    }
+}
+
+/// One machine of a cluster, as the scheduler's snapshot needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInventory {
+    pub name: String,
+    /// Normalised GPU type (the GPU label's value), `None` for CPU-only nodes.
+    pub gpu_type: Option<String>,
+    /// Allocatable GPUs.
+    pub gpus: u32,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    /// False when cordoned, not ready, or tainted against Trainyard's jobs.
+    pub schedulable: bool,
+}
+
+/// The most a tenant may hold at once, mirrored into the cluster as a second line of defence
+/// behind the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QuotaCeiling {
+    /// GPUs of any type; no limit when `None`.
+    pub gpus: Option<u32>,
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {
     #[error("cannot launch: {0}")]
@@ -91,7 +218,9 @@ pub trait Executor: Send + Sync + 'static {
     fn inventory(&self) -> Inventory;
 
     /// Starts every replica of an attempt and returns its placement (stored in Postgres).
-    /// Launching the same attempt twice is an error, never a second set of processes.
+    /// Launching the same attempt twice never starts a second set of replicas: the local
+    /// backend refuses it with an error, the Kubernetes backend finds the attempt's Job and
+    /// returns the same placement without sending anything.
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError>;
 
     /// The status of each replica of an attempt, in rank order.
@@ -103,6 +232,33 @@ pub trait Executor: Send + Sync + 'static {
 
     /// Frees what an ended attempt still holds (stray processes, reserved GPUs).
     async fn release(&self, attempt: &AttemptRef);
+
+    /// Each replica of an attempt in rank order, with why it failed and what image it ran.
+    /// Backends that know only [`Executor::observe`] derive it from that.
+    async fn replica_details(&self, attempt: &AttemptRef) -> Vec<ReplicaDetail> {
+        let statuses = self.observe(attempt).await;
+        statuses.into_iter().enumerate().map(|(rank, status)| ReplicaDetail::from_status(rank as u32, status)).collect()
+    }
+
+    /// The machines jobs can run on, one entry each, when the backend knows them (`None`: use
+    /// [`Executor::inventory`] as one machine).
+    fn nodes(&self) -> Option<Vec<NodeInventory>> {
+        None
+    }
+
+    /// Removes what the backend still runs or keeps for attempts not in `live` (the current
+    /// attempts of unfinished jobs): leftovers of finished, cancelled or unknown jobs, found after
+    /// a restart. Returns how many attempts it removed. Backends that leave nothing behind keep
+    /// the default.
+    async fn garbage_collect(&self, _live: &[(Uuid, i32)]) -> usize {
+        0
+    }
+
+    /// Records a tenant's quota ceiling so that the backend can enforce it too (a Kubernetes
+    /// ResourceQuota). Backends without such a mechanism ignore it.
+    async fn tenant_ceiling_set(&self, _tenant_id: Uuid, _ceiling: &QuotaCeiling) -> Result<(), ExecutorError> {
+        Ok(())
+    }
 
     /// The last non-empty line a replica wrote (its error, when it failed), if any.
     async fn log_last_line(&self, job_id: Uuid, attempt: i32, replica: u32) -> Option<String> {
@@ -131,4 +287,26 @@ pub fn last_line(text: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(text);
     let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
     Some(line.chars().take(300).collect())
+}
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+
+    #[test]
+    fn a_detail_made_from_a_status_gives_that_status_back() {
+        for status in [ReplicaStatus::Running, ReplicaStatus::Exited(0), ReplicaStatus::Exited(3), ReplicaStatus::Lost]
+        {
+            assert_eq!(ReplicaDetail::from_status(0, status).status(), status);
+        }
+    }
+
+    #[test]
+    fn only_causes_beyond_the_exit_code_count_as_external() {
+        let mut detail = ReplicaDetail::from_status(1, ReplicaStatus::Exited(137));
+        assert!(!detail.has_external_cause());
+        detail.reason = Some(FailureReason::OomKilled);
+        assert!(detail.has_external_cause());
+        assert_eq!(detail.failure_sentence().as_deref(), Some("replica 1 OOMKilled (exit 137)"));
+    }
 }

@@ -378,7 +378,7 @@ impl App {
     async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
         let jobs = self.store.jobs_unfinished().await?;
         let tenants = crate::scheduling::policies(&self.store.tenant_policies().await?);
-        let nodes = crate::scheduling::nodes_of(&self.executor.inventory());
+        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
         Ok(crate::scheduling::snapshot(chrono::Utc::now(), nodes, tenants, &jobs, &Default::default()))
     }
 

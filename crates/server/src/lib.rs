@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cluster;
 pub mod dev;
 pub mod error;
 pub mod extract;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
+use trainyard_server::cluster::{self, ExecutorKind, KubeExecutorArgs};
 use trainyard_server::dev::{self, DevOptions, LocalExecutorArgs};
 use trainyard_server::reconciler::ReconcilerSettings;
 use trainyard_store::Store;
@@ -58,11 +59,18 @@ enum Command {
         database_url: DatabaseUrl,
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// Where the local executor keeps job folders and logs.
+        /// Where the local executor keeps job folders and logs (the Kubernetes executor: the
+        /// kept logs of ended attempts).
         #[arg(long, default_value = ".trainyard")]
         data_dir: PathBuf,
+        /// Which backend runs the jobs: `local` processes, or `kubernetes` (in-cluster config or
+        /// KUBECONFIG).
+        #[arg(long, value_enum, default_value_t = ExecutorKind::Local)]
+        executor: ExecutorKind,
         #[command(flatten)]
         local: LocalExecutorArgs,
+        #[command(flatten)]
+        kube: KubeExecutorArgs,
         /// Database connections in the pool.
         #[arg(long, default_value_t = 16)]
         max_connections: u32,
@@ -139,7 +147,17 @@ fn main() -> anyhow::Result<()> {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Dev { data_dir, listen, local } => dev::run(DevOptions { data_dir, listen, local }).await,
-        Command::Serve { database_url, listen, data_dir, local, max_connections, grace_seconds, public_url } => {
+        Command::Serve {
+            database_url,
+            listen,
+            data_dir,
+            executor,
+            local,
+            kube,
+            max_connections,
+            grace_seconds,
+            public_url,
+        } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             std::fs::create_dir_all(&data_dir)?;
@@ -148,7 +166,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 api_url: public_url,
                 ..Default::default()
             };
-            let server = dev::local_server(store, &data_dir.canonicalize()?, &local, settings)?;
+            let data_dir = data_dir.canonicalize()?;
+            let server = match executor {
+                ExecutorKind::Local => dev::local_server(store, &data_dir, &local, settings)?,
+                ExecutorKind::Kubernetes => cluster::kube_server(store, &data_dir, &kube, settings).await?,
+            };
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.
             println!("trainyard: listening on http://{}", listener.local_addr()?);

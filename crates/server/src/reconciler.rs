@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
 use trainyard_core::job::JobState;
-use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaStatus};
+use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaDetail, ReplicaPhase, ReplicaStatus};
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::reconcile::{AttemptEnd, UnfinishedJob};
@@ -33,6 +33,8 @@ const ACTOR_RECONCILER: &str = "reconciler";
 
 /// The reason recorded when a replica vanished without an exit status.
 pub const REASON_LOST: &str = "lost";
+/// How often the executor is asked to remove leftovers of attempts that are not live.
+const GARBAGE_COLLECT_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct ReconcilerSettings {
@@ -59,6 +61,8 @@ pub struct Reconciler {
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
     /// this on restart is harmless: the next pass signals again.
     stopping: HashMap<(Uuid, i32), Instant>,
+    /// When leftovers were last collected; `None` until the first pass (after a restart).
+    collected: Option<Instant>,
 }
 
 impl Reconciler {
@@ -69,7 +73,7 @@ impl Reconciler {
         wake: Arc<Notify>,
         settings: ReconcilerSettings,
     ) -> Self {
-        Reconciler { store, executor, templates, wake, settings, stopping: HashMap::new() }
+        Reconciler { store, executor, templates, wake, settings, stopping: HashMap::new(), collected: None }
     }
 
     /// Where replicas reach the API, unless configured: the address the server listens on.
@@ -133,6 +137,7 @@ impl Reconciler {
                 .await?;
             ended.insert(job.id);
         }
+        self.garbage_collect(&jobs).await;
         let admitted = self.admit(&jobs, &ended).await?;
         let launchable = jobs
             .iter()
@@ -151,6 +156,20 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Asks the executor, now and then, to remove what attempts that are not live left behind
+    /// (a cluster's Jobs of finished or unknown jobs, found after a restart).
+    async fn garbage_collect(&mut self, jobs: &[UnfinishedJob]) {
+        if self.collected.is_some_and(|at| at.elapsed() < GARBAGE_COLLECT_EVERY) {
+            return;
+        }
+        let live: Vec<(Uuid, i32)> = jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
+        let collected = self.executor.garbage_collect(&live).await;
+        if collected > 0 {
+            tracing::info!(collected, "removed the leftovers of ended or unknown attempts");
+        }
+        self.collected = Some(Instant::now());
+    }
+
     /// Looks at a launched job's current attempt; records its end when it has ended. True when
     /// the job ended or left its attempt (so it holds no capacity any more).
     async fn observe(&mut self, job: &UnfinishedJob) -> Result<bool> {
@@ -163,8 +182,15 @@ impl Reconciler {
             replicas: job.spec.replicas,
             placement: record.placement.clone(),
         };
-        let statuses = self.executor.observe(&attempt).await;
+        let details = self.executor.replica_details(&attempt).await;
+        let statuses: Vec<ReplicaStatus> = details.iter().map(ReplicaDetail::status).collect();
         let running = statuses.iter().filter(|s| **s == ReplicaStatus::Running).count();
+        // Replicas still waiting for a node or their image count as running (not ended) but
+        // keep the job `starting`.
+        let pending = details.iter().any(|d| d.phase == ReplicaPhase::Pending);
+        // A cause beyond an exit code (OOMKilled, Evicted, NodeLost, ...) explains the failure
+        // better than the exit codes of the replicas stopped after it.
+        let external = details.iter().find(|d| d.has_external_cause()).and_then(ReplicaDetail::failure_sentence);
         // The failure that explains the others: an exit code of the program's own before one
         // from a signal (the rest of a gang is stopped with SIGTERM), then a vanished replica.
         let failed = statuses
@@ -177,6 +203,7 @@ impl Reconciler {
             })
             .min();
         let failure = match failed {
+            _ if external.is_some() => external,
             None => None,
             Some((_, _, None)) => Some(REASON_LOST.to_string()),
             Some((_, rank, Some(code))) if running == 0 => {
@@ -198,7 +225,7 @@ impl Reconciler {
             return Ok(false);
         }
         if running > 0 {
-            if job.state == JobState::Starting {
+            if job.state == JobState::Starting && !pending {
                 self.store
                     .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
                     .await?;
@@ -241,7 +268,8 @@ impl Reconciler {
             })
             .await?;
         self.stopping.remove(&(job.id, record.number));
-        tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
+        let image = details.iter().find_map(|d| d.image_digest.as_deref()).unwrap_or("");
+        tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, image, "attempt ended");
         Ok(true)
     }
 
@@ -266,7 +294,7 @@ impl Reconciler {
             return Ok(Vec::new());
         }
         let tenants = scheduling::policies(&self.store.tenant_policies().await?);
-        let nodes = scheduling::nodes_of(&self.executor.inventory());
+        let nodes = scheduling::nodes_for(self.executor.as_ref());
         let snapshot = scheduling::snapshot(chrono::Utc::now(), nodes, tenants, jobs, ended);
         let result = admission_cycle(&snapshot);
         let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, j)).collect();

@@ -5,13 +5,39 @@ use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use trainyard_core::job::JobState;
-use trainyard_executor::Inventory;
+use trainyard_executor::{Executor, Inventory, NodeInventory};
 use trainyard_scheduler::{Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy};
 use trainyard_store::reconcile::{TenantPolicyRow, UnfinishedJob};
 use uuid::Uuid;
 
 /// The name of the local executor's machine as a scheduling node.
 pub const LOCAL_NODE: &str = "local";
+
+/// The nodes the scheduler may place on: the executor's own machines when it knows them (a
+/// cluster: only schedulable nodes), else its inventory as [`nodes_of`] splits it.
+pub fn nodes_for(executor: &dyn Executor) -> Vec<Node> {
+    match executor.nodes() {
+        Some(nodes) => nodes_of_cluster(&nodes),
+        None => nodes_of(&executor.inventory()),
+    }
+}
+
+/// A cluster's schedulable nodes as the scheduler's nodes (cordoned, not ready or tainted ones
+/// are left out, so nothing is placed there).
+pub fn nodes_of_cluster(nodes: &[NodeInventory]) -> Vec<Node> {
+    nodes
+        .iter()
+        .filter(|n| n.schedulable)
+        .map(|n| Node {
+            name: n.name.clone(),
+            rack: None,
+            gpu_type: n.gpu_type.clone(),
+            gpus: n.gpus,
+            cpu_millis: n.cpu_millis,
+            memory_bytes: n.memory_bytes,
+        })
+        .collect()
+}
 
 /// The executor's inventory as nodes. The local machine is one node; with GPUs of several types
 /// it becomes one node per type (a node has one GPU type), sharing CPU and memory evenly.
@@ -123,4 +149,28 @@ pub fn snapshot(
         })
         .collect();
     Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default() }
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    fn node(name: &str, gpus: u32, schedulable: bool) -> NodeInventory {
+        NodeInventory {
+            name: name.into(),
+            gpu_type: (gpus > 0).then(|| "nvidia-h100-80gb-hbm3".to_string()),
+            gpus,
+            cpu_millis: 64_000,
+            memory_bytes: 512 << 30,
+            schedulable,
+        }
+    }
+
+    #[test]
+    fn each_schedulable_cluster_node_is_a_scheduler_node_and_cordoned_ones_are_left_out() {
+        let nodes = nodes_of_cluster(&[node("gpu-1", 8, true), node("gpu-2", 8, false), node("cpu-1", 0, true)]);
+        let names: Vec<(&str, u32, Option<&str>)> =
+            nodes.iter().map(|n| (n.name.as_str(), n.gpus, n.gpu_type.as_deref())).collect();
+        assert_eq!(names, [("gpu-1", 8, Some("nvidia-h100-80gb-hbm3")), ("cpu-1", 0, None)]);
+    }
 }

@@ -1,0 +1,136 @@
+//! What the executor knows of the cluster, kept current by kube-runtime watchers: Trainyard's
+//! pods and Jobs (label-selected `app.kubernetes.io/managed-by=trainyard`) and every node.
+//! In memory only; after a restart the watchers list everything again, which is how running
+//! attempts are adopted.
+//!
+//! The watchers wake the reconciler ([`trainyard_executor::Executor::changes`]) only when an
+//! object's status changes or an object goes away. Our own writes (applying a Job, which
+//! changes its spec and metadata) therefore wake nobody: no echo loop.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::names::{self, COMPLETION_INDEX, MANAGED_SELECTOR};
+
+/// The watched objects, and the tasks that watch them (stopped when the cache is dropped).
+pub struct Cache {
+    pub pods: Store<Pod>,
+    pub jobs: Store<Job>,
+    pub nodes: Store<Node>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Cache {
+    /// Starts the three watchers. They retry with backoff on errors, forever.
+    pub fn start(client: &Client, changes: Arc<Notify>) -> Cache {
+        let managed = watcher::Config::default().labels(MANAGED_SELECTOR);
+        let (pods, pods_task) =
+            watch(Api::<Pod>::all(client.clone()), managed.clone(), Arc::clone(&changes), |p| fingerprint(&p.status));
+        let (jobs, jobs_task) =
+            watch(Api::<Job>::all(client.clone()), managed, Arc::clone(&changes), |j| fingerprint(&j.status));
+        let (nodes, nodes_task) = watch(Api::<Node>::all(client.clone()), watcher::Config::default(), changes, |n| {
+            fingerprint(&(&n.spec, &n.status, &n.metadata.labels))
+        });
+        Cache { pods, jobs, nodes, tasks: vec![pods_task, jobs_task, nodes_task] }
+    }
+
+    /// Waits until the pod and Job watchers have listed once, so that an absent object really
+    /// is absent. Nodes are not waited for: without the right to list them, jobs still run.
+    pub async fn ready(&self) {
+        // An error means the watcher task ended (the cache is being dropped): nothing to wait for.
+        let _ = tokio::join!(self.pods.wait_until_ready(), self.jobs.wait_until_ready());
+    }
+
+    /// Whether the node watcher has listed the nodes (so a node missing from it is gone).
+    pub fn nodes_listed(&self) -> bool {
+        matches!(futures::FutureExt::now_or_never(self.nodes.wait_until_ready()), Some(Ok(())))
+    }
+
+    /// The Job of an attempt, found by its labels wherever it lives.
+    pub fn job_of(&self, job_id: Uuid, attempt: i32) -> Option<Arc<Job>> {
+        self.jobs.find(|job| names::attempt_of(job.labels()) == Some((job_id, attempt)))
+    }
+
+    /// The pods of an attempt, with the rank each runs (its completion index).
+    pub fn pods_of(&self, job_id: Uuid, attempt: i32) -> Vec<(u32, Arc<Pod>)> {
+        self.pods
+            .state_filter(|pod| names::attempt_of(pod.labels()) == Some((job_id, attempt)))
+            .into_iter()
+            .filter_map(|pod| Some((rank_of(&pod)?, pod)))
+            .collect()
+    }
+}
+
+/// The completion index Kubernetes gave a pod of an Indexed Job.
+pub fn rank_of(pod: &Pod) -> Option<u32> {
+    pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX))?.parse().ok()
+}
+
+/// Runs one reflector: keeps a store of every object the watcher sees, and notifies `changes`
+/// when the fingerprint `watched` takes of an object changes, or an object goes away.
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    changes: Arc<Notify>,
+    watched: fn(&K) -> u64,
+) -> (Store<K>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let seen: Mutex<HashMap<String, u64>> = Mutex::new(HashMap::new());
+    let task = tokio::spawn(async move {
+        let events = watcher(api, config).default_backoff().reflect(writer);
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            let changed = match event {
+                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    let hash = watched(&object);
+                    let key = object.uid().unwrap_or_default();
+                    seen.lock().expect("fingerprints poisoned").insert(key, hash) != Some(hash)
+                }
+                Ok(watcher::Event::Delete(object)) => {
+                    seen.lock().expect("fingerprints poisoned").remove(&object.uid().unwrap_or_default());
+                    true
+                }
+                Ok(watcher::Event::InitDone) => true,
+                Ok(watcher::Event::Init) => false,
+                Err(err) => {
+                    tracing::warn!(%err, "kubernetes watch failed; retrying");
+                    false
+                }
+            };
+            if changed {
+                changes.notify_one();
+            }
+        }
+    });
+    (store, task)
+}
+
+fn fingerprint<W: Serialize>(value: &W) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_string(value).unwrap_or_default().hash(&mut hasher);
+    hasher.finish()
+}

@@ -1,0 +1,367 @@
+//! Pure functions that build every object Trainyard puts into a cluster. No I/O: the same
+//! request and settings always give the same objects, which the golden files under
+//! `docs/examples/` hold and a test checks.
+//!
+//! Per tenant: [`tenant_objects`] (namespace, quota, limit range, network policy, service
+//! account). Per attempt: [`attempt_objects`] (Indexed Job, headless Service, ConfigMap with the
+//! template's files, Secret with the attempt's variables).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use trainyard_core::resources::Memory;
+use trainyard_executor::{LaunchRequest, QuotaCeiling};
+use uuid::Uuid;
+
+use crate::config::KubeConfig;
+use crate::names::{self, COMPLETION_INDEX, GPU_RESOURCE, JOB_SERVICE_ACCOUNT};
+
+/// ConfigMaps hold at most 1 MiB; keep room for keys and metadata.
+pub const MAX_TEMPLATE_BYTES: usize = 1000 * 1024;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ManifestError {
+    #[error("template file {0:?} has a name Kubernetes cannot hold (letters, digits, '.', '_', '-' and '/')")]
+    FileName(String),
+    #[error("template files {0:?} and {1:?} map to the same ConfigMap key")]
+    FileCollision(String, String),
+    #[error("the template's files take {0} bytes, more than a ConfigMap holds ({MAX_TEMPLATE_BYTES})")]
+    FilesTooLarge(usize),
+}
+
+/// What a tenant's namespace holds before any of its jobs runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantObjects {
+    pub namespace: Namespace,
+    /// Absent until the tenant's ceiling is known.
+    pub quota: Option<ResourceQuota>,
+    pub limit_range: LimitRange,
+    pub network_policy: NetworkPolicy,
+    pub service_account: ServiceAccount,
+}
+
+/// What one attempt consists of. The Job owns the rest (see [`attempt_owned_by`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptObjects {
+    pub job: Job,
+    pub service: Service,
+    pub config_map: ConfigMap,
+    pub secret: Secret,
+}
+
+/// Converts a manifest written as JSON into its typed form. The JSON is ours, so a mismatch is
+/// a bug that the golden tests catch, not an input error.
+fn typed<T: DeserializeOwned>(value: Value) -> T {
+    serde_json::from_value(value).expect("manifest matches its Kubernetes type")
+}
+
+fn metadata(name: &str, namespace: Option<&str>, labels: &BTreeMap<String, String>) -> Value {
+    let mut meta = json!({ "name": name, "labels": labels });
+    if let Some(namespace) = namespace {
+        meta["namespace"] = json!(namespace);
+    }
+    meta
+}
+
+/// The namespace of a tenant and what guards it.
+pub fn tenant_objects(config: &KubeConfig, tenant_id: Uuid, ceiling: Option<&QuotaCeiling>) -> TenantObjects {
+    let ns = names::namespace(&config.namespace_prefix, tenant_id);
+    let labels = names::tenant_labels(tenant_id);
+    let mut ns_labels = labels.clone();
+    // Replicas already run restricted; let the cluster refuse anything that is not.
+    ns_labels.insert("pod-security.kubernetes.io/enforce".into(), "restricted".into());
+    TenantObjects {
+        namespace: typed(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": metadata(&ns, None, &ns_labels),
+        })),
+        quota: ceiling.map(|ceiling| {
+            // Only the amounts the ceiling names: a missing one is no limit, never zero.
+            let mut hard = BTreeMap::new();
+            if let Some(cpu) = ceiling.cpu_millis {
+                hard.insert("requests.cpu".to_string(), format!("{cpu}m"));
+            }
+            if let Some(memory) = ceiling.memory_bytes {
+                hard.insert("requests.memory".to_string(), Memory(memory).to_string());
+            }
+            if let Some(gpus) = ceiling.gpus {
+                hard.insert(format!("requests.{GPU_RESOURCE}"), gpus.to_string());
+            }
+            typed(json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": metadata("trainyard-ceiling", Some(&ns), &labels),
+                "spec": { "hard": hard },
+            }))
+        }),
+        limit_range: typed(json!({
+            "apiVersion": "v1", "kind": "LimitRange",
+            "metadata": metadata("trainyard-defaults", Some(&ns), &labels),
+            "spec": { "limits": [{
+                "type": "Container",
+                "defaultRequest": { "cpu": "100m", "memory": "128Mi" },
+                "default": { "cpu": "1", "memory": "1Gi" },
+            }]},
+        })),
+        network_policy: typed(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata("trainyard-same-namespace", Some(&ns), &labels),
+            "spec": {
+                "podSelector": {},
+                "policyTypes": ["Ingress"],
+                // Only pods of this namespace may connect: a job's replicas reach each other,
+                // other tenants reach nothing.
+                "ingress": [{ "from": [{ "podSelector": {} }] }],
+            },
+        })),
+        service_account: typed(json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": metadata(JOB_SERVICE_ACCOUNT, Some(&ns), &labels),
+            "automountServiceAccountToken": false,
+        })),
+    }
+}
+
+/// The objects of one attempt. The Job carries no owner; the others get theirs from
+/// [`attempt_owned_by`] once the Job's uid is known.
+///
+/// `gpu_label` is the value of the GPU label to select nodes by (the cluster's own spelling of
+/// the job's GPU type); the GPU type itself when `None`.
+pub fn attempt_objects(
+    config: &KubeConfig,
+    request: &LaunchRequest,
+    gpu_label: Option<&str>,
+) -> Result<AttemptObjects, ManifestError> {
+    let ns = names::namespace(&config.namespace_prefix, request.tenant_id);
+    let name = names::attempt_object(request.job_id, request.attempt);
+    let labels = names::attempt_labels(request.tenant_id, request.job_id, request.attempt);
+    Ok(AttemptObjects {
+        job: job(config, request, gpu_label, &ns, &name, &labels),
+        service: typed(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": metadata(&name, Some(&ns), &labels),
+            "spec": {
+                // Headless: each replica gets a stable DNS name, `<job>-<rank>.<service>`.
+                "clusterIP": "None",
+                "selector": selector(&labels),
+                // Replicas rendezvous before they are ready.
+                "publishNotReadyAddresses": true,
+                "ports": [{ "name": "rendezvous", "port": config.master_port, "protocol": "TCP" }],
+            },
+        })),
+        config_map: template_config_map(&ns, &name, &labels, &request.files)?,
+        secret: secret(&ns, &name, &labels, &request.env),
+    })
+}
+
+/// The labels a Service selects on: the job and attempt, nothing that could change.
+fn selector(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| *k == names::LABEL_JOB || *k == names::LABEL_ATTEMPT)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Sets the Job as the owner of the attempt's other objects, so that deleting the Job deletes
+/// them too.
+pub fn attempt_owned_by(objects: &mut AttemptObjects, job_uid: &str) {
+    let owner = OwnerReference {
+        api_version: "batch/v1".into(),
+        kind: "Job".into(),
+        name: objects.job.metadata.name.clone().unwrap_or_default(),
+        uid: job_uid.into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    objects.service.metadata.owner_references = Some(vec![owner.clone()]);
+    objects.config_map.metadata.owner_references = Some(vec![owner.clone()]);
+    objects.secret.metadata.owner_references = Some(vec![owner]);
+}
+
+/// The ConfigMap key of a template file: `engine/train.py` becomes `engine__train.py`.
+fn config_map_key(path: &str) -> Result<String, ManifestError> {
+    let ok = !path.is_empty()
+        && !path.starts_with('/')
+        && !path.split('/').any(|part| part.is_empty() || part == "." || part == "..")
+        && path.chars().all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c));
+    if !ok {
+        return Err(ManifestError::FileName(path.into()));
+    }
+    Ok(path.replace('/', "__"))
+}
+
+fn template_config_map(
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    files: &BTreeMap<String, Vec<u8>>,
+) -> Result<ConfigMap, ManifestError> {
+    let total: usize = files.iter().map(|(path, content)| path.len() + content.len()).sum();
+    if total > MAX_TEMPLATE_BYTES {
+        return Err(ManifestError::FilesTooLarge(total));
+    }
+    let mut data = BTreeMap::new();
+    let mut binary_data = BTreeMap::new();
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+    for (path, content) in files {
+        let key = config_map_key(path)?;
+        if let Some(other) = seen.insert(key.clone(), path) {
+            return Err(ManifestError::FileCollision(other.into(), path.clone()));
+        }
+        match std::str::from_utf8(content) {
+            Ok(text) => data.insert(key, text.to_string()),
+            Err(_) => binary_data.insert(key, ByteString(content.clone())).map(|_| String::new()),
+        };
+    }
+    let mut config_map: ConfigMap = typed(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": metadata(name, Some(ns), labels),
+        "immutable": true,
+    }));
+    config_map.data = Some(data);
+    config_map.binary_data = (!binary_data.is_empty()).then_some(binary_data);
+    Ok(config_map)
+}
+
+/// The attempt's own variables (the job token, the API URL): kept in a Secret so that they
+/// never appear in the Job's spec.
+fn secret(ns: &str, name: &str, labels: &BTreeMap<String, String>, env: &BTreeMap<String, String>) -> Secret {
+    let mut secret: Secret = typed(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": metadata(name, Some(ns), labels),
+        "type": "Opaque",
+        "immutable": true,
+    }));
+    secret.data = Some(env.iter().map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec()))).collect());
+    secret
+}
+
+fn job(
+    config: &KubeConfig,
+    request: &LaunchRequest,
+    gpu_label: Option<&str>,
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Job {
+    let spec = &request.spec;
+    let resources = &spec.resources;
+    let mut limits = BTreeMap::from([
+        ("cpu".to_string(), format!("{}m", resources.cpu.millis())),
+        ("memory".to_string(), resources.memory.to_string()),
+    ]);
+    if resources.gpus > 0 {
+        limits.insert(GPU_RESOURCE.to_string(), resources.gpus.to_string());
+    }
+    let node_selector: BTreeMap<String, String> = resources
+        .gpu_type
+        .iter()
+        .map(|gpu_type| (config.gpu_label_key.clone(), gpu_label.unwrap_or(gpu_type).to_string()))
+        .collect();
+    let tolerations = if resources.gpus > 0 {
+        json!([{ "key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule" }])
+    } else {
+        json!([])
+    };
+    let workdir = &config.working_dir;
+    typed(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": metadata(name, Some(ns), labels),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec.replicas,
+            "parallelism": spec.replicas,
+            // A gang: one failed replica fails the attempt; Trainyard decides about restarts.
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": config.job_ttl_after_finished.as_secs(),
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": {
+                    "restartPolicy": "Never",
+                    // With the headless Service of the same name, replica r is reachable as
+                    // `<name>-<r>.<name>`.
+                    "subdomain": name,
+                    "serviceAccountName": JOB_SERVICE_ACCOUNT,
+                    "automountServiceAccountToken": false,
+                    "enableServiceLinks": false,
+                    "terminationGracePeriodSeconds": config.termination_grace.as_secs(),
+                    "nodeSelector": node_selector,
+                    "tolerations": tolerations,
+                    "securityContext": {
+                        "runAsNonRoot": true,
+                        "runAsUser": config.run_as_user,
+                        "runAsGroup": config.run_as_user,
+                        "fsGroup": config.run_as_user,
+                        "seccompProfile": { "type": "RuntimeDefault" },
+                    },
+                    "containers": [{
+                        "name": "replica",
+                        "image": config.image,
+                        "imagePullPolicy": config.image_pull_policy,
+                        // An argv, never a shell line.
+                        "command": spec.argv(),
+                        "workingDir": workdir,
+                        "env": replica_env(config, request, ns),
+                        "envFrom": [{ "secretRef": { "name": name } }],
+                        "resources": { "requests": limits, "limits": limits },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "capabilities": { "drop": ["ALL"] },
+                            "runAsNonRoot": true,
+                            "seccompProfile": { "type": "RuntimeDefault" },
+                        },
+                        "volumeMounts": [
+                            { "name": "workspace", "mountPath": workdir },
+                            { "name": "template", "mountPath": format!("{workdir}/{}", trainyard_core::job::TEMPLATE_FILES_DIR), "readOnly": true },
+                            { "name": "shm", "mountPath": "/dev/shm" },
+                        ],
+                    }],
+                    "volumes": [
+                        { "name": "workspace", "emptyDir": {} },
+                        { "name": "template", "configMap": { "name": name, "items": template_items(&request.files) } },
+                        // PyTorch's data loader workers share tensors through /dev/shm; the
+                        // container runtime's 64 MiB default is far too small.
+                        { "name": "shm", "emptyDir": { "medium": "Memory", "sizeLimit": resources.memory.to_string() } },
+                    ],
+                },
+            },
+        },
+    }))
+}
+
+/// Where each ConfigMap key lands under `template/`: back at its original path.
+fn template_items(files: &BTreeMap<String, Vec<u8>>) -> Vec<Value> {
+    files.keys().filter_map(|path| config_map_key(path).ok().map(|key| json!({ "key": key, "path": path }))).collect()
+}
+
+/// The variables every replica gets. Secrets come from the Secret (`envFrom`), the rank from
+/// the completion index Kubernetes gives each pod of an Indexed Job.
+fn replica_env(config: &KubeConfig, request: &LaunchRequest, ns: &str) -> Vec<Value> {
+    let mut env: Vec<Value> =
+        request.spec.env.iter().map(|(name, value)| json!({ "name": name, "value": value })).collect();
+    let fixed = [
+        ("WORLD_SIZE", request.spec.replicas.to_string()),
+        // One replica per pod: each pod's local world is itself.
+        ("LOCAL_RANK", "0".to_string()),
+        ("LOCAL_WORLD_SIZE", "1".to_string()),
+        ("MASTER_ADDR", names::master_addr(request.job_id, request.attempt, ns)),
+        ("MASTER_PORT", config.master_port.to_string()),
+        ("HOME", config.working_dir.clone()),
+        ("LANG", "C.UTF-8".to_string()),
+        ("PYTHONUNBUFFERED", "1".to_string()),
+        ("TRAINYARD_JOB_ID", request.job_id.to_string()),
+        ("TRAINYARD_ATTEMPT", request.attempt.to_string()),
+    ];
+    env.push(json!({
+        "name": "RANK",
+        "valueFrom": { "fieldRef": { "fieldPath": format!("metadata.annotations['{COMPLETION_INDEX}']") } },
+    }));
+    env.extend(fixed.into_iter().map(|(name, value)| json!({ "name": name, "value": value })));
+    env
+}

@@ -1,0 +1,419 @@
+//! The Kubernetes executor against the in-memory API server of `support/fake_api.rs` (a
+//! stateful fake, not a script: no API server can run here, and a fake that stores objects and
+//! streams watch events lets the real kube-runtime watchers run unchanged). The tests play the
+//! kubelet and the Job controller by writing pod and Job status, as the integration suite does
+//! against a real API server.
+
+mod support;
+
+use std::time::Duration;
+
+use http::Method;
+use serde_json::{Value, json};
+use support::examples::{self, JOB, JOB_UID, TENANT};
+use support::fake_api::FakeApi;
+use trainyard_executor::{AttemptRef, Executor, FailureReason, ReplicaDetail, ReplicaPhase, ReplicaStatus};
+use trainyard_kube::{KubeConfig, KubernetesExecutor};
+
+const NS: &str = "trainyard-01990000-0000-7000-8000-0000000000aa";
+const JOB_NAME: &str = "ty-01990000-0000-7000-8000-000000000b01-1";
+
+fn config(logs: &tempfile::TempDir) -> KubeConfig {
+    let mut config = examples::config();
+    config.log_dir = logs.path().to_path_buf();
+    config
+}
+
+async fn executor(fake: &FakeApi, config: KubeConfig) -> KubernetesExecutor {
+    let executor = KubernetesExecutor::with_client(fake.client(), config);
+    tokio::time::timeout(Duration::from_secs(5), executor.ready()).await.expect("watchers list the fake cluster");
+    executor
+}
+
+fn attempt(replicas: u32) -> AttemptRef {
+    AttemptRef { job_id: JOB, attempt: 1, replicas, placement: None }
+}
+
+/// Waits (up to 5 s) until the executor's view of the attempt satisfies `done`.
+async fn until(
+    executor: &KubernetesExecutor,
+    replicas: u32,
+    done: impl Fn(&[ReplicaDetail]) -> bool,
+) -> Vec<ReplicaDetail> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let details = executor.replica_details(&attempt(replicas)).await;
+        if done(&details) {
+            return details;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the executor never saw the expected state: {details:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn phases(details: &[ReplicaDetail]) -> Vec<ReplicaPhase> {
+    details.iter().map(|d| d.phase).collect()
+}
+
+fn container(state: Value) -> Value {
+    json!([{
+        "name": "replica", "image": "ghcr.io/trainyard/runtime:1.0.0",
+        "imageID": "ghcr.io/trainyard/runtime@sha256:1111111111111111111111111111111111111111111111111111111111111111",
+        "ready": state.get("running").is_some(), "restartCount": 0, "state": state,
+    }])
+}
+
+fn running() -> Value {
+    json!({ "phase": "Running", "containerStatuses": container(json!({ "running": { "startedAt": "2026-01-01T00:00:00Z" } })) })
+}
+
+fn exited(code: i32, reason: &str) -> Value {
+    let phase = if code == 0 { "Succeeded" } else { "Failed" };
+    json!({ "phase": phase, "containerStatuses": container(json!({ "terminated": { "exitCode": code, "reason": reason } })) })
+}
+
+/// Launches the pytorch-ddp example (2 replicas x 8 GPUs) on a fake cluster with one GPU node.
+async fn launched(logs: &tempfile::TempDir) -> (FakeApi, KubernetesExecutor) {
+    let fake = FakeApi::default();
+    fake.node_put("gpu-1", "nvidia-h100-80gb-hbm3", 8);
+    fake.node_put("gpu-2", "nvidia-h100-80gb-hbm3", 8);
+    let executor = executor(&fake, config(logs)).await;
+    executor.tenant_ceiling_set(TENANT, &examples::ceiling()).await.unwrap();
+    executor.launch(&examples::pytorch_ddp()).await.expect("launch");
+    (fake, executor)
+}
+
+fn golden(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(examples::workspace_root().join(format!("docs/examples/{name}.yaml"))).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect()
+}
+
+#[tokio::test]
+async fn launching_a_two_replica_gpu_job_applies_exactly_the_golden_objects() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, _executor) = launched(&logs).await;
+    let sent = fake.writes_and_reads();
+
+    for request in &sent {
+        assert_eq!(request.method, Method::PATCH, "{request:?}");
+        assert_eq!(request.query.get("fieldManager").map(String::as_str), Some("trainyard"), "one field manager");
+        assert_eq!(request.query.get("force").map(String::as_str), Some("true"), "server-side apply, forced");
+    }
+    let kinds: Vec<String> = sent.iter().map(|r| r.kind()).collect();
+    assert_eq!(kinds[0], "Namespace", "the namespace comes first: {kinds:?}");
+    assert_eq!(kinds[5], "Job", "then the Job, whose uid the others need: {kinds:?}");
+
+    // What was sent, with the uid the fake gave the Job put back to the golden placeholder.
+    let job_uid = fake.get("jobs", NS, JOB_NAME).unwrap()["metadata"]["uid"].clone();
+    let mut bodies: Vec<Value> = sent.iter().map(|r| r.body.clone().unwrap()).collect();
+    for body in &mut bodies {
+        if let Some(owner) = body.pointer_mut("/metadata/ownerReferences/0") {
+            assert_eq!(owner["uid"], job_uid);
+            owner["uid"] = json!(JOB_UID);
+        }
+    }
+    let key = |v: &Value| format!("{}/{}", v["kind"], v["metadata"]["name"]);
+    bodies.sort_by_key(key);
+    let mut expected = golden("pytorch-ddp");
+    expected.sort_by_key(key);
+    assert_eq!(bodies.len(), 9);
+    assert_eq!(bodies, expected, "the objects sent are the golden docs/examples/pytorch-ddp.yaml");
+
+    let job_text = fake.get("jobs", NS, JOB_NAME).unwrap().to_string();
+    assert!(!job_text.contains("tyj_"), "the job token is never in the Job's spec");
+    let secret = fake.get("secrets", NS, JOB_NAME).unwrap();
+    assert!(secret["data"]["TRAINYARD_TOKEN"].is_string(), "the token is in the attempt's Secret");
+}
+
+#[tokio::test]
+async fn a_repeated_launch_sends_nothing_and_gives_the_same_placement() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    let first = executor.launch(&examples::pytorch_ddp()).await.unwrap();
+    fake.requests_clear();
+    let second = executor.launch(&examples::pytorch_ddp()).await.unwrap();
+    assert_eq!(first, second);
+    assert!(fake.writes_and_reads().is_empty(), "no request for an attempt that exists");
+    assert_eq!(fake.list("jobs").len(), 1, "one Job");
+    assert_eq!(second["master_addr"], format!("{JOB_NAME}-0.{JOB_NAME}.{NS}.svc"));
+}
+
+#[tokio::test]
+async fn after_a_restart_a_new_executor_adopts_the_attempt_by_labels_and_launches_nothing() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, first) = launched(&logs).await;
+    for rank in 0..2 {
+        fake.pod_create(NS, JOB_NAME, rank, "gpu-1", running());
+    }
+    until(&first, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    drop(first); // the control plane dies
+
+    let restarted = executor(&fake, config(&logs)).await;
+    fake.requests_clear();
+    restarted.launch(&examples::pytorch_ddp()).await.unwrap();
+    assert!(fake.writes_and_reads().is_empty(), "the restarted executor found the Job and sent nothing");
+    assert_eq!(fake.list("jobs").len(), 1);
+    let details = until(&restarted, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    assert_eq!(restarted.observe(&attempt(2)).await, [ReplicaStatus::Running; 2]);
+    assert!(details[0].image_digest.as_deref().unwrap().contains("@sha256:1111"), "{details:?}");
+}
+
+#[tokio::test]
+async fn terminate_deletes_the_job_in_the_background_and_everything_goes_with_it() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    for rank in 0..2 {
+        fake.pod_create(NS, JOB_NAME, rank, "gpu-1", running());
+    }
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    fake.requests_clear();
+
+    executor.terminate(&attempt(2), Duration::from_secs(10)).await;
+    let deletes: Vec<_> = fake.writes_and_reads().into_iter().filter(|r| r.method == Method::DELETE).collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert!(deletes[0].path.ends_with(&format!("/namespaces/{NS}/jobs/{JOB_NAME}")));
+    let body = deletes[0].body.clone().unwrap();
+    assert_eq!(body["propagationPolicy"], "Background");
+    assert_eq!(body["gracePeriodSeconds"], 10);
+    for plural in ["jobs", "services", "configmaps", "secrets", "pods"] {
+        assert!(fake.list(plural).is_empty(), "owned {plural} are deleted with the Job");
+    }
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Failed; 2]).await;
+    assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Exited(143); 2], "stopped as by SIGTERM");
+}
+
+#[tokio::test]
+async fn an_attempt_goes_from_pending_to_running_to_succeeded_and_wakes_the_reconciler() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    let changes = executor.changes();
+    let details = executor.replica_details(&attempt(2)).await;
+    assert_eq!(phases(&details), [ReplicaPhase::Pending; 2], "no pod yet: pending");
+    assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Running; 2], "a pending replica has not ended");
+
+    let pods: Vec<String> =
+        (0..2).map(|r| fake.pod_create(NS, JOB_NAME, r, "gpu-1", json!({ "phase": "Pending" }))).collect();
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Pending; 2]).await;
+    let woken = changes.notified();
+    fake.pod_status_set(NS, &pods[0], running());
+    tokio::time::timeout(Duration::from_secs(5), woken).await.expect("a status change wakes the reconciler");
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running, ReplicaPhase::Pending]).await;
+    fake.pod_status_set(NS, &pods[1], running());
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    for pod in &pods {
+        fake.pod_status_set(NS, pod, exited(0, "Completed"));
+    }
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Succeeded; 2]).await;
+    assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Exited(0); 2]);
+}
+
+/// Launches, runs both replicas, then lets `fail` happen to replica 0; returns its detail.
+async fn failure_of(config_change: impl FnOnce(&mut KubeConfig), fail: impl FnOnce(&FakeApi, &str)) -> ReplicaDetail {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    fake.node_put("gpu-1", "nvidia-h100-80gb-hbm3", 8);
+    let mut config = config(&logs);
+    config_change(&mut config);
+    let executor = executor(&fake, config).await;
+    executor.launch(&examples::pytorch_ddp()).await.unwrap();
+    let pod = fake.pod_create(NS, JOB_NAME, 0, "gpu-1", running());
+    fake.pod_create(NS, JOB_NAME, 1, "gpu-1", running());
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    fail(&fake, &pod);
+    let details = until(&executor, 2, |d| d[0].phase == ReplicaPhase::Failed).await;
+    details[0].clone()
+}
+
+#[tokio::test]
+async fn an_oom_killed_replica_fails_with_exit_137_and_says_so() {
+    let detail = failure_of(|_| {}, |fake, pod| fake.pod_status_set(NS, pod, exited(137, "OOMKilled"))).await;
+    assert_eq!((detail.reason, detail.exit_code), (Some(FailureReason::OomKilled), Some(137)));
+}
+
+#[tokio::test]
+async fn a_program_error_keeps_its_exit_code() {
+    let detail = failure_of(|_| {}, |fake, pod| fake.pod_status_set(NS, pod, exited(3, "Error"))).await;
+    assert_eq!((detail.reason, detail.exit_code), (Some(FailureReason::Error), Some(3)));
+}
+
+#[tokio::test]
+async fn an_evicted_replica_fails_as_evicted() {
+    let detail = failure_of(
+        |_| {},
+        |fake, pod| {
+            let status =
+                json!({ "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory." });
+            fake.pod_status_set(NS, pod, status)
+        },
+    )
+    .await;
+    assert_eq!(detail.reason, Some(FailureReason::Evicted));
+    assert_eq!(detail.message.as_deref(), Some("The node was low on resource: memory."));
+}
+
+#[tokio::test]
+async fn a_replica_whose_node_vanishes_fails_as_node_lost() {
+    let detail = failure_of(
+        |_| {},
+        |fake, _| {
+            fake.delete("nodes", "", "gpu-1");
+        },
+    )
+    .await;
+    assert_eq!(detail.reason, Some(FailureReason::NodeLost));
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_fails_the_attempt_only_once_it_persists() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let mut config = config(&logs);
+    config.image_pull_timeout = Duration::from_millis(1500);
+    fake.node_put("cpu-1", "", 0);
+    let executor = executor(&fake, config).await;
+    executor.launch(&examples::shell()).await.unwrap();
+    let shell_job = JOB_NAME;
+    let waiting = json!({ "phase": "Pending", "containerStatuses": container(json!({ "waiting": { "reason": "ImagePullBackOff", "message": "Back-off pulling image \"ghcr.io/trainyard/runtime:1.0.0\"" } })) });
+    fake.pod_create(NS, shell_job, 0, "cpu-1", waiting);
+    let details = until(&executor, 1, |d| d[0].message.as_deref().is_some_and(|m| m.contains("Back-off"))).await;
+    assert_eq!(details[0].phase, ReplicaPhase::Pending, "a pull that just failed may still succeed");
+    let details = until(&executor, 1, |d| d[0].phase == ReplicaPhase::Failed).await;
+    assert_eq!(details[0].reason, Some(FailureReason::ImagePullBackOff));
+    assert_eq!(executor.observe(&attempt(1)).await, [ReplicaStatus::Lost]);
+}
+
+#[tokio::test]
+async fn a_replica_no_node_can_take_fails_as_unschedulable_after_the_timeout() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let mut config = config(&logs);
+    config.unschedulable_timeout = Duration::from_secs(60);
+    let executor = executor(&fake, config).await;
+    executor.launch(&examples::shell()).await.unwrap();
+    let blocked = |since: &str| {
+        json!({ "phase": "Pending", "conditions": [{ "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", "lastTransitionTime": since }] })
+    };
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let pod = fake.pod_create(NS, JOB_NAME, 0, "", blocked(&now.to_string()));
+    let details = until(&executor, 1, |d| d[0].message.as_deref().is_some_and(|m| m.contains("Insufficient"))).await;
+    assert_eq!(details[0].phase, ReplicaPhase::Pending, "waiting a little for a node is normal");
+    let long_ago = now - k8s_openapi::jiff::SignedDuration::from_secs(3600);
+    fake.pod_status_set(NS, &pod, blocked(&long_ago.to_string()));
+    let details = until(&executor, 1, |d| d[0].phase == ReplicaPhase::Failed).await;
+    assert_eq!(details[0].reason, Some(FailureReason::Unschedulable));
+    assert!(details[0].message.as_deref().unwrap().contains("Insufficient nvidia.com/gpu"));
+}
+
+#[tokio::test]
+async fn garbage_collection_deletes_jobs_of_ended_or_unknown_attempts_only() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let old = "2026-01-01T00:00:00Z";
+    for (job, attempt) in [(JOB, 1), (uuid::Uuid::from_u128(7), 2)] {
+        let name = trainyard_kube::names::attempt_object(job, attempt);
+        let labels = trainyard_kube::names::attempt_labels(TENANT, job, attempt);
+        fake.put("jobs", json!({ "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": { "name": name, "namespace": NS, "labels": labels, "creationTimestamp": old }, "spec": { "template": {} } }));
+    }
+    let executor = executor(&fake, config(&logs)).await;
+    fake.requests_clear();
+    let collected = executor.garbage_collect(&[(JOB, 1)]).await;
+    assert_eq!(collected, 1);
+    let deletes: Vec<_> = fake.writes_and_reads().into_iter().filter(|r| r.method == Method::DELETE).collect();
+    assert_eq!(deletes.len(), 1);
+    assert!(deletes[0].path.ends_with(&trainyard_kube::names::attempt_object(uuid::Uuid::from_u128(7), 2)));
+    assert_eq!(deletes[0].body.as_ref().unwrap()["propagationPolicy"], "Background");
+    assert_eq!(fake.list("jobs").len(), 1, "the live attempt's Job stays");
+}
+
+#[tokio::test]
+async fn logs_stream_from_the_pod_and_are_kept_when_the_attempt_is_released() {
+    use tokio::io::AsyncReadExt;
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    let pods: Vec<String> = (0..2).map(|r| fake.pod_create(NS, JOB_NAME, r, "gpu-1", running())).collect();
+    fake.log_set(NS, &pods[0], "epoch 1 loss 0.5\nepoch 2 loss 0.25\n");
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+
+    let mut live = String::new();
+    executor.log_reader(JOB, 1, 0).await.unwrap().expect("a log").read_to_string(&mut live).await.unwrap();
+    assert_eq!(live, "epoch 1 loss 0.5\nepoch 2 loss 0.25\n", "streamed from the pod");
+
+    for pod in &pods {
+        fake.pod_status_set(NS, pod, exited(0, "Completed"));
+    }
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Succeeded; 2]).await;
+    executor.release(&attempt(2)).await;
+    assert!(fake.list("pods").is_empty() && fake.list("jobs").is_empty(), "release removes the Job and its pods");
+    let kept = logs.path().join(JOB.to_string()).join("1").join("0.log");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), live, "kept in the log folder");
+    assert_eq!(
+        executor.log_last_line(JOB, 1, 0).await.as_deref(),
+        Some("epoch 2 loss 0.25"),
+        "served after the pods are gone"
+    );
+}
+
+#[tokio::test]
+async fn the_inventory_follows_nodes_appearing_draining_and_vanishing() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let executor = executor(&fake, config(&logs)).await;
+    let gpus = |e: &KubernetesExecutor| e.inventory().gpus.len();
+    fake.node_put("gpu-1", "NVIDIA-H100-80GB-HBM3", 8);
+    fake.node_put("gpu-2", "NVIDIA-H100-80GB-HBM3", 8);
+    wait(|| gpus(&executor) == 16).await;
+    assert_eq!(executor.inventory().gpu_types(), ["nvidia-h100-80gb-hbm3"]);
+    let mut cordoned = fake.get("nodes", "", "gpu-2").unwrap();
+    cordoned["spec"]["unschedulable"] = json!(true);
+    fake.put("nodes", cordoned);
+    wait(|| gpus(&executor) == 8).await;
+    let nodes = executor.nodes().unwrap();
+    assert_eq!(
+        nodes.iter().map(|n| (n.name.as_str(), n.schedulable)).collect::<Vec<_>>(),
+        [("gpu-1", true), ("gpu-2", false)]
+    );
+    fake.delete("nodes", "", "gpu-1");
+    wait(|| gpus(&executor) == 0).await;
+
+    // A job asking for the type in Trainyard's lower case selects the nodes by their own label.
+    executor.launch(&examples::pytorch_ddp()).await.unwrap();
+    let job = fake.get("jobs", NS, JOB_NAME).unwrap();
+    assert_eq!(job["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3");
+}
+
+async fn wait(done: impl Fn() -> bool) {
+    for _ in 0..250 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached in 5 s");
+}
+
+#[tokio::test]
+async fn tenant_objects_are_applied_once_and_the_quota_again_only_when_the_ceiling_changes() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    fake.requests_clear();
+    let mut second = examples::pytorch_ddp();
+    second.job_id = uuid::Uuid::from_u128(99);
+    executor.launch(&second).await.unwrap();
+    let kinds: Vec<String> = fake.writes_and_reads().iter().map(|r| r.kind()).collect();
+    assert_eq!(kinds.len(), 4, "a second job of the tenant costs 4 requests: {kinds:?}");
+    assert!(!kinds.contains(&"Namespace".to_string()));
+
+    fake.requests_clear();
+    executor.tenant_ceiling_set(TENANT, &examples::ceiling()).await.unwrap();
+    assert!(fake.writes_and_reads().is_empty(), "an unchanged ceiling is left alone");
+
+    let mut raised = examples::ceiling();
+    raised.gpus = Some(64);
+    raised.cpu_millis = None;
+    executor.tenant_ceiling_set(TENANT, &raised).await.unwrap();
+    let quota = fake.get("resourcequotas", NS, "trainyard-ceiling").unwrap();
+    assert_eq!(quota["spec"]["hard"]["requests.nvidia.com/gpu"], "64");
+    assert!(quota["spec"]["hard"].get("requests.cpu").is_none(), "no cpu limit when the ceiling names none");
+}

@@ -1,0 +1,408 @@
+//! An in-memory stand-in for the Kubernetes API server, used because no API server can run on
+//! the build machines (see `docs/kubernetes.md`). It is a stateful `tower::Service`, not a
+//! script of canned answers: it stores objects, answers server-side apply (PATCH), GET, LIST
+//! (with equality label selectors), WATCH (from a resource version, streaming new events),
+//! DELETE (with the garbage collector's background propagation to owned objects) and pod logs,
+//! and records every request so tests can assert what was sent.
+//!
+//! It plays the kubelet, the Job controller and the node lifecycle too, through its helper
+//! methods (`pod_create`, `pod_status_set`, `node_put`, ...), as the real suite does by patching
+//! pod status.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use serde_json::{Value, json};
+
+/// (resource plural, namespace or "", name)
+type Key = (String, String, String);
+
+/// One request as the fake received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: Method,
+    pub path: String,
+    pub query: BTreeMap<String, String>,
+    pub body: Option<Value>,
+}
+
+impl Recorded {
+    /// Watches and lists come from the watchers, not from launching or stopping jobs.
+    pub fn is_watch_or_list(&self) -> bool {
+        self.method == Method::GET && (self.query.contains_key("watch") || !self.is_single_object())
+    }
+
+    fn is_single_object(&self) -> bool {
+        let parsed = parse_path(&self.path);
+        parsed.is_some_and(|p| p.name.is_some())
+    }
+
+    pub fn kind(&self) -> String {
+        self.body.as_ref().and_then(|b| b["kind"].as_str()).unwrap_or_default().to_string()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    objects: BTreeMap<Key, Value>,
+    /// (resource version, plural, namespace, event type, object)
+    events: Vec<(u64, String, String, &'static str, Value)>,
+    version: u64,
+    requests: Vec<Recorded>,
+    logs: BTreeMap<(String, String), String>,
+    uids: u64,
+}
+
+#[derive(Clone)]
+pub struct FakeApi {
+    state: Arc<Mutex<State>>,
+    changed: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for FakeApi {
+    fn default() -> Self {
+        FakeApi { state: Arc::default(), changed: Arc::new(tokio::sync::watch::channel(0).0) }
+    }
+}
+
+struct ParsedPath {
+    plural: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<ParsedPath> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match *segments.first()? {
+        "api" => segments.get(2..)?,
+        "apis" => segments.get(3..)?,
+        _ => return None,
+    };
+    let owned = |s: Option<&&str>| s.map(|s| s.to_string());
+    Some(match rest {
+        ["namespaces", ns, plural, tail @ ..] => ParsedPath {
+            plural: plural.to_string(),
+            namespace: Some(ns.to_string()),
+            name: owned(tail.first()),
+            subresource: owned(tail.get(1)),
+        },
+        [plural, tail @ ..] => ParsedPath {
+            plural: plural.to_string(),
+            namespace: None,
+            name: owned(tail.first()),
+            subresource: owned(tail.get(1)),
+        },
+        [] => return None,
+    })
+}
+
+fn labels_match(object: &Value, selector: Option<&String>) -> bool {
+    let Some(selector) = selector.filter(|s| !s.is_empty()) else { return true };
+    selector.split(',').all(|term| {
+        let (key, value) = term.split_once('=').unwrap_or((term, ""));
+        object["metadata"]["labels"][key].as_str() == Some(value)
+    })
+}
+
+fn status(code: u16, reason: &str, message: String) -> Value {
+    json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": message })
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn reply(code: StatusCode, value: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(value.to_string())).boxed())
+        .expect("response")
+}
+
+impl FakeApi {
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.clone(), "default")
+    }
+
+    /// Every request so far that is not a watcher's list or watch.
+    pub fn writes_and_reads(&self) -> Vec<Recorded> {
+        self.state.lock().unwrap().requests.iter().filter(|r| !r.is_watch_or_list()).cloned().collect()
+    }
+
+    pub fn requests_clear(&self) {
+        self.state.lock().unwrap().requests.clear();
+    }
+
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.state.lock().unwrap().objects.get(&(plural.into(), namespace.into(), name.into())).cloned()
+    }
+
+    pub fn list(&self, plural: &str) -> Vec<Value> {
+        self.state.lock().unwrap().objects.iter().filter(|(k, _)| k.0 == plural).map(|(_, v)| v.clone()).collect()
+    }
+
+    fn record_event(&self, state: &mut State, key: &Key, kind: &'static str, object: Value) {
+        state.events.push((state.version, key.0.clone(), key.1.clone(), kind, object));
+        let _ = self.changed.send(state.version);
+    }
+
+    /// Stores an object as the API server would: a uid and creation time on first write, a new
+    /// resource version on each.
+    pub fn put(&self, plural: &str, mut object: Value) -> Value {
+        let mut state = self.state.lock().unwrap();
+        let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+        let name = object["metadata"]["name"].as_str().expect("object has a name").to_string();
+        let key = (plural.to_string(), namespace, name);
+        state.version += 1;
+        let previous = state.objects.get(&key).cloned();
+        let meta = &mut object["metadata"];
+        match &previous {
+            Some(old) => {
+                meta["uid"] = old["metadata"]["uid"].clone();
+                meta["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
+            }
+            None => {
+                state.uids += 1;
+                if meta["uid"].is_null() {
+                    meta["uid"] = json!(format!("uid-{}", state.uids));
+                }
+                if meta["creationTimestamp"].is_null() {
+                    meta["creationTimestamp"] = json!(k8s_openapi::jiff::Timestamp::now().to_string());
+                }
+            }
+        }
+        meta["resourceVersion"] = json!(state.version.to_string());
+        state.objects.insert(key.clone(), object.clone());
+        let kind = if previous.is_some() { "MODIFIED" } else { "ADDED" };
+        self.record_event(&mut state, &key, kind, object.clone());
+        object
+    }
+
+    /// Removes an object and, as the garbage collector does, every object it owns.
+    pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let mut state = self.state.lock().unwrap();
+        self.delete_locked(&mut state, &(plural.into(), namespace.into(), name.into()))
+    }
+
+    fn delete_locked(&self, state: &mut State, key: &Key) -> Option<Value> {
+        let object = state.objects.remove(key)?;
+        state.version += 1;
+        self.record_event(state, key, "DELETED", object.clone());
+        let uid = object["metadata"]["uid"].clone();
+        let owned: Vec<Key> = state
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for dependent in owned {
+            self.delete_locked(state, &dependent);
+        }
+        Some(object)
+    }
+
+    /// Plays the Job controller (and the scheduler, when `node` is not empty): creates the pod of
+    /// replica `index` of a stored Job.
+    pub fn pod_create(&self, namespace: &str, job: &str, index: u32, node: &str, status: Value) -> String {
+        let job_object = self.get("jobs", namespace, job).expect("the Job exists");
+        let template = &job_object["spec"]["template"];
+        let mut labels = template["metadata"]["labels"].clone();
+        labels["batch.kubernetes.io/job-completion-index"] = json!(index.to_string());
+        let name = format!("{job}-{index}-abcde");
+        let mut spec = template["spec"].clone();
+        if !node.is_empty() {
+            spec["nodeName"] = json!(node);
+        }
+        spec["hostname"] = json!(format!("{job}-{index}"));
+        self.put(
+            "pods",
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": name, "namespace": namespace, "labels": labels,
+                    "annotations": { "batch.kubernetes.io/job-completion-index": index.to_string() },
+                    "ownerReferences": [{ "apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": job_object["metadata"]["uid"], "controller": true }],
+                },
+                "spec": spec,
+                "status": status,
+            }),
+        );
+        name
+    }
+
+    /// Plays the kubelet: replaces a pod's status.
+    pub fn pod_status_set(&self, namespace: &str, name: &str, status: Value) {
+        let mut pod = self.get("pods", namespace, name).expect("the pod exists");
+        pod["status"] = status;
+        self.put("pods", pod);
+    }
+
+    pub fn job_status_set(&self, namespace: &str, name: &str, status: Value) {
+        let mut job = self.get("jobs", namespace, name).expect("the Job exists");
+        job["status"] = status;
+        self.put("jobs", job);
+    }
+
+    pub fn log_set(&self, namespace: &str, pod: &str, text: &str) {
+        self.state.lock().unwrap().logs.insert((namespace.into(), pod.into()), text.into());
+    }
+
+    /// A ready node with `gpus` GPUs of the given label value.
+    pub fn node_put(&self, name: &str, gpu_product: &str, gpus: u32) {
+        self.put(
+            "nodes",
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": name, "labels": { "nvidia.com/gpu.product": gpu_product } },
+                "spec": { "taints": [{ "key": "nvidia.com/gpu", "effect": "NoSchedule" }] },
+                "status": {
+                    "allocatable": { "cpu": "64", "memory": "512Gi", "nvidia.com/gpu": gpus.to_string() },
+                    "conditions": [{ "type": "Ready", "status": "True" }],
+                },
+            }),
+        );
+    }
+
+    async fn handle(self, request: Request<kube::client::Body>) -> Response<Body> {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.unwrap_or_default();
+        let body: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let query: BTreeMap<String, String> =
+            form_urlencoded::parse(parts.uri.query().unwrap_or_default().as_bytes()).into_owned().collect();
+        let path = parts.uri.path().to_string();
+        self.state.lock().unwrap().requests.push(Recorded {
+            method: parts.method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            body: body.clone(),
+        });
+        let Some(target) = parse_path(&path) else {
+            return reply(StatusCode::NOT_FOUND, &status(404, "NotFound", format!("no route {path}")));
+        };
+        let namespace = target.namespace.clone().unwrap_or_default();
+        match (&parts.method, &target.name, target.subresource.as_deref()) {
+            (&Method::PATCH, Some(name), None) => {
+                let Some(mut object) = body else {
+                    return reply(StatusCode::BAD_REQUEST, &status(400, "BadRequest", "no body".into()));
+                };
+                if let Some(old) = self.get(&target.plural, &namespace, name) {
+                    // Apply keeps what others own, such as the status the kubelet wrote.
+                    object["status"] = old["status"].clone();
+                }
+                reply(StatusCode::OK, &self.put(&target.plural, object))
+            }
+            (&Method::DELETE, Some(name), None) => match self.delete(&target.plural, &namespace, name) {
+                Some(object) => reply(StatusCode::OK, &object),
+                None => reply(StatusCode::NOT_FOUND, &status(404, "NotFound", format!("{name} not found"))),
+            },
+            (&Method::GET, Some(name), Some("log")) => {
+                if self.get("pods", &namespace, name).is_none() {
+                    return reply(StatusCode::NOT_FOUND, &status(404, "NotFound", format!("pod {name} not found")));
+                }
+                let text = self.state.lock().unwrap().logs.get(&(namespace, name.clone())).cloned().unwrap_or_default();
+                Response::builder().status(200).body(Full::new(Bytes::from(text)).boxed()).expect("response")
+            }
+            (&Method::GET, Some(name), None) => match self.get(&target.plural, &namespace, name) {
+                Some(object) => reply(StatusCode::OK, &object),
+                None => reply(StatusCode::NOT_FOUND, &status(404, "NotFound", format!("{name} not found"))),
+            },
+            (&Method::GET, None, None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+                self.watch(target, query)
+            }
+            (&Method::GET, None, None) => self.list_reply(&target, query.get("labelSelector")),
+            _ => reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &status(405, "MethodNotAllowed", format!("{} {path}", parts.method)),
+            ),
+        }
+    }
+
+    fn list_reply(&self, target: &ParsedPath, selector: Option<&String>) -> Response<Body> {
+        let state = self.state.lock().unwrap();
+        let items: Vec<Value> = state
+            .objects
+            .iter()
+            .filter(|(k, o)| {
+                k.0 == target.plural
+                    && target.namespace.as_ref().is_none_or(|ns| *ns == k.1)
+                    && labels_match(o, selector)
+            })
+            .map(|(_, o)| o.clone())
+            .collect();
+        reply(
+            StatusCode::OK,
+            &json!({ "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": state.version.to_string() }, "items": items }),
+        )
+    }
+
+    /// Streams every matching event after the given resource version, then new ones as they come.
+    fn watch(&self, target: ParsedPath, query: BTreeMap<String, String>) -> Response<Body> {
+        let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let selector = query.get("labelSelector").cloned();
+        let state = Arc::clone(&self.state);
+        let changed = self.changed.subscribe();
+        let plural = target.plural;
+        let namespace = target.namespace;
+        let stream = futures::stream::unfold(
+            (from, Vec::<Bytes>::new(), changed),
+            move |(mut seen, mut pending, mut changed)| {
+                let state = Arc::clone(&state);
+                let selector = selector.clone();
+                let plural = plural.clone();
+                let namespace = namespace.clone();
+                async move {
+                    loop {
+                        if let Some(line) = pending.pop() {
+                            return Some((Ok::<_, Infallible>(http_body::Frame::data(line)), (seen, pending, changed)));
+                        }
+                        {
+                            let state = state.lock().unwrap();
+                            // Events are in version order: start after the last one seen.
+                            let start = state.events.partition_point(|e| e.0 <= seen);
+                            for (version, p, ns, kind, object) in &state.events[start..] {
+                                seen = *version;
+                                let matches = *p == plural
+                                    && namespace.as_ref().is_none_or(|n| n == ns)
+                                    && labels_match(object, selector.as_ref());
+                                if matches {
+                                    let line = json!({ "type": kind, "object": object }).to_string() + "\n";
+                                    pending.insert(0, Bytes::from(line));
+                                }
+                            }
+                        }
+                        if pending.is_empty() && changed.changed().await.is_err() {
+                            return None;
+                        }
+                    }
+                }
+            },
+        );
+        Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("response")
+    }
+}
+
+impl tower::Service<Request<kube::client::Body>> for FakeApi {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<kube::client::Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.handle(request).await) })
+    }
+}
