@@ -190,3 +190,22 @@ async fn listing_filters_by_state_and_name_and_pages_with_a_cursor() {
     let (_, page) = env.get("/api/v1/jobs?state=running", &env.admin_token).await;
     assert_eq!(page["items"].as_array().unwrap().len(), 0);
 }
+
+/// The images an attempt ran are recorded by the reconciler from what a cluster executor
+/// reports (the Kubernetes tests cover that report); here the record's way out: the attempts
+/// API shows them, the local executor's attempts have none, and the attempt's end keeps them.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attempts_image_digests_are_shown_with_the_attempt() {
+    let env = TestEnv::start().await;
+    let id = env.submit(json!({"command": ["true"]})).await;
+    env.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token).await;
+    assert!(attempts[0].get("image_digests").is_none(), "no images ran: {attempts}");
+
+    let store = trainyard_store::Store::connect(&env.db.url, 1).await.unwrap();
+    let job: uuid::Uuid = id.parse().unwrap();
+    let digest = "registry.example/trainer@sha256:".to_string() + &"ab".repeat(32);
+    store.attempt_images_set(job, 1, std::slice::from_ref(&digest)).await.unwrap();
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token).await;
+    assert_eq!(attempts[0]["image_digests"], json!([digest]));
+}

@@ -72,6 +72,10 @@ pub struct JobAttempt {
     /// Exit code per replica; null while running or when unknown (killed by a signal, lost).
     pub exit_codes: Vec<Option<i32>>,
     pub reason: Option<String>,
+    /// The images the replicas actually ran, by digest (`repo@sha256:...`), when the executor
+    /// runs images (Kubernetes); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_digests: Vec<String>,
     pub started_at: DateTime<Utc>,
     pub ended_at: Option<DateTime<Utc>>,
 }

@@ -48,6 +48,8 @@ pub struct Gpu {
 pub struct LaunchRequest {
     pub job_id: Uuid,
     pub tenant_id: Uuid,
+    /// The tenant's name (a DNS label), for names people read: the Kubernetes namespace.
+    pub tenant: String,
     pub attempt: i32,
     pub spec: JobSpec,
     /// The template's files, delivered under `template/` in each replica's working directory.

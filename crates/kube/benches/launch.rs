@@ -26,6 +26,7 @@ fn request(n: u128) -> LaunchRequest {
     let mut request = examples::pytorch_ddp();
     request.job_id = Uuid::from_u128(0x1000_0000 + n);
     request.tenant_id = Uuid::from_u128(0xaa00 + n % TENANTS);
+    request.tenant = format!("team-{}", n % TENANTS);
     request.env = BTreeMap::from([("TRAINYARD_TOKEN".into(), format!("tyj_{n}"))]);
     request
 }

@@ -38,6 +38,7 @@ use crate::config::KubeConfig;
 use crate::inventory;
 use crate::manifests::{self, ManifestError};
 use crate::names;
+use crate::names::TenantRef;
 use crate::status::{self, Context, Patience};
 
 /// How long after launching an attempt its missing Job is put down to watch lag, not loss.
@@ -90,7 +91,7 @@ pub struct KubernetesExecutor {
     /// Ceilings the server set, by tenant.
     ceilings: Mutex<HashMap<Uuid, QuotaCeiling>>,
     /// Tenants whose namespace objects were applied, with the ceiling applied.
-    tenants_applied: tokio::sync::Mutex<HashMap<Uuid, Option<QuotaCeiling>>>,
+    tenants_applied: tokio::sync::Mutex<HashMap<Uuid, (TenantRef, Option<QuotaCeiling>)>>,
     launched: Mutex<HashMap<(Uuid, i32), Instant>>,
     stopped: Mutex<HashSet<(Uuid, i32)>>,
     ended: Mutex<HashMap<(Uuid, i32, u32), ReplicaDetail>>,
@@ -159,13 +160,13 @@ impl KubernetesExecutor {
 
     /// Applies a tenant's namespace objects unless this process applied them already with the
     /// same ceiling. The namespace goes first; the rest go together.
-    async fn tenant_ensure(&self, tenant_id: Uuid) -> Result<(), KubeError> {
-        let ceiling = self.ceilings.lock().expect("ceilings poisoned").get(&tenant_id).cloned();
+    async fn tenant_ensure(&self, tenant: &TenantRef) -> Result<(), KubeError> {
+        let ceiling = self.ceilings.lock().expect("ceilings poisoned").get(&tenant.id).cloned();
         let mut applied = self.tenants_applied.lock().await;
-        if applied.get(&tenant_id) == Some(&ceiling) {
+        if applied.get(&tenant.id).is_some_and(|(known, applied)| known == tenant && *applied == ceiling) {
             return Ok(());
         }
-        let objects = manifests::tenant_objects(&self.config, tenant_id, ceiling.as_ref());
+        let objects = manifests::tenant_objects(&self.config, tenant, ceiling.as_ref());
         self.apply(&objects.namespace).await?;
         let quota = async {
             match &objects.quota {
@@ -179,12 +180,12 @@ impl KubernetesExecutor {
             self.apply(&objects.network_policy).map_ok(|_| ()),
             self.apply(&objects.service_account).map_ok(|_| ()),
         )?;
-        applied.insert(tenant_id, ceiling);
+        applied.insert(tenant.id, (tenant.clone(), ceiling));
         Ok(())
     }
 
     fn placement(&self, request: &LaunchRequest) -> KubePlacement {
-        let namespace = names::namespace(&self.config.namespace_prefix, request.tenant_id);
+        let namespace = names::namespace(&self.config.namespace_prefix, &request.tenant, request.tenant_id);
         KubePlacement {
             executor: "kubernetes".into(),
             job: names::attempt_object(request.job_id, request.attempt),
@@ -425,14 +426,14 @@ impl Executor for KubernetesExecutor {
         let key = (request.job_id, request.attempt);
         let placement = serde_json::to_value(self.placement(request)).expect("placement serialises");
         let job_ref = ObjectRef::new(&names::attempt_object(request.job_id, request.attempt))
-            .within(&names::namespace(&self.config.namespace_prefix, request.tenant_id));
+            .within(&names::namespace(&self.config.namespace_prefix, &request.tenant, request.tenant_id));
         let known = self.launched.lock().expect("launched poisoned").contains_key(&key)
             || self.cache.jobs.get(&job_ref).is_some();
         if known {
             tracing::info!(job = %request.job_id, attempt = request.attempt, "attempt exists already; launching nothing");
             return Ok(placement);
         }
-        self.tenant_ensure(request.tenant_id).await?;
+        self.tenant_ensure(&TenantRef { id: request.tenant_id, slug: request.tenant.clone() }).await?;
         self.attempt_apply(request).await?;
         self.launched.lock().expect("launched poisoned").insert(key, Instant::now());
         Ok(placement)
@@ -497,10 +498,10 @@ impl Executor for KubernetesExecutor {
     async fn tenant_ceiling_set(&self, tenant_id: Uuid, ceiling: &QuotaCeiling) -> Result<(), ExecutorError> {
         let changed = self.ceilings.lock().expect("ceilings poisoned").insert(tenant_id, ceiling.clone()).as_ref()
             != Some(ceiling);
-        let known = self.tenants_applied.lock().await.contains_key(&tenant_id);
-        if changed && known {
+        let known = self.tenants_applied.lock().await.get(&tenant_id).map(|(tenant, _)| tenant.clone());
+        if changed && let Some(tenant) = known {
             // The namespace exists: bring its quota up to date now, not at the next launch.
-            self.tenant_ensure(tenant_id).await?;
+            self.tenant_ensure(&tenant).await?;
         }
         Ok(())
     }

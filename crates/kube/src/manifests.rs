@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use trainyard_core::resources::Memory;
 use trainyard_executor::{LaunchRequest, QuotaCeiling};
-use uuid::Uuid;
+
+use crate::names::TenantRef;
 
 use crate::config::KubeConfig;
 use crate::names::{self, COMPLETION_INDEX, GPU_RESOURCE, JOB_SERVICE_ACCOUNT};
@@ -70,8 +71,9 @@ fn metadata(name: &str, namespace: Option<&str>, labels: &BTreeMap<String, Strin
 }
 
 /// The namespace of a tenant and what guards it.
-pub fn tenant_objects(config: &KubeConfig, tenant_id: Uuid, ceiling: Option<&QuotaCeiling>) -> TenantObjects {
-    let ns = names::namespace(&config.namespace_prefix, tenant_id);
+pub fn tenant_objects(config: &KubeConfig, tenant: &TenantRef, ceiling: Option<&QuotaCeiling>) -> TenantObjects {
+    let tenant_id = tenant.id;
+    let ns = names::namespace(&config.namespace_prefix, &tenant.slug, tenant.id);
     let labels = names::tenant_labels(tenant_id);
     let mut ns_labels = labels.clone();
     // Replicas already run restricted; let the cluster refuse anything that is not.
@@ -137,7 +139,7 @@ pub fn attempt_objects(
     request: &LaunchRequest,
     gpu_label: Option<&str>,
 ) -> Result<AttemptObjects, ManifestError> {
-    let ns = names::namespace(&config.namespace_prefix, request.tenant_id);
+    let ns = names::namespace(&config.namespace_prefix, &request.tenant, request.tenant_id);
     let name = names::attempt_object(request.job_id, request.attempt);
     let labels = names::attempt_labels(request.tenant_id, request.job_id, request.attempt);
     Ok(AttemptObjects {

@@ -19,9 +19,28 @@ pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=trainyard";
 pub const JOB_SERVICE_ACCOUNT: &str = "trainyard-job";
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
-/// The tenant's namespace: `<prefix><tenant id>`.
-pub fn namespace(prefix: &str, tenant_id: Uuid) -> String {
-    format!("{prefix}{tenant_id}")
+/// A tenant as its namespace needs it: the id for labels, the slug (its name) for the name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantRef {
+    pub id: Uuid,
+    pub slug: String,
+}
+
+/// The longest name a namespace may have (a DNS label).
+const MAX_NAMESPACE: usize = 63;
+
+/// The tenant's namespace: `<prefix><tenant slug>`, e.g. `trainyard-vision-team`. Tenant names
+/// are DNS labels already; when prefix and slug together are too long, the slug is cut and the
+/// start of the tenant id keeps the name unique: `<prefix><cut slug>-<8 hex digits>`.
+pub fn namespace(prefix: &str, slug: &str, tenant_id: Uuid) -> String {
+    let name = format!("{prefix}{slug}");
+    if name.len() <= MAX_NAMESPACE {
+        return name;
+    }
+    let suffix = &tenant_id.simple().to_string()[..8];
+    let room = MAX_NAMESPACE.saturating_sub(prefix.len() + 1 + suffix.len());
+    let cut = slug[..room.min(slug.len())].trim_end_matches('-');
+    format!("{prefix}{cut}-{suffix}")
 }
 
 /// The name of the Job, and of its Service, ConfigMap and Secret: `ty-<job id>-<attempt>`.
@@ -69,7 +88,10 @@ mod tests {
         let job = Uuid::max();
         let pod_hostname = format!("{}-1023", attempt_object(job, 9999));
         assert!(pod_hostname.len() <= 63, "{pod_hostname}");
-        assert!(namespace("trainyard-", job).len() <= 63);
+        let long_slug = "a".repeat(63);
+        let ns = namespace("trainyard-", &long_slug, job);
+        assert!(ns.len() <= 63 && ns.starts_with("trainyard-aaa") && ns.ends_with("-ffffffff"), "{ns}");
+        assert_eq!(namespace("trainyard-", "vision-team", job), "trainyard-vision-team");
     }
 
     #[test]

@@ -95,9 +95,10 @@ async fn an_attempt_runs_succeeds_and_is_cleaned_up_on_a_real_api_server() {
 
     let mut request = examples::data_pack();
     request.tenant_id = Uuid::new_v4();
+    request.tenant = format!("it-{}", &request.tenant_id.simple().to_string()[..8]);
     request.job_id = Uuid::new_v4();
     request.spec.replicas = 2;
-    let namespace = names::namespace(&config.namespace_prefix, request.tenant_id);
+    let namespace = names::namespace(&config.namespace_prefix, &request.tenant, request.tenant_id);
     executor.launch(&request).await.expect("launch on a real API server");
     executor.launch(&request).await.expect("a repeated launch is harmless");
 

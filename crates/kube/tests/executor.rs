@@ -15,7 +15,7 @@ use support::fake_api::FakeApi;
 use trainyard_executor::{AttemptRef, Executor, FailureReason, ReplicaDetail, ReplicaPhase, ReplicaStatus};
 use trainyard_kube::{KubeConfig, KubernetesExecutor};
 
-const NS: &str = "trainyard-01990000-0000-7000-8000-0000000000aa";
+const NS: &str = "trainyard-vision-team";
 const JOB_NAME: &str = "ty-01990000-0000-7000-8000-000000000b01-1";
 
 fn config(logs: &tempfile::TempDir) -> KubeConfig {

@@ -500,7 +500,23 @@ impl App {
         caller.require_platform_admin()?;
         self.store.quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit).await?;
         self.reconciler_wake.notify_one();
+        self.ceiling_push(tenant).await;
         Ok(())
+    }
+
+    /// Mirrors a tenant's quota ceiling into the executor now. A failure is logged, not
+    /// returned: the quota is set, the scheduler enforces it, and the reconciler retries.
+    async fn ceiling_push(&self, tenant: &str) {
+        let policies = match self.store.tenant_policies().await {
+            Ok(policies) => policies,
+            Err(err) => return tracing::warn!(%err, "cannot read quotas to mirror them"),
+        };
+        if let Some(policy) = policies.iter().find(|p| p.name == tenant) {
+            let ceiling = crate::scheduling::ceiling_of(policy);
+            if let Err(err) = self.executor.tenant_ceiling_set(policy.id, &ceiling).await {
+                tracing::warn!(tenant, %err, "cannot mirror the quota ceiling");
+            }
+        }
     }
 
     pub async fn tenant_policy_set(&self, caller: &Caller, tenant: &str, update: TenantPolicyUpdate) -> Result<()> {
@@ -512,6 +528,7 @@ impl App {
             .tenant_policy_set(tenant, update.cohort.as_deref(), update.weight, update.preempt_lower_priority)
             .await?;
         self.reconciler_wake.notify_one();
+        self.ceiling_push(tenant).await;
         Ok(())
     }
 }

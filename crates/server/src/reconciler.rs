@@ -167,6 +167,19 @@ impl Reconciler {
         if collected > 0 {
             tracing::info!(collected, "removed the leftovers of ended or unknown attempts");
         }
+        // Quota changes are pushed when made (`App::quota_set`); this catches the rest (a
+        // restart, another server's change).
+        match self.store.tenant_policies().await {
+            Ok(tenants) => {
+                for tenant in &tenants {
+                    if let Err(err) = self.executor.tenant_ceiling_set(tenant.id, &scheduling::ceiling_of(tenant)).await
+                    {
+                        tracing::warn!(tenant = %tenant.name, %err, "cannot mirror the quota ceiling");
+                    }
+                }
+            }
+            Err(err) => tracing::warn!(%err, "cannot read tenant quotas to mirror them"),
+        }
         self.collected = Some(Instant::now());
     }
 
@@ -226,6 +239,11 @@ impl Reconciler {
         }
         if running > 0 {
             if job.state == JobState::Starting && !pending {
+                // Every container started: the images they run are known now.
+                let images = image_digests(&details);
+                if !images.is_empty() {
+                    self.store.attempt_images_set(job.id, record.number, &images).await?;
+                }
                 self.store
                     .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
                     .await?;
@@ -262,14 +280,14 @@ impl Reconciler {
                 job_id: job.id,
                 attempt: record.number,
                 exit_codes: &exit_codes,
+                image_digests: &image_digests(&details),
                 to,
                 reason: Some(&reason),
                 actor: ACTOR_EXECUTOR,
             })
             .await?;
         self.stopping.remove(&(job.id, record.number));
-        let image = details.iter().find_map(|d| d.image_digest.as_deref()).unwrap_or("");
-        tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, image, "attempt ended");
+        tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
         Ok(true)
     }
 
@@ -338,8 +356,15 @@ impl Reconciler {
         let mut env = std::collections::BTreeMap::new();
         env.insert("TRAINYARD_URL".to_string(), self.settings.api_url.clone().unwrap_or_default());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
-        let request =
-            LaunchRequest { job_id: job.id, tenant_id: job.tenant_id, attempt, spec: job.spec.clone(), files, env };
+        let request = LaunchRequest {
+            job_id: job.id,
+            tenant_id: job.tenant_id,
+            tenant: job.tenant.clone(),
+            attempt,
+            spec: job.spec.clone(),
+            files,
+            env,
+        };
         self.executor.launch(&request).await.map_err(|e| e.to_string())
     }
 
@@ -362,6 +387,7 @@ impl Reconciler {
                         job_id: job.id,
                         attempt,
                         exit_codes: &[],
+                        image_digests: &[],
                         to,
                         reason: Some(&reason),
                         actor: ACTOR_EXECUTOR,
@@ -371,4 +397,15 @@ impl Reconciler {
         }
         Ok(())
     }
+}
+
+/// The distinct images an attempt's replicas ran, by digest, in rank order of first use.
+fn image_digests(details: &[ReplicaDetail]) -> Vec<String> {
+    let mut digests: Vec<String> = Vec::new();
+    for digest in details.iter().filter_map(|d| d.image_digest.as_ref()) {
+        if !digests.contains(digest) {
+            digests.push(digest.clone());
+        }
+    }
+    digests
 }

@@ -174,3 +174,63 @@ mod cluster_tests {
         assert_eq!(names, [("gpu-1", 8, Some("nvidia-h100-80gb-hbm3")), ("cpu-1", 0, None)]);
     }
 }
+
+/// The most GPUs a tenant can ever hold under its quotas, mirrored into the executor as a
+/// second line of defence (a Kubernetes ResourceQuota): its nominal quotas plus what it may
+/// borrow. Unlimited when it may borrow without limit from a cohort. CPU and memory have no
+/// quota in Trainyard, so no ceiling either.
+pub fn ceiling_of(tenant: &TenantPolicyRow) -> trainyard_executor::QuotaCeiling {
+    let mut gpus: Option<u64> = Some(0);
+    for quota in &tenant.quotas {
+        let borrow = match (&tenant.cohort, quota.borrowing_limit) {
+            (None, _) => Some(0),
+            (Some(_), limit) => limit.map(|l| l.max(0) as u64),
+        };
+        gpus = match (gpus, borrow) {
+            (Some(total), Some(borrow)) => Some(total + quota.nominal.max(0) as u64 + borrow),
+            _ => None,
+        };
+    }
+    trainyard_executor::QuotaCeiling {
+        gpus: gpus.map(|g| g.min(u64::from(u32::MAX)) as u32),
+        cpu_millis: None,
+        memory_bytes: None,
+    }
+}
+
+#[cfg(test)]
+mod ceiling_tests {
+    use trainyard_store::reconcile::QuotaRow;
+
+    use super::*;
+
+    fn tenant(cohort: Option<&str>, quotas: &[(i64, Option<i64>)]) -> TenantPolicyRow {
+        TenantPolicyRow {
+            id: Uuid::nil(),
+            name: "team".into(),
+            cohort: cohort.map(str::to_string),
+            weight: 1.0,
+            preempt_lower_priority: false,
+            quotas: quotas
+                .iter()
+                .enumerate()
+                .map(|(i, (nominal, borrowing_limit))| QuotaRow {
+                    flavor: format!("gpu-{i}"),
+                    nominal: *nominal,
+                    borrowing_limit: *borrowing_limit,
+                    lending_limit: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_ceiling_is_nominal_plus_what_may_be_borrowed() {
+        // Alone, nothing can be borrowed, whatever the limits say.
+        assert_eq!(ceiling_of(&tenant(None, &[(8, None), (4, Some(2))])).gpus, Some(12));
+        assert_eq!(ceiling_of(&tenant(Some("c"), &[(8, Some(8)), (4, Some(2))])).gpus, Some(22));
+        // Unlimited borrowing from a cohort: no ceiling, never a ceiling of zero.
+        assert_eq!(ceiling_of(&tenant(Some("c"), &[(8, None)])).gpus, None);
+        assert_eq!(ceiling_of(&tenant(None, &[])).gpus, Some(0));
+    }
+}

@@ -272,7 +272,7 @@ impl Store {
         // The job row anchors the query so that "no attempts yet" and "no such job" differ.
         // language=PostgreSQL
         let rows = sqlx::query(
-            "SELECT a.attempt, a.placement, a.exit_codes, a.reason, a.started_at, a.ended_at
+            "SELECT a.attempt, a.placement, a.exit_codes, a.reason, a.image_digests, a.started_at, a.ended_at
              FROM jobs j LEFT JOIN job_attempts a ON a.job_id = j.id AND a.tenant_id = j.tenant_id
              WHERE j.tenant_id = $1 AND j.id = $2
              ORDER BY a.attempt",
@@ -295,6 +295,7 @@ impl Store {
                     placement: row.get("placement"),
                     exit_codes: exit_codes.into_iter().map(from_stored_exit_code).collect(),
                     reason: row.get("reason"),
+                    image_digests: row.get::<Option<Vec<String>>, _>("image_digests").unwrap_or_default(),
                     started_at: row.get("started_at"),
                     ended_at: row.get("ended_at"),
                 })

@@ -17,6 +17,8 @@ use crate::{Store, db_error};
 pub struct UnfinishedJob {
     pub id: Uuid,
     pub tenant_id: Uuid,
+    /// The tenant's name.
+    pub tenant: String,
     pub state: JobState,
     pub reason: Option<String>,
     pub spec: JobSpec,
@@ -74,17 +76,18 @@ impl Store {
     pub async fn jobs_unfinished(&self) -> Result<Vec<UnfinishedJob>> {
         // language=PostgreSQL
         let rows = sqlx::query(
-            "(SELECT j.id, j.tenant_id, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
+            "(SELECT j.id, j.tenant_id, n.name AS tenant_name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
                      j.cancel_requested_at IS NOT NULL AS cancel_requested,
                      j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
                      j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
                      a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended
               FROM jobs j
+              JOIN tenants n ON n.id = j.tenant_id
               LEFT JOIN LATERAL (SELECT attempt, placement, ended_at FROM job_attempts
                                  WHERE job_id = j.id ORDER BY attempt DESC LIMIT 1) a ON true
               WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
              UNION ALL
-             (SELECT j.id, j.tenant_id, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
+             (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
                      false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL
               FROM tenants t
               CROSS JOIN LATERAL (SELECT * FROM jobs q WHERE q.tenant_id = t.id AND q.state = 'queued'
@@ -102,6 +105,7 @@ impl Store {
                 Ok(UnfinishedJob {
                     id: row.get("id"),
                     tenant_id: row.get("tenant_id"),
+                    tenant: row.get("tenant_name"),
                     state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown state {state}")))?,
                     reason: row.get("reason"),
                     spec: spec.0,
@@ -296,6 +300,19 @@ impl Store {
         Ok(())
     }
 
+    /// Records the images an attempt's replicas run, once they are known (containers started).
+    pub async fn attempt_images_set(&self, job_id: Uuid, attempt: i32, image_digests: &[String]) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query("UPDATE job_attempts SET image_digests = $3 WHERE job_id = $1 AND attempt = $2")
+            .bind(job_id)
+            .bind(attempt)
+            .bind(image_digests)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
     /// Closes an attempt with its exit codes and moves the job on, in one transaction:
     /// to `to` (succeeded, failed, cancelled) or, for `restarting`, counting one more restart.
     pub async fn attempt_end(&self, end: AttemptEnd<'_>) -> Result<bool> {
@@ -303,13 +320,15 @@ impl Store {
         let codes: Vec<i32> = end.exit_codes.iter().copied().map(to_stored_exit_code).collect();
         // language=PostgreSQL
         sqlx::query(
-            "UPDATE job_attempts SET exit_codes = $3, reason = $4, ended_at = coalesce(ended_at, now())
+            "UPDATE job_attempts SET exit_codes = $3, reason = $4, ended_at = coalesce(ended_at, now()),
+                 image_digests = CASE WHEN cardinality($5::text[]) > 0 THEN $5 ELSE image_digests END
              WHERE job_id = $1 AND attempt = $2",
         )
         .bind(end.job_id)
         .bind(end.attempt)
         .bind(&codes)
         .bind(end.reason)
+        .bind(end.image_digests)
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
@@ -352,6 +371,8 @@ pub struct AttemptEnd<'a> {
     pub job_id: Uuid,
     pub attempt: i32,
     pub exit_codes: &'a [Option<i32>],
+    /// The images the replicas ran, by digest; empty when unknown (kept as recorded before).
+    pub image_digests: &'a [String],
     pub to: JobState,
     pub reason: Option<&'a str>,
     pub actor: &'a str,

@@ -44,7 +44,15 @@ fn template(name: &str) -> Option<TemplateRef> {
 }
 
 fn request(spec: JobSpec, files: BTreeMap<String, Vec<u8>>) -> LaunchRequest {
-    LaunchRequest { job_id: JOB, tenant_id: TENANT, attempt: 1, spec, files, env: secrets() }
+    LaunchRequest {
+        job_id: JOB,
+        tenant_id: TENANT,
+        tenant: "vision-team".into(),
+        attempt: 1,
+        spec,
+        files,
+        env: secrets(),
+    }
 }
 
 /// `templates/shell`: one CPU replica running a command of the user's.
@@ -157,7 +165,8 @@ pub fn all() -> Vec<(&'static str, LaunchRequest)> {
 
 /// The documents a launch of `request` applies, in the order they are sent, as YAML values.
 pub fn documents(config: &KubeConfig, request: &LaunchRequest, gpu_label: Option<&str>) -> Vec<serde_json::Value> {
-    let tenant = trainyard_kube::manifests::tenant_objects(config, request.tenant_id, Some(&ceiling()));
+    let tenant_ref = trainyard_kube::names::TenantRef { id: request.tenant_id, slug: request.tenant.clone() };
+    let tenant = trainyard_kube::manifests::tenant_objects(config, &tenant_ref, Some(&ceiling()));
     let mut attempt = trainyard_kube::manifests::attempt_objects(config, request, gpu_label).expect("example builds");
     trainyard_kube::manifests::attempt_owned_by(&mut attempt, JOB_UID);
     let value = |v: serde_json::Result<serde_json::Value>| v.expect("serialises");

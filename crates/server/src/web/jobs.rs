@@ -188,6 +188,8 @@ pub struct AttemptRow {
     pub ended: String,
     pub exit_codes: String,
     pub reason: String,
+    /// The image digests the replicas ran (cluster executors), one per line.
+    pub images: Vec<String>,
 }
 
 pub struct ScheduleView {
@@ -231,6 +233,7 @@ fn attempt_row(attempt: &JobAttempt) -> AttemptRow {
         ended: when_opt(attempt.ended_at.as_ref()),
         exit_codes: codes.join(", "),
         reason: attempt.reason.clone().unwrap_or_default(),
+        images: attempt.image_digests.clone(),
     }
 }
 
