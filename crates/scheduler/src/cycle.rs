@@ -64,6 +64,8 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
             })
         })
         .collect();
+    // The flavor each job names, looked up once (names are strings; the loop compares ids).
+    let job_flavor: Vec<NamedFlavor> = snap.pending.iter().map(|j| named_flavor(&state, j)).collect();
     // Each queued tenant's index in the state (None: a tenant without a policy).
     let policy_of: Vec<Option<usize>> = tenant_ids.iter().map(|id| state.tenant(*id)).collect();
     // Sorted by tenant, priority (descending), submission order, then id; packed for speed.
@@ -91,28 +93,30 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
         }
     }
     let mut victims_taken: BTreeSet<Uuid> = BTreeSet::new();
-    let mut searched: BTreeSet<Uuid> = BTreeSet::new();
+    // Tenants whose first waiting job was searched for preemption victims, and how many.
+    let mut searched = vec![false; tenant_ids.len()];
+    let mut searches = 0;
     let running_by_flavor = running_by_flavor(snap);
     // Per tenant: jobs left waiting so far, and how many of them share the latest priority (a
     // tenant's jobs come in priority order, so the rest had a higher one).
     let mut waiting: Vec<(usize, i32, usize)> = vec![(0, i32::MIN, 0); tenant_ids.len()];
 
     while let Some(Reverse(key)) = heap.pop() {
-        let tenant = tenant_ids[key.tenant as usize];
-        let queue = &mut queues[key.tenant as usize];
+        let queue = &mut queues[key.tenant() as usize];
         let rank = queue.pop_front().expect("the head that was pushed");
         let job = &snap.pending[sorted[rank].2 as usize];
 
-        match try_admit(&mut state, job) {
+        match try_admit(&mut state, job, policy_of[key.tenant() as usize], job_flavor[sorted[rank].2 as usize]) {
             Ok(admission) => result.admissions.push(admission),
             Err((reason, quota_allows)) => {
                 let mut reason = reason;
                 // Preemption is searched for the first waiting job of each tenant only, and for at
                 // most a few jobs per cycle: bounded work, and the next cycle serves the rest.
                 let may_search =
-                    options.preempt && searched.len() < MAX_PREEMPTION_SEARCHES && !searched.contains(&tenant);
+                    options.preempt && searches < MAX_PREEMPTION_SEARCHES && !searched[key.tenant() as usize];
                 if may_search {
-                    searched.insert(tenant);
+                    searched[key.tenant() as usize] = true;
+                    searches += 1;
                 }
                 if may_search
                     && let Some((victims, kind)) =
@@ -131,7 +135,7 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                     let nodes = state.reservation_for(&job.demand, flavor);
                     state.reserve(job.id, &nodes);
                 }
-                let entry = &mut waiting[key.tenant as usize];
+                let entry = &mut waiting[key.tenant() as usize];
                 if entry.1 != job.priority {
                     *entry = (entry.0, job.priority, 0);
                 }
@@ -147,21 +151,28 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                 });
             }
         }
-        if let Some(&next) = queues[key.tenant as usize].front() {
-            heap.push(Reverse(order_key(&state, &policy_of, key.tenant, &sorted, next)));
+        if let Some(&next) = queues[key.tenant() as usize].front() {
+            heap.push(Reverse(order_key(&state, &policy_of, key.tenant(), &sorted, next)));
         }
     }
     result
 }
 
-/// Fair-share order across tenants, then priority, then submission order, then job id.
+/// Fair-share order across tenants, then priority, then submission order, then the job's place
+/// in the cycle's sorted queue (which breaks ties by tenant, then job id). Packed into two
+/// integers, compared as such: the heap compares these millions of times a cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct OrderKey {
-    share: u64,
-    priority: Reverse<i32>,
-    seq: u64,
-    job: Uuid,
-    tenant: u32,
+    /// Dominant share (millionths, saturating at u32), priority (descending), seq.
+    order: u128,
+    /// The job's rank in the sorted queue, then its tenant's queue.
+    place: u64,
+}
+
+impl OrderKey {
+    fn tenant(&self) -> u32 {
+        self.place as u32
+    }
 }
 
 fn order_key(
@@ -172,12 +183,11 @@ fn order_key(
     rank: usize,
 ) -> OrderKey {
     let job = &state.snap.pending[sorted[rank].2 as usize];
+    let share = dominant_share(state, policy_of[tenant as usize]).min(u64::from(u32::MAX));
+    let priority_desc = u64::from(u32::MAX - (i64::from(job.priority) - i64::from(i32::MIN)) as u32);
     OrderKey {
-        share: dominant_share(state, policy_of[tenant as usize]),
-        priority: Reverse(job.priority),
-        seq: job.seq,
-        job: job.id,
-        tenant,
+        order: (u128::from((share << 32) | priority_desc) << 64) | u128::from(job.seq),
+        place: ((rank as u64) << 32) | u64::from(tenant),
     }
 }
 
@@ -193,11 +203,12 @@ fn dominant_share(state: &State<'_>, tenant: Option<usize>) -> u64 {
 
 /// Flavors a job could use: the one it names, or every flavor its tenant has quota for (every
 /// flavor of the cluster, when it has none, so that the reason says so).
-fn flavors_for(state: &State<'_>, job: &PendingJob) -> SmallVec<[FlavorId; 4]> {
-    match &job.demand.gpu_type {
-        Some(name) => state.flavor_id(name).into_iter().collect(),
+/// `named` is [`named_flavor`] of the job, looked up once per cycle by the hot path.
+fn flavors_for(state: &State<'_>, named: NamedFlavor, t: Option<usize>) -> SmallVec<[FlavorId; 4]> {
+    match named {
+        Some(id) => id.into_iter().collect(),
         None => {
-            let flavors = state.quota_flavors(state.tenant(job.tenant));
+            let flavors = state.quota_flavors(t);
             if flavors.is_empty() { (0..state.flavors.len()).collect() } else { flavors }
         }
     }
@@ -205,10 +216,25 @@ fn flavors_for(state: &State<'_>, job: &PendingJob) -> SmallVec<[FlavorId; 4]> {
 
 /// Admits the job if quota and nodes allow; else the most telling reason, and whether the job
 /// would fit its nominal quota were borrowers reclaimed.
-fn try_admit(state: &mut State<'_>, job: &PendingJob) -> Result<Admission, (PendingReason, bool)> {
+/// The flavor a job names: `None` when it names none (any will do), `Some(None)` when it names
+/// one the cluster does not know.
+type NamedFlavor = Option<Option<FlavorId>>;
+
+fn named_flavor(state: &State<'_>, job: &PendingJob) -> NamedFlavor {
+    job.demand.gpu_type.as_deref().map(|name| state.flavor_id(name))
+}
+
+/// `t` is the job's tenant's index in the state (`None`: a tenant without a policy); `named`
+/// its [`named_flavor`].
+fn try_admit(
+    state: &mut State<'_>,
+    job: &PendingJob,
+    t: Option<usize>,
+    named: NamedFlavor,
+) -> Result<Admission, (PendingReason, bool)> {
     let demand = &job.demand;
     if demand.gpus == 0 {
-        return match state.place(demand, None) {
+        return match state.place_remembered(demand, None) {
             Some(nodes) => {
                 state.allocate(job.tenant, None, demand, &nodes);
                 Ok(admission(state, job, None, &nodes))
@@ -216,11 +242,10 @@ fn try_admit(state: &mut State<'_>, job: &PendingJob) -> Result<Admission, (Pend
             None => Err((never_or_no_room(state, job, None), false)),
         };
     }
-    let t = state.tenant(job.tenant);
     let mut best: Option<(PendingReason, bool)> = None;
-    for flavor in flavors_for(state, job) {
+    for flavor in flavors_for(state, named, t) {
         let reason = match state.quota_check(t, flavor, demand.total_gpus()) {
-            Ok(QuotaCheck::Fits) => match state.place(demand, Some(flavor)) {
+            Ok(QuotaCheck::Fits) => match state.place_remembered(demand, Some(flavor)) {
                 Some(nodes) => {
                     state.allocate(job.tenant, Some(flavor), demand, &nodes);
                     return Ok(admission(state, job, Some(flavor), &nodes));
@@ -317,7 +342,9 @@ fn flavor_for_reservation(state: &State<'_>, job: &PendingJob) -> Option<FlavorI
         return None;
     }
     let t = state.tenant(job.tenant);
-    flavors_for(state, job).into_iter().find(|&f| state.quota_check(t, f, job.demand.total_gpus()).is_ok())
+    flavors_for(state, named_flavor(state, job), t)
+        .into_iter()
+        .find(|&f| state.quota_check(t, f, job.demand.total_gpus()).is_ok())
 }
 
 /// Running jobs by the flavor their quota is counted in.
@@ -351,7 +378,7 @@ fn find_victims<'a>(
     let cohort = snap.tenants[t].cohort.as_deref();
     let need = job.demand.total_gpus();
     let eligible = |r: &RunningJob| !r.stopping && !taken.contains(&r.id) && r.priority <= job.priority;
-    for flavor in flavors_for(state, job) {
+    for flavor in flavors_for(state, named_flavor(state, job), Some(t)) {
         let Some(on_flavor) = running_by_flavor.get(state.flavors[flavor]) else { continue };
         // Jobs already being stopped (victims of an earlier cycle) will free their resources:
         // count them as gone, so that no one is preempted twice over for the same room.
