@@ -7,30 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 duration=${1:-15}
-source deploy/ensure-postgres
-command -v wrk >/dev/null || { echo "== installing wrk"; as_root apt-get install -y -qq wrk >/dev/null; }
-cargo build --release --locked --bins
-trainyard=target/release/trainyard
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-bench.XXXXXX")
-chmod 755 "$work"
-server_pid=""
-cleanup() {
-  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
-  "$trainyard" postgres stop --dir "$work/pg" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-admin_url=$("$trainyard" postgres start --dir "$work/pg")
-db_url="${admin_url%/postgres}/bench"
-psql -q "$admin_url" -c "CREATE DATABASE bench"
-export TRAINYARD_TOKEN=$("$trainyard" bootstrap --database-url "$db_url" 2>/dev/null)
-"$trainyard" serve --database-url "$db_url" --listen 127.0.0.1:0 --data-dir "$work/data" > "$work/server.out" 2> "$work/server.log" &
-server_pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
-url=$(sed -n 's/^trainyard: listening on //p' "$work/server.out")
-echo "server at $url; $(nproc) cores; $(psql -tA "$admin_url" -c 'SHOW server_version')"
+source tests/bench/server.sh
 
 for clients in 1 16 64; do
   threads=$(( clients < 2 ? 1 : 2 ))

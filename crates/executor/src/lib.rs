@@ -284,6 +284,15 @@ pub trait Executor: Send + Sync + 'static {
     fn changes(&self) -> std::sync::Arc<tokio::sync::Notify>;
 }
 
+/// A log file kept on disk, opened for [`Executor::log_reader`]; `None` when there is none.
+pub async fn log_file(path: &std::path::Path) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError> {
+    match tokio::fs::File::open(path).await {
+        Ok(file) => Ok(Some(Box::new(file))),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
 /// The last non-empty line of `text`, at most 300 characters.
 pub fn last_line(text: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(text);

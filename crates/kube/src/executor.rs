@@ -512,11 +512,9 @@ impl Executor for KubernetesExecutor {
         attempt: i32,
         replica: u32,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError> {
-        let path = self.log_path(job_id, attempt, replica);
-        match tokio::fs::File::open(&path).await {
-            Ok(file) => return Ok(Some(Box::new(file))),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => return Err(err.into()),
+        // Kept after the attempt ended; else streamed from the pod.
+        if let Some(kept) = trainyard_executor::log_file(&self.log_path(job_id, attempt, replica)).await? {
+            return Ok(Some(kept));
         }
         self.ready_soon().await;
         let Some(pod) = newest_by_rank(self.cache.pods_of(job_id, attempt)).remove(&replica) else {

@@ -380,12 +380,7 @@ impl Executor for LocalExecutor {
         attempt: i32,
         replica: u32,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError> {
-        let path = self.attempt_dir(job_id, attempt).join(format!("replica-{replica}.log"));
-        match tokio::fs::File::open(&path).await {
-            Ok(file) => Ok(Some(Box::new(file))),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(err) => Err(err.into()),
-        }
+        crate::log_file(&self.attempt_dir(job_id, attempt).join(format!("replica-{replica}.log"))).await
     }
 
     fn changes(&self) -> Arc<Notify> {

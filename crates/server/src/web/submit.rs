@@ -201,6 +201,22 @@ fn run_of(form: &BTreeMap<String, String>, kinds: &BTreeMap<String, ParamKind>) 
     }
 }
 
+/// Runs a posted form (after its CSRF check) as far as `mode` says. The outer error is for an
+/// error page; the inner one (bad input) goes back to the form.
+async fn run_posted(
+    state: &AppState,
+    auth: &WebAuth,
+    template: &str,
+    form: &BTreeMap<String, String>,
+    mode: RunMode,
+) -> WebResult<Result<TemplateRunOutcome, Error>> {
+    auth.check_csrf(form)?;
+    Ok(match posted_run(state, auth, template, form).await? {
+        Ok(run) => state.app.template_run(&auth.caller, template, run, mode).await,
+        Err(err) => Err(err),
+    })
+}
+
 /// Parses the posted form against the template's parameters; a bad priority names its field.
 async fn posted_run(
     state: &AppState,
@@ -225,12 +241,7 @@ pub async fn submit(
     Path(template): Path<String>,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
-    let outcome = match posted_run(&state, &auth, &template, &form).await? {
-        Ok(run) => state.app.template_run(&auth.caller, &template, run, RunMode::Submit).await,
-        Err(err) => Err(err),
-    };
-    match outcome {
+    match run_posted(&state, &auth, &template, &form, RunMode::Submit).await? {
         Ok(TemplateRunOutcome::Submitted(submitted)) => {
             let job = match *submitted {
                 Submitted::Created(job) | Submitted::Replayed(job) => job,
@@ -264,12 +275,7 @@ pub async fn preview(
     Path(template): Path<String>,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
-    let outcome = match posted_run(&state, &auth, &template, &form).await? {
-        Ok(run) => state.app.template_run(&auth.caller, &template, run, RunMode::WhatIf).await,
-        Err(err) => Err(err),
-    };
-    let fragment = match outcome {
+    let fragment = match run_posted(&state, &auth, &template, &form, RunMode::WhatIf).await? {
         Ok(TemplateRunOutcome::WhatIf(schedule)) => {
             PreviewFragment { schedule: Some(ScheduleView::of(&schedule)), error: None }
         }
