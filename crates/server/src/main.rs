@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use trainyard_server::dev::{self, DevOptions, LocalExecutorArgs};
 use trainyard_server::reconciler::ReconcilerSettings;
+use trainyard_server::storage::StorageArgs;
 use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
 
@@ -51,6 +52,8 @@ enum Command {
         listen: SocketAddr,
         #[command(flatten)]
         local: LocalExecutorArgs,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
     /// Production mode: Postgres by URL; applies pending migrations first.
     Serve {
@@ -63,6 +66,8 @@ enum Command {
         data_dir: PathBuf,
         #[command(flatten)]
         local: LocalExecutorArgs,
+        #[command(flatten)]
+        storage: StorageArgs,
         /// Database connections in the pool.
         #[arg(long, default_value_t = 16)]
         max_connections: u32,
@@ -138,8 +143,19 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Dev { data_dir, listen, local } => dev::run(DevOptions { data_dir, listen, local }).await,
-        Command::Serve { database_url, listen, data_dir, local, max_connections, grace_seconds, public_url } => {
+        Command::Dev { data_dir, listen, local, storage } => {
+            dev::run(DevOptions { data_dir, listen, local, storage }).await
+        }
+        Command::Serve {
+            database_url,
+            listen,
+            data_dir,
+            local,
+            storage,
+            max_connections,
+            grace_seconds,
+            public_url,
+        } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             std::fs::create_dir_all(&data_dir)?;
@@ -148,7 +164,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 api_url: public_url,
                 ..Default::default()
             };
-            let server = dev::local_server(store, &data_dir.canonicalize()?, &local, settings)?;
+            let server = dev::local_server(store, &data_dir.canonicalize()?, &local, &storage, settings)?;
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.
             println!("trainyard: listening on http://{}", listener.local_addr()?);

@@ -59,6 +59,9 @@ pub struct Reconciler {
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
     /// this on restart is harmless: the next pass signals again.
     stopping: HashMap<(Uuid, i32), Instant>,
+    /// Where ended attempts' logs are archived; the retention sweep's last run.
+    storage: Option<Arc<crate::storage::Storage>>,
+    retention_swept: Option<Instant>,
 }
 
 impl Reconciler {
@@ -69,7 +72,22 @@ impl Reconciler {
         wake: Arc<Notify>,
         settings: ReconcilerSettings,
     ) -> Self {
-        Reconciler { store, executor, templates, wake, settings, stopping: HashMap::new() }
+        Reconciler {
+            store,
+            executor,
+            templates,
+            wake,
+            settings,
+            stopping: HashMap::new(),
+            storage: None,
+            retention_swept: None,
+        }
+    }
+
+    /// Archives logs to this store when attempts end, and sweeps it by the tenants' retention.
+    pub fn with_storage(mut self, storage: Arc<crate::storage::Storage>) -> Self {
+        self.storage = Some(storage);
+        self
     }
 
     /// Where replicas reach the API, unless configured: the address the server listens on.
@@ -143,6 +161,7 @@ impl Reconciler {
             self.launch(job).await?;
             launched = true;
         }
+        self.retention_sweep_when_due().await;
         if launched || !ended.is_empty() {
             // Capacity was freed, a restart is due, or new replicas should be seen running: go
             // again now rather than at the next tick.
@@ -230,6 +249,11 @@ impl Reconciler {
         // Free what the attempt still holds first, so that once the state says it ended, none
         // of its processes is left. Repeating this after a failed write below is harmless.
         self.executor.release(&attempt).await;
+        if let Some(storage) = &self.storage {
+            let replicas = job.spec.replicas;
+            crate::storage::logs_archive(storage, &*self.executor, job.tenant_id, job.id, record.number, replicas)
+                .await;
+        }
         self.store
             .attempt_end(AttemptEnd {
                 job_id: job.id,
@@ -243,6 +267,18 @@ impl Reconciler {
         self.stopping.remove(&(job.id, record.number));
         tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
         Ok(true)
+    }
+
+    /// Runs the retention sweep when it is due; a failure is logged and retried next time.
+    async fn retention_sweep_when_due(&mut self) {
+        let Some(storage) = &self.storage else { return };
+        if self.retention_swept.is_some_and(|at| at.elapsed() < storage.retention_every) {
+            return;
+        }
+        self.retention_swept = Some(Instant::now());
+        if let Err(err) = crate::storage::retention_sweep(&self.store, storage, &*self.executor).await {
+            tracing::warn!(%err, "retention sweep failed; retrying at the next one");
+        }
     }
 
     fn stop(&mut self, attempt: &AttemptRef) {
