@@ -215,13 +215,10 @@ impl App {
         let size = self
             .storage
             .objects
-            .list(&key)
+            .size_of(&key)
             .await
             .map_err(storage_error)?
-            .into_iter()
-            .find(|o| o.key == key)
-            .ok_or_else(|| Error::not_found(ObjectKind::Artifact))?
-            .size;
+            .ok_or_else(|| Error::not_found(ObjectKind::Artifact))?;
         let expires_at = chrono::Utc::now() + chrono::Duration::seconds(seconds as i64);
         let url = match self.storage.objects.presigned_get(&key, Duration::from_secs(seconds)).await {
             Ok(Some(url)) => url,

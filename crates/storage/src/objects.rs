@@ -224,6 +224,15 @@ impl ObjectStorage {
         }
     }
 
+    /// The object's size, or `None` when there is no such object.
+    pub async fn size_of(&self, key: &Path) -> Result<Option<u64>, StorageError> {
+        match self.store.head(&self.location(key)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// Every object under `prefix`, sorted by key.
     pub async fn list(&self, prefix: &Path) -> Result<Vec<ObjectInfo>, StorageError> {
         let mut objects: Vec<ObjectInfo> = self
