@@ -13,6 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use trainyard_tests::web::{WebClient, csrf_of};
 use trainyard_tests::{StatusCode, TestEnv, stderr, stdout};
 
 const BUCKET: &str = "trainyard";
@@ -515,6 +516,65 @@ async fn volumes_stay_within_the_storage_quota(backend: Backend) {
     assert!(stdout(&ls).contains("more\t5Gi\tReadWriteOnce\tstandard"), "{}", stdout(&ls));
 }
 
+async fn the_dashboard_shows_artefacts_datasets_and_volumes(backend: Backend) {
+    let (env, _store) = start(&backend).await;
+    let id = finished_job(&env, json!(["true"]), 1).await;
+    let content = b"dashboard artefact".to_vec();
+    let (status, _) = upload(&env, &env.admin_token, &id, "eval/report 1.txt", content.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let web = WebClient::signed_in(&env.server.url, &env.admin_token).await;
+
+    // The job's page lists the artefact with its hash; its link is a fresh signed download.
+    let (status, page) = web.get(&format!("/jobs/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("eval/report 1.txt") && page.contains(&hex(&Sha256::digest(&content))), "{page}");
+    let href = format!("/jobs/{id}/artifacts/eval/report%201.txt");
+    assert!(page.contains(&format!("href=\"{href}\"")), "{page}");
+    let (status, location) = web.redirect_of(&href).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let url = reqwest::Url::parse(&env.server.url).unwrap().join(&location.unwrap()).unwrap();
+    assert_eq!(reqwest::get(url).await.unwrap().bytes().await.unwrap().to_vec(), content);
+
+    let (status, page) = web.get("/datasets").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("No datasets registered yet") && page.contains("href=\"/volumes\""), "{page}");
+
+    // Volumes: create, over the quota (the message on the page), delete.
+    let policy = json!({"storage_quota_bytes": 3u64 << 30});
+    env.call(Method::PUT, "/api/v1/admin/tenants/default/storage", Some(&env.admin_token), Some(&policy)).await;
+    let (_, page) = web.get("/volumes").await;
+    let csrf = csrf_of(&page);
+    let form = |name: &'static str, size: &'static str| {
+        vec![
+            ("csrf", csrf.clone()),
+            ("name", name.into()),
+            ("size", size.into()),
+            ("access_mode", "ReadWriteMany".into()),
+        ]
+    };
+    let post = |fields: Vec<(&'static str, String)>| {
+        let web = &web;
+        async move {
+            let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            web.post_form("/volumes", &fields).await
+        }
+    };
+    assert_eq!(post(form("scratch", "2Gi")).await.0, StatusCode::SEE_OTHER);
+    let (status, page) = post(form("too-big", "2Gi")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(page.contains("storage quota"), "{page}");
+    let (_, page) = web.get("/volumes").await;
+    assert!(page.contains("scratch") && page.contains("ReadWriteMany") && !page.contains("too-big"), "{page}");
+    let (status, _) = web.post_form("/volumes/scratch/delete", &[("csrf", &csrf)]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(web.get("/volumes").await.1.contains("No volumes yet"));
+
+    // Another tenant's member gets nothing of it.
+    env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    let bob = WebClient::signed_in(&env.server.url, &env.member("team-b", "bob", "admin").await).await;
+    assert_eq!(bob.redirect_of(&href).await.0, StatusCode::NOT_FOUND);
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -542,4 +602,5 @@ on_both_backends!(
     path_traversal_is_refused_and_reads_nothing,
     tenants_cannot_reach_each_others_artifacts_or_volumes,
     volumes_stay_within_the_storage_quota,
+    the_dashboard_shows_artefacts_datasets_and_volumes,
 );
