@@ -575,6 +575,37 @@ async fn the_dashboard_shows_artefacts_datasets_and_volumes(backend: Backend) {
     assert_eq!(bob.redirect_of(&href).await.0, StatusCode::NOT_FOUND);
 }
 
+/// A `volume` template parameter takes a volume's name; the job gets its directory. Not
+/// backend-specific, so it runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_parameter_mounts_the_named_volume() {
+    let (env, _store) = start(&Backend::Local).await;
+    let folder = env.dir.path().join("writer");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("template.yaml"),
+        "name: writer\nversion: 1.0.0\ndescription: Writes into a volume.\n\
+         parameters:\n  scratch:\n    type: volume\n    required: true\n    help: Where to write.\n\
+         command:\n  - sh\n  - -c\n  - echo from-the-job > \"$0/out.txt\"\n  - \"{{ scratch }}\"\n",
+    )
+    .unwrap();
+    let pushed = env.yard(&env.admin_token, &["templates", "push", folder.to_str().unwrap()]);
+    assert!(pushed.status.success(), "{}", stderr(&pushed));
+
+    let (status, body) =
+        env.post("/api/v1/templates/writer/jobs", &env.admin_token, &json!({"params": {"scratch": "nope"}})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "params.scratch");
+
+    let (status, volume) =
+        env.post("/api/v1/volumes", &env.admin_token, &json!({"name": "scratch", "size": "1Gi"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{volume}");
+    let ran = env.yard(&env.admin_token, &["run", "writer", "--set", "scratch=scratch", "--wait"]);
+    assert!(ran.status.success(), "{} {}", stdout(&ran), stderr(&ran));
+    let written = Path::new(volume["path"].as_str().unwrap()).join("out.txt");
+    assert_eq!(std::fs::read_to_string(written).unwrap(), "from-the-job\n");
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

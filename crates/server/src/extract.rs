@@ -104,7 +104,10 @@ impl FromRequestParts<AppState> for Auth {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer_token(parts)?;
         if token.starts_with(JOB_TOKEN_PREFIX) {
-            return Err(Error::Unauthenticated("a job token can only post metrics for its own job".into()).into());
+            return Err(Error::Unauthenticated(
+                "a job token can only post metrics, outputs and artefacts for its own job".into(),
+            )
+            .into());
         }
         Ok(Auth(state.app.store.token_authenticate(token).await?))
     }
