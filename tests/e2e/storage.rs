@@ -299,6 +299,8 @@ async fn retention_removes_at_the_configured_age_and_not_before(backend: Backend
     wait_until("artefacts removed", Duration::from_secs(15), || async { store.keys().is_empty() }).await;
     let (_, list) = env.get(&format!("/api/v1/jobs/{id}/artifacts"), &env.admin_token).await;
     assert_eq!(list, json!([]));
+    let (status, _) = upload(&env, &env.admin_token, &id, "late.pt", b"x".to_vec()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "nothing new under a swept job, which retention never revisits");
 }
 
 async fn signed_links_work_until_expiry_and_refuse_tampering(backend: Backend) {

@@ -183,6 +183,10 @@ impl App {
         };
         let path = artifact_path(path)?;
         self.store.job_get(tenant_id, job_id).await?;
+        if self.store.job_storage_expiry(tenant_id, job_id).await?.artifacts.is_some() {
+            // Retention never looks at this job again: an upload now would be kept forever.
+            return Err(Error::Conflict("this job's artefacts were removed by its tenant's retention policy".into()));
+        }
         let key = keys::artifact_key(tenant_id, job_id, &path);
         let uploaded =
             self.storage.objects.upload(&key, body, self.storage.max_artifact_bytes).await.map_err(storage_error)?;

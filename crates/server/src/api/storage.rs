@@ -41,6 +41,7 @@ pub async fn artifacts_list(
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 422, description = "A path that could leave the job's folder, or a body over the limit", body = ErrorBody),
+        (status = 409, description = "Retention removed this job's artefacts", body = ErrorBody),
     ))]
 pub async fn artifact_upload(
     State(state): State<AppState>,
