@@ -488,10 +488,9 @@ async fn tenants_cannot_reach_each_others_artifacts_or_volumes(backend: Backend)
 
 async fn volumes_stay_within_the_storage_quota(backend: Backend) {
     let (env, _store) = start(&backend).await;
-    let policy = json!({"storage_quota_bytes": 10u64 << 30});
-    let (status, _) =
-        env.call(Method::PUT, "/api/v1/admin/tenants/default/storage", Some(&env.admin_token), Some(&policy)).await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    let set =
+        env.yard(&env.admin_token, &["storage", "set", "default", "--quota", "10Gi", "--log-retention-days", "7"]);
+    assert!(set.status.success(), "{}", stderr(&set));
 
     let create =
         env.yard(&env.admin_token, &["volumes", "create", "data", "--size", "6Gi", "--access-mode", "ReadWriteMany"]);
@@ -516,6 +515,8 @@ async fn volumes_stay_within_the_storage_quota(backend: Backend) {
     assert_eq!(status, StatusCode::CREATED);
     let ls = env.yard(&env.admin_token, &["volumes", "ls"]);
     assert!(stdout(&ls).contains("more\t5Gi\tReadWriteOnce\tstandard"), "{}", stdout(&ls));
+    let show = env.yard(&env.admin_token, &["storage", "show"]);
+    assert!(stdout(&show).contains("logs kept 7 days") && stdout(&show).contains("5Gi of 10Gi"), "{}", stdout(&show));
 }
 
 async fn the_dashboard_shows_artefacts_datasets_and_volumes(backend: Backend) {

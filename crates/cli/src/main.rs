@@ -111,6 +111,11 @@ enum Command {
         #[command(subcommand)]
         command: storage::VolumesCommand,
     },
+    /// Your tenant's storage policy (retention, quota) and volume use; admins set it.
+    Storage {
+        #[command(subcommand)]
+        command: storage::StorageCommand,
+    },
     /// Your API tokens.
     Tokens {
         #[command(subcommand)]
@@ -501,6 +506,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Artifacts { command } => storage::artifacts(&client, out, command).await,
         Command::Volumes { command } => storage::volumes(&client, out, command).await,
+        Command::Storage { command } => storage::storage(&client, out, command).await,
         Command::Quota => {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
             output::print(out, &report, output::quota)

@@ -1,5 +1,6 @@
 //! `yard artifacts` and `yard volumes`: a job's artefacts (list, download through a signed
-//! link with a progress bar, upload) and the tenant's named volumes.
+//! link with a progress bar, upload) and the tenant's named volumes; `yard storage`: the tenant's
+//! storage policy and use.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,7 +10,9 @@ use clap::Subcommand;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::io::AsyncWriteExt;
-use trainyard_core::api::{AccessMode, Artifact, ArtifactLink, ArtifactUploaded, Volume, VolumeCreate};
+use trainyard_core::api::{
+    AccessMode, Artifact, ArtifactLink, ArtifactUploaded, StoragePolicy, StorageReport, Volume, VolumeCreate,
+};
 use trainyard_core::resources::Memory;
 
 use crate::Output;
@@ -49,6 +52,24 @@ pub enum VolumesCommand {
     /// Delete a volume and its content.
     Delete {
         name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum StorageCommand {
+    /// Your tenant's retention, storage quota and volume use.
+    Show,
+    /// Replace a tenant's storage policy (platform admins). An option left out means keep
+    /// forever / no limit.
+    Set {
+        tenant: String,
+        #[arg(long)]
+        log_retention_days: Option<u32>,
+        #[arg(long)]
+        artifact_retention_days: Option<u32>,
+        /// Bytes or a quantity such as 10Ti.
+        #[arg(long, value_parser = Memory::parse)]
+        quota: Option<Memory>,
     },
 }
 
@@ -130,7 +151,9 @@ async fn download(client: &Client, link: &ArtifactLink, target: &Path) -> anyhow
     let bar = if to_stdout { ProgressBar::hidden() } else { progress_bar(link.size_bytes, "downloading") };
     // Written next to the target and renamed at the end, so a broken download leaves no file
     // that looks complete.
-    let partial = target.with_extension("part");
+    let mut partial = target.as_os_str().to_owned();
+    partial.push(".part");
+    let partial = PathBuf::from(partial);
     let mut sink: Box<dyn tokio::io::AsyncWrite + Unpin> = if to_stdout {
         Box::new(tokio::io::stdout())
     } else {
@@ -174,6 +197,37 @@ pub async fn volumes(client: &Client, out: Output, command: VolumesCommand) -> a
         VolumesCommand::Delete { name } => {
             client.delete(&format!("/api/v1/volumes/{name}")).await?;
             eprintln!("deleted volume {name}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+pub async fn storage(client: &Client, out: Output, command: StorageCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        StorageCommand::Show => {
+            let report: StorageReport = client.get("/api/v1/storage").await?;
+            output::print(out, &report, |r| {
+                let days = |d: Option<u32>| d.map(|d| format!("{d} days")).unwrap_or_else(|| "forever".into());
+                let quota = r.policy.storage_quota_bytes.map(|q| Memory(q).to_string()).unwrap_or("no limit".into());
+                format!(
+                    "tenant {}\nlogs kept {} after a job ends, artefacts {}\nvolumes: {} using {} of {}\n",
+                    r.tenant,
+                    days(r.policy.log_retention_days),
+                    days(r.policy.artifact_retention_days),
+                    r.volumes,
+                    Memory(r.volume_bytes),
+                    quota
+                )
+            })
+        }
+        StorageCommand::Set { tenant, log_retention_days, artifact_retention_days, quota } => {
+            let policy = StoragePolicy {
+                log_retention_days,
+                artifact_retention_days,
+                storage_quota_bytes: quota.map(Memory::bytes),
+            };
+            client.put(&format!("/api/v1/admin/tenants/{tenant}/storage"), &policy).await?;
+            eprintln!("storage policy of {tenant} set");
             Ok(ExitCode::SUCCESS)
         }
     }

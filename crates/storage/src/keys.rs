@@ -82,6 +82,17 @@ mod tests {
         assert_eq!(tenant_of(&key), Some(t));
     }
 
+    #[test]
+    fn keys_survive_a_trip_through_text() {
+        // A signed URL carries the key as text; parsing it must give the very same key.
+        let (t, j) = (Uuid::nil(), Uuid::from_u128(1));
+        for text in ["100%", "a#b/c d.txt", "x[1]{2}^~`|<>\"", "ünï/名前"] {
+            let key = artifact_key(t, j, &relative_path(text).unwrap());
+            assert_eq!(Path::parse(key.as_ref()).unwrap(), key, "{text}");
+            assert_eq!(artifact_path_of(t, j, &key).as_deref(), Some(text));
+        }
+    }
+
     proptest! {
         /// Whatever path is accepted, its key stays under the job's artefacts prefix and reads
         /// back as the same path.
