@@ -59,9 +59,8 @@ pub struct Reconciler {
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
     /// this on restart is harmless: the next pass signals again.
     stopping: HashMap<(Uuid, i32), Instant>,
-    /// Where ended attempts' logs are archived; the retention sweep's last run.
-    storage: Option<Arc<crate::storage::Storage>>,
-    retention_swept: Option<Instant>,
+    /// Archives ended attempts' logs and sweeps by retention (see [`crate::storage`]).
+    storage: Option<crate::storage::StorageLoop>,
 }
 
 impl Reconciler {
@@ -72,21 +71,12 @@ impl Reconciler {
         wake: Arc<Notify>,
         settings: ReconcilerSettings,
     ) -> Self {
-        Reconciler {
-            store,
-            executor,
-            templates,
-            wake,
-            settings,
-            stopping: HashMap::new(),
-            storage: None,
-            retention_swept: None,
-        }
+        Reconciler { store, executor, templates, wake, settings, stopping: HashMap::new(), storage: None }
     }
 
     /// Archives logs to this store when attempts end, and sweeps it by the tenants' retention.
     pub fn with_storage(mut self, storage: Arc<crate::storage::Storage>) -> Self {
-        self.storage = Some(storage);
+        self.storage = Some(crate::storage::StorageLoop::new(storage));
         self
     }
 
@@ -161,7 +151,9 @@ impl Reconciler {
             self.launch(job).await?;
             launched = true;
         }
-        self.retention_sweep_when_due().await;
+        if let Some(storage) = self.storage.as_mut() {
+            storage.retention_sweep_when_due(&self.store, &*self.executor).await;
+        }
         if launched || !ended.is_empty() {
             // Capacity was freed, a restart is due, or new replicas should be seen running: go
             // again now rather than at the next tick.
@@ -250,9 +242,7 @@ impl Reconciler {
         // of its processes is left. Repeating this after a failed write below is harmless.
         self.executor.release(&attempt).await;
         if let Some(storage) = &self.storage {
-            let replicas = job.spec.replicas;
-            crate::storage::logs_archive(storage, &*self.executor, job.tenant_id, job.id, record.number, replicas)
-                .await;
+            storage.logs_archive(&*self.executor, job.tenant_id, job.id, record.number, job.spec.replicas).await;
         }
         self.store
             .attempt_end(AttemptEnd {
@@ -267,18 +257,6 @@ impl Reconciler {
         self.stopping.remove(&(job.id, record.number));
         tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
         Ok(true)
-    }
-
-    /// Runs the retention sweep when it is due; a failure is logged and retried next time.
-    async fn retention_sweep_when_due(&mut self) {
-        let Some(storage) = &self.storage else { return };
-        if self.retention_swept.is_some_and(|at| at.elapsed() < storage.retention_every) {
-            return;
-        }
-        self.retention_swept = Some(Instant::now());
-        if let Err(err) = crate::storage::retention_sweep(&self.store, storage, &*self.executor).await {
-            tracing::warn!(%err, "retention sweep failed; retrying at the next one");
-        }
     }
 
     fn stop(&mut self, attempt: &AttemptRef) {

@@ -344,6 +344,42 @@ impl App {
     }
 }
 
+/// The control loop's part of storage: archiving logs as attempts end, and the retention sweep
+/// when it is due. Held by the reconciler (so it runs only on the leader).
+pub struct StorageLoop {
+    storage: std::sync::Arc<Storage>,
+    swept: Option<std::time::Instant>,
+}
+
+impl StorageLoop {
+    pub fn new(storage: std::sync::Arc<Storage>) -> StorageLoop {
+        StorageLoop { storage, swept: None }
+    }
+
+    /// See [`logs_archive`].
+    pub async fn logs_archive(
+        &self,
+        executor: &dyn Executor,
+        tenant_id: Uuid,
+        job_id: Uuid,
+        attempt: i32,
+        replicas: u32,
+    ) {
+        logs_archive(&self.storage, executor, tenant_id, job_id, attempt, replicas).await;
+    }
+
+    /// Runs the retention sweep when it is due; a failure is logged and retried next time.
+    pub async fn retention_sweep_when_due(&mut self, store: &Store, executor: &dyn Executor) {
+        if self.swept.is_some_and(|at| at.elapsed() < self.storage.retention_every) {
+            return;
+        }
+        self.swept = Some(std::time::Instant::now());
+        if let Err(err) = retention_sweep(store, &self.storage, executor).await {
+            tracing::warn!(%err, "retention sweep failed; retrying at the next one");
+        }
+    }
+}
+
 /// Copies each replica's log of an ended attempt to the object store. Failures are logged, not
 /// returned: an attempt's end is recorded whether or not its logs could be archived.
 pub async fn logs_archive(
