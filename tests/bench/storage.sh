@@ -29,7 +29,7 @@ rate() { awk -v mib="$mib" -v s="$1" 'BEGIN { printf "%.2f s  %.0f MiB/s", s, mi
 seconds() { local start=$(date +%s.%N); "$@" >/dev/null; echo "$(date +%s.%N) - $start" | bc; }
 
 echo "== $mib MiB, $(nproc) cores"
-echo "cp (then sync):            $(rate "$(seconds sh -c "cp '$work/blob' '$work/blob.copy' && sync '$work/blob.copy'")")"
+printf '%-27s%s\n' "cp (then sync):" "$(rate "$(seconds sh -c "cp '$work/blob' '$work/blob.copy' && sync '$work/blob.copy'")")"
 rm -f "$work/blob.copy"
 
 # One server per backend: (name, extra serve arguments).
@@ -62,6 +62,6 @@ for backend in local s3; do
   back=$(sha256sum "$work/back.bin" | cut -d' ' -f1)
   [ "$back" = "$sha" ] || { echo "$backend: the download differs from the upload"; exit 1; }
   rm -f "$work/back.bin"
-  echo "$backend upload via server:   $(rate "$up")"
-  echo "$backend download, signed:    $(rate "$down")"
+  printf '%-27s%s\n' "$backend upload via server:" "$(rate "$up")"
+  printf '%-27s%s\n' "$backend download, signed:" "$(rate "$down")"
 done

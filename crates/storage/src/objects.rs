@@ -13,12 +13,15 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::signer::Signer;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
+use tokio_util::io::ReaderStream;
 
 /// The smallest part S3 accepts (all but the last part of a multipart upload).
 pub const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
+/// The chunk size of streamed local reads.
+const DOWNLOAD_CHUNK: usize = 256 * 1024;
 /// Parts uploaded at once in a multipart upload.
 const PARTS_IN_FLIGHT: usize = 4;
 
@@ -217,7 +220,17 @@ impl ObjectStorage {
         match self.store.get(&self.location(key)).await {
             Ok(result) => {
                 let size = result.meta.size;
-                Ok(Some((size, result.into_stream().map_err(StorageError::from).boxed())))
+                let stream = match result.payload {
+                    // A local file: read it in large chunks (object_store's own stream uses 8 KiB).
+                    GetResultPayload::File(mut file, _) => {
+                        use std::io::Seek;
+                        file.seek(std::io::SeekFrom::Start(result.range.start))?;
+                        let reader = tokio::fs::File::from_std(file).take(result.range.end - result.range.start);
+                        ReaderStream::with_capacity(reader, DOWNLOAD_CHUNK).map_err(StorageError::from).boxed()
+                    }
+                    GetResultPayload::Stream(stream) => stream.map_err(StorageError::from).boxed(),
+                };
+                Ok(Some((size, stream)))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(err) => Err(err.into()),
