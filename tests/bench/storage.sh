@@ -16,7 +16,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-bench.XXXXXX")
 chmod 755 "$work"
 pids=()
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  # `|| true`: under `set -e` a killed child's status would end the cleanup early.
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   "$trainyard" postgres stop --dir "$work/pg" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
