@@ -9,6 +9,7 @@ mod jobs;
 mod recovery;
 mod scheduling;
 mod schema;
+mod storage;
 mod templates;
 mod tenancy;
 mod training;

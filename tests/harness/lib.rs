@@ -76,6 +76,7 @@ pub struct ServerProcess {
     child: Child,
     pub url: String,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl ServerProcess {
@@ -85,6 +86,11 @@ impl ServerProcess {
 
     /// Starts with extra `trainyard serve` arguments (e.g. `--simulate-gpus 8`).
     pub fn start_with(db_url: &str, data_dir: &Path, extra: &[&str]) -> ServerProcess {
+        ServerProcess::start_with_env(db_url, data_dir, extra, &[])
+    }
+
+    /// Also with extra environment variables (e.g. object store credentials).
+    pub fn start_with_env(db_url: &str, data_dir: &Path, extra: &[&str], env: &[(String, String)]) -> ServerProcess {
         std::fs::create_dir_all(data_dir).unwrap();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(data_dir.join("server.log")).unwrap();
         let mut child = Command::new(bin("trainyard"))
@@ -95,6 +101,7 @@ impl ServerProcess {
             .env("PATH", job_path())
             .env("TRAINYARD_DATABASE_URL", db_url)
             .env("RUST_LOG", "info,sqlx=warn")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -116,7 +123,7 @@ impl ServerProcess {
         };
         // Keep reading so that the server never writes into a closed pipe.
         std::thread::spawn(move || lines.for_each(drop));
-        ServerProcess { child, url, extra: extra.iter().map(|s| s.to_string()).collect() }
+        ServerProcess { child, url, extra: extra.iter().map(|s| s.to_string()).collect(), env: env.to_vec() }
     }
 
     /// SIGKILL: the server dies without any cleanup, as in a crash.
@@ -155,6 +162,11 @@ impl TestEnv {
 
     /// A server started with extra `trainyard serve` arguments.
     pub async fn start_with(extra: &[&str]) -> TestEnv {
+        TestEnv::start_with_env(extra, &[]).await
+    }
+
+    /// A server started with extra arguments and environment variables.
+    pub async fn start_with_env(extra: &[&str], env: &[(String, String)]) -> TestEnv {
         let db = TestDb::fresh().await;
         let dir = tempfile::Builder::new().prefix("trainyard-test-").tempdir().unwrap();
         let output = Command::new(bin("trainyard"))
@@ -164,7 +176,7 @@ impl TestEnv {
             .expect("run trainyard bootstrap");
         assert!(output.status.success(), "bootstrap failed: {}", String::from_utf8_lossy(&output.stderr));
         let admin_token = String::from_utf8(output.stdout).unwrap().trim().to_string();
-        let server = ServerProcess::start_with(&db.url, &dir.path().join("data"), extra);
+        let server = ServerProcess::start_with_env(&db.url, &dir.path().join("data"), extra, env);
         TestEnv { db, dir, server, admin_token, http: reqwest::Client::new() }
     }
 
@@ -176,7 +188,8 @@ impl TestEnv {
         self.server.kill_hard();
         let extra: Vec<String> = self.server.extra.clone();
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        self.server = ServerProcess::start_with(&self.db.url, &self.data_dir(), &extra);
+        let env = self.server.env.clone();
+        self.server = ServerProcess::start_with_env(&self.db.url, &self.data_dir(), &extra, &env);
     }
 
     /// Sends a request; returns the status and the JSON body (Null when there is none).

@@ -43,6 +43,13 @@ impl WebClient {
         (response.status(), response.text().await.unwrap())
     }
 
+    /// The status and `Location` of a GET that redirects (a download button).
+    pub async fn redirect_of(&self, path: &str) -> (StatusCode, Option<String>) {
+        let response = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let location = response.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_string);
+        (response.status(), location)
+    }
+
     pub async fn post_form(&self, path: &str, form: &[(&str, &str)]) -> (StatusCode, String) {
         let response = self.http.post(format!("{}{path}", self.base)).form(form).send().await.unwrap();
         (response.status(), response.text().await.unwrap())

@@ -59,6 +59,22 @@ impl Client {
         Ok(())
     }
 
+    /// PUT of a streamed body (an artefact); the JSON answer decoded.
+    pub async fn put_body<T: DeserializeOwned>(&self, path: &str, body: reqwest::Body, len: u64) -> anyhow::Result<T> {
+        let request = self
+            .request(Method::PUT, path)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .header(reqwest::header::CONTENT_LENGTH, len)
+            .body(body);
+        decode(self.send(request).await?).await
+    }
+
+    /// A URL the server gave: absolute as it is, relative against the server's URL.
+    pub fn resolve(&self, url: &str) -> anyhow::Result<reqwest::Url> {
+        let base = reqwest::Url::parse(&self.config.url)?;
+        Ok(base.join(url)?)
+    }
+
     /// A streaming GET (logs): the response, checked for errors, body not yet read.
     pub async fn get_stream(&self, path: &str) -> anyhow::Result<Response> {
         self.send(self.request(Method::GET, path)).await

@@ -4,6 +4,7 @@
 mod client;
 mod config;
 mod output;
+mod storage;
 mod templates;
 
 use std::collections::BTreeMap;
@@ -99,6 +100,21 @@ enum Command {
     Datasets {
         #[command(subcommand)]
         command: DatasetsCommand,
+    },
+    /// A job's artefacts: list, download (signed link, progress bar), upload.
+    Artifacts {
+        #[command(subcommand)]
+        command: storage::ArtifactsCommand,
+    },
+    /// The tenant's named volumes.
+    Volumes {
+        #[command(subcommand)]
+        command: storage::VolumesCommand,
+    },
+    /// Your tenant's storage policy (retention, quota) and volume use; admins set it.
+    Storage {
+        #[command(subcommand)]
+        command: storage::StorageCommand,
     },
     /// Your API tokens.
     Tokens {
@@ -488,6 +504,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let d: Dataset = client.post("/api/v1/datasets", &body).await?;
             output::print(out, &d, |d| format!("registered {}@{} ({})\n", d.name, d.version, d.content_hash))
         }
+        Command::Artifacts { command } => storage::artifacts(&client, out, command).await,
+        Command::Volumes { command } => storage::volumes(&client, out, command).await,
+        Command::Storage { command } => storage::storage(&client, out, command).await,
         Command::Quota => {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
             output::print(out, &report, output::quota)

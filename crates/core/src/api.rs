@@ -421,3 +421,112 @@ pub struct DatasetUse {
     pub uri: String,
     pub content_hash: String,
 }
+
+/// One artefact of a job: a file its engine (or a member) uploaded, kept in object storage.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Artifact {
+    /// Relative to the job's artefacts, e.g. `checkpoints/step-100.pt`.
+    pub path: String,
+    pub size_bytes: u64,
+    /// Hex SHA-256, known when the file came through the upload endpoint.
+    pub sha256: Option<String>,
+    pub modified_at: DateTime<Utc>,
+}
+
+/// What an upload stored.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ArtifactUploaded {
+    pub path: String,
+    pub size_bytes: u64,
+    pub sha256: String,
+    /// Parts of the multipart upload (1 when the body fit in one part).
+    pub parts: usize,
+}
+
+/// A short-lived download link for one artefact: fetch `url` with no credentials before
+/// `expires_at`. Relative for the local store (served by this server), absolute for S3.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ArtifactLink {
+    pub path: String,
+    pub url: String,
+    pub expires_at: DateTime<Utc>,
+    pub size_bytes: u64,
+}
+
+/// How a volume may be mounted (the Kubernetes access modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
+pub enum AccessMode {
+    #[default]
+    ReadWriteOnce,
+    ReadOnlyMany,
+    ReadWriteMany,
+}
+
+impl AccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::ReadWriteOnce => "ReadWriteOnce",
+            AccessMode::ReadOnlyMany => "ReadOnlyMany",
+            AccessMode::ReadWriteMany => "ReadWriteMany",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<AccessMode> {
+        [AccessMode::ReadWriteOnce, AccessMode::ReadOnlyMany, AccessMode::ReadWriteMany]
+            .into_iter()
+            .find(|m| m.as_str() == text)
+    }
+}
+
+/// A tenant's named volume, shared by its jobs (a `volume` template parameter resolves to it).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Volume {
+    pub name: String,
+    pub size_bytes: u64,
+    pub access_mode: AccessMode,
+    pub storage_class: String,
+    /// Where jobs find it (a directory under the data directory for the local executor).
+    pub path: String,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Creates a volume. Its size counts against the tenant's storage quota.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeCreate {
+    /// 1 to 63 lowercase letters, digits or '-'.
+    pub name: String,
+    /// Bytes, or a quantity such as "10Gi".
+    #[schema(value_type = String, example = "10Gi")]
+    pub size: crate::resources::Memory,
+    #[serde(default)]
+    pub access_mode: AccessMode,
+    /// Default `standard`.
+    #[serde(default)]
+    pub storage_class: Option<String>,
+}
+
+/// A tenant's storage policy (platform admins set it). `null` keeps forever / sets no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StoragePolicy {
+    /// Days after a job ends that its archived logs are kept.
+    #[serde(default)]
+    pub log_retention_days: Option<u32>,
+    /// Days after a job ends that its artefacts are kept.
+    #[serde(default)]
+    pub artifact_retention_days: Option<u32>,
+    /// The most bytes the tenant's volumes may add up to.
+    #[serde(default)]
+    pub storage_quota_bytes: Option<u64>,
+}
+
+/// The caller's tenant: its storage policy and what its volumes use.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StorageReport {
+    pub tenant: String,
+    pub policy: StoragePolicy,
+    pub volumes: u64,
+    pub volume_bytes: u64,
+}

@@ -44,6 +44,8 @@ pub enum ObjectKind {
     Route,
     Template,
     Dataset,
+    Artifact,
+    Volume,
 }
 
 impl fmt::Display for ObjectKind {
@@ -58,6 +60,8 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Route => "route",
             ObjectKind::Template => "template",
             ObjectKind::Dataset => "dataset",
+            ObjectKind::Artifact => "artifact",
+            ObjectKind::Volume => "volume",
         })
     }
 }

@@ -279,6 +279,12 @@ pub trait Executor: Send + Sync + 'static {
         replica: u32,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError>;
 
+    /// Removes an ended job's logs from wherever the executor keeps them (retention; the
+    /// archived copies are in the object store). Nothing to do by default.
+    async fn logs_remove(&self, _job_id: Uuid) -> Result<(), ExecutorError> {
+        Ok(())
+    }
+
     /// Wakes when something may have changed (a replica exited), so the reconciler need not
     /// wait for its next tick.
     fn changes(&self) -> std::sync::Arc<tokio::sync::Notify>;

@@ -32,6 +32,8 @@ pub struct App {
     /// Pokes the reconciler so a submit or a cancel is acted on now, not at the next tick.
     pub reconciler_wake: Arc<Notify>,
     pub templates: Arc<Templates>,
+    /// The object store and volumes (see [`crate::storage`]).
+    pub storage: Arc<crate::storage::Storage>,
 }
 
 /// What a template run did.
@@ -112,6 +114,20 @@ impl App {
                 uri: dataset.uri,
                 content_hash: dataset.content_hash,
             });
+        }
+        // A volume parameter names one of the tenant's volumes: the job gets its path.
+        for (param, spec) in &template.manifest.parameters {
+            if spec.kind != trainyard_templates::ParamKind::Volume {
+                continue;
+            }
+            let Some(name) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
+            let path = self.volume_path(caller.tenant_id, &name).await.map_err(|err| match err {
+                Error::NotFound { .. } => {
+                    Error::invalid(format!("params.{param}"), format!("no volume {name} exists in your tenant"))
+                }
+                other => other,
+            })?;
+            values.insert(param.clone(), serde_json::Value::String(path));
         }
         let spec = template.render(&values)?;
         // The job-level fields pass the same checks as a direct submit.

@@ -10,6 +10,7 @@ use trainyard_store::Store;
 
 use crate::Server;
 use crate::reconciler::ReconcilerSettings;
+use crate::storage::StorageArgs;
 
 /// Which backend runs the jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -27,7 +28,7 @@ pub struct KubeExecutorArgs {
     /// The image every replica runs; required with `--executor kubernetes`.
     #[arg(long)]
     pub kube_image: Option<String>,
-    /// Tenant namespaces are this prefix and the tenant's id.
+    /// Tenant namespaces are this prefix and the tenant's name.
     #[arg(long, default_value = "trainyard-")]
     pub kube_namespace_prefix: String,
     /// The node label whose value is the node's GPU type.
@@ -49,6 +50,7 @@ pub async fn kube_server(
     store: Store,
     data_dir: &Path,
     args: &KubeExecutorArgs,
+    storage: &StorageArgs,
     settings: ReconcilerSettings,
 ) -> anyhow::Result<Server> {
     let image = args.kube_image.clone().context("--kube-image is required with --executor kubernetes")?;
@@ -60,5 +62,6 @@ pub async fn kube_server(
     config.client_burst = args.kube_burst;
     config.termination_grace = settings.grace;
     let executor = KubernetesExecutor::connect(config).await.context("connecting to Kubernetes")?;
-    Server::new(store, Arc::new(executor), settings).map_err(anyhow::Error::msg)
+    let storage = storage.open(data_dir).context("opening the object store")?;
+    Server::new(store, Arc::new(executor), storage, settings).map_err(anyhow::Error::msg)
 }

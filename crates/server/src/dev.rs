@@ -14,6 +14,7 @@ use trainyard_store::embedded::{Durability, EmbeddedPostgres};
 
 use crate::Server;
 use crate::reconciler::ReconcilerSettings;
+use crate::storage::StorageArgs;
 
 pub const DEFAULT_TENANT: &str = "default";
 pub const DEFAULT_ADMIN: &str = "admin";
@@ -25,6 +26,7 @@ pub struct DevOptions {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub local: LocalExecutorArgs,
+    pub storage: StorageArgs,
 }
 
 /// Settings of the local executor, shared by `trainyard dev` and `trainyard serve`.
@@ -47,6 +49,7 @@ pub fn local_server(
     store: Store,
     data_dir: &Path,
     local: &LocalExecutorArgs,
+    storage: &StorageArgs,
     settings: ReconcilerSettings,
 ) -> anyhow::Result<Server> {
     let supervisor = std::env::current_exe().context("finding the trainyard binary to supervise replicas")?;
@@ -58,7 +61,8 @@ pub fn local_server(
         simulated_gpus: local.simulate_gpus.map(|n| (n, local.simulate_gpu_type.clone())),
     })
     .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
-    Server::new(store, Arc::new(executor), settings).map_err(anyhow::Error::msg)
+    let storage = storage.open(data_dir).context("opening the object store")?;
+    Server::new(store, Arc::new(executor), storage, settings).map_err(anyhow::Error::msg)
 }
 
 pub async fn run(options: DevOptions) -> anyhow::Result<()> {
@@ -84,7 +88,8 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
         .await
         .with_context(|| format!("listening on {} (is another trainyard running?)", options.listen))?;
     let url = format!("http://{}", listener.local_addr()?);
-    let server = local_server(store.clone(), data_dir, &options.local, ReconcilerSettings::default())?;
+    let server =
+        local_server(store.clone(), data_dir, &options.local, &options.storage, ReconcilerSettings::default())?;
     if first_token.is_some() {
         // The default tenant starts with every GPU of this machine as its nominal quota.
         let mut by_type: std::collections::BTreeMap<String, u64> = Default::default();

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::storage::Uploader;
 
 /// The largest request body the API reads.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -103,7 +104,10 @@ impl FromRequestParts<AppState> for Auth {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer_token(parts)?;
         if token.starts_with(JOB_TOKEN_PREFIX) {
-            return Err(Error::Unauthenticated("a job token can only post metrics for its own job".into()).into());
+            return Err(Error::Unauthenticated(
+                "a job token can only post metrics, outputs and artefacts for its own job".into(),
+            )
+            .into());
         }
         Ok(Auth(state.app.store.token_authenticate(token).await?))
     }
@@ -121,6 +125,22 @@ impl FromRequestParts<AppState> for JobAuth {
             return Err(Error::Unauthenticated("metrics are posted by a job's engine with its job token".into()).into());
         }
         Ok(JobAuth(state.app.store.job_token_authenticate(token).await?))
+    }
+}
+
+/// Who uploads an artefact: the job's engine with its job token, or a member with an API token.
+pub struct UploadAuth(pub Uploader);
+
+impl FromRequestParts<AppState> for UploadAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let token = bearer_token(parts)?;
+        Ok(UploadAuth(if token.starts_with(JOB_TOKEN_PREFIX) {
+            Uploader::Job(state.app.store.job_token_authenticate(token).await?)
+        } else {
+            Uploader::User(state.app.store.token_authenticate(token).await?)
+        }))
     }
 }
 

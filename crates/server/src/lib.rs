@@ -6,6 +6,7 @@
 //! - [`error`], [`extract`]: how bad input and failures become typed JSON errors.
 //! - [`reconciler`]: the control loop (admission, launch, observation).
 //! - [`logs`]: reading and following replica logs.
+//! - [`storage`]: the object store, artefacts, volumes, log archiving and retention.
 //! - [`dev`]: `trainyard dev`, everything on one machine with a private Postgres.
 
 pub mod api;
@@ -17,6 +18,7 @@ pub mod extract;
 pub mod logs;
 pub mod reconciler;
 pub mod scheduling;
+pub mod storage;
 pub mod templates;
 mod web;
 
@@ -38,6 +40,7 @@ use trainyard_store::Store;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::reconciler::{Reconciler, ReconcilerSettings};
+use crate::storage::Storage;
 use crate::templates::Templates;
 
 /// What every handler can reach.
@@ -74,16 +77,23 @@ pub struct Server {
 
 impl Server {
     /// Loads the built-in templates (a broken one is an error naming it) and wires the parts.
-    pub fn new(store: Store, executor: Arc<dyn Executor>, settings: ReconcilerSettings) -> Result<Server, String> {
+    pub fn new(
+        store: Store,
+        executor: Arc<dyn Executor>,
+        storage: Storage,
+        settings: ReconcilerSettings,
+    ) -> Result<Server, String> {
         let templates = Arc::new(Templates::new(store.clone())?);
         let wake = Arc::new(Notify::new());
+        let storage = Arc::new(storage);
         let app = App {
             store: store.clone(),
             executor: Arc::clone(&executor),
             reconciler_wake: Arc::clone(&wake),
             templates: Arc::clone(&templates),
+            storage: Arc::clone(&storage),
         };
-        let reconciler = Reconciler::new(store, executor, templates, wake, settings);
+        let reconciler = Reconciler::new(store, executor, templates, wake, settings).with_storage(storage);
         Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler })
     }
 

@@ -1,4 +1,7 @@
-//! Reading a replica's log, once or following it until the job ends.
+//! Reading a replica's log, once or following it until the job ends. When the executor no
+//! longer has the file (the pod or the data directory is gone), the copy archived in the object
+//! store when the attempt ended is read instead; once retention removed a job's logs, there is
+//! no log to read.
 
 use std::time::Duration;
 
@@ -7,8 +10,10 @@ use futures::Stream;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::io::StreamReader;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::auth::{Action, Caller};
+use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
@@ -39,6 +44,9 @@ pub async fn job_logs(
     let job = app.store.job_get(caller.tenant_id, request.job_id).await?;
     if request.replica >= job.spec.replicas {
         return Err(Error::invalid("replica", format!("the job has {} replicas, numbered from 0", job.spec.replicas)));
+    }
+    if app.store.job_storage_expiry(caller.tenant_id, request.job_id).await?.logs.is_some() {
+        return Err(Error::not_found(ObjectKind::Log));
     }
     let attempts = app.store.job_attempts(caller.tenant_id, request.job_id).await?;
     if let Some(wanted) = request.attempt
@@ -135,7 +143,12 @@ impl Follower {
     }
 
     async fn open(&self, attempt: i32) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>> {
-        self.app.executor.log_reader(self.request.job_id, attempt, self.request.replica).await.map_err(Error::internal)
+        let (job_id, replica) = (self.request.job_id, self.request.replica);
+        if let Some(reader) = self.app.executor.log_reader(job_id, attempt, replica).await.map_err(Error::internal)? {
+            return Ok(Some(reader));
+        }
+        let archived = self.app.log_archived(self.tenant_id, job_id, attempt, replica).await?;
+        Ok(archived.map(|stream| Box::new(StreamReader::new(stream)) as Box<dyn AsyncRead + Send + Unpin>))
     }
 
     /// Sends what the reader has now. True when it sent something.

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use trainyard_server::cluster::{self, ExecutorKind, KubeExecutorArgs};
 use trainyard_server::dev::{self, DevOptions, LocalExecutorArgs};
 use trainyard_server::reconciler::ReconcilerSettings;
+use trainyard_server::storage::StorageArgs;
 use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
 
@@ -52,6 +53,8 @@ enum Command {
         listen: SocketAddr,
         #[command(flatten)]
         local: LocalExecutorArgs,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
     /// Production mode: Postgres by URL; applies pending migrations first.
     Serve {
@@ -71,6 +74,8 @@ enum Command {
         local: LocalExecutorArgs,
         #[command(flatten)]
         kube: KubeExecutorArgs,
+        #[command(flatten)]
+        storage: StorageArgs,
         /// Database connections in the pool.
         #[arg(long, default_value_t = 16)]
         max_connections: u32,
@@ -146,7 +151,9 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Dev { data_dir, listen, local } => dev::run(DevOptions { data_dir, listen, local }).await,
+        Command::Dev { data_dir, listen, local, storage } => {
+            dev::run(DevOptions { data_dir, listen, local, storage }).await
+        }
         Command::Serve {
             database_url,
             listen,
@@ -154,6 +161,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             executor,
             local,
             kube,
+            storage,
             max_connections,
             grace_seconds,
             public_url,
@@ -168,8 +176,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             };
             let data_dir = data_dir.canonicalize()?;
             let server = match executor {
-                ExecutorKind::Local => dev::local_server(store, &data_dir, &local, settings)?,
-                ExecutorKind::Kubernetes => cluster::kube_server(store, &data_dir, &kube, settings).await?,
+                ExecutorKind::Local => dev::local_server(store, &data_dir, &local, &storage, settings)?,
+                ExecutorKind::Kubernetes => cluster::kube_server(store, &data_dir, &kube, &storage, settings).await?,
             };
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.

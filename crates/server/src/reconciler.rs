@@ -63,6 +63,8 @@ pub struct Reconciler {
     stopping: HashMap<(Uuid, i32), Instant>,
     /// When leftovers were last collected; `None` until the first pass (after a restart).
     collected: Option<Instant>,
+    /// Archives ended attempts' logs and sweeps by retention (see [`crate::storage`]).
+    storage: Option<crate::storage::StorageLoop>,
 }
 
 impl Reconciler {
@@ -73,7 +75,22 @@ impl Reconciler {
         wake: Arc<Notify>,
         settings: ReconcilerSettings,
     ) -> Self {
-        Reconciler { store, executor, templates, wake, settings, stopping: HashMap::new(), collected: None }
+        Reconciler {
+            store,
+            executor,
+            templates,
+            wake,
+            settings,
+            stopping: HashMap::new(),
+            collected: None,
+            storage: None,
+        }
+    }
+
+    /// Archives logs to this store when attempts end, and sweeps it by the tenants' retention.
+    pub fn with_storage(mut self, storage: Arc<crate::storage::Storage>) -> Self {
+        self.storage = Some(crate::storage::StorageLoop::new(storage));
+        self
     }
 
     /// Where replicas reach the API, unless configured: the address the server listens on.
@@ -147,6 +164,9 @@ impl Reconciler {
         for job in launchable {
             self.launch(job).await?;
             launched = true;
+        }
+        if let Some(storage) = self.storage.as_mut() {
+            storage.retention_sweep_when_due(&self.store, &*self.executor).await;
         }
         if launched || !ended.is_empty() {
             // Capacity was freed, a restart is due, or new replicas should be seen running: go
@@ -275,6 +295,9 @@ impl Reconciler {
         // Free what the attempt still holds first, so that once the state says it ended, none
         // of its processes is left. Repeating this after a failed write below is harmless.
         self.executor.release(&attempt).await;
+        if let Some(storage) = &self.storage {
+            storage.logs_archive(&*self.executor, job.tenant_id, job.id, record.number, job.spec.replicas).await;
+        }
         self.store
             .attempt_end(AttemptEnd {
                 job_id: job.id,

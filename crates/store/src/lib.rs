@@ -19,6 +19,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod reconcile;
 pub mod sessions;
+pub mod storage;
 pub mod templates;
 pub mod tenancy;
 

@@ -383,6 +383,19 @@ impl Executor for LocalExecutor {
         crate::log_file(&self.attempt_dir(job_id, attempt).join(format!("replica-{replica}.log"))).await
     }
 
+    async fn logs_remove(&self, job_id: Uuid) -> Result<(), ExecutorError> {
+        let job_dir = self.config.data_dir.join("jobs").join(job_id.to_string());
+        let Ok(attempts) = std::fs::read_dir(&job_dir) else { return Ok(()) };
+        for attempt in attempts.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("attempt-")) {
+            for file in std::fs::read_dir(attempt.path())?.flatten() {
+                if file.path().extension().is_some_and(|e| e == "log") {
+                    std::fs::remove_file(file.path())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn changes(&self) -> Arc<Notify> {
         Arc::clone(&self.changes)
     }

@@ -8,10 +8,12 @@ pub mod jobs;
 mod logs;
 mod metrics;
 mod scheduling;
+mod storage;
 mod templates;
 mod tokens;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, patch, post, put};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -46,6 +48,23 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/tokens/{id}", delete(tokens::token_revoke))
         .route("/api/v1/admin/tenants", get(admin::tenants_list).post(admin::tenant_create))
         .route("/api/v1/admin/tenants/{tenant}/members", post(admin::member_add))
+        .merge(storage_routes())
+}
+
+fn storage_routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/jobs/{id}/artifacts", get(storage::artifacts_list))
+        .route(
+            "/api/v1/jobs/{id}/artifacts/{*path}",
+            // Uploads stream to the store in parts: no body limit here (the server's own
+            // per-artefact limit applies while streaming).
+            get(storage::artifact_link).put(storage::artifact_upload).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/api/v1/artifacts/download", get(storage::artifact_download))
+        .route("/api/v1/volumes", get(storage::volumes_list).post(storage::volume_create))
+        .route("/api/v1/volumes/{name}", delete(storage::volume_delete))
+        .route("/api/v1/storage", get(storage::storage_get))
+        .route("/api/v1/admin/tenants/{tenant}/storage", put(storage::storage_policy_put))
 }
 
 #[derive(OpenApi)]
@@ -89,6 +108,15 @@ pub fn routes() -> Router<AppState> {
         admin::tenants_list,
         admin::tenant_create,
         admin::member_add,
+        storage::artifacts_list,
+        storage::artifact_upload,
+        storage::artifact_link,
+        storage::artifact_download,
+        storage::volumes_list,
+        storage::volume_create,
+        storage::volume_delete,
+        storage::storage_get,
+        storage::storage_policy_put,
     ),
     modifiers(&BearerAuth),
     tags(
@@ -96,6 +124,7 @@ pub fn routes() -> Router<AppState> {
         (name = "templates", description = "Task templates: list, show, publish, run"),
         (name = "metrics", description = "Metrics reported by jobs' engines"),
         (name = "datasets", description = "The dataset registry: named, immutable versions"),
+        (name = "storage", description = "Artefacts with signed downloads, volumes, the storage policy"),
         (name = "scheduling", description = "Quotas, queue positions, start estimates, what-if"),
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "admin", description = "Tenants and members"),

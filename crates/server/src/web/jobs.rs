@@ -271,6 +271,7 @@ struct JobPage {
     params: Vec<(String, String)>,
     datasets: Vec<String>,
     outputs: Vec<(String, String)>,
+    artifacts: Vec<super::storage::ArtifactRow>,
     argv: String,
     resources: String,
     replicas: Vec<u32>,
@@ -317,6 +318,7 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         params,
         datasets: job.datasets.iter().map(|d| format!("{}@{} ({})", d.name, d.version, d.content_hash)).collect(),
         outputs: outputs.iter().map(|(k, v)| (k.clone(), compact(v))).collect(),
+        artifacts: super::storage::artifact_rows(&state.app, &auth, job.id).await?,
         argv: job.spec.argv().join(" "),
         resources: format!(
             "{} × ({} CPU, {} memory, {} GPU{})",

@@ -8,6 +8,7 @@
 //! - [`session`]: sign in with an API token, session cookies, CSRF checks, sign out.
 //! - [`jobs`]: the job list, a job's page, its live parts, logs and metrics.
 //! - [`submit`]: templates and the submit form generated from their parameters.
+//! - [`storage`]: a job's artefacts (download buttons), datasets, volumes.
 //! - [`admin`]: quota and usage, tokens, and the platform admin's pages.
 //! - [`assets`]: the stylesheet, the script and the vendored libraries.
 
@@ -15,6 +16,7 @@ mod admin;
 mod assets;
 mod jobs;
 mod session;
+mod storage;
 mod submit;
 
 use askama::Template;
@@ -43,6 +45,10 @@ pub fn routes() -> Router<AppState> {
         .route("/jobs/{id}/log/stream", get(jobs::log_stream))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/rerun", post(jobs::rerun))
+        .route("/jobs/{id}/artifacts/{*path}", get(storage::artifact_download))
+        .route("/datasets", get(storage::datasets))
+        .route("/volumes", get(storage::volumes).post(storage::volume_create))
+        .route("/volumes/{name}/delete", post(storage::volume_delete))
         .route("/submit", get(submit::choose))
         .route("/submit/{template}", get(submit::form).post(submit::submit))
         .route("/submit/{template}/preview", post(submit::preview))
@@ -67,7 +73,8 @@ pub struct Nav {
     pub can_write: bool,
     /// The session's CSRF value, for the forms on the page.
     pub csrf: String,
-    /// Which tab is current: `jobs`, `submit`, `templates`, `quota`, `tokens`, `admin`.
+    /// Which tab is current: `jobs`, `submit`, `templates`, `datasets`, `volumes`, `quota`,
+    /// `tokens`, `admin`.
     pub current: &'static str,
 }
 

@@ -1,0 +1,110 @@
+//! Where each object lives. Every key starts with its tenant's prefix, and the only part taken
+//! from user input (an artefact's path) is a [`RelPath`], so no key can leave its prefix:
+//!
+//! ```text
+//! tenants/<tenant_id>/jobs/<job_id>/logs/<attempt>/<replica>.log
+//! tenants/<tenant_id>/jobs/<job_id>/artifacts/<path>
+//! ```
+
+use object_store::path::{Path, PathPart};
+use uuid::Uuid;
+
+use crate::paths::RelPath;
+
+/// Everything a tenant owns.
+pub fn tenant_prefix(tenant_id: Uuid) -> Path {
+    Path::from_iter(["tenants".to_string(), tenant_id.to_string()])
+}
+
+/// Everything of one job.
+pub fn job_prefix(tenant_id: Uuid, job_id: Uuid) -> Path {
+    tenant_prefix(tenant_id).join("jobs").join(job_id.to_string())
+}
+
+/// A job's archived logs, every attempt.
+pub fn logs_prefix(tenant_id: Uuid, job_id: Uuid) -> Path {
+    job_prefix(tenant_id, job_id).join("logs")
+}
+
+/// One replica's log of one attempt.
+pub fn log_key(tenant_id: Uuid, job_id: Uuid, attempt: i32, replica: u32) -> Path {
+    logs_prefix(tenant_id, job_id).join(attempt.to_string()).join(format!("{replica}.log"))
+}
+
+/// A job's artefacts.
+pub fn artifacts_prefix(tenant_id: Uuid, job_id: Uuid) -> Path {
+    job_prefix(tenant_id, job_id).join("artifacts")
+}
+
+/// One artefact of a job.
+pub fn artifact_key(tenant_id: Uuid, job_id: Uuid, path: &RelPath) -> Path {
+    let mut key = artifacts_prefix(tenant_id, job_id);
+    for segment in path.segments() {
+        key = key.join(PathPart::from(segment));
+    }
+    key
+}
+
+/// The artefact path of `key` relative to its job's artefacts prefix, if it is under it.
+pub fn artifact_path_of(tenant_id: Uuid, job_id: Uuid, key: &Path) -> Option<String> {
+    // Parts are stored percent-encoded where a character is not allowed in a key; user paths
+    // never hold escapes of their own (see `relative_path`), so decoding is unambiguous.
+    let parts: Vec<String> = key
+        .prefix_match(&artifacts_prefix(tenant_id, job_id))?
+        .map(|p| percent_encoding::percent_decode_str(p.as_ref()).decode_utf8_lossy().into_owned())
+        .collect();
+    if parts.is_empty() { None } else { Some(parts.join("/")) }
+}
+
+/// The tenant a key belongs to, when it is under `tenants/<id>/`.
+pub fn tenant_of(key: &Path) -> Option<Uuid> {
+    let mut parts = key.parts();
+    if parts.next()?.as_ref() != "tenants" {
+        return None;
+    }
+    Uuid::parse_str(parts.next()?.as_ref()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::paths::relative_path;
+    use proptest::prelude::*;
+
+    #[test]
+    fn layout_is_as_documented() {
+        let (t, j) = (Uuid::nil(), Uuid::from_u128(1));
+        assert_eq!(log_key(t, j, 2, 0).as_ref(), format!("tenants/{t}/jobs/{j}/logs/2/0.log"));
+        let path = relative_path("ckpt/model.pt").unwrap();
+        let key = artifact_key(t, j, &path);
+        assert_eq!(key.as_ref(), format!("tenants/{t}/jobs/{j}/artifacts/ckpt/model.pt"));
+        assert_eq!(artifact_path_of(t, j, &key).as_deref(), Some("ckpt/model.pt"));
+        assert_eq!(tenant_of(&key), Some(t));
+    }
+
+    #[test]
+    fn keys_survive_a_trip_through_text() {
+        // A signed URL carries the key as text; parsing it must give the very same key.
+        let (t, j) = (Uuid::nil(), Uuid::from_u128(1));
+        for text in ["100%", "a#b/c d.txt", "x[1]{2}^~`|<>\"", "ünï/名前"] {
+            let key = artifact_key(t, j, &relative_path(text).unwrap());
+            assert_eq!(Path::parse(key.as_ref()).unwrap(), key, "{text}");
+            assert_eq!(artifact_path_of(t, j, &key).as_deref(), Some(text));
+        }
+    }
+
+    proptest! {
+        /// Whatever path is accepted, its key stays under the job's artefacts prefix and reads
+        /// back as the same path.
+        #[test]
+        fn artifact_keys_stay_under_their_prefix(text in "([a-z./\\\\%]|%2[eEfF]|\\.\\.|/){1,16}", tenant in any::<u128>(), job in any::<u128>()) {
+            let (t, j) = (Uuid::from_u128(tenant), Uuid::from_u128(job));
+            if let Ok(path) = relative_path(&text) {
+                let key = artifact_key(t, j, &path);
+                prop_assert!(key.prefix_matches(&artifacts_prefix(t, j)));
+                prop_assert_eq!(tenant_of(&key), Some(t));
+                prop_assert_eq!(artifact_path_of(t, j, &key), Some(path.to_string()));
+            }
+        }
+    }
+}

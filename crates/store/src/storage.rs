@@ -1,0 +1,357 @@
+//! Storage records: artefact hashes, volumes under the tenant's storage quota, the storage
+//! policy (retention, quota), what retention has removed, and the shared URL-signing key.
+//! The bytes themselves live in the object store (`trainyard-storage`); these rows hold what a
+//! store cannot.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use trainyard_core::api::{AccessMode, StoragePolicy, StorageReport, Volume};
+use trainyard_core::auth::Caller;
+use trainyard_core::error::ObjectKind;
+use trainyard_core::{Error, Result};
+use uuid::Uuid;
+
+use crate::{Store, db_error, violated_constraint};
+
+/// A volume to create, checked by the caller except for the quota and name uniqueness.
+#[derive(Debug, Clone)]
+pub struct NewVolume<'a> {
+    pub name: &'a str,
+    pub size_bytes: u64,
+    pub access_mode: AccessMode,
+    pub storage_class: &'a str,
+    pub path: &'a str,
+}
+
+/// A finished job whose logs or artefacts are older than its tenant keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionDue {
+    pub job_id: Uuid,
+    pub tenant_id: Uuid,
+    pub logs: bool,
+    pub artifacts: bool,
+}
+
+/// When retention removed a job's logs and artefacts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expiry {
+    pub logs: Option<DateTime<Utc>>,
+    pub artifacts: Option<DateTime<Utc>>,
+}
+
+const DAYS_MAX: u32 = 36_500;
+
+impl Store {
+    /// Records an artefact uploaded through the API (replacing an earlier one at that path).
+    pub async fn artifact_record(
+        &self,
+        tenant_id: Uuid,
+        job_id: Uuid,
+        path: &str,
+        size_bytes: u64,
+        sha256: &str,
+    ) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO artifacts (tenant_id, job_id, path, size_bytes, sha256) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (tenant_id, job_id, path)
+             DO UPDATE SET size_bytes = excluded.size_bytes, sha256 = excluded.sha256, uploaded_at = now()",
+        )
+        .bind(tenant_id)
+        .bind(job_id)
+        .bind(path)
+        .bind(i64::try_from(size_bytes).map_err(Error::internal)?)
+        .bind(sha256)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// The SHA-256 of each of a job's artefacts that came through the API, by path.
+    pub async fn artifact_hashes(&self, tenant_id: Uuid, job_id: Uuid) -> Result<HashMap<String, String>> {
+        // language=PostgreSQL
+        let rows = sqlx::query("SELECT path, sha256 FROM artifacts WHERE tenant_id = $1 AND job_id = $2")
+            .bind(tenant_id)
+            .bind(job_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(rows.iter().map(|r| (r.get("path"), r.get("sha256"))).collect())
+    }
+
+    /// When retention removed this job's logs and artefacts, if it did.
+    pub async fn job_storage_expiry(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Expiry> {
+        // language=PostgreSQL
+        let row =
+            sqlx::query("SELECT logs_expired_at, artifacts_expired_at FROM jobs WHERE tenant_id = $1 AND id = $2")
+                .bind(tenant_id)
+                .bind(job_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db_error)?
+                .ok_or_else(|| Error::not_found(ObjectKind::Job))?;
+        Ok(Expiry { logs: row.get("logs_expired_at"), artifacts: row.get("artifacts_expired_at") })
+    }
+
+    /// Replaces a tenant's storage policy (platform admins).
+    pub async fn storage_policy_set(&self, tenant: &str, policy: &StoragePolicy) -> Result<()> {
+        let days = |field: &str, value: Option<u32>| match value {
+            Some(d) if d == 0 || d > DAYS_MAX => {
+                Err(Error::invalid(field, format!("1 to {DAYS_MAX} days, or null to keep forever")))
+            }
+            other => Ok(other.map(|d| d as i32)),
+        };
+        let logs = days("log_retention_days", policy.log_retention_days)?;
+        let artifacts = days("artifact_retention_days", policy.artifact_retention_days)?;
+        let quota = policy
+            .storage_quota_bytes
+            .map(i64::try_from)
+            .transpose()
+            .map_err(|_| Error::invalid("storage_quota_bytes", "too large"))?;
+        // language=PostgreSQL
+        let result = sqlx::query(
+            "UPDATE tenants SET log_retention_days = $2, artifact_retention_days = $3, storage_quota_bytes = $4
+             WHERE name = $1",
+        )
+        .bind(tenant)
+        .bind(logs)
+        .bind(artifacts)
+        .bind(quota)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        if result.rows_affected() == 0 {
+            return Err(Error::not_found(ObjectKind::Tenant));
+        }
+        Ok(())
+    }
+
+    /// The tenant's storage policy and what its volumes take.
+    pub async fn storage_report(&self, tenant_id: Uuid) -> Result<StorageReport> {
+        // language=PostgreSQL
+        let row = sqlx::query(
+            "SELECT t.name, t.log_retention_days, t.artifact_retention_days, t.storage_quota_bytes,
+                    (SELECT count(*) FROM volumes v WHERE v.tenant_id = t.id) AS volumes,
+                    (SELECT coalesce(sum(size_bytes), 0)::bigint FROM volumes v WHERE v.tenant_id = t.id) AS bytes
+             FROM tenants t WHERE t.id = $1",
+        )
+        .bind(tenant_id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(StorageReport {
+            tenant: row.get("name"),
+            policy: StoragePolicy {
+                log_retention_days: row.get::<Option<i32>, _>("log_retention_days").map(|d| d as u32),
+                artifact_retention_days: row.get::<Option<i32>, _>("artifact_retention_days").map(|d| d as u32),
+                storage_quota_bytes: row.get::<Option<i64>, _>("storage_quota_bytes").map(|b| b as u64),
+            },
+            volumes: row.get::<i64, _>("volumes") as u64,
+            volume_bytes: row.get::<i64, _>("bytes") as u64,
+        })
+    }
+
+    /// Records a volume, within the tenant's storage quota. The tenant's row is locked while the
+    /// sum is taken, so two concurrent creations cannot both squeeze under the quota.
+    pub async fn volume_create(&self, caller: &Caller, volume: &NewVolume<'_>) -> Result<Volume> {
+        let size = i64::try_from(volume.size_bytes).map_err(|_| Error::invalid("size", "too large"))?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        // language=PostgreSQL
+        let quota: Option<i64> = sqlx::query_scalar("SELECT storage_quota_bytes FROM tenants WHERE id = $1 FOR UPDATE")
+            .bind(caller.tenant_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        // language=PostgreSQL
+        let used: i64 =
+            sqlx::query_scalar("SELECT coalesce(sum(size_bytes), 0)::bigint FROM volumes WHERE tenant_id = $1")
+                .bind(caller.tenant_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        if let Some(quota) = quota
+            && used.saturating_add(size) > quota
+        {
+            return Err(Error::invalid(
+                "size",
+                format!(
+                    "{size} bytes would exceed tenant {}'s storage quota: {used} of {quota} bytes are in use by its \
+                     volumes, {} left",
+                    caller.tenant,
+                    (quota - used).max(0)
+                ),
+            ));
+        }
+        // language=PostgreSQL
+        let inserted = sqlx::query(
+            "INSERT INTO volumes (tenant_id, name, size_bytes, access_mode, storage_class, path, created_by)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant_id, name) DO NOTHING",
+        )
+        .bind(caller.tenant_id)
+        .bind(volume.name)
+        .bind(size)
+        .bind(volume.access_mode.as_str())
+        .bind(volume.storage_class)
+        .bind(volume.path)
+        .bind(caller.user_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(|err| match violated_constraint(&err) {
+            Some("volumes_name_format") => {
+                Error::invalid("name", "1 to 63 lowercase letters, digits or '-', starting with a letter or digit")
+            }
+            Some("volumes_storage_class_format") => {
+                Error::invalid("storage_class", "1 to 63 lowercase letters, digits, '.' or '-'")
+            }
+            _ => db_error(err),
+        })?
+        .rows_affected();
+        if inserted == 0 {
+            return Err(Error::Conflict(format!("a volume named {} exists in this tenant", volume.name)));
+        }
+        tx.commit().await.map_err(db_error)?;
+        self.volume_get(caller.tenant_id, volume.name).await
+    }
+
+    pub async fn volumes_list(&self, tenant_id: Uuid) -> Result<Vec<Volume>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT v.*, u.name AS created_by_name FROM volumes v JOIN users u ON u.id = v.created_by
+             WHERE v.tenant_id = $1 ORDER BY v.name",
+        )
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        rows.iter().map(volume_from_row).collect()
+    }
+
+    pub async fn volume_get(&self, tenant_id: Uuid, name: &str) -> Result<Volume> {
+        // language=PostgreSQL
+        let row = sqlx::query(
+            "SELECT v.*, u.name AS created_by_name FROM volumes v JOIN users u ON u.id = v.created_by
+             WHERE v.tenant_id = $1 AND v.name = $2",
+        )
+        .bind(tenant_id)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| Error::not_found(ObjectKind::Volume))?;
+        volume_from_row(&row)
+    }
+
+    /// Removes a volume's record and returns it (its directory is the caller's to remove).
+    pub async fn volume_delete(&self, tenant_id: Uuid, name: &str) -> Result<Volume> {
+        let volume = self.volume_get(tenant_id, name).await?;
+        // language=PostgreSQL
+        let deleted = sqlx::query("DELETE FROM volumes WHERE tenant_id = $1 AND name = $2")
+            .bind(tenant_id)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?
+            .rows_affected();
+        if deleted == 0 {
+            return Err(Error::not_found(ObjectKind::Volume));
+        }
+        Ok(volume)
+    }
+
+    /// A secret every server replica shares, made at the first request for it.
+    pub async fn server_secret(&self, name: &str) -> Result<Vec<u8>> {
+        let mut fresh = [0u8; 32];
+        rand::fill(&mut fresh);
+        // language=PostgreSQL
+        sqlx::query("INSERT INTO server_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
+            .bind(name)
+            .bind(&fresh[..])
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        // language=PostgreSQL
+        sqlx::query_scalar("SELECT value FROM server_secrets WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+
+    /// For the control loop, across tenants: finished jobs whose logs or artefacts have been
+    /// kept as long as their tenant keeps them, counted from the job's end, at `now`.
+    pub async fn retention_due(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<RetentionDue>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT j.id, j.tenant_id,
+                    (j.logs_expired_at IS NULL AND t.log_retention_days IS NOT NULL
+                     AND j.finished_at + make_interval(days => t.log_retention_days) <= $1) AS logs,
+                    (j.artifacts_expired_at IS NULL AND t.artifact_retention_days IS NOT NULL
+                     AND j.finished_at + make_interval(days => t.artifact_retention_days) <= $1) AS artifacts
+             FROM jobs j JOIN tenants t ON t.id = j.tenant_id
+             WHERE j.finished_at IS NOT NULL AND (j.logs_expired_at IS NULL OR j.artifacts_expired_at IS NULL)
+               AND ((j.logs_expired_at IS NULL AND t.log_retention_days IS NOT NULL
+                     AND j.finished_at + make_interval(days => t.log_retention_days) <= $1)
+                 OR (j.artifacts_expired_at IS NULL AND t.artifact_retention_days IS NOT NULL
+                     AND j.finished_at + make_interval(days => t.artifact_retention_days) <= $1))
+             ORDER BY j.finished_at
+             LIMIT $2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows
+            .iter()
+            .map(|r| RetentionDue {
+                job_id: r.get("id"),
+                tenant_id: r.get("tenant_id"),
+                logs: r.get("logs"),
+                artifacts: r.get("artifacts"),
+            })
+            .collect())
+    }
+
+    /// Marks what retention removed of a job (after the objects are gone).
+    pub async fn retention_done(&self, due: &RetentionDue) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query(
+            "UPDATE jobs SET
+                 logs_expired_at = CASE WHEN $2 THEN coalesce(logs_expired_at, now()) ELSE logs_expired_at END,
+                 artifacts_expired_at =
+                     CASE WHEN $3 THEN coalesce(artifacts_expired_at, now()) ELSE artifacts_expired_at END
+             WHERE id = $1",
+        )
+        .bind(due.job_id)
+        .bind(due.logs)
+        .bind(due.artifacts)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        if due.artifacts {
+            // language=PostgreSQL
+            sqlx::query("DELETE FROM artifacts WHERE job_id = $1")
+                .bind(due.job_id)
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+        }
+        Ok(())
+    }
+}
+
+fn volume_from_row(row: &sqlx::postgres::PgRow) -> Result<Volume> {
+    let mode: String = row.get("access_mode");
+    Ok(Volume {
+        name: row.get("name"),
+        size_bytes: row.get::<i64, _>("size_bytes") as u64,
+        access_mode: AccessMode::parse(&mode).ok_or_else(|| Error::internal(format!("access mode {mode}")))?,
+        storage_class: row.get("storage_class"),
+        path: row.get("path"),
+        created_by: row.get("created_by_name"),
+        created_at: row.get("created_at"),
+    })
+}
