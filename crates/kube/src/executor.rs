@@ -506,6 +506,14 @@ impl Executor for KubernetesExecutor {
         Ok(())
     }
 
+    /// Retention: the copies kept after the pods went (the object store has its own).
+    async fn logs_remove(&self, job_id: Uuid) -> Result<(), ExecutorError> {
+        match tokio::fs::remove_dir_all(self.config.log_dir.join(job_id.to_string())).await {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err.into()),
+            _ => Ok(()),
+        }
+    }
+
     async fn log_reader(
         &self,
         job_id: Uuid,

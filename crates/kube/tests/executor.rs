@@ -353,6 +353,10 @@ async fn logs_stream_from_the_pod_and_are_kept_when_the_attempt_is_released() {
         Some("epoch 2 loss 0.25"),
         "served after the pods are gone"
     );
+    // Retention removes the kept copies; the job then has no log here.
+    executor.logs_remove(JOB).await.unwrap();
+    assert!(!kept.exists());
+    assert!(executor.log_reader(JOB, 1, 0).await.unwrap().is_none(), "nothing left to serve");
 }
 
 #[tokio::test]
