@@ -47,10 +47,10 @@ pub(crate) struct State<'a> {
     buckets: Vec<BTreeMap<u32, BTreeSet<usize>>>,
     flavor_free: Vec<u64>,
     tenant_index: BTreeMap<Uuid, usize>,
-    /// quotas[tenant][flavor]
-    quotas: Vec<Vec<Option<Quota>>>,
-    /// usage[tenant][flavor], in GPUs.
-    usage: Vec<Vec<u64>>,
+    /// quotas[tenant * flavors + flavor]: one flat table, so a lookup is one load.
+    quotas: Vec<Option<Quota>>,
+    /// usage[tenant * flavors + flavor], in GPUs.
+    usage: Vec<u64>,
     cohort_of: Vec<usize>,
     /// pools[cohort][flavor] = (borrowed, lendable) summed over the cohort's members.
     pools: Vec<Vec<(u64, u64)>>,
@@ -105,8 +105,8 @@ impl<'a> State<'a> {
             buckets: vec![BTreeMap::new(); nf],
             flavor_free: vec![0; nf],
             tenant_index: snap.tenants.iter().enumerate().map(|(i, t)| (t.id, i)).collect(),
-            quotas: snap.tenants.iter().map(|t| names.iter().map(|f| t.quotas.get(*f).copied()).collect()).collect(),
-            usage: vec![vec![0; nf]; snap.tenants.len()],
+            quotas: snap.tenants.iter().flat_map(|t| names.iter().map(|f| t.quotas.get(*f).copied())).collect(),
+            usage: vec![0; nf * snap.tenants.len()],
             pools: vec![vec![(0, 0); nf]; cohorts.len()],
             unplaceable: HashSet::new(),
             cohort_of,
@@ -147,22 +147,29 @@ impl<'a> State<'a> {
         self.tenant_index.get(&id).copied()
     }
 
+    /// The index of (tenant, flavor) in the flat tables.
+    fn cell(&self, t: usize, flavor: FlavorId) -> usize {
+        t * self.flavors.len() + flavor
+    }
+
     pub fn quota(&self, t: usize, flavor: FlavorId) -> Option<Quota> {
-        self.quotas[t][flavor]
+        self.quotas[self.cell(t, flavor)]
     }
 
     /// The flavors tenant `t` has a quota for.
     pub fn quota_flavors(&self, t: Option<usize>) -> smallvec::SmallVec<[FlavorId; 4]> {
-        t.map_or_else(Default::default, |t| (0..self.flavors.len()).filter(|&f| self.quotas[t][f].is_some()).collect())
+        t.map_or_else(Default::default, |t| {
+            (0..self.flavors.len()).filter(|&f| self.quotas[self.cell(t, f)].is_some()).collect()
+        })
     }
 
     pub fn usage(&self, t: usize, flavor: FlavorId) -> u64 {
-        self.usage[t][flavor]
+        self.usage[self.cell(t, flavor)]
     }
 
     /// What tenant `t` adds to its cohort's (borrowed, lendable) for `flavor` at usage `u`.
     fn contribution(&self, t: usize, flavor: FlavorId, u: u64) -> (u64, u64) {
-        match self.quotas[t][flavor] {
+        match self.quotas[self.cell(t, flavor)] {
             None => (u, 0),
             Some(q) => {
                 let idle = q.nominal.saturating_sub(u);
@@ -172,23 +179,24 @@ impl<'a> State<'a> {
     }
 
     fn usage_add(&mut self, t: usize, flavor: FlavorId, delta: i64) {
-        let old = self.usage[t][flavor];
+        let old = self.usage[self.cell(t, flavor)];
         let new = old.saturating_add_signed(delta);
         let (b0, l0) = self.contribution(t, flavor, old);
         let (b1, l1) = self.contribution(t, flavor, new);
         let pool = &mut self.pools[self.cohort_of[t]][flavor];
         pool.0 = pool.0 + b1 - b0;
         pool.1 = pool.1 + l1 - l0;
-        self.usage[t][flavor] = new;
+        let cell = self.cell(t, flavor);
+        self.usage[cell] = new;
     }
 
     /// Whether tenant `t` may take `need` more GPUs of `flavor`.
     pub fn quota_check(&self, t: Option<usize>, flavor: FlavorId, need: u64) -> Result<QuotaCheck, PendingReason> {
         let name = || self.flavor_names[flavor].clone();
-        let (Some(t), Some(q)) = (t, t.and_then(|t| self.quotas[t][flavor])) else {
+        let (Some(t), Some(q)) = (t, t.and_then(|t| self.quotas[self.cell(t, flavor)])) else {
             return Err(PendingReason::NoQuota { flavor: name() });
         };
-        let used = self.usage[t][flavor];
+        let used = self.usage[self.cell(t, flavor)];
         let after = used + need;
         let borrowed = after.saturating_sub(q.nominal);
         let alone = self.snap.tenants[t].cohort.is_none();
