@@ -607,6 +607,9 @@ async fn a_volume_parameter_mounts_the_named_volume() {
     assert!(ran.status.success(), "{} {}", stdout(&ran), stderr(&ran));
     let written = Path::new(volume["path"].as_str().unwrap()).join("out.txt");
     assert_eq!(std::fs::read_to_string(written).unwrap(), "from-the-job\n");
+    // The spec records the volume and where the job was told it is, for a cluster to mount.
+    let (_, jobs) = env.get("/api/v1/jobs?template=writer", &env.admin_token).await;
+    assert_eq!(jobs["items"][0]["spec"]["volumes"], json!([{"name": "scratch", "path": volume["path"]}]));
 }
 
 fn hex(bytes: &[u8]) -> String {

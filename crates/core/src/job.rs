@@ -74,6 +74,18 @@ pub struct JobSpec {
     /// The template the spec was rendered from; its files are delivered to every replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<TemplateRef>,
+    /// The tenant's shared volumes the replicas use (from `volume` parameters), each at the
+    /// path its parameter resolved to. The local executor's volumes are directories reached by
+    /// that path; a cluster executor mounts each volume's claim there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// A shared volume as a job uses it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+pub struct VolumeMount {
+    pub name: String,
+    pub path: String,
 }
 
 /// Exactly which template version a job came from.
@@ -182,6 +194,7 @@ impl JobSubmission {
                 resources: self.resources,
                 replicas: self.replicas,
                 template: None,
+                volumes: Vec::new(),
             },
             priority: self.priority,
             max_restarts: self.max_restarts,

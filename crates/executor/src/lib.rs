@@ -193,6 +193,20 @@ pub struct NodeInventory {
     pub schedulable: bool,
 }
 
+/// A tenant's shared volume, as an executor provisions it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRequest {
+    pub tenant_id: Uuid,
+    /// The tenant's name (a DNS label).
+    pub tenant: String,
+    /// The volume's name (a DNS label, unique in the tenant).
+    pub name: String,
+    pub size_bytes: u64,
+    /// `ReadWriteOnce`, `ReadOnlyMany` or `ReadWriteMany`.
+    pub access_mode: String,
+    pub storage_class: String,
+}
+
 /// The most a tenant may hold at once, mirrored into the cluster as a second line of defence
 /// behind the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -278,6 +292,23 @@ pub trait Executor: Send + Sync + 'static {
         attempt: i32,
         replica: u32,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError>;
+
+    /// Where replicas find a tenant's volume when this backend provisions volumes itself (a
+    /// cluster mounts a claim there); `None` when the server's directory for it is the path.
+    fn volume_path(&self, _name: &str) -> Option<String> {
+        None
+    }
+
+    /// Provisions a volume (a PersistentVolumeClaim on Kubernetes). Repeating it is harmless.
+    /// Nothing to do by default: the server makes a directory.
+    async fn volume_ensure(&self, _volume: &VolumeRequest) -> Result<(), ExecutorError> {
+        Ok(())
+    }
+
+    /// Removes a volume and its data. Removing one that is gone is harmless.
+    async fn volume_remove(&self, _tenant_id: Uuid, _tenant: &str, _name: &str) -> Result<(), ExecutorError> {
+        Ok(())
+    }
 
     /// Removes an ended job's logs from wherever the executor keeps them (retention; the
     /// archived copies are in the object store). Nothing to do by default.

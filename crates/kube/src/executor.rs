@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::TryFutureExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 use trainyard_executor::{
     AttemptRef, Executor, ExecutorError, Inventory, LaunchRequest, NodeInventory, QuotaCeiling, ReplicaDetail,
-    ReplicaPhase, ReplicaStatus,
+    ReplicaPhase, ReplicaStatus, VolumeRequest,
 };
 use uuid::Uuid;
 
@@ -504,6 +504,30 @@ impl Executor for KubernetesExecutor {
             self.tenant_ensure(&tenant).await?;
         }
         Ok(())
+    }
+
+    /// A tenant's volumes are PersistentVolumeClaims, mounted under `/volumes/<name>`.
+    fn volume_path(&self, name: &str) -> Option<String> {
+        Some(format!("{}/{name}", names::VOLUMES_DIR))
+    }
+
+    /// Applies the volume's claim in the tenant's namespace (made first if new).
+    async fn volume_ensure(&self, volume: &VolumeRequest) -> Result<(), ExecutorError> {
+        let tenant = TenantRef { id: volume.tenant_id, slug: volume.tenant.clone() };
+        self.tenant_ensure(&tenant).await?;
+        self.apply(&manifests::volume_claim(&self.config, &tenant, volume)).await?;
+        Ok(())
+    }
+
+    /// Deletes the volume's claim; the storage class's reclaim policy decides about the data.
+    async fn volume_remove(&self, tenant_id: Uuid, tenant: &str, name: &str) -> Result<(), ExecutorError> {
+        let namespace = names::namespace(&self.config.namespace_prefix, tenant, tenant_id);
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
+        match api.delete(&names::volume_claim(name), &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(source) => Err(KubeError::Api { what: format!("deleting the claim of volume {name}"), source }.into()),
+        }
     }
 
     /// Retention: the copies kept after the pods went (the object store has its own).

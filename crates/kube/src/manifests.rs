@@ -10,13 +10,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, LimitRange, Namespace, PersistentVolumeClaim, ResourceQuota, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use trainyard_core::resources::Memory;
-use trainyard_executor::{LaunchRequest, QuotaCeiling};
+use trainyard_executor::{LaunchRequest, QuotaCeiling, VolumeRequest};
 
 use crate::names::TenantRef;
 
@@ -161,6 +163,22 @@ pub fn attempt_objects(
     })
 }
 
+/// A tenant's shared volume: a PersistentVolumeClaim in its namespace.
+pub fn volume_claim(config: &KubeConfig, tenant: &TenantRef, volume: &VolumeRequest) -> PersistentVolumeClaim {
+    let ns = names::namespace(&config.namespace_prefix, &tenant.slug, tenant.id);
+    let mut labels = names::tenant_labels(tenant.id);
+    labels.insert(names::LABEL_VOLUME.to_string(), volume.name.clone());
+    typed(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": metadata(&names::volume_claim(&volume.name), Some(&ns), &labels),
+        "spec": {
+            "accessModes": [volume.access_mode],
+            "storageClassName": volume.storage_class,
+            "resources": { "requests": { "storage": volume.size_bytes.to_string() } },
+        },
+    }))
+}
+
 /// The labels a Service selects on: the job and attempt, nothing that could change.
 fn selector(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     labels
@@ -272,6 +290,26 @@ fn job(
         json!([])
     };
     let workdir = &config.working_dir;
+    let mut mounts = vec![
+        json!({ "name": "workspace", "mountPath": workdir }),
+        json!({ "name": "template", "mountPath": format!("{workdir}/{}", trainyard_core::job::TEMPLATE_FILES_DIR), "readOnly": true }),
+        json!({ "name": "shm", "mountPath": "/dev/shm" }),
+    ];
+    let mut volumes = vec![
+        json!({ "name": "workspace", "emptyDir": {} }),
+        json!({ "name": "template", "configMap": { "name": name, "items": template_items(&request.files) } }),
+        // PyTorch's data loader workers share tensors through /dev/shm; the container runtime's
+        // 64 MiB default is far too small.
+        json!({ "name": "shm", "emptyDir": { "medium": "Memory", "sizeLimit": resources.memory.to_string() } }),
+    ];
+    // The tenant's volumes the job uses: each one's claim, mounted at the path the job was given.
+    for (i, volume) in spec.volumes.iter().enumerate() {
+        let pod_name = format!("shared-{i}");
+        mounts.push(json!({ "name": pod_name, "mountPath": volume.path }));
+        volumes.push(
+            json!({ "name": pod_name, "persistentVolumeClaim": { "claimName": names::volume_claim(&volume.name) } }),
+        );
+    }
     typed(json!({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": metadata(name, Some(ns), labels),
@@ -318,19 +356,9 @@ fn job(
                             "runAsNonRoot": true,
                             "seccompProfile": { "type": "RuntimeDefault" },
                         },
-                        "volumeMounts": [
-                            { "name": "workspace", "mountPath": workdir },
-                            { "name": "template", "mountPath": format!("{workdir}/{}", trainyard_core::job::TEMPLATE_FILES_DIR), "readOnly": true },
-                            { "name": "shm", "mountPath": "/dev/shm" },
-                        ],
+                        "volumeMounts": mounts,
                     }],
-                    "volumes": [
-                        { "name": "workspace", "emptyDir": {} },
-                        { "name": "template", "configMap": { "name": name, "items": template_items(&request.files) } },
-                        // PyTorch's data loader workers share tensors through /dev/shm; the
-                        // container runtime's 64 MiB default is far too small.
-                        { "name": "shm", "emptyDir": { "medium": "Memory", "sizeLimit": resources.memory.to_string() } },
-                    ],
+                    "volumes": volumes,
                 },
             },
         },

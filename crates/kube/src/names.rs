@@ -11,6 +11,7 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "trainyard
 pub const LABEL_TENANT: &str = "trainyard.dev/tenant";
 pub const LABEL_JOB: &str = "trainyard.dev/job";
 pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
+pub const LABEL_VOLUME: &str = "trainyard.dev/volume";
 /// The annotation (and, since Kubernetes 1.28, label) an Indexed Job puts on each pod.
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// The label selector of every watcher.
@@ -48,6 +49,14 @@ pub fn namespace(prefix: &str, slug: &str, tenant_id: Uuid) -> String {
 /// `-<index>` Kubernetes adds for each pod's hostname.
 pub fn attempt_object(job_id: Uuid, attempt: i32) -> String {
     format!("ty-{job_id}-{attempt}")
+}
+
+/// Where replicas find a tenant's volume.
+pub const VOLUMES_DIR: &str = "/volumes";
+
+/// The PersistentVolumeClaim behind a tenant's volume: `vol-<name>`.
+pub fn volume_claim(volume: &str) -> String {
+    format!("vol-{volume}")
 }
 
 /// Replica 0's stable DNS name, the rendezvous address every replica is given.

@@ -421,3 +421,44 @@ async fn tenant_objects_are_applied_once_and_the_quota_again_only_when_the_ceili
     assert_eq!(quota["spec"]["hard"]["requests.nvidia.com/gpu"], "64");
     assert!(quota["spec"]["hard"].get("requests.cpu").is_none(), "no cpu limit when the ceiling names none");
 }
+
+#[tokio::test]
+async fn a_volume_is_a_claim_in_the_tenants_namespace_mounted_where_the_job_was_told() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let executor = executor(&fake, config(&logs)).await;
+    let volume = trainyard_executor::VolumeRequest {
+        tenant_id: TENANT,
+        tenant: "vision-team".into(),
+        name: "checkpoints".into(),
+        size_bytes: 10 << 30,
+        access_mode: "ReadWriteMany".into(),
+        storage_class: "fast-nfs".into(),
+    };
+    assert_eq!(executor.volume_path("checkpoints").as_deref(), Some("/volumes/checkpoints"));
+    executor.volume_ensure(&volume).await.unwrap();
+    executor.volume_ensure(&volume).await.expect("repeating is harmless");
+    let claim =
+        fake.get("persistentvolumeclaims", NS, "vol-checkpoints").expect("the claim, in the tenant's namespace");
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteMany"]));
+    assert_eq!(claim["spec"]["storageClassName"], "fast-nfs");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], (10u64 << 30).to_string());
+    assert_eq!(claim["metadata"]["labels"]["trainyard.dev/volume"], "checkpoints");
+    assert!(fake.get("namespaces", "", NS).is_some(), "the namespace was made first");
+
+    // A job using it mounts the claim at the path its parameter resolved to.
+    let mut request = examples::pytorch_ddp();
+    request.spec.volumes =
+        vec![trainyard_core::job::VolumeMount { name: "checkpoints".into(), path: "/volumes/checkpoints".into() }];
+    executor.launch(&request).await.unwrap();
+    let job = fake.get("jobs", NS, JOB_NAME).expect("the Job");
+    let pod = &job["spec"]["template"]["spec"];
+    let volume_spec = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "shared-0").expect("the volume");
+    assert_eq!(volume_spec["persistentVolumeClaim"]["claimName"], "vol-checkpoints");
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m["name"] == "shared-0" && m["mountPath"] == "/volumes/checkpoints"), "{mounts:?}");
+
+    executor.volume_remove(TENANT, "vision-team", "checkpoints").await.unwrap();
+    assert!(fake.get("persistentvolumeclaims", NS, "vol-checkpoints").is_none());
+    executor.volume_remove(TENANT, "vision-team", "checkpoints").await.expect("removing a gone volume is harmless");
+}

@@ -115,7 +115,9 @@ impl App {
                 content_hash: dataset.content_hash,
             });
         }
-        // A volume parameter names one of the tenant's volumes: the job gets its path.
+        // A volume parameter names one of the tenant's volumes: the job gets its path, and the
+        // spec lists it so that a cluster executor mounts it there.
+        let mut volumes: Vec<trainyard_core::job::VolumeMount> = Vec::new();
         for (param, spec) in &template.manifest.parameters {
             if spec.kind != trainyard_templates::ParamKind::Volume {
                 continue;
@@ -127,6 +129,9 @@ impl App {
                 }
                 other => other,
             })?;
+            if !volumes.iter().any(|v| v.name == name) {
+                volumes.push(trainyard_core::job::VolumeMount { name, path: path.clone() });
+            }
             values.insert(param.clone(), serde_json::Value::String(path));
         }
         let spec = template.render(&values)?;
@@ -144,6 +149,7 @@ impl App {
         }
         .validate()?;
         valid.spec.template = spec.template;
+        valid.spec.volumes = volumes;
         valid.datasets = datasets;
         valid.expected_runtime_seconds =
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);

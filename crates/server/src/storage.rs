@@ -275,8 +275,10 @@ impl App {
                 "1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
             ));
         }
+        // Where jobs find it: the backend's mount path (a cluster's claim), or a directory here.
         let dir = self.storage.volume_dir(caller.tenant_id, &request.name);
-        let path = dir.to_string_lossy().into_owned();
+        let mounted = self.executor.volume_path(&request.name);
+        let path = mounted.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());
         let volume = self
             .store
             .volume_create(
@@ -290,9 +292,24 @@ impl App {
                 },
             )
             .await?;
-        if let Err(err) = tokio::fs::create_dir_all(&dir).await {
+        let provisioned = match mounted {
+            Some(_) => {
+                let provision = trainyard_executor::VolumeRequest {
+                    tenant_id: caller.tenant_id,
+                    tenant: caller.tenant.clone(),
+                    name: request.name.clone(),
+                    size_bytes: request.size.bytes(),
+                    access_mode: request.access_mode.as_str().to_string(),
+                    storage_class: storage_class.to_string(),
+                };
+                self.executor.volume_ensure(&provision).await.map_err(|err| err.to_string())
+            }
+            None => tokio::fs::create_dir_all(&dir).await.map_err(|err| format!("creating {}: {err}", dir.display())),
+        };
+        if let Err(cause) = provisioned {
+            // Nothing half-made stays behind: the record goes with the failed provisioning.
             self.store.volume_delete(caller.tenant_id, &request.name).await?;
-            return Err(Error::internal(format!("creating {}: {err}", dir.display())));
+            return Err(Error::internal(cause));
         }
         Ok(volume)
     }
@@ -306,6 +323,9 @@ impl App {
     pub async fn volume_delete(&self, caller: &Caller, name: &str) -> Result<()> {
         caller.authorize(Action::WriteJobs)?;
         let volume = self.store.volume_delete(caller.tenant_id, name).await?;
+        if let Err(err) = self.executor.volume_remove(caller.tenant_id, &caller.tenant, &volume.name).await {
+            tracing::warn!(%err, volume = %volume.name, "removing a deleted volume from the executor");
+        }
         let dir = self.storage.volume_dir(caller.tenant_id, &volume.name);
         if let Err(err) = tokio::fs::remove_dir_all(&dir).await
             && err.kind() != std::io::ErrorKind::NotFound
