@@ -378,7 +378,7 @@ impl App {
     /// What the executor offers, as the scheduler's nodes (platform admins).
     pub fn nodes(&self, caller: &Caller) -> Result<Vec<trainyard_scheduler::Node>> {
         caller.require_platform_admin()?;
-        Ok(crate::scheduling::nodes_of(&self.executor.inventory()))
+        Ok(crate::scheduling::nodes_for(self.executor.as_ref()))
     }
 
     /// Platform admins add members to any tenant; a tenant's admins to their own.
