@@ -22,7 +22,8 @@ pub struct WebSession {
     pub expires_at: DateTime<Utc>,
 }
 
-fn random_hex() -> String {
+/// 256 random bits in hex: session secrets, CSRF values.
+pub fn random_hex() -> String {
     let mut bytes = [0u8; 32];
     rand::fill(&mut bytes);
     hex::encode(bytes)

@@ -17,6 +17,7 @@ use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use subtle::ConstantTimeEq;
 use trainyard_core::Error;
 use trainyard_core::auth::Caller;
+use trainyard_store::sessions::random_hex;
 
 use super::{WebError, render};
 use crate::AppState;
@@ -72,12 +73,6 @@ fn cookie(name: &'static str, value: String, path: &'static str, tls: bool) -> C
 struct LoginPage {
     csrf: String,
     error: Option<String>,
-}
-
-fn random_hex() -> String {
-    let mut bytes = [0u8; 32];
-    rand::fill(&mut bytes);
-    hex::encode(bytes)
 }
 
 pub async fn login_page(headers: HeaderMap, jar: CookieJar) -> Response {

@@ -136,8 +136,6 @@ async fn form_page(
         template.manifest.parameters.iter().map(|(name, spec)| Field::of(name, spec, values.get(name))).collect();
     let datasets =
         state.app.datasets_list(&auth.caller).await?.into_iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
-    let mut key = [0u8; 16];
-    rand::fill(&mut key);
     Ok(SubmitPage {
         nav: Nav::new(auth, "submit"),
         template: template.name().to_string(),
@@ -145,7 +143,7 @@ async fn form_page(
         description: template.manifest.description.clone(),
         name: String::new(),
         priority: "0".into(),
-        idempotency_key: format!("web-{}", hex::encode(key)),
+        idempotency_key: format!("web-{}", trainyard_store::sessions::random_hex()),
         fields,
         datasets,
         error: None,
