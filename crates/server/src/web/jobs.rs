@@ -89,6 +89,11 @@ impl Filter {
         }
     }
 
+    /// What htmx polls to refresh this page's rows.
+    fn rows_url(&self) -> String {
+        format!("/jobs/rows?{}", self.query((!self.cursor.is_empty()).then_some(&self.cursor)))
+    }
+
     /// The query string of this filter, with another cursor.
     fn query(&self, cursor: Option<&str>) -> String {
         let mut query = form_urlencoded::Serializer::new(String::new());
@@ -136,7 +141,7 @@ async fn page_rows(state: &AppState, auth: &WebAuth, filter: &Filter) -> WebResu
 pub async fn list(State(state): State<AppState>, auth: WebAuth, Query(filter): Query<Filter>) -> WebResult<Response> {
     let templates = state.app.templates_list(&auth.caller).await?.into_iter().map(|t| t.name).collect();
     let states = JobState::ALL.iter().map(|s| s.as_str()).collect();
-    let rows_url = format!("/jobs/rows?{}", filter.query((!filter.cursor.is_empty()).then_some(&filter.cursor)));
+    let rows_url = filter.rows_url();
     // A bad filter is shown on the page, next to the form, rather than as an error page.
     let (rows, next_url, error) = match page_rows(&state, &auth, &filter).await {
         Ok((rows, next)) => (rows, next, None),
@@ -154,7 +159,7 @@ pub async fn list(State(state): State<AppState>, auth: WebAuth, Query(filter): Q
 
 pub async fn rows(State(state): State<AppState>, auth: WebAuth, Query(filter): Query<Filter>) -> WebResult<Response> {
     let (rows, _) = page_rows(&state, &auth, &filter).await?;
-    let rows_url = format!("/jobs/rows?{}", filter.query((!filter.cursor.is_empty()).then_some(&filter.cursor)));
+    let rows_url = filter.rows_url();
     Ok(render(&JobsRows { rows, rows_url }))
 }
 
