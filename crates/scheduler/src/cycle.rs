@@ -12,14 +12,15 @@
 //! that later, smaller jobs stop overtaking it. Everything else gets a reason.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::binary_heap::PeekMut;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use smallvec::SmallVec;
+use rustc_hash::FxHashMap;
 use uuid::Uuid;
 
 use crate::decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};
 use crate::model::{PendingJob, RunningJob, Snapshot};
-use crate::state::{FlavorId, QuotaCheck, State};
+use crate::state::{FlavorId, QuotaCheck, Shape, ShapeId, State};
 
 /// Preemption searches per cycle at most (one per tenant, for its first waiting job).
 const MAX_PREEMPTION_SEARCHES: usize = 32;
@@ -47,80 +48,59 @@ pub fn admission_cycle(snap: &Snapshot) -> CycleResult {
 
 pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
     let mut state = State::new(snap);
-    let mut result = CycleResult::default();
+    let mut result = CycleResult { pending: Vec::with_capacity(snap.pending.len()), ..CycleResult::default() };
+    let queue = Queue::new(&mut state);
+    let tenants = queue.tenants.len();
 
-    // Each tenant's queue, in its own order; tenants without a policy queue too (they get
-    // "no quota" for GPU jobs but may run CPU-only ones).
-    // Tenants by small index, queues of job positions: the hot loop compares integers.
-    let mut tenant_ids: Vec<Uuid> = Vec::new();
-    let mut tenant_of: std::collections::HashMap<Uuid, u32> = std::collections::HashMap::new();
-    let job_tenant: Vec<u32> = snap
-        .pending
-        .iter()
-        .map(|j| {
-            *tenant_of.entry(j.tenant).or_insert_with(|| {
-                tenant_ids.push(j.tenant);
-                (tenant_ids.len() - 1) as u32
-            })
-        })
+    // Each tenant's next job in the fair-share heap, keyed by (dominant share, order): a
+    // tenant using less of its share goes first, ties in the order of `Queued::order`.
+    let mut share: Vec<u64> = queue.policy_of.iter().map(|&t| dominant_share(&state, t)).collect();
+    let key = |share: u64, job: &Queued| (share.min(u64::from(u32::MAX)) << 32) | u64::from(job.order);
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = (0..tenants)
+        .filter(|&t| !queue.range[t].is_empty())
+        .map(|t| Reverse((key(share[t], &queue.jobs[queue.range[t].start]), t as u32)))
         .collect();
-    // The flavor each job names, looked up once (names are strings; the loop compares ids).
-    let job_flavor: Vec<NamedFlavor> = snap.pending.iter().map(|j| named_flavor(&state, j)).collect();
-    // Each queued tenant's index in the state (None: a tenant without a policy).
-    let policy_of: Vec<Option<usize>> = tenant_ids.iter().map(|id| state.tenant(*id)).collect();
-    // Sorted by tenant, priority (descending), submission order, then id; packed for speed.
-    let mut sorted: Vec<(u64, u64, u32)> = snap
-        .pending
-        .iter()
-        .enumerate()
-        .map(|(i, j)| {
-            let priority_desc = u64::from(u32::MAX - (i64::from(j.priority) - i64::from(i32::MIN)) as u32);
-            ((u64::from(job_tenant[i]) << 32) | priority_desc, j.seq, i as u32)
-        })
-        .collect();
-    sorted.sort_unstable_by(|a, b| {
-        (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| snap.pending[a.2 as usize].id.cmp(&snap.pending[b.2 as usize].id))
-    });
-    let mut queues: Vec<VecDeque<usize>> = vec![VecDeque::new(); tenant_ids.len()];
-    for (rank, &(key, ..)) in sorted.iter().enumerate() {
-        queues[(key >> 32) as usize].push_back(rank);
-    }
+    let mut next: Vec<usize> = queue.range.iter().map(|r| r.start).collect();
 
-    let mut heap = BinaryHeap::with_capacity(queues.len());
-    for (tenant, queue) in queues.iter().enumerate() {
-        if let Some(&head) = queue.front() {
-            heap.push(Reverse(order_key(&state, &policy_of, tenant as u32, &sorted, head)));
-        }
-    }
     let mut victims_taken: BTreeSet<Uuid> = BTreeSet::new();
     // Tenants whose first waiting job was searched for preemption victims, and how many.
-    let mut searched = vec![false; tenant_ids.len()];
+    let mut searched = vec![false; tenants];
     let mut searches = 0;
     let running_by_flavor = running_by_flavor(snap);
     // Per tenant: jobs left waiting so far, and how many of them share the latest priority (a
     // tenant's jobs come in priority order, so the rest had a higher one).
-    let mut waiting: Vec<(usize, i32, usize)> = vec![(0, i32::MIN, 0); tenant_ids.len()];
+    let mut waiting: Vec<(usize, i32, usize)> = vec![(0, i32::MIN, 0); tenants];
 
-    while let Some(Reverse(key)) = heap.pop() {
-        let queue = &mut queues[key.tenant() as usize];
-        let rank = queue.pop_front().expect("the head that was pushed");
-        let job = &snap.pending[sorted[rank].2 as usize];
+    while let Some(mut top) = heap.peek_mut() {
+        let tenant = top.0.1 as usize;
+        let job = &queue.jobs[next[tenant]];
+        next[tenant] += 1;
+        let t = queue.policy_of[tenant];
 
-        match try_admit(&mut state, job, policy_of[key.tenant() as usize], job_flavor[sorted[rank].2 as usize]) {
-            Ok(admission) => result.admissions.push(admission),
+        match try_admit(&mut state, job, t, queue.flavors(job)) {
+            Ok(admission) => {
+                result.admissions.push(admission);
+                share[tenant] = dominant_share(&state, t);
+            }
             Err((reason, quota_allows)) => {
                 let mut reason = reason;
                 // Preemption is searched for the first waiting job of each tenant only, and for at
                 // most a few jobs per cycle: bounded work, and the next cycle serves the rest.
-                let may_search =
-                    options.preempt && searches < MAX_PREEMPTION_SEARCHES && !searched[key.tenant() as usize];
+                let may_search = options.preempt && searches < MAX_PREEMPTION_SEARCHES && !searched[tenant];
                 if may_search {
-                    searched[key.tenant() as usize] = true;
+                    searched[tenant] = true;
                     searches += 1;
                 }
+                let pending_job = &snap.pending[job.index as usize];
                 if may_search
-                    && let Some((victims, kind)) =
-                        find_victims(&mut state, job, quota_allows, &victims_taken, &running_by_flavor)
+                    && let Some((victims, kind)) = find_victims(
+                        &mut state,
+                        pending_job,
+                        queue.flavors(job),
+                        quota_allows,
+                        &victims_taken,
+                        &running_by_flavor,
+                    )
                 {
                     reason = PendingReason::WaitingForPreemption { victims: victims.len() };
                     for victim in victims {
@@ -130,12 +110,12 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                 } else if options.reserve
                     && snap.now - job.submitted_at >= snap.settings.starvation_after_secs
                     && matches!(reason, PendingReason::NoRoom { .. })
-                    && let Some(flavor) = flavor_for_reservation(&state, job)
+                    && let Some(flavor) = flavor_for_reservation(&state, job, t, queue.flavors(job))
                 {
-                    let nodes = state.reservation_for(&job.demand, flavor);
+                    let nodes = state.reservation_for(state.shape(job.shape), flavor);
                     state.reserve(job.id, &nodes);
                 }
-                let entry = &mut waiting[key.tenant() as usize];
+                let entry = &mut waiting[tenant];
                 if entry.1 != job.priority {
                     *entry = (entry.0, job.priority, 0);
                 }
@@ -151,43 +131,139 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                 });
             }
         }
-        if let Some(&next) = queues[key.tenant() as usize].front() {
-            heap.push(Reverse(order_key(&state, &policy_of, key.tenant(), &sorted, next)));
+        // The tenant's next job takes its place in the heap (one sift), or the tenant leaves it.
+        if next[tenant] < queue.range[tenant].end {
+            top.0 = (key(share[tenant], &queue.jobs[next[tenant]]), tenant as u32);
+        } else {
+            PeekMut::pop(top);
         }
     }
     result
 }
 
-/// Fair-share order across tenants, then priority, then submission order, then the job's place
-/// in the cycle's sorted queue (which breaks ties by tenant, then job id). Packed into two
-/// integers, compared as such: the heap compares these millions of times a cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct OrderKey {
-    /// Dominant share (millionths, saturating at u32), priority (descending), seq.
-    order: u128,
-    /// The job's rank in the sorted queue, then its tenant's queue.
-    place: u64,
+/// A queued job as the cycle reads it: copied once out of the snapshot into queue order, so
+/// that the loop walks memory in order instead of jumping across the snapshot's jobs.
+struct Queued {
+    id: Uuid,
+    submitted_at: i64,
+    /// Its index in `snap.pending`.
+    index: u32,
+    /// Its place in the order that breaks ties between tenants of equal share: priority
+    /// (descending), submission order, tenant (first seen first), id.
+    order: u32,
+    priority: i32,
+    shape: ShapeId,
+    /// The flavors it may use: where their list starts in `Queue::flavor_lists`, and its length.
+    flavors: (u32, u32),
 }
 
-impl OrderKey {
-    fn tenant(&self) -> u32 {
-        self.place as u32
+/// The cycle's queue: every pending job, grouped by tenant, each tenant's jobs in its own
+/// order (priority descending, submission order, id).
+struct Queue {
+    jobs: Vec<Queued>,
+    /// The tenants with queued jobs, in order of first appearance.
+    tenants: Vec<Uuid>,
+    /// Each queued tenant's index in the state (`None`: a tenant without a policy; it gets
+    /// "no quota" for GPU jobs but may run CPU-only ones).
+    policy_of: Vec<Option<usize>>,
+    /// Each queued tenant's jobs in `jobs`.
+    range: Vec<std::ops::Range<usize>>,
+    /// The lists of flavors jobs may use, one after the other: every flavor first, then each
+    /// queued tenant's quota flavors.
+    flavor_lists: Vec<FlavorId>,
+}
+
+impl Queue {
+    fn new(state: &mut State<'_>) -> Queue {
+        let snap = state.snap;
+        let mut tenants: Vec<Uuid> = Vec::new();
+        let mut tenant_of: FxHashMap<Uuid, u32> = FxHashMap::default();
+        let job_tenant: Vec<u32> = snap
+            .pending
+            .iter()
+            .map(|j| {
+                *tenant_of.entry(j.tenant).or_insert_with(|| {
+                    tenants.push(j.tenant);
+                    (tenants.len() - 1) as u32
+                })
+            })
+            .collect();
+        let policy_of: Vec<Option<usize>> = tenants.iter().map(|id| state.tenant(*id)).collect();
+
+        // The cross-tenant order: priority (descending), submission order, tenant, then id.
+        let mut order: Vec<(u128, u32)> = snap
+            .pending
+            .iter()
+            .enumerate()
+            .map(|(i, j)| {
+                let priority_desc = u32::MAX - (i64::from(j.priority) - i64::from(i32::MIN)) as u32;
+                let key = (u128::from(priority_desc) << 96) | (u128::from(j.seq) << 32) | u128::from(job_tenant[i]);
+                (key, i as u32)
+            })
+            .collect();
+        order.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0).then_with(|| snap.pending[a.1 as usize].id.cmp(&snap.pending[b.1 as usize].id))
+        });
+
+        // Grouped by tenant (a counting sort, which keeps that order within each tenant).
+        let mut range: Vec<std::ops::Range<usize>> = vec![0..0; tenants.len()];
+        for &t in &job_tenant {
+            range[t as usize].end += 1;
+        }
+        let mut start = 0;
+        for r in &mut range {
+            *r = start..start + r.end;
+            start = r.end;
+        }
+        let mut fill: Vec<usize> = range.iter().map(|r| r.start).collect();
+        let mut slots: Vec<u32> = vec![0; snap.pending.len()];
+        let all = state.flavors.len() as u32;
+        let mut flavor_lists: Vec<FlavorId> = (0..state.flavors.len()).collect();
+        // The flavors a job could use: the one it names (none when the cluster does not know
+        // it), or every flavor its tenant has quota for (every flavor of the cluster when it
+        // has none, so that the reason says so).
+        let tenant_lists: Vec<(u32, u32)> = policy_of
+            .iter()
+            .map(|&t| match t.map(|t| state.quota_flavors(t)) {
+                Some(flavors) if !flavors.is_empty() => {
+                    flavor_lists.extend_from_slice(flavors);
+                    ((flavor_lists.len() - flavors.len()) as u32, flavors.len() as u32)
+                }
+                _ => (0, all),
+            })
+            .collect();
+        for (place, &(_, i)) in order.iter().enumerate() {
+            let t = job_tenant[i as usize] as usize;
+            slots[fill[t]] = place as u32;
+            fill[t] += 1;
+        }
+        let jobs = slots
+            .into_iter()
+            .map(|place| {
+                let index = order[place as usize].1;
+                let job = &snap.pending[index as usize];
+                let flavors = match job.demand.gpu_type.as_deref() {
+                    Some(name) => state.flavor_id(name).map_or((0, 0), |f| (f as u32, 1)),
+                    None => tenant_lists[job_tenant[index as usize] as usize],
+                };
+                Queued {
+                    id: job.id,
+                    submitted_at: job.submitted_at,
+                    index,
+                    order: place,
+                    priority: job.priority,
+                    shape: state.intern(Shape::of(&job.demand)),
+                    flavors,
+                }
+            })
+            .collect();
+        Queue { jobs, tenants, policy_of, range, flavor_lists }
     }
-}
 
-fn order_key(
-    state: &State<'_>,
-    policy_of: &[Option<usize>],
-    tenant: u32,
-    sorted: &[(u64, u64, u32)],
-    rank: usize,
-) -> OrderKey {
-    let job = &state.snap.pending[sorted[rank].2 as usize];
-    let share = dominant_share(state, policy_of[tenant as usize]).min(u64::from(u32::MAX));
-    let priority_desc = u64::from(u32::MAX - (i64::from(job.priority) - i64::from(i32::MIN)) as u32);
-    OrderKey {
-        order: (u128::from((share << 32) | priority_desc) << 64) | u128::from(job.seq),
-        place: ((rank as u64) << 32) | u64::from(tenant),
+    /// The flavors `job` may use.
+    fn flavors(&self, job: &Queued) -> &[FlavorId] {
+        let (start, len) = job.flavors;
+        &self.flavor_lists[start as usize..(start + len) as usize]
     }
 }
 
@@ -201,56 +277,35 @@ fn dominant_share(state: &State<'_>, tenant: Option<usize>) -> u64 {
     (share * 1e6) as u64
 }
 
-/// Flavors a job could use: the one it names, or every flavor its tenant has quota for (every
-/// flavor of the cluster, when it has none, so that the reason says so).
-/// `named` is [`named_flavor`] of the job, looked up once per cycle by the hot path.
-fn flavors_for(state: &State<'_>, named: NamedFlavor, t: Option<usize>) -> SmallVec<[FlavorId; 4]> {
-    match named {
-        Some(id) => id.into_iter().collect(),
-        None => {
-            let flavors = state.quota_flavors(t);
-            if flavors.is_empty() { (0..state.flavors.len()).collect() } else { flavors }
-        }
-    }
-}
-
 /// Admits the job if quota and nodes allow; else the most telling reason, and whether the job
 /// would fit its nominal quota were borrowers reclaimed.
-/// The flavor a job names: `None` when it names none (any will do), `Some(None)` when it names
-/// one the cluster does not know.
-type NamedFlavor = Option<Option<FlavorId>>;
-
-fn named_flavor(state: &State<'_>, job: &PendingJob) -> NamedFlavor {
-    job.demand.gpu_type.as_deref().map(|name| state.flavor_id(name))
-}
-
-/// `t` is the job's tenant's index in the state (`None`: a tenant without a policy); `named`
-/// its [`named_flavor`].
+/// `t` is the job's tenant's index in the state (`None`: a tenant without a policy); `flavors`
+/// the ones it may use.
 fn try_admit(
     state: &mut State<'_>,
-    job: &PendingJob,
+    job: &Queued,
     t: Option<usize>,
-    named: NamedFlavor,
+    flavors: &[FlavorId],
 ) -> Result<Admission, (PendingReason, bool)> {
-    let demand = &job.demand;
+    let demand = *state.shape(job.shape);
     if demand.gpus == 0 {
-        return match state.place_remembered(demand, None) {
+        return match state.place_remembered(job.shape, None) {
             Some(nodes) => {
-                state.allocate(job.tenant, None, demand, &nodes);
-                Ok(admission(state, job, None, &nodes))
+                state.allocate(t, None, &demand, &nodes);
+                Ok(admission(state, job.id, None, &nodes))
             }
-            None => Err((never_or_no_room(state, job, None), false)),
+            None => Err((never_or_no_room(state, job.id, &demand, None), false)),
         };
     }
     let mut best: Option<(PendingReason, bool)> = None;
-    for flavor in flavors_for(state, named, t) {
+    for &flavor in flavors {
         let reason = match state.quota_check(t, flavor, demand.total_gpus()) {
-            Ok(QuotaCheck::Fits) => match state.place_remembered(demand, Some(flavor)) {
+            Ok(QuotaCheck::Fits) => match state.place_remembered(job.shape, Some(flavor)) {
                 Some(nodes) => {
-                    state.allocate(job.tenant, Some(flavor), demand, &nodes);
-                    return Ok(admission(state, job, Some(flavor), &nodes));
+                    state.allocate(t, Some(flavor), &demand, &nodes);
+                    return Ok(admission(state, job.id, Some(flavor), &nodes));
                 }
-                None => (never_or_no_room(state, job, Some(flavor)), true),
+                None => (never_or_no_room(state, job.id, &demand, Some(flavor)), true),
             },
             Ok(QuotaCheck::Reclaimable) => (
                 PendingReason::CohortExhausted {
@@ -273,7 +328,7 @@ fn try_admit(
             best = Some(reason);
         }
     }
-    let none_offered = || match &demand.gpu_type {
+    let none_offered = || match &state.snap.pending[job.index as usize].demand.gpu_type {
         Some(flavor) => {
             PendingReason::NeverFits { detail: format!("no node of the cluster has GPUs of type {flavor}") }
         }
@@ -284,17 +339,16 @@ fn try_admit(
     Err(best.unwrap_or_else(|| (none_offered(), false)))
 }
 
-fn admission(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId>, nodes: &[usize]) -> Admission {
+fn admission(state: &State<'_>, job: Uuid, flavor: Option<FlavorId>, nodes: &[usize]) -> Admission {
     Admission {
-        job: job.id,
+        job,
         flavor: flavor.map(|f| state.flavors[f].to_string()),
         nodes: nodes.iter().map(|&i| state.snap.nodes[i].name.clone()).collect(),
     }
 }
 
 /// "Can never fit on this cluster" or "no room now".
-fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId>) -> PendingReason {
-    let d = &job.demand;
+fn never_or_no_room(state: &State<'_>, job: Uuid, d: &Shape, flavor: Option<FlavorId>) -> PendingReason {
     let Some(f) = flavor else {
         let fits = state.snap.nodes.iter().any(|n| n.cpu_millis >= d.cpu_millis && n.memory_bytes >= d.memory_bytes);
         return if fits {
@@ -326,7 +380,7 @@ fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId
             ),
         };
     }
-    if let Some(holder) = state.reserved_for(f).filter(|holder| *holder != job.id) {
+    if let Some(holder) = state.reserved_for(f).filter(|holder| *holder != job) {
         return PendingReason::Reserved { for_job: holder };
     }
     PendingReason::NoRoom {
@@ -337,14 +391,12 @@ fn never_or_no_room(state: &State<'_>, job: &PendingJob, flavor: Option<FlavorId
     }
 }
 
-fn flavor_for_reservation(state: &State<'_>, job: &PendingJob) -> Option<FlavorId> {
-    if job.demand.gpus == 0 {
+fn flavor_for_reservation(state: &State<'_>, job: &Queued, t: Option<usize>, flavors: &[FlavorId]) -> Option<FlavorId> {
+    let demand = state.shape(job.shape);
+    if demand.gpus == 0 {
         return None;
     }
-    let t = state.tenant(job.tenant);
-    flavors_for(state, named_flavor(state, job), t)
-        .into_iter()
-        .find(|&f| state.quota_check(t, f, job.demand.total_gpus()).is_ok())
+    flavors.iter().copied().find(|&f| state.quota_check(t, f, demand.total_gpus()).is_ok())
 }
 
 /// Running jobs by the flavor their quota is counted in.
@@ -366,6 +418,7 @@ fn running_by_flavor(snap: &Snapshot) -> BTreeMap<&str, Vec<&RunningJob>> {
 fn find_victims<'a>(
     state: &mut State<'a>,
     job: &PendingJob,
+    flavors: &[FlavorId],
     quota_allows: bool,
     taken: &BTreeSet<Uuid>,
     running_by_flavor: &BTreeMap<&str, Vec<&'a RunningJob>>,
@@ -378,7 +431,7 @@ fn find_victims<'a>(
     let cohort = snap.tenants[t].cohort.as_deref();
     let need = job.demand.total_gpus();
     let eligible = |r: &RunningJob| !r.stopping && !taken.contains(&r.id) && r.priority <= job.priority;
-    for flavor in flavors_for(state, named_flavor(state, job), Some(t)) {
+    for &flavor in flavors {
         let Some(on_flavor) = running_by_flavor.get(state.flavors[flavor]) else { continue };
         // Jobs already being stopped (victims of an earlier cycle) will free their resources:
         // count them as gone, so that no one is preempted twice over for the same room.
@@ -460,16 +513,17 @@ fn victims_on<'a>(
 fn take<'a>(state: &mut State<'a>, r: &RunningJob, release: bool) {
     let nodes = state.running_nodes(r);
     let f = r.flavor.as_deref().and_then(|f| state.flavor_id(f));
+    let (t, shape) = (state.tenant(r.tenant), Shape::of(&r.demand));
     if release {
-        state.release(r.tenant, f, &r.demand, &nodes);
+        state.release(t, f, &shape, &nodes);
     } else {
-        state.allocate(r.tenant, f, &r.demand, &nodes);
+        state.allocate(t, f, &shape, &nodes);
     }
 }
 
 fn job_fits(state: &State<'_>, job: &PendingJob, flavor: FlavorId) -> bool {
     matches!(state.quota_check(state.tenant(job.tenant), flavor, job.demand.total_gpus()), Ok(QuotaCheck::Fits))
-        && state.place(&job.demand, Some(flavor)).is_some()
+        && state.place(&Shape::of(&job.demand), Some(flavor)).is_some()
 }
 
 fn smallest_sufficient<'a>(

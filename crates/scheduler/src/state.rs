@@ -2,8 +2,9 @@
 //! for best-fit lookups), usage per tenant and flavor, and per cohort the borrowed and lendable
 //! totals, all kept incrementally so that each decision costs O(log n), not a scan.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
+use rustc_hash::FxHashMap;
 use uuid::Uuid;
 
 use crate::decision::PendingReason;
@@ -30,8 +31,11 @@ pub(crate) struct State<'a> {
     pub flavors: Vec<&'a str>,
     /// The same names, shared into reasons.
     pub flavor_names: Vec<crate::decision::FlavorName>,
-    flavor_ids: BTreeMap<&'a str, FlavorId>,
-    node_by_name: BTreeMap<&'a str, usize>,
+    // Lookups only (never iterated, so their order cannot leak into decisions): hashed with
+    // FxHash, which costs a fraction of a B-tree's string compares over 100,000 jobs.
+    flavor_ids: FxHashMap<&'a str, FlavorId>,
+    node_by_name: FxHashMap<&'a str, usize>,
+    tenant_index: FxHashMap<Uuid, usize>,
     node_flavor: Vec<Option<FlavorId>>,
     free_gpus: Vec<u32>,
     free_cpu: Vec<u64>,
@@ -46,7 +50,8 @@ pub(crate) struct State<'a> {
     /// flavor -> free GPUs -> nodes (unreserved only), for best-fit lookups.
     buckets: Vec<BTreeMap<u32, BTreeSet<usize>>>,
     flavor_free: Vec<u64>,
-    tenant_index: BTreeMap<Uuid, usize>,
+    /// Per tenant, the flavors it has a quota for.
+    tenant_flavors: Vec<smallvec::SmallVec<[FlavorId; 4]>>,
     /// quotas[tenant * flavors + flavor]: one flat table, so a lookup is one load.
     quotas: Vec<Option<Quota>>,
     /// usage[tenant * flavors + flavor], in GPUs.
@@ -54,18 +59,43 @@ pub(crate) struct State<'a> {
     cohort_of: Vec<usize>,
     /// pools[cohort][flavor] = (borrowed, lendable) summed over the cohort's members.
     pools: Vec<Vec<(u64, u64)>>,
-    /// Shapes that found no placement since capacity last grew. Within a cycle capacity mostly
-    /// only shrinks (admissions, reservations), so most of a long queue's jobs are answered
-    /// from here instead of searching nodes again; a release (preemption's what-if) clears it.
-    unplaceable: HashSet<Shape>,
+    /// The distinct shapes of the cycle's jobs, interned: a long queue holds few of them.
+    shapes: Vec<Shape>,
+    shape_ids: FxHashMap<Shape, ShapeId>,
+    /// Per (shape, flavor or none) slot: the generation in which that shape found no
+    /// placement. Within a cycle capacity mostly only shrinks (admissions, reservations), so
+    /// most of a long queue's jobs are answered from here instead of searching nodes again; a
+    /// release (preemption's what-if) starts a new generation, which forgets them all at once.
+    unplaceable: Vec<u32>,
+    generation: u32,
 }
 
-/// What placement depends on: the flavor and the demand's numbers.
-type Shape = (Option<FlavorId>, u32, u32, u64, u64);
-
-fn shape_of(demand: &Demand, flavor: Option<FlavorId>) -> Shape {
-    (flavor, demand.replicas, demand.gpus, demand.cpu_millis, demand.memory_bytes)
+/// What placement depends on: a demand's numbers, not its GPU type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Shape {
+    pub replicas: u32,
+    pub gpus: u32,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
 }
+
+impl Shape {
+    pub fn of(demand: &Demand) -> Shape {
+        Shape {
+            replicas: demand.replicas,
+            gpus: demand.gpus,
+            cpu_millis: demand.cpu_millis,
+            memory_bytes: demand.memory_bytes,
+        }
+    }
+
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.replicas) * u64::from(self.gpus)
+    }
+}
+
+/// An interned [`Shape`].
+pub(crate) type ShapeId = u32;
 
 impl<'a> State<'a> {
     pub fn new(snap: &'a Snapshot) -> State<'a> {
@@ -76,10 +106,11 @@ impl<'a> State<'a> {
             .chain(snap.tenants.iter().flat_map(|t| t.quotas.keys().map(String::as_str)))
             .chain(snap.pending.iter().filter_map(|j| j.demand.gpu_type.as_deref()))
             .chain(snap.running.iter().filter_map(|j| j.flavor.as_deref()))
+            .collect::<rustc_hash::FxHashSet<&str>>()
+            .into_iter()
             .collect();
         names.sort();
-        names.dedup();
-        let flavor_ids: BTreeMap<&str, FlavorId> = names.iter().enumerate().map(|(i, f)| (*f, i)).collect();
+        let flavor_ids: FxHashMap<&str, FlavorId> = names.iter().enumerate().map(|(i, f)| (*f, i)).collect();
         let mut cohorts: BTreeMap<String, usize> = BTreeMap::new();
         let cohort_of: Vec<usize> = snap
             .tenants
@@ -105,10 +136,18 @@ impl<'a> State<'a> {
             buckets: vec![BTreeMap::new(); nf],
             flavor_free: vec![0; nf],
             tenant_index: snap.tenants.iter().enumerate().map(|(i, t)| (t.id, i)).collect(),
+            tenant_flavors: snap
+                .tenants
+                .iter()
+                .map(|t| (0..names.len()).filter(|f| t.quotas.contains_key(names[*f])).collect())
+                .collect(),
             quotas: snap.tenants.iter().flat_map(|t| names.iter().map(|f| t.quotas.get(*f).copied())).collect(),
             usage: vec![0; nf * snap.tenants.len()],
             pools: vec![vec![(0, 0); nf]; cohorts.len()],
-            unplaceable: HashSet::new(),
+            shapes: Vec::new(),
+            shape_ids: FxHashMap::default(),
+            unplaceable: Vec::new(),
+            generation: 1,
             cohort_of,
             flavor_names: names.iter().map(|n| std::sync::Arc::from(*n)).collect(),
             flavors: names,
@@ -134,7 +173,7 @@ impl<'a> State<'a> {
         for job in &snap.running {
             let nodes = state.running_nodes(job);
             let flavor = job.flavor.as_deref().map(|f| state.flavor_ids[f]);
-            state.allocate(job.tenant, flavor, &job.demand, &nodes);
+            state.allocate(state.tenant(job.tenant), flavor, &Shape::of(&job.demand), &nodes);
         }
         state
     }
@@ -157,10 +196,8 @@ impl<'a> State<'a> {
     }
 
     /// The flavors tenant `t` has a quota for.
-    pub fn quota_flavors(&self, t: Option<usize>) -> smallvec::SmallVec<[FlavorId; 4]> {
-        t.map_or_else(Default::default, |t| {
-            (0..self.flavors.len()).filter(|&f| self.quotas[self.cell(t, f)].is_some()).collect()
-        })
+    pub fn quota_flavors(&self, t: usize) -> &[FlavorId] {
+        &self.tenant_flavors[t]
     }
 
     pub fn usage(&self, t: usize, flavor: FlavorId) -> u64 {
@@ -251,32 +288,49 @@ impl<'a> State<'a> {
         self.flavor_free[flavor] -= u64::from(free);
     }
 
-    /// Takes a job's resources: on its nodes, and in its tenant's usage.
-    pub fn allocate(&mut self, tenant: Uuid, flavor: Option<FlavorId>, demand: &Demand, nodes: &[usize]) {
-        self.adjust(tenant, flavor, demand, nodes, -1);
+    /// Takes a job's resources: on its nodes, and in its tenant's usage (`t`: the tenant's
+    /// index; `None` for a tenant without a policy, whose usage is not counted).
+    pub fn allocate(&mut self, t: Option<usize>, flavor: Option<FlavorId>, demand: &Shape, nodes: &[usize]) {
+        self.adjust(t, flavor, demand, nodes, -1);
     }
 
     /// Gives a job's resources back.
-    pub fn release(&mut self, tenant: Uuid, flavor: Option<FlavorId>, demand: &Demand, nodes: &[usize]) {
-        self.unplaceable.clear();
-        self.adjust(tenant, flavor, demand, nodes, 1);
+    pub fn release(&mut self, t: Option<usize>, flavor: Option<FlavorId>, demand: &Shape, nodes: &[usize]) {
+        self.generation += 1;
+        self.adjust(t, flavor, demand, nodes, 1);
     }
 
-    /// [`State::place`], remembering failures: a shape that found no room finds none again
-    /// until something is released.
-    pub fn place_remembered(&mut self, demand: &Demand, flavor: Option<FlavorId>) -> Option<Placement> {
-        let shape = shape_of(demand, flavor);
-        if self.unplaceable.contains(&shape) {
+    /// The id of `shape`, interned on first sight.
+    pub fn intern(&mut self, shape: Shape) -> ShapeId {
+        if let Some(&id) = self.shape_ids.get(&shape) {
+            return id;
+        }
+        let id = self.shapes.len() as ShapeId;
+        self.shapes.push(shape);
+        self.shape_ids.insert(shape, id);
+        self.unplaceable.resize(self.shapes.len() * (self.flavors.len() + 1), 0);
+        id
+    }
+
+    pub fn shape(&self, id: ShapeId) -> &Shape {
+        &self.shapes[id as usize]
+    }
+
+    /// [`State::place`] for an interned shape, remembering failures: a shape that found no
+    /// room finds none again until something is released.
+    pub fn place_remembered(&mut self, shape: ShapeId, flavor: Option<FlavorId>) -> Option<Placement> {
+        let slot = shape as usize * (self.flavors.len() + 1) + flavor.map_or(0, |f| f + 1);
+        if self.unplaceable[slot] == self.generation {
             return None;
         }
-        let placement = self.place(demand, flavor);
+        let placement = self.place(&self.shapes[shape as usize], flavor);
         if placement.is_none() {
-            self.unplaceable.insert(shape);
+            self.unplaceable[slot] = self.generation;
         }
         placement
     }
 
-    fn adjust(&mut self, tenant: Uuid, flavor: Option<FlavorId>, demand: &Demand, nodes: &[usize], sign: i64) {
+    fn adjust(&mut self, t: Option<usize>, flavor: Option<FlavorId>, demand: &Shape, nodes: &[usize], sign: i64) {
         for &node in nodes {
             let node_flavor = self.node_flavor[node];
             if let Some(f) = node_flavor {
@@ -289,7 +343,7 @@ impl<'a> State<'a> {
                 self.index_insert(f, node);
             }
         }
-        if let (Some(flavor), Some(t)) = (flavor, self.tenant(tenant)) {
+        if let (Some(flavor), Some(t)) = (flavor, t) {
             self.usage_add(t, flavor, -sign * demand.total_gpus() as i64);
         }
     }
@@ -316,7 +370,7 @@ impl<'a> State<'a> {
 
     /// Whether one replica fits an empty node of `flavor`, and how many replicas all its nodes
     /// hold when empty.
-    pub fn fits_ever(&self, demand: &Demand, flavor: FlavorId) -> (bool, u64) {
+    pub fn fits_ever(&self, demand: &Shape, flavor: FlavorId) -> (bool, u64) {
         let (gpus, cpu, mem) = self.largest[flavor];
         let one = gpus >= demand.gpus && cpu >= demand.cpu_millis && mem >= demand.memory_bytes;
         let total =
@@ -329,7 +383,7 @@ impl<'a> State<'a> {
     }
 
     /// How many replicas of `demand` node `i` holds now.
-    fn fits_on(&self, i: usize, demand: &Demand) -> u32 {
+    fn fits_on(&self, i: usize, demand: &Shape) -> u32 {
         let by = |free: u64, need: u64| free.checked_div(need).map_or(u32::MAX, |n| n.min(u64::from(u32::MAX)) as u32);
         by(u64::from(self.free_gpus[i]), u64::from(demand.gpus))
             .min(by(self.free_cpu[i], demand.cpu_millis))
@@ -339,7 +393,7 @@ impl<'a> State<'a> {
     /// A placement for every replica, or `None`. One replica: the fullest node that still fits
     /// (best fit keeps whole nodes free). Gangs: one rack when any rack can hold them all (the
     /// tightest such rack), then as few nodes as possible, preferring the fullest.
-    pub fn place(&self, demand: &Demand, flavor: Option<FlavorId>) -> Option<Placement> {
+    pub fn place(&self, demand: &Shape, flavor: Option<FlavorId>) -> Option<Placement> {
         let replicas = demand.replicas as usize;
         let candidates: Vec<(usize, u32)> = match flavor {
             Some(f) => {
@@ -399,7 +453,7 @@ impl<'a> State<'a> {
 
     /// Nodes of `flavor` that, once empty, would hold the gang: the ones with most free GPUs
     /// first (closest to ready).
-    pub fn reservation_for(&self, demand: &Demand, flavor: FlavorId) -> Vec<usize> {
+    pub fn reservation_for(&self, demand: &Shape, flavor: FlavorId) -> Vec<usize> {
         let mut nodes: Vec<usize> = (0..self.snap.nodes.len())
             .filter(|&i| self.node_flavor[i] == Some(flavor) && self.reserved[i].is_none())
             .filter(|&i| self.snap.nodes[i].gpus >= demand.gpus)
