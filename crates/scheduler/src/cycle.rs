@@ -13,7 +13,7 @@
 
 use std::cmp::Reverse;
 use std::collections::binary_heap::PeekMut;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeSet, BinaryHeap};
 
 use rustc_hash::FxHashMap;
 use uuid::Uuid;
@@ -66,7 +66,7 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
     // Tenants whose first waiting job was searched for preemption victims, and how many.
     let mut searched = vec![false; tenants];
     let mut searches = 0;
-    let running_by_flavor = running_by_flavor(snap);
+    let running_by_flavor = running_by_flavor(&state);
     // Per tenant: jobs left waiting so far, and how many of them share the latest priority (a
     // tenant's jobs come in priority order, so the rest had a higher one).
     let mut waiting: Vec<(usize, i32, usize)> = vec![(0, i32::MIN, 0); tenants];
@@ -400,11 +400,11 @@ fn flavor_for_reservation(state: &State<'_>, job: &Queued, t: Option<usize>, fla
 }
 
 /// Running jobs by the flavor their quota is counted in.
-fn running_by_flavor(snap: &Snapshot) -> BTreeMap<&str, Vec<&RunningJob>> {
-    let mut by_flavor: BTreeMap<&str, Vec<&RunningJob>> = BTreeMap::new();
-    for job in &snap.running {
-        if let Some(flavor) = job.flavor.as_deref() {
-            by_flavor.entry(flavor).or_default().push(job);
+fn running_by_flavor<'a>(state: &State<'a>) -> Vec<Vec<&'a RunningJob>> {
+    let mut by_flavor = vec![Vec::new(); state.flavors.len()];
+    for job in &state.snap.running {
+        if let Some(flavor) = job.flavor.as_deref().and_then(|f| state.flavor_id(f)) {
+            by_flavor[flavor].push(job);
         }
     }
     by_flavor
@@ -421,7 +421,7 @@ fn find_victims<'a>(
     flavors: &[FlavorId],
     quota_allows: bool,
     taken: &BTreeSet<Uuid>,
-    running_by_flavor: &BTreeMap<&str, Vec<&'a RunningJob>>,
+    running_by_flavor: &[Vec<&'a RunningJob>],
 ) -> Option<(Vec<Uuid>, PreemptionKind)> {
     if job.demand.gpus == 0 {
         return None;
@@ -432,7 +432,7 @@ fn find_victims<'a>(
     let need = job.demand.total_gpus();
     let eligible = |r: &RunningJob| !r.stopping && !taken.contains(&r.id) && r.priority <= job.priority;
     for &flavor in flavors {
-        let Some(on_flavor) = running_by_flavor.get(state.flavors[flavor]) else { continue };
+        let on_flavor = &running_by_flavor[flavor];
         // Jobs already being stopped (victims of an earlier cycle) will free their resources:
         // count them as gone, so that no one is preempted twice over for the same room.
         let stopping: Vec<&RunningJob> = on_flavor.iter().copied().filter(|r| r.stopping).collect();

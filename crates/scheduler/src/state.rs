@@ -37,6 +37,8 @@ pub(crate) struct State<'a> {
     node_by_name: FxHashMap<&'a str, usize>,
     tenant_index: FxHashMap<Uuid, usize>,
     node_flavor: Vec<Option<FlavorId>>,
+    /// Each node's rack as a number, in the order of rack names; 0 for a node without one.
+    node_rack: Vec<u32>,
     free_gpus: Vec<u32>,
     free_cpu: Vec<u64>,
     free_mem: Vec<u64>,
@@ -111,18 +113,33 @@ impl<'a> State<'a> {
             .collect();
         names.sort();
         let flavor_ids: FxHashMap<&str, FlavorId> = names.iter().enumerate().map(|(i, f)| (*f, i)).collect();
-        let mut cohorts: BTreeMap<String, usize> = BTreeMap::new();
+        // Cohorts numbered in order of first appearance; a tenant without one is a cohort alone.
+        let mut cohorts: FxHashMap<&str, usize> = FxHashMap::default();
+        let mut cohort_count = 0;
         let cohort_of: Vec<usize> = snap
             .tenants
             .iter()
             .map(|t| {
-                let key = t.cohort.clone().unwrap_or_else(|| format!("\0tenant:{}", t.id));
-                let next = cohorts.len();
-                *cohorts.entry(key).or_insert(next)
+                let next = cohort_count;
+                let id = match t.cohort.as_deref() {
+                    Some(name) => *cohorts.entry(name).or_insert(next),
+                    None => next,
+                };
+                cohort_count = cohort_count.max(id + 1);
+                id
             })
+            .collect();
+        let mut racks: Vec<&str> = snap.nodes.iter().filter_map(|n| n.rack.as_deref()).collect();
+        racks.sort_unstable();
+        racks.dedup();
+        let node_rack = snap
+            .nodes
+            .iter()
+            .map(|n| n.rack.as_deref().map_or(0, |r| racks.binary_search(&r).map_or(0, |i| i as u32 + 1)))
             .collect();
         let nf = names.len();
         let mut state = State {
+            node_rack,
             snap,
             node_by_name: snap.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect(),
             node_flavor: snap.nodes.iter().map(|n| n.gpu_type.as_deref().map(|f| flavor_ids[f])).collect(),
@@ -143,7 +160,7 @@ impl<'a> State<'a> {
                 .collect(),
             quotas: snap.tenants.iter().flat_map(|t| names.iter().map(|f| t.quotas.get(*f).copied())).collect(),
             usage: vec![0; nf * snap.tenants.len()],
-            pools: vec![vec![(0, 0); nf]; cohorts.len()],
+            pools: vec![vec![(0, 0); nf]; cohort_count],
             shapes: Vec::new(),
             shape_ids: FxHashMap::default(),
             unplaceable: Vec::new(),
@@ -435,17 +452,17 @@ impl<'a> State<'a> {
             return None;
         }
         // Prefer one rack: the tightest rack that can hold every replica.
-        let mut racks: BTreeMap<Option<&str>, u64> = BTreeMap::new();
+        let mut racks: BTreeMap<u32, u64> = BTreeMap::new();
         for (i, n) in &candidates {
-            *racks.entry(self.snap.nodes[*i].rack.as_deref()).or_default() += u64::from(*n);
+            *racks.entry(self.node_rack[*i]).or_default() += u64::from(*n);
         }
         let rack = racks
             .iter()
-            .filter(|(rack, cap)| rack.is_some() && **cap >= replicas as u64)
+            .filter(|(rack, cap)| **rack != 0 && **cap >= replicas as u64)
             .min_by_key(|(rack, cap)| (**cap, **rack))
             .map(|(rack, _)| *rack);
         let pool: Vec<(usize, u32)> = match rack {
-            Some(rack) => candidates.into_iter().filter(|(i, _)| self.snap.nodes[*i].rack.as_deref() == rack).collect(),
+            Some(rack) => candidates.into_iter().filter(|(i, _)| self.node_rack[*i] == rack).collect(),
             None => candidates,
         };
         greedy_fill(pool, replicas, |i| self.free_gpus[i])
