@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by the server benchmarks (api.sh, dashboard.sh): builds the release binaries, starts a
 # private Postgres and `trainyard serve` against a fresh database, and cleans both up on exit.
+# Extra flags for `trainyard serve` may be set beforehand in the array serve_args.
 # Sets: trainyard, work (a scratch folder), admin_url, db_url, url (the server), server_pid,
 # and exports TRAINYARD_TOKEN (the admin's token).
 source deploy/ensure-postgres
@@ -22,7 +23,8 @@ admin_url=$("$trainyard" postgres start --dir "$work/pg")
 db_url="${admin_url%/postgres}/bench"
 psql -q "$admin_url" -c "CREATE DATABASE bench"
 export TRAINYARD_TOKEN=$("$trainyard" bootstrap --database-url "$db_url" 2>/dev/null)
-"$trainyard" serve --database-url "$db_url" --listen 127.0.0.1:0 --data-dir "$work/data" > "$work/server.out" 2> "$work/server.log" &
+"$trainyard" serve --database-url "$db_url" --listen 127.0.0.1:0 --data-dir "$work/data" ${serve_args[@]+"${serve_args[@]}"} \
+  > "$work/server.out" 2> "$work/server.log" &
 server_pid=$!
 for _ in $(seq 100); do grep -q "listening on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
 url=$(sed -n 's/^trainyard: listening on //p' "$work/server.out")

@@ -138,3 +138,50 @@ async fn two_tenants_borrow_reclaim_and_explain_their_queues() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// A queue deeper than an admission cycle looks (500 jobs per tenant) still tells each job
+/// where it stands; and the shared answer follows a change at once, not after its maximum age.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deep_queue_says_where_each_job_stands_and_answers_follow_changes() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "8", "--simulate-gpu-type", GPU]).await;
+    let admin = env.admin_token.clone();
+    assert_eq!(env.post("/api/v1/admin/tenants", &admin, &json!({"name": "deep"})).await.0, StatusCode::CREATED);
+    let quota = env.yard(&admin, &["admin", "quota", "set", "deep", GPU, "--nominal", "2"]);
+    assert!(quota.status.success(), "{}", stderr(&quota));
+    let carol = env.member("deep", "carol", "member").await;
+
+    // Carol's quota is full; then 505 more jobs queue behind it.
+    let first = gpu_job(&env, &carol, "fills", 2).await;
+    wait_running(&env, &carol, &first).await;
+    let mut queued = Vec::new();
+    for i in 0..505 {
+        queued.push(gpu_job(&env, &carol, &format!("q-{i:03}"), 1).await);
+    }
+    // Submission order is id order (UUIDv7), which is the queue's order at equal priority.
+    queued.sort();
+
+    // The head: the scheduler's reason, positions and an estimate.
+    let (_, head) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[0]), &carol).await;
+    assert_eq!(head["tenant_position"], 1, "{head}");
+    assert!(head["reason"].as_str().unwrap().contains(&format!("tenant quota for {GPU}: 2 of 2 in use")), "{head}");
+    assert!(head["estimated_start"].is_string(), "{head}");
+
+    // The tail, deeper than a cycle looks: where it stands, and why there is no estimate.
+    let (_, tail) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[504]), &carol).await;
+    assert_eq!(tail["tenant_position"], 505, "{tail}");
+    let reason = tail["reason"].as_str().unwrap();
+    assert!(reason.contains("waits behind 504 earlier queued jobs of its tenant"), "{reason}");
+    assert!(reason.contains("considers the first 500"), "{reason}");
+    assert!(tail["estimated_start"].is_null() && tail["cluster_position"].is_null(), "{tail}");
+
+    // Cancelling the head moves the second job up at once (the answer is shared for up to two
+    // seconds, but a change made through this server makes it recompute).
+    let (_, second) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[1]), &carol).await;
+    assert_eq!(second["tenant_position"], 2, "{second}");
+    let cancelled = env.yard(&carol, &["cancel", &queued[0]]);
+    assert!(cancelled.status.success(), "{}", stderr(&cancelled));
+    let (_, second) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[1]), &carol).await;
+    assert_eq!(second["tenant_position"], 1, "{second}");
+    let (_, tail) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[504]), &carol).await;
+    assert_eq!(tail["tenant_position"], 504, "{tail}");
+}

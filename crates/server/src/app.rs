@@ -31,6 +31,8 @@ pub struct App {
     pub executor: Arc<dyn Executor>,
     /// Pokes the reconciler so a submit or a cancel is acted on now, not at the next tick.
     pub reconciler_wake: Arc<Notify>,
+    /// Every queued job's reason, positions and estimate, shared by readers (see [`crate::board`]).
+    pub schedule: Arc<crate::board::ScheduleBoard>,
     pub templates: Arc<Templates>,
     /// The object store and volumes (see [`crate::storage`]).
     pub storage: Arc<crate::storage::Storage>,
@@ -57,6 +59,13 @@ pub enum RunMode {
 pub const MAX_METRIC_POINTS: usize = 50_000;
 
 impl App {
+    /// After a change the scheduler must see (a submit, a cancel, a quota): wakes the
+    /// reconciler, and makes the schedule board recompute for the next reader.
+    fn scheduling_changed(&self) {
+        self.schedule.changed();
+        self.reconciler_wake.notify_one();
+    }
+
     pub async fn job_submit(&self, caller: &Caller, submission: JobSubmission) -> Result<Submitted> {
         caller.authorize(Action::WriteJobs)?;
         // The request as given, canonically encoded: a replay with the same idempotency key
@@ -65,7 +74,7 @@ impl App {
         let valid = submission.validate()?;
         let submitted = self.store.job_submit(caller, valid, None, &request_hash).await?;
         if matches!(submitted, Submitted::Created(_)) {
-            self.reconciler_wake.notify_one();
+            self.scheduling_changed();
         }
         Ok(submitted)
     }
@@ -164,7 +173,7 @@ impl App {
         let params = serde_json::Value::Object(run.params);
         let submitted = self.store.job_submit(caller, valid, Some(&params), &request_hash).await?;
         if matches!(submitted, Submitted::Created(_)) {
-            self.reconciler_wake.notify_one();
+            self.scheduling_changed();
         }
         Ok(TemplateRunOutcome::Submitted(Box::new(submitted)))
     }
@@ -319,7 +328,7 @@ impl App {
         self.store.job_get(caller.tenant_id, job_id).await?;
         caller.authorize(Action::WriteJobs)?;
         let job = self.store.job_cancel(caller, job_id).await?;
-        self.reconciler_wake.notify_one();
+        self.scheduling_changed();
         Ok(job)
     }
 
@@ -411,16 +420,35 @@ impl App {
         if job.state != trainyard_core::job::JobState::Queued {
             return Ok(None);
         }
-        let snapshot = self.scheduling_snapshot().await?;
-        let result = trainyard_scheduler::run_cycle(&snapshot, Default::default());
-        let admitted_now = result.admissions.iter().any(|a| a.job == job_id);
-        let pending = result.pending.iter().find(|p| p.job == job_id);
-        let estimate = if admitted_now {
-            Some(snapshot.now)
-        } else {
-            trainyard_scheduler::estimate_starts(&snapshot).get(&job_id).copied().flatten()
-        };
-        Ok(Some(schedule_of(admitted_now, pending, estimate)))
+        let mut board = self.schedule.get(self.scheduling_snapshot()).await?;
+        if board.standing(job_id).is_none() {
+            let (ahead, higher) = self.store.queued_ahead(caller.tenant_id, job_id).await?;
+            if ahead >= trainyard_store::reconcile::QUEUE_WINDOW_PER_TENANT {
+                // Deeper in its tenant's queue than an admission cycle looks: honest about
+                // where it stands, with no reason or estimate the scheduler did not compute.
+                return Ok(Some(Schedule {
+                    admitted_now: false,
+                    reason: Some(format!(
+                        "waits behind {ahead} earlier queued jobs of its tenant; each admission cycle considers \
+                         the first {} of a tenant's queue",
+                        trainyard_store::reconcile::QUEUE_WINDOW_PER_TENANT
+                    )),
+                    tenant_position: Some(ahead as usize + 1),
+                    cluster_position: None,
+                    behind_higher_priority: higher as usize,
+                    estimated_start: None,
+                }));
+            }
+            // Submitted after the board was computed (through another server): compute anew.
+            self.schedule.changed();
+            board = self.schedule.get(self.scheduling_snapshot()).await?;
+        }
+        let standing = board.standing(job_id);
+        Ok(Some(schedule_of(
+            standing.is_some_and(|s| s.admitted_now),
+            standing.and_then(|s| s.pending.as_ref()),
+            standing.and_then(|s| s.estimated_start),
+        )))
     }
 
     /// What would happen to a job submitted now. Checks it like a submit; queues nothing.
@@ -454,7 +482,9 @@ impl App {
             },
             expected_runtime: expected_runtime.map(i64::from),
         };
-        let answer = trainyard_scheduler::what_if(&snapshot, probe);
+        let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if(&snapshot, probe))
+            .await
+            .map_err(|err| Error::internal(format!("answering what-if: {err}")))?;
         Ok(schedule_of(answer.admitted_now, answer.pending.as_ref(), answer.estimated_start))
     }
 
@@ -521,7 +551,7 @@ impl App {
     pub async fn quota_set(&self, caller: &Caller, tenant: &str, flavor: &str, quota: QuotaSet) -> Result<()> {
         caller.require_platform_admin()?;
         self.store.quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit).await?;
-        self.reconciler_wake.notify_one();
+        self.scheduling_changed();
         self.ceiling_push(tenant).await;
         Ok(())
     }
@@ -549,7 +579,7 @@ impl App {
         self.store
             .tenant_policy_set(tenant, update.cohort.as_deref(), update.weight, update.preempt_lower_priority)
             .await?;
-        self.reconciler_wake.notify_one();
+        self.scheduling_changed();
         self.ceiling_push(tenant).await;
         Ok(())
     }

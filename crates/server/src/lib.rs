@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod app;
+pub mod board;
 pub mod cluster;
 pub mod dev;
 pub mod error;
@@ -86,14 +87,16 @@ impl Server {
         let templates = Arc::new(Templates::new(store.clone())?);
         let wake = Arc::new(Notify::new());
         let storage = Arc::new(storage);
+        let board = Arc::new(crate::board::ScheduleBoard::new(settings.schedule_max_age));
         let app = App {
             store: store.clone(),
             executor: Arc::clone(&executor),
             reconciler_wake: Arc::clone(&wake),
+            schedule: Arc::clone(&board),
             templates: Arc::clone(&templates),
             storage: Arc::clone(&storage),
         };
-        let reconciler = Reconciler::new(store, executor, templates, wake, settings).with_storage(storage);
+        let reconciler = Reconciler::new(store, executor, templates, wake, board, settings).with_storage(storage);
         Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler })
     }
 

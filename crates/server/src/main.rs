@@ -85,6 +85,11 @@ enum Command {
         /// The API's URL as jobs reach it (their TRAINYARD_URL); the listening address by default.
         #[arg(long)]
         public_url: Option<String>,
+        /// Milliseconds readers may share one computed answer to "why is my job pending, when
+        /// will it start" (0: every request simulates afresh). This server's own changes make
+        /// it recompute at once; another replica's show within this time.
+        #[arg(long, default_value_t = 2000)]
+        schedule_max_age_ms: u64,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -165,6 +170,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             max_connections,
             grace_seconds,
             public_url,
+            schedule_max_age_ms,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
@@ -172,6 +178,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let settings = ReconcilerSettings {
                 grace: Duration::from_secs(grace_seconds),
                 api_url: public_url,
+                schedule_max_age: Duration::from_millis(schedule_max_age_ms),
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;

@@ -44,11 +44,18 @@ pub struct ReconcilerSettings {
     pub grace: Duration,
     /// The API's URL as replicas reach it (`TRAINYARD_URL`); the listening address when unset.
     pub api_url: Option<String>,
+    /// How long readers share one answer to "why pending, when" (see [`crate::board`]).
+    pub schedule_max_age: Duration,
 }
 
 impl Default for ReconcilerSettings {
     fn default() -> Self {
-        ReconcilerSettings { tick: Duration::from_secs(1), grace: Duration::from_secs(10), api_url: None }
+        ReconcilerSettings {
+            tick: Duration::from_secs(1),
+            grace: Duration::from_secs(10),
+            api_url: None,
+            schedule_max_age: crate::board::DEFAULT_MAX_AGE,
+        }
     }
 }
 
@@ -57,6 +64,8 @@ pub struct Reconciler {
     executor: Arc<dyn Executor>,
     templates: Arc<Templates>,
     wake: Arc<Notify>,
+    /// Told when a pass changed what the scheduler sees, so readers get a fresh answer.
+    board: Arc<crate::board::ScheduleBoard>,
     settings: ReconcilerSettings,
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
     /// this on restart is harmless: the next pass signals again.
@@ -73,6 +82,7 @@ impl Reconciler {
         executor: Arc<dyn Executor>,
         templates: Arc<Templates>,
         wake: Arc<Notify>,
+        board: Arc<crate::board::ScheduleBoard>,
         settings: ReconcilerSettings,
     ) -> Self {
         Reconciler {
@@ -80,6 +90,7 @@ impl Reconciler {
             executor,
             templates,
             wake,
+            board,
             settings,
             stopping: HashMap::new(),
             collected: None,
@@ -167,6 +178,9 @@ impl Reconciler {
         }
         if let Some(storage) = self.storage.as_mut() {
             storage.retention_sweep_when_due(&self.store, &*self.executor).await;
+        }
+        if !ended.is_empty() {
+            self.board.changed();
         }
         if launched || !ended.is_empty() {
             // Capacity was freed, a restart is due, or new replicas should be seen running: go
@@ -337,7 +351,10 @@ impl Reconciler {
         let tenants = scheduling::policies(&self.store.tenant_policies().await?);
         let nodes = scheduling::nodes_for(self.executor.as_ref());
         let snapshot = scheduling::snapshot(chrono::Utc::now(), nodes, tenants, jobs, ended);
-        let result = admission_cycle(&snapshot);
+        // CPU-bound (tens of milliseconds at a queue of 100,000): off the async workers.
+        let result = tokio::task::spawn_blocking(move || admission_cycle(&snapshot))
+            .await
+            .map_err(|err| trainyard_core::Error::internal(format!("running the admission cycle: {err}")))?;
         let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, j)).collect();
         let mut admitted = Vec::new();
         for admission in &result.admissions {
@@ -354,6 +371,9 @@ impl Reconciler {
             if self.store.job_preempt(preemption.victim, &reason).await? {
                 tracing::info!(victim = %preemption.victim, for_job = %preemption.for_job, ?preemption.kind, "preempting");
             }
+        }
+        if !admitted.is_empty() || !result.preemptions.is_empty() {
+            self.board.changed();
         }
         for pending in &result.pending {
             let reason = pending.reason.to_string();

@@ -243,6 +243,26 @@ impl Store {
     }
 
     /// Keeps a queued job's "why pending" up to date; writes only when it changed.
+    /// Where a queued job of `tenant_id` stands in its tenant's queue (the order of
+    /// [`Store::jobs_unfinished`]): how many queued jobs come before it, and how many of those
+    /// have a higher priority. Zeros when it is not queued.
+    pub async fn queued_ahead(&self, tenant_id: Uuid, job_id: Uuid) -> Result<(i64, i64)> {
+        // language=PostgreSQL
+        let row = sqlx::query(
+            "SELECT count(q.id) AS ahead, count(q.id) FILTER (WHERE q.priority > j.priority) AS higher
+               FROM jobs j
+               JOIN jobs q ON q.tenant_id = j.tenant_id AND q.state = 'queued'
+                          AND (q.priority > j.priority OR (q.priority = j.priority AND q.id < j.id))
+              WHERE j.id = $1 AND j.tenant_id = $2 AND j.state = 'queued'",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok((row.get("ahead"), row.get("higher")))
+    }
+
     pub async fn job_pending_reason_set(&self, job_id: Uuid, reason: &str) -> Result<()> {
         // language=PostgreSQL
         sqlx::query("UPDATE jobs SET reason = $2 WHERE id = $1 AND state = 'queued' AND reason IS DISTINCT FROM $2")
