@@ -165,6 +165,11 @@ async fn a_deep_queue_says_where_each_job_stands_and_answers_follow_changes() {
     assert_eq!(head["tenant_position"], 1, "{head}");
     assert!(head["reason"].as_str().unwrap().contains(&format!("tenant quota for {GPU}: 2 of 2 in use")), "{head}");
     assert!(head["estimated_start"].is_string(), "{head}");
+    // The reconciler keeps every waiting job's reason on the job itself, the tail's too (it
+    // writes a pass's changed reasons in one statement).
+    let wanted = head["reason"].clone();
+    env.wait_job_as(&carol, &queued[0], Duration::from_secs(10), |j| j["reason"] == wanted).await;
+    env.wait_job_as(&carol, &queued[499], Duration::from_secs(10), |j| j["reason"] == wanted).await;
 
     // The tail, deeper than a cycle looks: where it stands, and why there is no estimate.
     let (_, tail) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[504]), &carol).await;

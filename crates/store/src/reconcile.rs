@@ -263,14 +263,20 @@ impl Store {
         Ok((row.get("ahead"), row.get("higher")))
     }
 
-    pub async fn job_pending_reason_set(&self, job_id: Uuid, reason: &str) -> Result<()> {
+    /// Sets the reasons of queued jobs (`ids[i]` gets `reasons[i]`) in one statement; jobs no
+    /// longer queued are left alone.
+    pub async fn job_pending_reasons_set(&self, ids: &[Uuid], reasons: &[String]) -> Result<()> {
         // language=PostgreSQL
-        sqlx::query("UPDATE jobs SET reason = $2 WHERE id = $1 AND state = 'queued' AND reason IS DISTINCT FROM $2")
-            .bind(job_id)
-            .bind(reason)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        sqlx::query(
+            "UPDATE jobs SET reason = u.reason
+               FROM unnest($1::uuid[], $2::text[]) AS u(id, reason)
+              WHERE jobs.id = u.id AND jobs.state = 'queued' AND jobs.reason IS DISTINCT FROM u.reason",
+        )
+        .bind(ids)
+        .bind(reasons)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 
