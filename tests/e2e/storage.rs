@@ -610,6 +610,41 @@ async fn a_volume_parameter_mounts_the_named_volume() {
     // The spec records the volume and where the job was told it is, for a cluster to mount.
     let (_, jobs) = env.get("/api/v1/jobs?template=writer", &env.admin_token).await;
     assert_eq!(jobs["items"][0]["spec"]["volumes"], json!([{"name": "scratch", "path": volume["path"]}]));
+
+    // While an unfinished job mounts it the volume cannot be deleted (its data would vanish
+    // under the job); once the job has ended it can.
+    let holder = env.dir.path().join("holder");
+    std::fs::create_dir_all(&holder).unwrap();
+    std::fs::write(
+        holder.join("template.yaml"),
+        "name: holder\nversion: 1.0.0\ndescription: Keeps a volume busy.\n\
+         parameters:\n  scratch:\n    type: volume\n    required: true\n    help: What to hold.\n\
+         command:\n  - sh\n  - -c\n  - sleep 600\n  - \"{{ scratch }}\"\n",
+    )
+    .unwrap();
+    let pushed = env.yard(&env.admin_token, &["templates", "push", holder.to_str().unwrap()]);
+    assert!(pushed.status.success(), "{}", stderr(&pushed));
+    let (status, job) =
+        env.post("/api/v1/templates/holder/jobs", &env.admin_token, &json!({"params": {"scratch": "scratch"}})).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().unwrap();
+    env.wait_state(id, "running", Duration::from_secs(30)).await;
+    let (status, body) = env.call(Method::DELETE, "/api/v1/volumes/scratch", Some(&env.admin_token), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("mounted by 1 unfinished job(s)") && message.contains(id), "{message}");
+    let refused = env.yard(&env.admin_token, &["volumes", "delete", "scratch"]);
+    assert!(!refused.status.success() && stderr(&refused).contains(id), "{}", stderr(&refused));
+    let kept = Path::new(volume["path"].as_str().unwrap()).join("out.txt");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "from-the-job\n", "nothing was removed");
+    assert_eq!(env.get("/api/v1/volumes", &env.admin_token).await.1[0]["name"], "scratch");
+
+    let cancelled = env.yard(&env.admin_token, &["cancel", id]);
+    assert!(cancelled.status.success(), "{}", stderr(&cancelled));
+    env.wait_state(id, "cancelled", Duration::from_secs(15)).await;
+    let deleted = env.yard(&env.admin_token, &["volumes", "delete", "scratch"]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    assert!(!kept.exists(), "the volume's data went with it");
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -245,19 +245,53 @@ impl Store {
     }
 
     /// Removes a volume's record and returns it (its directory is the caller's to remove).
+    /// Refused while an unfinished job of the tenant mounts it (queued ones included: they
+    /// would start without their data), naming a few of them; the volume stays as it was.
     pub async fn volume_delete(&self, tenant_id: Uuid, name: &str) -> Result<Volume> {
         let volume = self.volume_get(tenant_id, name).await?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
-        let deleted = sqlx::query("DELETE FROM volumes WHERE tenant_id = $1 AND name = $2")
+        let locked = sqlx::query("SELECT 1 FROM volumes WHERE tenant_id = $1 AND name = $2 FOR UPDATE")
             .bind(tenant_id)
             .bind(name)
-            .execute(&self.pool)
+            .fetch_optional(&mut *tx)
             .await
-            .map_err(db_error)?
-            .rows_affected();
-        if deleted == 0 {
+            .map_err(db_error)?;
+        if locked.is_none() {
             return Err(Error::not_found(ObjectKind::Volume));
         }
+        // language=PostgreSQL
+        let users: Vec<(Uuid, String, i64)> = sqlx::query_as(
+            "SELECT id, name, count(*) OVER () FROM jobs
+              WHERE tenant_id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')
+                AND spec -> 'volumes' @> jsonb_build_array(jsonb_build_object('name', $2::text))
+              ORDER BY id LIMIT 3",
+        )
+        .bind(tenant_id)
+        .bind(name)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        if let Some((_, _, count)) = users.first() {
+            let named: Vec<String> = users.iter().map(|(id, job, _)| format!("{job} ({id})")).collect();
+            let more = if *count > users.len() as i64 {
+                format!(" and {} more", *count - users.len() as i64)
+            } else {
+                String::new()
+            };
+            return Err(Error::Conflict(format!(
+                "volume {name} is mounted by {count} unfinished job(s): {}{more}; cancel them or let them end, then delete it",
+                named.join(", ")
+            )));
+        }
+        // language=PostgreSQL
+        sqlx::query("DELETE FROM volumes WHERE tenant_id = $1 AND name = $2")
+            .bind(tenant_id)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
         Ok(volume)
     }
 

@@ -139,7 +139,8 @@ pub async fn volume_create(
 /// Delete a volume and its content.
 #[utoipa::path(delete, path = "/api/v1/volumes/{name}", tag = "storage",
     params(("name" = String, Path, description = "Volume name")), security(("bearer" = [])),
-    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)))]
+    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody),
+        (status = 409, description = "Mounted by an unfinished job (named in the message)", body = ErrorBody)))]
 pub async fn volume_delete(
     State(state): State<AppState>,
     Auth(caller): Auth,
