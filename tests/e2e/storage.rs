@@ -58,6 +58,24 @@ fn s3s_fs() -> PathBuf {
         .expect("s3s-fs is not installed: run the tests through tests/run, which installs it")
 }
 
+/// Starts `s3s-fs` serving `root` on `port`, and waits until it listens.
+fn spawn_s3s_fs(root: &Path, port: u16) -> Child {
+    let child = Command::new(s3s_fs())
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+        .arg(root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start s3s-fs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "s3s-fs did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -70,23 +88,23 @@ impl StoreUnderTest {
             Backend::S3 => {
                 std::fs::create_dir_all(root.path().join(BUCKET)).unwrap();
                 let port = free_port();
-                let child = Command::new(s3s_fs())
-                    .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                    .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-                    .arg(root.path())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start s3s-fs");
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                    assert!(Instant::now() < deadline, "s3s-fs did not listen on {port}");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Some(S3Server { child, port })
+                Some(S3Server { child: spawn_s3s_fs(root.path(), port), port })
             }
         };
         StoreUnderTest { root, s3 }
+    }
+
+    /// Stops the S3 server (the store becomes unreachable).
+    fn s3_stop(&mut self) {
+        let s3 = self.s3.as_mut().expect("an S3 store");
+        s3.child.kill().unwrap();
+        s3.child.wait().unwrap();
+    }
+
+    /// Starts the S3 server again, on the same port over the same files.
+    fn s3_restart(&mut self) {
+        let s3 = self.s3.as_mut().expect("an S3 store");
+        s3.child = spawn_s3s_fs(self.root.path(), s3.port);
     }
 
     /// `trainyard serve` arguments and environment for this store.
@@ -248,11 +266,11 @@ async fn logs_outlive_the_local_files(backend: Backend) {
     let (env, store) = start(&backend).await;
     let id = finished_job(&env, json!(["sh", "-c", "echo rank $RANK says hello-archive"]), 2).await;
     let tenant = tenant_of_job(&env, &id).await;
-    assert_eq!(
-        store.keys(),
-        [format!("tenants/{tenant}/jobs/{id}/logs/1/0.log"), format!("tenants/{tenant}/jobs/{id}/logs/1/1.log")],
-        "each replica's log is archived under the tenant's prefix when the attempt ends"
-    );
+    // Each replica's log is archived under the tenant's prefix, in the background, once the
+    // attempt has ended.
+    let expected =
+        [format!("tenants/{tenant}/jobs/{id}/logs/1/0.log"), format!("tenants/{tenant}/jobs/{id}/logs/1/1.log")];
+    wait_until("logs archived", Duration::from_secs(10), || async { store.keys() == expected }).await;
     // The executor's copies go (a pod deleted, a data directory wiped); the API reads the archive.
     std::fs::remove_dir_all(env.data_dir().join("jobs").join(&id).join("attempt-1")).unwrap();
     for rank in 0..2 {
@@ -262,6 +280,43 @@ async fn logs_outlive_the_local_files(backend: Backend) {
     }
     let logs = env.yard(&env.admin_token, &["logs", &id, "--replica", "1"]);
     assert!(stdout(&logs).contains("rank 1 says hello-archive"), "{} {}", stdout(&logs), stderr(&logs));
+}
+
+/// With the object store away, a job still ends at once (archiving never holds up the control
+/// loop), its logs are read from the executor's copy, and they are archived once the store is
+/// back. S3 only: a local directory cannot go away.
+#[tokio::test(flavor = "multi_thread")]
+async fn archiving_waits_out_an_unreachable_store() {
+    let (env, mut store) = start(&Backend::S3).await;
+    store.s3_stop();
+    let started = Instant::now();
+    let id = finished_job(&env, json!(["echo", "said-while-the-store-was-away"]), 1).await;
+    assert!(started.elapsed() < Duration::from_secs(15), "the job's end waited {:?}", started.elapsed());
+    let (status, text) = text_of(&env, &format!("/api/v1/jobs/{id}/logs"), &env.admin_token).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "said-while-the-store-was-away\n"));
+
+    let tries = || async {
+        sqlx::query_as::<_, (bool, i32)>(
+            "SELECT logs_archived_at IS NOT NULL, logs_archive_failures FROM job_attempts WHERE job_id = $1::uuid",
+        )
+        .bind(&id)
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap()
+    };
+    wait_until("a failed try recorded", Duration::from_secs(30), || async { tries().await.1 >= 1 }).await;
+    assert!(store.keys().is_empty());
+    assert!(!tries().await.0, "not archived while the store is away");
+
+    store.s3_restart();
+    let tenant = tenant_of_job(&env, &id).await;
+    let key = format!("tenants/{tenant}/jobs/{id}/logs/1/0.log");
+    wait_until("archived once the store is back", Duration::from_secs(60), || async { store.keys() == [key.clone()] })
+        .await;
+    wait_until("recorded as archived", Duration::from_secs(10), || async { tries().await.0 }).await;
+    std::fs::remove_dir_all(env.data_dir().join("jobs").join(&id).join("attempt-1")).unwrap();
+    let (status, text) = text_of(&env, &format!("/api/v1/jobs/{id}/logs"), &env.admin_token).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "said-while-the-store-was-away\n"), "read from the archive");
 }
 
 async fn retention_removes_at_the_configured_age_and_not_before(backend: Backend) {
@@ -276,7 +331,8 @@ async fn retention_removes_at_the_configured_age_and_not_before(backend: Backend
     let tenant = tenant_of_job(&env, &id).await;
     let log_key = format!("tenants/{tenant}/jobs/{id}/logs/1/0.log");
     let artifact_key = format!("tenants/{tenant}/jobs/{id}/artifacts/model.pt");
-    assert_eq!(store.keys(), [artifact_key.clone(), log_key.clone()]);
+    let both = [artifact_key.clone(), log_key.clone()];
+    wait_until("log archived", Duration::from_secs(10), || async { store.keys() == both }).await;
 
     // Just under two days after the end: several sweeps (one a second) leave everything.
     age_job(&env, &id, 2.0 - 0.01).await;

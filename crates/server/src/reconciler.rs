@@ -177,6 +177,7 @@ impl Reconciler {
             launched = true;
         }
         if let Some(storage) = self.storage.as_mut() {
+            storage.archive_in_background(&self.store, &self.executor, !ended.is_empty());
             storage.retention_sweep_when_due(&self.store, &*self.executor).await;
         }
         if !ended.is_empty() {
@@ -309,9 +310,6 @@ impl Reconciler {
         // Free what the attempt still holds first, so that once the state says it ended, none
         // of its processes is left. Repeating this after a failed write below is harmless.
         self.executor.release(&attempt).await;
-        if let Some(storage) = &self.storage {
-            storage.logs_archive(&*self.executor, job.tenant_id, job.id, record.number, job.spec.replicas).await;
-        }
         self.store
             .attempt_end(AttemptEnd {
                 job_id: job.id,

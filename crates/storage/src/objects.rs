@@ -101,7 +101,15 @@ impl ObjectStorage {
                 // The S3 client's TLS uses rustls with ring; install it unless something did.
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| bad("no bucket".into()))?;
-                let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+                // A few quick retries, then the error: a request fails within seconds when the
+                // store is away (object_store's default keeps one retrying for three minutes),
+                // and what must not be lost (archived logs) is retried by Trainyard with backoff.
+                let retry = object_store::RetryConfig {
+                    backoff: Default::default(),
+                    max_retries: 3,
+                    retry_timeout: std::time::Duration::from_secs(15),
+                };
+                let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(retry);
                 if let Some(endpoint) = &config.endpoint {
                     builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
                 }

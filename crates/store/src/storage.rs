@@ -4,6 +4,7 @@
 //! store cannot.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -388,4 +389,78 @@ fn volume_from_row(row: &sqlx::postgres::PgRow) -> Result<Volume> {
         created_by: row.get("created_by_name"),
         created_at: row.get("created_at"),
     })
+}
+
+/// An ended attempt whose logs are not in the object store yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnarchivedAttempt {
+    pub tenant_id: Uuid,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub replicas: u32,
+    /// Failed tries so far.
+    pub failures: i32,
+}
+
+impl Store {
+    /// Ended attempts whose logs still wait for the object store, oldest first: those not tried
+    /// yet, and failed ones whose backoff has passed and that have failed fewer than
+    /// `max_failures` times. Jobs whose logs retention already removed are left out.
+    pub async fn attempts_unarchived(&self, max_failures: i32, limit: i64) -> Result<Vec<UnarchivedAttempt>> {
+        // language=PostgreSQL
+        let rows = sqlx::query(
+            "SELECT j.tenant_id, a.job_id, a.attempt, (j.spec ->> 'replicas')::integer AS replicas,
+                    a.logs_archive_failures
+               FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+              WHERE a.ended_at IS NOT NULL AND a.logs_archived_at IS NULL AND j.logs_expired_at IS NULL
+                AND a.logs_archive_failures < $1
+                AND (a.logs_archive_next_at IS NULL OR a.logs_archive_next_at <= now())
+              ORDER BY a.ended_at LIMIT $2",
+        )
+        .bind(max_failures)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows
+            .iter()
+            .map(|row| UnarchivedAttempt {
+                tenant_id: row.get("tenant_id"),
+                job_id: row.get("job_id"),
+                attempt: row.get("attempt"),
+                replicas: row.get::<Option<i32>, _>("replicas").unwrap_or(1).max(1) as u32,
+                failures: row.get("logs_archive_failures"),
+            })
+            .collect())
+    }
+
+    /// Records that an attempt's logs are archived.
+    pub async fn attempt_logs_archived(&self, job_id: Uuid, attempt: i32) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query("UPDATE job_attempts SET logs_archived_at = now() WHERE job_id = $1 AND attempt = $2")
+            .bind(job_id)
+            .bind(attempt)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Records a failed try, to be retried no sooner than `retry_in`.
+    pub async fn attempt_logs_archive_failed(&self, job_id: Uuid, attempt: i32, retry_in: Duration) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query(
+            "UPDATE job_attempts
+                SET logs_archive_failures = logs_archive_failures + 1,
+                    logs_archive_next_at = now() + make_interval(secs => $3)
+              WHERE job_id = $1 AND attempt = $2",
+        )
+        .bind(job_id)
+        .bind(attempt)
+        .bind(retry_in.as_secs_f64())
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
 }
