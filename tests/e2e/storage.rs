@@ -639,17 +639,7 @@ async fn the_dashboard_shows_artefacts_datasets_and_volumes(backend: Backend) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_volume_parameter_mounts_the_named_volume() {
     let (env, _store) = start(&Backend::Local).await;
-    let folder = env.dir.path().join("writer");
-    std::fs::create_dir_all(&folder).unwrap();
-    std::fs::write(
-        folder.join("template.yaml"),
-        "name: writer\nversion: 1.0.0\ndescription: Writes into a volume.\n\
-         parameters:\n  scratch:\n    type: volume\n    required: true\n    help: Where to write.\n\
-         command:\n  - sh\n  - -c\n  - echo from-the-job > \"$0/out.txt\"\n  - \"{{ scratch }}\"\n",
-    )
-    .unwrap();
-    let pushed = env.yard(&env.admin_token, &["templates", "push", folder.to_str().unwrap()]);
-    assert!(pushed.status.success(), "{}", stderr(&pushed));
+    push_volume_template(&env, "writer", "echo from-the-job > \\\"$0/out.txt\\\"");
 
     let (status, body) =
         env.post("/api/v1/templates/writer/jobs", &env.admin_token, &json!({"params": {"scratch": "nope"}})).await;
@@ -669,17 +659,7 @@ async fn a_volume_parameter_mounts_the_named_volume() {
 
     // While an unfinished job mounts it the volume cannot be deleted (its data would vanish
     // under the job); once the job has ended it can.
-    let holder = env.dir.path().join("holder");
-    std::fs::create_dir_all(&holder).unwrap();
-    std::fs::write(
-        holder.join("template.yaml"),
-        "name: holder\nversion: 1.0.0\ndescription: Keeps a volume busy.\n\
-         parameters:\n  scratch:\n    type: volume\n    required: true\n    help: What to hold.\n\
-         command:\n  - sh\n  - -c\n  - sleep 600\n  - \"{{ scratch }}\"\n",
-    )
-    .unwrap();
-    let pushed = env.yard(&env.admin_token, &["templates", "push", holder.to_str().unwrap()]);
-    assert!(pushed.status.success(), "{}", stderr(&pushed));
+    push_volume_template(&env, "holder", "sleep 600");
     let (status, job) =
         env.post("/api/v1/templates/holder/jobs", &env.admin_token, &json!({"params": {"scratch": "scratch"}})).await;
     assert_eq!(status, StatusCode::CREATED, "{job}");
@@ -701,6 +681,24 @@ async fn a_volume_parameter_mounts_the_named_volume() {
     let deleted = env.yard(&env.admin_token, &["volumes", "delete", "scratch"]);
     assert!(deleted.status.success(), "{}", stderr(&deleted));
     assert!(!kept.exists(), "the volume's data went with it");
+}
+
+/// Publishes a template `name` with one required `volume` parameter, `scratch`, that runs
+/// `script` under `sh -c` with the volume's directory as `$0`.
+fn push_volume_template(env: &TestEnv, name: &str, script: &str) {
+    let folder = env.dir.path().join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("template.yaml"),
+        format!(
+            "name: {name}\nversion: 1.0.0\ndescription: Uses a volume.\n\
+             parameters:\n  scratch:\n    type: volume\n    required: true\n    help: The volume.\n\
+             command:\n  - sh\n  - -c\n  - \"{script}\"\n  - \"{{{{ scratch }}}}\"\n"
+        ),
+    )
+    .unwrap();
+    let pushed = env.yard(&env.admin_token, &["templates", "push", folder.to_str().unwrap()]);
+    assert!(pushed.status.success(), "{}", stderr(&pushed));
 }
 
 fn hex(bytes: &[u8]) -> String {
