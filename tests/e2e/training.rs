@@ -128,6 +128,15 @@ async fn a_killed_replica_restarts_the_job_from_its_last_checkpoint() {
     assert!(from >= 20, "resumed from step {from}");
     assert!(!resumed.contains("step 10 loss"), "the step counter continues; it does not restart at 0");
     assert_eq!(checkpoint_step(&env, &id), Some(300));
+    // Retention (keep_checkpoints, 3 by default): only the newest three of the 30 written stay.
+    let folder = env.data_dir().join("jobs").join(&id).join("replica-0/checkpoints");
+    let mut kept: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("ckpt-"))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["ckpt-00000280.pt", "ckpt-00000290.pt", "ckpt-00000300.pt"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

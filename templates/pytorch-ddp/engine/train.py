@@ -42,6 +42,7 @@ def parse_args():
     p.add_argument("--deterministic", default="false", choices=["true", "false"])
     p.add_argument("--checkpoint-every", type=int, default=50, help="optimizer steps")
     p.add_argument("--output", default="checkpoints")
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept (0: all)")
     p.add_argument("--workers", type=int, default=2, help="decode processes per training process")
     p.add_argument("--prefetch", type=int, default=4, help="batches each decode process keeps ready")
     p.add_argument("--shuffle-buffer", type=int, default=1000)
@@ -89,8 +90,10 @@ class Reporter:
             print(f"trainyard: could not report metrics: {err}", file=sys.stderr, flush=True)
 
 
-def checkpoint_save(directory, state, step):
-    """Atomic: written aside, synced, renamed; `latest.json` names it afterwards."""
+def checkpoint_save(directory, state, step, keep):
+    """Atomic: written aside, synced, renamed; `latest.json` names it afterwards. Then only the
+    newest `keep` checkpoints stay (all when 0): pruning after `latest.json` moved on means a
+    resume never finds its checkpoint gone."""
     os.makedirs(directory, exist_ok=True)
     name = f"ckpt-{step:08d}.pt"
     aside = os.path.join(directory, name + ".partial")
@@ -106,6 +109,11 @@ def checkpoint_save(directory, state, step):
         os.fsync(f.fileno())
     os.replace(latest, os.path.join(directory, "latest.json"))
     print(f"checkpoint {name} written", flush=True)
+    if keep > 0:
+        # Zero-padded steps: name order is step order.
+        older = sorted(f for f in os.listdir(directory) if f.startswith("ckpt-") and f.endswith(".pt"))[:-keep]
+        for old in older:
+            os.remove(os.path.join(directory, old))
 
 
 def checkpoint_latest(directory):
@@ -223,7 +231,7 @@ def main():
                         "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                         "python_rng": [random.getstate()], "torch_rng": torch.get_rng_state(),
                         "epoch": epoch, "step": step, "consumed": consumed,
-                    }, step)
+                    }, step, args.keep_checkpoints)
                 dist.barrier()
             if stopping:
                 print("stopping on SIGTERM after a final checkpoint", flush=True)

@@ -128,6 +128,7 @@ pub fn pytorch_ddp() -> LaunchRequest {
         "--deterministic=false",
         "--checkpoint-every=50",
         "--output=checkpoints",
+        "--keep-checkpoints=3",
         "--workers=2",
         "--prefetch=4",
     ];
