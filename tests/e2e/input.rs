@@ -171,7 +171,7 @@ async fn missing_garbled_revoked_and_expired_tokens_are_refused() {
     assert_eq!(revoked.0, StatusCode::NO_CONTENT);
     let (status, body) = env.get("/api/v1/me", secret).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(body["error"]["message"], "the token has been revoked");
+    assert_eq!(body["error"]["message"], "the token is not valid (unknown, revoked or expired)");
     let cli = env.yard(secret, &["jobs", "ls"]);
     assert!(!cli.status.success());
     assert!(trainyard_tests::stderr(&cli).contains("revoked"), "yard prints the server's message");
@@ -185,5 +185,56 @@ async fn missing_garbled_revoked_and_expired_tokens_are_refused() {
         .unwrap();
     let (status, body) = env.get("/api/v1/me", token["token"].as_str().unwrap()).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(body["error"]["message"], "the token has expired");
+    assert_eq!(body["error"]["message"], "the token is not valid (unknown, revoked or expired)");
+}
+
+/// Text that Postgres cannot store (the NUL character) is refused at the edge with a 422 naming
+/// the field, on every kind of input the attack reached Postgres through (JSON fields, a path
+/// segment, query parameters, dashboard forms and filters), and nothing is written. Bytes after
+/// a JSON body make it malformed.
+#[tokio::test(flavor = "multi_thread")]
+async fn text_postgres_cannot_store_is_refused_with_the_field_named() {
+    let env = TestEnv::start().await;
+    let nul = "a\u{0}{";
+    let cases: Vec<(Method, &str, Option<Value>, &str)> = vec![
+        (Method::POST, "/api/v1/tokens", Some(json!({"name": nul})), "name"),
+        (Method::POST, "/api/v1/datasets", Some(json!({"name": nul, "version": "1", "uri": "/d"})), "name"),
+        (Method::POST, "/api/v1/datasets", Some(json!({"name": "d", "version": "1", "uri": nul})), "uri"),
+        (Method::POST, "/api/v1/admin/tenants", Some(json!({"name": nul})), "name"),
+        (Method::POST, "/api/v1/admin/tenants/default/members", Some(json!({"user": nul, "role": "member"})), "user"),
+        (Method::PUT, "/api/v1/admin/tenants/default/quotas/h100%00", Some(json!({"nominal": 1})), "flavor"),
+        (Method::GET, "/api/v1/jobs?name=x%00", None, "name"),
+        (Method::POST, "/api/v1/jobs", Some(json!({"command": ["true"], "env": {"A": nul}})), "env.A"),
+        (Method::POST, "/api/v1/jobs", Some(json!({"command": ["true", nul]})), "command[1]"),
+    ];
+    for (method, path, body, field) in cases {
+        let (status, answer) = env.call(method.clone(), path, Some(&env.admin_token), body.as_ref()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{method} {path}: {answer}");
+        assert_eq!(answer["error"]["field"], field, "{method} {path}: {answer}");
+    }
+    assert_eq!(env.jobs_in_db().await, 0);
+    let (_, tokens) = env.get("/api/v1/tokens", &env.admin_token).await;
+    assert_eq!(tokens.as_array().unwrap().len(), 1, "no token was made: {tokens}");
+
+    let response = reqwest::Client::new()
+        .post(format!("{}/api/v1/jobs", env.server.url))
+        .bearer_auth(&env.admin_token)
+        .header("content-type", "application/json")
+        .body(r#"{"command": ["true"]}xyz"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(env.jobs_in_db().await, 0);
+
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    assert_eq!(web.get("/jobs?name=x%00").await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(web.get("/jobs/rows?template=x%00").await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    let (_, page) = web.get("/tokens").await;
+    let csrf = trainyard_tests::web::csrf_of(&page);
+    let (status, answer) = web.post_form("/tokens", &[("csrf", &csrf), ("name", nul)]).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert!(answer.contains("\"field\":\"name\""), "{answer}");
+    let (_, tokens) = env.get("/api/v1/tokens", &env.admin_token).await;
+    assert_eq!(tokens.as_array().unwrap().len(), 1, "none named with a NUL: {tokens}");
 }

@@ -69,3 +69,71 @@ async fn a_member_of_one_tenant_sees_nothing_of_another() {
     let (status, _) = env.call(Method::DELETE, &format!("/api/v1/tokens/{admin_token_id}"), Some(&bob), None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// The escalation the attack found (issue 14): an admin of tenant `tb` named the existing
+/// platform admin in a member add and received a token in that user's name, platform-admin flag
+/// included. Replayed here, it is refused at the first step, for every existing user and role.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_admin_cannot_obtain_a_token_in_another_users_name() {
+    let env = TestEnv::start().await;
+    for tenant in ["ta", "tb"] {
+        let (status, body) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": tenant})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let alice = env.member("ta", "alice", "member").await;
+    let tina = env.member("tb", "tina", "admin").await;
+
+    for user in ["admin", "alice"] {
+        for role in ["viewer", "member", "admin"] {
+            let (status, body) =
+                env.post("/api/v1/admin/tenants/tb/members", &tina, &json!({"user": user, "role": role})).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{user} as {role}: {body}");
+            assert!(body["error"]["message"].as_str().unwrap().contains("already exists"), "{body}");
+            assert!(!body.to_string().contains("tyd_"), "no token in a refusal: {body}");
+        }
+    }
+    let cli = env.yard(&tina, &["admin", "member-add", "tb", "admin", "--role", "admin"]);
+    assert!(!cli.status.success(), "the CLI reports the refusal");
+    assert!(!String::from_utf8_lossy(&cli.stdout).contains("tyd_"));
+    // The attack's next steps stay closed: tina is no platform admin and sees no other tenant.
+    assert_eq!(env.get("/api/v1/admin/tenants", &tina).await.0, StatusCode::FORBIDDEN);
+    let (_, me) = env.get("/api/v1/me", &tina).await;
+    assert_eq!(me["platform_admin"], false);
+
+    // What a tenant admin may do: invite a new user (whose first token the answer carries, and
+    // who is no platform admin) and change the role of the tenant's own members (no token).
+    let (status, added) =
+        env.post("/api/v1/admin/tenants/tb/members", &tina, &json!({"user": "newbie", "role": "member"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{added}");
+    assert_eq!(added["user_created"], true);
+    let newbie = added["token"]["token"].as_str().expect("an invitation carries the first token").to_string();
+    let (_, me) = env.get("/api/v1/me", &newbie).await;
+    assert_eq!(
+        (me["user"].as_str(), me["tenant"].as_str(), me["platform_admin"].as_bool()),
+        (Some("newbie"), Some("tb"), Some(false))
+    );
+    let (status, changed) =
+        env.post("/api/v1/admin/tenants/tb/members", &tina, &json!({"user": "newbie", "role": "viewer"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{changed}");
+    assert_eq!((changed["user_created"].as_bool(), changed["token"].is_null()), (Some(false), true), "{changed}");
+    assert_eq!(env.get("/api/v1/me", &newbie).await.1["role"], "viewer");
+
+    // Tokens for another tenant: only for yourself, only where you are a member.
+    let (status, body) = env.post("/api/v1/tokens", &tina, &json!({"name": "x", "tenant": "ta"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "tenant");
+    // A platform admin adds the existing alice to tb: the answer carries no token of hers; she
+    // makes her own for tb with her token of ta.
+    let (status, added) = env
+        .post("/api/v1/admin/tenants/tb/members", &env.admin_token, &json!({"user": "alice", "role": "member"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{added}");
+    assert!(added["token"].is_null(), "no token in another user's name, not even for a platform admin: {added}");
+    let (status, created) = env.post("/api/v1/tokens", &alice, &json!({"name": "tb", "tenant": "tb"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let (_, me) = env.get("/api/v1/me", created["token"].as_str().unwrap()).await;
+    assert_eq!(
+        (me["user"].as_str(), me["tenant"].as_str(), me["role"].as_str()),
+        (Some("alice"), Some("tb"), Some("member"))
+    );
+}

@@ -251,7 +251,7 @@ impl TestEnv {
         self.wait_job(id, timeout, |job| job["state"] == state).await
     }
 
-    /// Adds `user` to `tenant` with `role` and returns their token.
+    /// Invites the new user `user` into `tenant` with `role` and returns their first token.
     pub async fn member(&self, tenant: &str, user: &str, role: &str) -> String {
         let (status, added) = self
             .post(

@@ -253,8 +253,12 @@ enum TokensCommand {
     /// A new token (its secret is printed once).
     Create {
         name: String,
+        /// Days until the token stops working (default: never).
         #[arg(long)]
         expires_in_days: Option<u32>,
+        /// Another tenant you are a member of, for the token to act in (default: this token's).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     Revoke {
         id: String,
@@ -532,8 +536,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let tokens: Vec<TokenInfo> = client.get("/api/v1/tokens").await?;
             output::print(out, &tokens, output::tokens_table)
         }
-        Command::Tokens { command: TokensCommand::Create { name, expires_in_days } } => {
-            let token: TokenCreated = client.post("/api/v1/tokens", &TokenCreate { name, expires_in_days }).await?;
+        Command::Tokens { command: TokensCommand::Create { name, expires_in_days, tenant } } => {
+            let token: TokenCreated =
+                client.post("/api/v1/tokens", &TokenCreate { name, expires_in_days, tenant }).await?;
             output::print(out, &token, |t| format!("{}\n", t.token))
         }
         Command::Tokens { command: TokensCommand::Revoke { id } } => {
@@ -553,7 +558,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let role = Role::parse(&role).expect("clap checked the role");
             let body = MemberAdd { user, role, token_name: "default".into(), expires_in_days: None };
             let added: MemberAdded = client.post(&format!("/api/v1/admin/tenants/{tenant}/members"), &body).await?;
-            output::print(out, &added, |a| format!("{}\n", a.token.token))
+            output::print(out, &added, |a| match &a.token {
+                Some(token) => format!("{}\n", token.token),
+                None => format!(
+                    "{} already has an account and is now {} in {}; they create their own token with \
+                     `yard tokens create NAME --tenant {}`\n",
+                    a.user,
+                    a.role.as_str(),
+                    a.tenant,
+                    a.tenant
+                ),
+            })
         }
     }
 }

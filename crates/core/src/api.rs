@@ -97,6 +97,9 @@ pub struct TokenCreate {
     /// Days until the token stops working; never when absent.
     #[serde(default)]
     pub expires_in_days: Option<u32>,
+    /// The tenant the token acts in: one you are a member of. The caller's tenant when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A freshly created token. The secret is shown here once and never again.
@@ -141,7 +144,7 @@ pub struct Tenant {
 pub struct MemberAdd {
     pub user: String,
     pub role: Role,
-    /// Name of the token issued to the member.
+    /// Name of the first token issued to a user this call creates.
     #[serde(default = "default_token_name")]
     pub token_name: String,
     #[serde(default)]
@@ -157,7 +160,12 @@ pub struct MemberAdded {
     pub user: String,
     pub tenant: String,
     pub role: Role,
-    pub token: TokenCreated,
+    /// Whether this call created the user (an invitation).
+    pub user_created: bool,
+    /// The invited user's first token, for the inviter to hand over; only when this call created
+    /// the user. An existing user gets no token here: nobody obtains a token in another user's
+    /// name. They create their own for this tenant (`POST /api/v1/tokens` with `tenant`).
+    pub token: Option<TokenCreated>,
 }
 
 /// The error body of every non-2xx response.

@@ -342,14 +342,27 @@ impl App {
         self.store.job_attempts(caller.tenant_id, job_id).await
     }
 
+    /// A new token for the caller's own user, in the caller's tenant or (with `tenant`) in
+    /// another tenant the user is a member of. Nobody creates a token in another user's name.
     pub async fn token_create(
         &self,
         caller: &Caller,
         name: &str,
         expires_in_days: Option<u32>,
+        tenant: Option<&str>,
     ) -> Result<TokenCreated> {
         caller.authorize(Action::ManageOwnTokens)?;
-        self.store.token_create(caller.tenant_id, caller.user_id, name, expires_in_days).await
+        let tenant_id = match tenant {
+            None => caller.tenant_id,
+            Some(tenant) if tenant == caller.tenant => caller.tenant_id,
+            Some(tenant) => self.store.membership_tenant(caller.user_id, tenant).await.map_err(|err| match err {
+                Error::NotFound { .. } => {
+                    Error::invalid("tenant", format!("you are not a member of a tenant {tenant:?}"))
+                }
+                other => other,
+            })?,
+        };
+        self.store.token_create(tenant_id, caller.user_id, name, expires_in_days).await
     }
 
     pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
@@ -390,16 +403,24 @@ impl App {
         Ok(crate::scheduling::nodes_for(self.executor.as_ref()))
     }
 
-    /// Platform admins add members to any tenant; a tenant's admins to their own.
+    /// Platform admins add any user to any tenant; a tenant's admins invite new users to their
+    /// own tenant and change its members' roles. Either gets a token only for a user the call
+    /// creates (an invitation), never for an existing user.
     pub async fn member_add(&self, caller: &Caller, tenant: &str, member: MemberAdd) -> Result<MemberAdded> {
         if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {
             return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
         }
-        let token = self
-            .store
-            .member_add(tenant, &member.user, member.role, false, &member.token_name, member.expires_in_days)
-            .await?;
-        Ok(MemberAdded { user: member.user, tenant: tenant.to_string(), role: member.role, token })
+        let may_add_existing_users = caller.platform_admin;
+        self.store
+            .member_add(
+                tenant,
+                &member.user,
+                member.role,
+                may_add_existing_users,
+                &member.token_name,
+                member.expires_in_days,
+            )
+            .await
     }
 }
 

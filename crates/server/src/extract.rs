@@ -45,10 +45,21 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
-/// Decodes JSON, naming the path of the first bad value.
+/// Decodes JSON, naming the path of the first bad value. Anything after the value but
+/// whitespace is a syntax error: `{...}xyz` is not JSON.
 pub fn json_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+    let value = json_decode_value(&mut deserializer)?;
+    deserializer
+        .end()
+        .map_err(|err| ApiError::MalformedJson(format!("the body is not valid JSON: {err} (after the JSON value)")))?;
+    Ok(value)
+}
+
+fn json_decode_value<'de, T: DeserializeOwned>(
+    deserializer: &mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
         if inner.is_syntax() || inner.is_eof() {

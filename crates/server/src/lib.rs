@@ -4,6 +4,7 @@
 //! - [`app`]: the operations, independent of HTTP.
 //! - [`api`]: routes, thin handlers and the OpenAPI document.
 //! - [`error`], [`extract`]: how bad input and failures become typed JSON errors.
+//! - [`text`]: the one check that refuses text Postgres cannot store (NUL), on every route.
 //! - [`reconciler`]: the control loop (admission, launch, observation).
 //! - [`logs`]: reading and following replica logs.
 //! - [`storage`]: the object store, artefacts, volumes, log archiving and retention.
@@ -21,6 +22,7 @@ pub mod reconciler;
 pub mod scheduling;
 pub mod storage;
 pub mod templates;
+pub mod text;
 mod web;
 
 use std::future::Future;
@@ -57,6 +59,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(api::routes())
         .merge(web::routes())
+        .route_layer(axum::middleware::from_fn(text::refuse_unstorable))
         .fallback(|| async {
             ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })
         })

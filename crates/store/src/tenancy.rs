@@ -3,7 +3,7 @@
 use chrono::{DateTime, Duration, Utc};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
-use trainyard_core::api::{Tenant, TokenCreated, TokenInfo};
+use trainyard_core::api::{MemberAdded, Tenant, TokenCreated, TokenInfo};
 use trainyard_core::auth::{Caller, Role};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
@@ -25,6 +25,10 @@ pub fn token_generate() -> String {
 pub fn token_hash(secret: &str) -> Vec<u8> {
     Sha256::digest(secret.as_bytes()).to_vec()
 }
+
+/// The one answer for a token that does not authenticate, whatever the cause: telling "revoked"
+/// or "expired" from "unknown" would tell whoever holds a leaked token that it was once valid.
+pub const TOKEN_NOT_VALID: &str = "the token is not valid (unknown, revoked or expired)";
 
 /// `last_used_at` is refreshed at most this often, so that authenticating is a read, not a write.
 const LAST_USED_GRANULARITY_SECS: i64 = 60;
@@ -54,7 +58,7 @@ impl Store {
     /// The caller a bearer token stands for, or `Unauthenticated` with the reason. The role comes
     /// from the membership now, not from when the token was made.
     pub async fn token_authenticate(&self, secret: &str) -> Result<Caller> {
-        let unauthenticated = || Error::Unauthenticated("the token is not valid".into());
+        let unauthenticated = || Error::Unauthenticated(TOKEN_NOT_VALID.into());
         if !secret.starts_with(TOKEN_PREFIX) {
             return Err(unauthenticated());
         }
@@ -71,10 +75,10 @@ impl Store {
     /// bearer tokens and browser sessions, so a session is never worth more than its token.
     pub(crate) async fn caller_from_row(&self, row: &sqlx::postgres::PgRow) -> Result<Caller> {
         if row.get::<Option<DateTime<Utc>>, _>("revoked_at").is_some() {
-            return Err(Error::Unauthenticated("the token has been revoked".into()));
+            return Err(Error::Unauthenticated(TOKEN_NOT_VALID.into()));
         }
         if row.get::<Option<DateTime<Utc>>, _>("expires_at").is_some_and(|at| at <= Utc::now()) {
-            return Err(Error::Unauthenticated("the token has expired".into()));
+            return Err(Error::Unauthenticated(TOKEN_NOT_VALID.into()));
         }
         let token_id: Uuid = row.get("token_id");
         let last_used: Option<DateTime<Utc>> = row.get("last_used_at");
@@ -208,17 +212,22 @@ impl Store {
             .collect())
     }
 
-    /// Adds a user (created if new) to a tenant with a role, or changes the role of a member,
-    /// and issues the member a token; all or nothing.
+    /// Adds a user to a tenant with a role (or changes a member's role); all or nothing.
+    ///
+    /// A user this call creates is an invitation: the result carries the new user's first token
+    /// for the inviter to hand over. An existing user gets the membership and no token — a token
+    /// is only ever issued to its own user (see `docs/security.md`). An existing user who is not
+    /// yet a member is added only when `may_add_existing_users` (platform admins); otherwise the
+    /// call is refused. The `platform_admin` flag of an existing user is never changed here.
     pub async fn member_add(
         &self,
         tenant_name: &str,
         user_name: &str,
         role: Role,
-        platform_admin: bool,
+        may_add_existing_users: bool,
         token_name: &str,
         expires_in_days: Option<u32>,
-    ) -> Result<TokenCreated> {
+    ) -> Result<MemberAdded> {
         let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         let tenant_id: Uuid = sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1")
@@ -227,15 +236,15 @@ impl Store {
             .await
             .map_err(db_error)?
             .ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        // `xmax = 0` tells a row this statement inserted from one it found.
         // language=PostgreSQL
-        let user_id: Uuid = sqlx::query_scalar(
-            "INSERT INTO users (id, name, platform_admin) VALUES ($1, $2, $3)
-             ON CONFLICT (name) DO UPDATE SET platform_admin = users.platform_admin OR EXCLUDED.platform_admin
-             RETURNING id",
+        let (user_id, user_created): (Uuid, bool) = sqlx::query_as(
+            "INSERT INTO users (id, name, platform_admin) VALUES ($1, $2, false)
+             ON CONFLICT (name) DO UPDATE SET name = users.name
+             RETURNING id, (xmax = 0) AS created",
         )
         .bind(Uuid::now_v7())
         .bind(user_name)
-        .bind(platform_admin)
         .fetch_one(&mut *tx)
         .await
         .map_err(|err| match violated_constraint(&err) {
@@ -245,6 +254,22 @@ impl Store {
             ),
             _ => db_error(err),
         })?;
+        if !user_created && !may_add_existing_users {
+            // language=PostgreSQL
+            let member: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM memberships WHERE tenant_id = $1 AND user_id = $2)")
+                    .bind(tenant_id)
+                    .bind(user_id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+            if !member {
+                return Err(Error::Forbidden(format!(
+                    "a user named {user_name:?} already exists; a tenant admin may invite new users and change \
+                     the roles of the tenant's members, and only a platform admin may add an existing user"
+                )));
+            }
+        }
         // language=PostgreSQL
         sqlx::query(
             "INSERT INTO memberships (tenant_id, user_id, role) VALUES ($1, $2, $3)
@@ -256,9 +281,30 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
-        let token = token_create_in(&mut *tx, tenant_id, user_id, token_name, expires_in_days).await?;
+        let token = if user_created {
+            Some(token_create_in(&mut *tx, tenant_id, user_id, token_name, expires_in_days).await?)
+        } else {
+            None
+        };
         tx.commit().await.map_err(db_error)?;
-        Ok(token)
+        Ok(MemberAdded { user: user_name.to_string(), tenant: tenant_name.to_string(), role, user_created, token })
+    }
+
+    /// The user's membership in the tenant named `tenant_name`: the tenant's id, or 404 when the
+    /// tenant does not exist or the user is not a member (the same answer, so that tenant names
+    /// do not leak).
+    pub async fn membership_tenant(&self, user_id: Uuid, tenant_name: &str) -> Result<Uuid> {
+        // language=PostgreSQL
+        sqlx::query_scalar(
+            "SELECT n.id FROM tenants n JOIN memberships m ON m.tenant_id = n.id
+             WHERE n.name = $1 AND m.user_id = $2",
+        )
+        .bind(tenant_name)
+        .bind(user_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| Error::not_found(ObjectKind::Tenant))
     }
 
     /// On an empty database, creates the first tenant, a platform-admin user who administers it,

@@ -30,7 +30,10 @@ pub async fn tenant_create(
     Ok((StatusCode::CREATED, Json(state.app.tenant_create(&caller, &body.name).await?)))
 }
 
-/// Add a member to a tenant (or change their role) and issue them a token.
+/// Add a member to a tenant, or change a member's role. A user this call creates (an invitation)
+/// gets a first token, returned here for the inviter to hand over; an existing user gets none.
+/// Platform admins may add existing users; a tenant's admins invite new users and change the
+/// roles of their tenant's members (403 for an existing user who is not yet a member).
 #[utoipa::path(post, path = "/api/v1/admin/tenants/{tenant}/members", tag = "admin", request_body = MemberAdd,
     params(("tenant" = String, Path, description = "Tenant name")), security(("bearer" = [])),
     responses(

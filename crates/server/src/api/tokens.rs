@@ -22,7 +22,8 @@ pub async fn tokens_list(State(state): State<AppState>, Auth(caller): Auth) -> A
     Ok(Json(state.app.tokens_list(&caller).await?))
 }
 
-/// A new token for you in this tenant. Its secret is in this response only.
+/// A new token for you, in this tenant or (with `tenant`) another tenant you are a member of.
+/// Its secret is in this response only.
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "tokens", request_body = TokenCreate, security(("bearer" = [])),
     responses((status = 201, body = TokenCreated), (status = 422, body = ErrorBody)))]
 pub async fn token_create(
@@ -30,7 +31,7 @@ pub async fn token_create(
     Auth(caller): Auth,
     ApiJson(body): ApiJson<TokenCreate>,
 ) -> ApiResult<(StatusCode, Json<TokenCreated>)> {
-    let token = state.app.token_create(&caller, &body.name, body.expires_in_days).await?;
+    let token = state.app.token_create(&caller, &body.name, body.expires_in_days, body.tenant.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(token)))
 }
 

@@ -133,7 +133,7 @@ pub async fn token_create(
     let result = match (name.is_empty(), days.map(str::parse::<u32>).transpose()) {
         (true, _) => Err(Error::invalid("name", "give the token a name, e.g. laptop")),
         (_, Err(_)) => Err(Error::invalid("expires_in_days", "must be a whole number of days")),
-        (false, Ok(days)) => state.app.token_create(&auth.caller, name, days).await,
+        (false, Ok(days)) => state.app.token_create(&auth.caller, name, days, None).await,
     };
     match result {
         // The secret is shown once, on this response, never again.
@@ -294,13 +294,22 @@ pub async fn member_add(
         let member =
             MemberAdd { user: field(&form, "user").to_string(), role, token_name: "web".into(), expires_in_days: None };
         let added = state.app.member_add(&auth.caller, tenant, member).await?;
-        Ok(format!(
-            "{} is now {} in {}. Their token, shown once: {}",
-            added.user,
-            added.role.as_str(),
-            added.tenant,
-            added.token.token
-        ))
+        Ok(match added.token {
+            Some(token) => format!(
+                "{} is now {} in {}. Their first token, shown once: {}",
+                added.user,
+                added.role.as_str(),
+                added.tenant,
+                token.token
+            ),
+            None => format!(
+                "{} is now {} in {}. They already had an account: they create their own token for {} on the Tokens page.",
+                added.user,
+                added.role.as_str(),
+                added.tenant,
+                added.tenant
+            ),
+        })
     }
     .await;
     after(&state, &auth, outcome).await
