@@ -32,10 +32,12 @@ pub struct App {
     /// Pokes the reconciler so a submit or a cancel is acted on now, not at the next tick.
     pub reconciler_wake: Arc<Notify>,
     /// Every queued job's reason, positions and estimate, shared by readers (see [`crate::board`]).
-    pub schedule: Arc<crate::board::ScheduleBoard>,
+    pub schedule: Arc<crate::control::board::ScheduleBoard>,
     pub templates: Arc<Templates>,
     /// The object store and volumes (see [`crate::storage`]).
     pub storage: Arc<crate::storage::Storage>,
+    /// How the control loop is doing (see [`crate::control::health`]).
+    pub health: Arc<crate::control::health::LoopHealth>,
 }
 
 /// What a template run did.
@@ -64,6 +66,11 @@ impl App {
     fn scheduling_changed(&self) {
         self.schedule.changed();
         self.reconciler_wake.notify_one();
+    }
+
+    /// Whether this server is ready to serve, and how its control loop is doing.
+    pub async fn readiness(&self) -> crate::control::health::Readiness {
+        self.health.readiness(self.store.ping().await)
     }
 
     pub async fn job_submit(&self, caller: &Caller, submission: JobSubmission) -> Result<Submitted> {
@@ -428,7 +435,7 @@ impl App {
 impl App {
     /// The scheduler's view right now (what the next admission cycle would see).
     async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
-        let jobs = self.store.jobs_unfinished().await?;
+        let jobs = self.store.jobs_unfinished().await?.jobs;
         let tenants = crate::scheduling::policies(&self.store.tenant_policies().await?);
         let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
         Ok(crate::scheduling::snapshot(chrono::Utc::now(), nodes, tenants, &jobs, &Default::default()))

@@ -9,7 +9,7 @@ use trainyard_kube::{KubeConfig, KubernetesExecutor};
 use trainyard_store::Store;
 
 use crate::Server;
-use crate::reconciler::ReconcilerSettings;
+use crate::control::reconciler::ReconcilerSettings;
 use crate::storage::StorageArgs;
 
 /// Which backend runs the jobs.

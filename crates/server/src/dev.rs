@@ -13,7 +13,7 @@ use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
 
 use crate::Server;
-use crate::reconciler::ReconcilerSettings;
+use crate::control::reconciler::ReconcilerSettings;
 use crate::storage::StorageArgs;
 
 pub const DEFAULT_TENANT: &str = "default";

@@ -5,20 +5,19 @@
 //! - [`api`]: routes, thin handlers and the OpenAPI document.
 //! - [`error`], [`extract`]: how bad input and failures become typed JSON errors.
 //! - [`text`]: the one check that refuses text Postgres cannot store (NUL), on every route.
-//! - [`reconciler`]: the control loop (admission, launch, observation).
+//! - [`control`]: the control loops (admission, launch, observation; the schedule board; health).
 //! - [`logs`]: reading and following replica logs.
 //! - [`storage`]: the object store, artefacts, volumes, log archiving and retention.
 //! - [`dev`]: `trainyard dev`, everything on one machine with a private Postgres.
 
 pub mod api;
 pub mod app;
-pub mod board;
 pub mod cluster;
+pub mod control;
 pub mod dev;
 pub mod error;
 pub mod extract;
 pub mod logs;
-pub mod reconciler;
 pub mod scheduling;
 pub mod storage;
 pub mod templates;
@@ -41,8 +40,8 @@ use trainyard_executor::Executor;
 use trainyard_store::Store;
 
 use crate::app::App;
+use crate::control::reconciler::{Reconciler, ReconcilerSettings};
 use crate::error::ApiError;
-use crate::reconciler::{Reconciler, ReconcilerSettings};
 use crate::storage::Storage;
 use crate::templates::Templates;
 
@@ -90,7 +89,8 @@ impl Server {
         let templates = Arc::new(Templates::new(store.clone())?);
         let wake = Arc::new(Notify::new());
         let storage = Arc::new(storage);
-        let board = Arc::new(crate::board::ScheduleBoard::new(settings.schedule_max_age));
+        let board = Arc::new(crate::control::board::ScheduleBoard::new(settings.schedule_max_age));
+        let health = Arc::new(crate::control::health::LoopHealth::new(settings.ready_max_pass_age));
         let app = App {
             store: store.clone(),
             executor: Arc::clone(&executor),
@@ -98,8 +98,10 @@ impl Server {
             schedule: Arc::clone(&board),
             templates: Arc::clone(&templates),
             storage: Arc::clone(&storage),
+            health: Arc::clone(&health),
         };
-        let reconciler = Reconciler::new(store, executor, templates, wake, board, settings).with_storage(storage);
+        let reconciler =
+            Reconciler::new(store, executor, templates, wake, board, health, settings).with_storage(storage);
         Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler })
     }
 

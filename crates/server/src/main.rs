@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use trainyard_server::cluster::{self, ExecutorKind, KubeExecutorArgs};
+use trainyard_server::control::reconciler::ReconcilerSettings;
 use trainyard_server::dev::{self, DevOptions, LocalExecutorArgs};
-use trainyard_server::reconciler::ReconcilerSettings;
 use trainyard_server::storage::StorageArgs;
 use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
@@ -90,6 +90,10 @@ enum Command {
         /// it recompute at once; another replica's show within this time.
         #[arg(long, default_value_t = 2000)]
         schedule_max_age_ms: u64,
+        /// Seconds after which the leader answers 503 on /readyz when its control loop has not
+        /// completed a pass (a stuck loop takes the server out of a load balancer's rotation).
+        #[arg(long, default_value_t = 30)]
+        ready_max_pass_age_seconds: u64,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -150,6 +154,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,sqlx=warn,tower_http=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, never into a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli.command))
 }
@@ -171,6 +177,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grace_seconds,
             public_url,
             schedule_max_age_ms,
+            ready_max_pass_age_seconds,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
@@ -179,6 +186,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 grace: Duration::from_secs(grace_seconds),
                 api_url: public_url,
                 schedule_max_age: Duration::from_millis(schedule_max_age_ms),
+                ready_max_pass_age: Duration::from_secs(ready_max_pass_age_seconds),
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;

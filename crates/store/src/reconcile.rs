@@ -39,6 +39,21 @@ pub struct UnfinishedJob {
     pub attempt: Option<AttemptRecord>,
 }
 
+/// A job row the loops cannot decode (a spec or state this version does not understand): it is
+/// reported and skipped, and every other job goes on.
+#[derive(Debug, Clone)]
+pub struct UnhandledJob {
+    pub id: Uuid,
+    pub problem: String,
+}
+
+/// The unfinished jobs, and the rows among them that could not be decoded.
+#[derive(Debug, Clone, Default)]
+pub struct Unfinished {
+    pub jobs: Vec<UnfinishedJob>,
+    pub unhandled: Vec<UnhandledJob>,
+}
+
 /// What the database holds of one attempt.
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
@@ -72,8 +87,9 @@ pub struct QuotaRow {
 
 impl Store {
     /// Every job that holds capacity or is being stopped, and the head of the queue in
-    /// admission order (priority, then submit order).
-    pub async fn jobs_unfinished(&self) -> Result<Vec<UnfinishedJob>> {
+    /// admission order (priority, then submit order). A row that does not decode is returned
+    /// apart, in `unhandled`, instead of failing the whole read.
+    pub async fn jobs_unfinished(&self) -> Result<Unfinished> {
         // language=PostgreSQL
         let rows = sqlx::query(
             "(SELECT j.id, j.tenant_id, n.name AS tenant_name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
@@ -97,36 +113,38 @@ impl Store {
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        rows.iter()
-            .map(|row| {
-                let state: String = row.get("state");
-                let spec: sqlx::types::Json<JobSpec> = row.try_get("spec").map_err(Error::internal)?;
-                let attempt: Option<i32> = row.get("attempt");
-                Ok(UnfinishedJob {
-                    id: row.get("id"),
-                    tenant_id: row.get("tenant_id"),
-                    tenant: row.get("tenant_name"),
-                    state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown state {state}")))?,
-                    reason: row.get("reason"),
-                    spec: spec.0,
-                    priority: row.get("priority"),
-                    max_restarts: row.get("max_restarts"),
-                    restart_count: row.get("restart_count"),
-                    cancel_requested: row.get("cancel_requested"),
-                    preempt_requested: row.get("preempt_requested"),
-                    created_at: row.get("created_at"),
-                    admitted_at: row.get("admitted_at"),
-                    flavor: row.get("flavor"),
-                    assigned_nodes: row.get("assigned_nodes"),
-                    expected_runtime_seconds: row.get("expected_runtime_seconds"),
-                    attempt: attempt.map(|number| AttemptRecord {
-                        number,
-                        placement: row.get("placement"),
-                        ended: row.get::<Option<bool>, _>("attempt_ended").unwrap_or(false),
-                    }),
-                })
-            })
-            .collect()
+        let mut unfinished = Unfinished::default();
+        for row in &rows {
+            match unfinished_job_decode(row) {
+                Ok(job) => unfinished.jobs.push(job),
+                Err(problem) => {
+                    let id: Uuid = row.try_get("id").map_err(Error::internal)?;
+                    unfinished.unhandled.push(UnhandledJob { id, problem });
+                }
+            }
+        }
+        Ok(unfinished)
+    }
+
+    /// Marks a job the loops cannot handle: its reason says so and an event records it, its
+    /// state is left as it is. Only when the reason changes, so repeating it adds nothing.
+    pub async fn job_mark_unhandled(&self, job_id: Uuid, reason: &str, actor: &str) -> Result<bool> {
+        // language=PostgreSQL
+        let marked = sqlx::query(
+            "WITH marked AS (
+                 UPDATE jobs SET reason = $2, last_actor = $3, event_seq = event_seq + 1, updated_at = now()
+                 WHERE id = $1 AND reason IS DISTINCT FROM $2
+                 RETURNING id, tenant_id, state, event_seq)
+             INSERT INTO job_events (job_id, tenant_id, seq, from_state, to_state, actor, reason)
+             SELECT id, tenant_id, event_seq, state, state, $3, $2 FROM marked",
+        )
+        .bind(job_id)
+        .bind(reason)
+        .bind(actor)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(marked.rows_affected() > 0)
     }
 
     /// Moves a job from one of `from` to `to`, recording who and why. False when the job was
@@ -434,4 +452,40 @@ impl Leadership {
         // language=PostgreSQL
         sqlx::query("SELECT 1").execute(&mut self.connection).await.is_ok()
     }
+}
+
+/// One row of [`Store::jobs_unfinished`], or what is wrong with it.
+fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<UnfinishedJob, String> {
+    let column = |err: sqlx::Error| err.to_string();
+    let state: String = row.try_get("state").map_err(column)?;
+    let spec: serde_json::Value = row.try_get("spec").map_err(column)?;
+    let spec: JobSpec =
+        serde_json::from_value(spec).map_err(|err| format!("its stored spec does not decode: {err}"))?;
+    let attempt: Option<i32> = row.try_get("attempt").map_err(column)?;
+    Ok(UnfinishedJob {
+        id: row.try_get("id").map_err(column)?,
+        tenant_id: row.try_get("tenant_id").map_err(column)?,
+        tenant: row.try_get("tenant_name").map_err(column)?,
+        state: JobState::parse(&state).ok_or_else(|| format!("its state {state:?} is unknown"))?,
+        reason: row.try_get("reason").map_err(column)?,
+        spec,
+        priority: row.try_get("priority").map_err(column)?,
+        max_restarts: row.try_get("max_restarts").map_err(column)?,
+        restart_count: row.try_get("restart_count").map_err(column)?,
+        cancel_requested: row.try_get("cancel_requested").map_err(column)?,
+        preempt_requested: row.try_get("preempt_requested").map_err(column)?,
+        created_at: row.try_get("created_at").map_err(column)?,
+        admitted_at: row.try_get("admitted_at").map_err(column)?,
+        flavor: row.try_get("flavor").map_err(column)?,
+        assigned_nodes: row.try_get("assigned_nodes").map_err(column)?,
+        expected_runtime_seconds: row.try_get("expected_runtime_seconds").map_err(column)?,
+        attempt: match attempt {
+            Some(number) => Some(AttemptRecord {
+                number,
+                placement: row.try_get("placement").map_err(column)?,
+                ended: row.try_get::<Option<bool>, _>("attempt_ended").map_err(column)?.unwrap_or(false),
+            }),
+            None => None,
+        },
+    })
 }

@@ -1,8 +1,10 @@
+use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 
 use crate::AppState;
+use crate::control::health::Readiness;
 
 /// Alive: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "The server is up")))]
@@ -10,17 +12,16 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Ready: the database answers too.
+/// Ready: the database answers, and on the leader, the control loop completed a pass recently
+/// (`--ready-max-pass-age-seconds`). The body says how the loop is doing either way.
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
-    (status = 200, description = "Ready to serve"),
-    (status = 503, description = "The database does not answer"),
+    (status = 200, description = "Ready to serve", body = Readiness),
+    (status = 503, description = "The database does not answer, or the leader's loop is stuck", body = Readiness),
 ))]
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.app.store.ping().await {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "the database does not answer\n")
-    }
+    let readiness = state.app.readiness().await;
+    let status = if readiness.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(readiness))
 }
 
 pub async fn openapi_json() -> impl IntoResponse {

@@ -15,6 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
@@ -22,8 +23,12 @@ use trainyard_core::job::JobState;
 use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaDetail, ReplicaPhase, ReplicaStatus};
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
-use trainyard_store::reconcile::{AttemptEnd, UnfinishedJob};
+use trainyard_store::reconcile::{AttemptEnd, Unfinished, UnfinishedJob, UnhandledJob};
 
+use crate::control::health::{LoopHealth, panic_message};
+use crate::control::outcome::{
+    EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, state_after_failure,
+};
 use crate::scheduling;
 use crate::templates::Templates;
 use uuid::Uuid;
@@ -31,8 +36,6 @@ use uuid::Uuid;
 const ACTOR_EXECUTOR: &str = "executor";
 const ACTOR_RECONCILER: &str = "reconciler";
 
-/// The reason recorded when a replica vanished without an exit status.
-pub const REASON_LOST: &str = "lost";
 /// How often the executor is asked to remove leftovers of attempts that are not live.
 const GARBAGE_COLLECT_EVERY: Duration = Duration::from_secs(60);
 
@@ -44,8 +47,13 @@ pub struct ReconcilerSettings {
     pub grace: Duration,
     /// The API's URL as replicas reach it (`TRAINYARD_URL`); the listening address when unset.
     pub api_url: Option<String>,
-    /// How long readers share one answer to "why pending, when" (see [`crate::board`]).
+    /// How long readers share one answer to "why pending, when" (see [`crate::control::board`]).
     pub schedule_max_age: Duration,
+    /// The leader is unready (`/readyz` answers 503) when its loop completed no pass for this long.
+    pub ready_max_pass_age: Duration,
+    /// Fault injection for tests (`TRAINYARD_FAULT_PANIC_ON_LAUNCH`): launching a job whose
+    /// argv holds exactly this string panics, as a bug in one job's handling would.
+    pub fault_panic_on_launch: Option<String>,
 }
 
 impl Default for ReconcilerSettings {
@@ -54,7 +62,9 @@ impl Default for ReconcilerSettings {
             tick: Duration::from_secs(1),
             grace: Duration::from_secs(10),
             api_url: None,
-            schedule_max_age: crate::board::DEFAULT_MAX_AGE,
+            schedule_max_age: crate::control::board::DEFAULT_MAX_AGE,
+            ready_max_pass_age: Duration::from_secs(30),
+            fault_panic_on_launch: std::env::var("TRAINYARD_FAULT_PANIC_ON_LAUNCH").ok().filter(|v| !v.is_empty()),
         }
     }
 }
@@ -65,7 +75,7 @@ pub struct Reconciler {
     templates: Arc<Templates>,
     wake: Arc<Notify>,
     /// Told when a pass changed what the scheduler sees, so readers get a fresh answer.
-    board: Arc<crate::board::ScheduleBoard>,
+    board: Arc<crate::control::board::ScheduleBoard>,
     settings: ReconcilerSettings,
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
     /// this on restart is harmless: the next pass signals again.
@@ -74,7 +84,35 @@ pub struct Reconciler {
     collected: Option<Instant>,
     /// Archives ended attempts' logs and sweeps by retention (see [`crate::storage`]).
     storage: Option<crate::storage::StorageLoop>,
+    /// How the loop is doing, for `/readyz`.
+    health: Arc<LoopHealth>,
+    /// Jobs whose handling panicked: left alone until the instant, for a back-off that doubles
+    /// with each panic (the count). In memory: a restart tries them again at once.
+    quarantined: HashMap<Uuid, (Instant, u32)>,
+    /// Undecodable jobs already reported in the log, so that each is logged once.
+    reported_unhandled: HashSet<Uuid>,
 }
+
+/// How one job's step of a pass went.
+enum Step<T> {
+    Done(T),
+    Failed(trainyard_core::Error),
+    Panicked(String),
+}
+
+/// Runs one job's step and catches its panic, so that the pass can go on with the other jobs.
+async fn guarded<T>(step: impl std::future::Future<Output = Result<T>>) -> Step<T> {
+    match std::panic::AssertUnwindSafe(step).catch_unwind().await {
+        Ok(Ok(value)) => Step::Done(value),
+        Ok(Err(err)) => Step::Failed(err),
+        Err(payload) => Step::Panicked(panic_message(&*payload)),
+    }
+}
+
+/// The longest a job whose handling panics is left alone between tries.
+const QUARANTINE_MAX: Duration = Duration::from_secs(300);
+/// The longest the loop waits after a pass that panicked outside any one job's step.
+const PASS_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 impl Reconciler {
     pub fn new(
@@ -82,7 +120,8 @@ impl Reconciler {
         executor: Arc<dyn Executor>,
         templates: Arc<Templates>,
         wake: Arc<Notify>,
-        board: Arc<crate::board::ScheduleBoard>,
+        board: Arc<crate::control::board::ScheduleBoard>,
+        health: Arc<LoopHealth>,
         settings: ReconcilerSettings,
     ) -> Self {
         Reconciler {
@@ -95,6 +134,9 @@ impl Reconciler {
             stopping: HashMap::new(),
             collected: None,
             storage: None,
+            health,
+            quarantined: HashMap::new(),
+            reported_unhandled: HashSet::new(),
         }
     }
 
@@ -111,10 +153,13 @@ impl Reconciler {
 
     /// Runs passes until `shutdown`, while this server leads: one leader across server replicas
     /// (a Postgres advisory lock), the others wait as standbys and take over when it goes. A
-    /// failed pass (database away) is logged and retried.
+    /// failed pass (database away) is logged and retried; a pass that panics outside any one
+    /// job's step is logged with its message, counted, and retried after a back-off that
+    /// doubles (1 s to 30 s) — the loop itself never stops before `shutdown`.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let executor_changes = self.executor.changes();
         let mut leadership = None;
+        let mut backoff = Duration::ZERO;
         loop {
             if leadership.is_none() {
                 match self.store.leadership_try().await {
@@ -128,31 +173,57 @@ impl Reconciler {
             }
             if let Some(lock) = leadership.as_mut() {
                 if lock.still_held().await {
-                    if let Err(err) = self.pass().await {
-                        tracing::warn!(%err, "reconciler pass failed; retrying");
+                    self.health.leading(true);
+                    match guarded(self.pass()).await {
+                        Step::Done(()) => backoff = Duration::ZERO,
+                        Step::Failed(err) => tracing::warn!(%err, "reconciler pass failed; retrying"),
+                        Step::Panicked(message) => {
+                            backoff = (backoff * 2).clamp(Duration::from_secs(1), PASS_BACKOFF_MAX);
+                            tracing::error!(panic = %message, retry_in = ?backoff, "reconciler pass panicked; the loop goes on");
+                            self.health.panicked(message);
+                        }
                     }
                 } else {
                     tracing::warn!("lost leadership (its database connection broke)");
+                    self.health.leading(false);
                     leadership = None;
                 }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = self.wake.notified() => {}
-                _ = executor_changes.notified() => {}
-                _ = tokio::time::sleep(self.settings.tick) => {}
+                _ = tokio::time::sleep(backoff), if !backoff.is_zero() => {}
+                _ = self.wake.notified(), if backoff.is_zero() => {}
+                _ = executor_changes.notified(), if backoff.is_zero() => {}
+                _ = tokio::time::sleep(self.settings.tick), if backoff.is_zero() => {}
             }
         }
         tracing::info!("reconciler stopped");
     }
 
-    /// One full pass over every unfinished job.
+    /// One full pass over every unfinished job. Each job's step (observe, launch) is isolated:
+    /// its error is logged and retried next pass, its panic marks the job as one that cannot be
+    /// handled and leaves it alone for a while; every other job goes on. A job row that does
+    /// not decode is marked the same way and skipped.
     pub async fn pass(&mut self) -> Result<()> {
-        let jobs = self.store.jobs_unfinished().await?;
+        let Unfinished { jobs, unhandled } = self.store.jobs_unfinished().await?;
+        self.report_unhandled(&unhandled).await;
+        // A quarantined job's count is kept while it is unfinished, so its back-off keeps doubling.
+        let live: HashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
+        self.quarantined.retain(|id, _| live.contains(id));
         let mut ended = HashSet::new();
         for job in jobs.iter().filter(|j| matches!(j.state, JobState::Starting | JobState::Running)) {
-            if self.observe(job).await? {
-                ended.insert(job.id);
+            if self.is_quarantined(job.id) {
+                continue;
+            }
+            match guarded(self.observe(job)).await {
+                Step::Done(true) => {
+                    ended.insert(job.id);
+                }
+                Step::Done(false) => {}
+                Step::Failed(err) => {
+                    tracing::warn!(job = %job.id, %err, "cannot observe the job; trying again next pass")
+                }
+                Step::Panicked(message) => self.job_panicked(job.id, "observing it", message).await,
             }
         }
         for job in
@@ -160,21 +231,35 @@ impl Reconciler {
         {
             // Between attempts nothing runs: a cancel or a preemption takes effect at once.
             let to = if job.cancel_requested { JobState::Cancelled } else { JobState::Queued };
-            self.store
+            match self
+                .store
                 .job_transition(job.id, &[JobState::Restarting], to, ACTOR_RECONCILER, job.reason.as_deref())
-                .await?;
-            ended.insert(job.id);
+                .await
+            {
+                Ok(_) => {
+                    ended.insert(job.id);
+                }
+                Err(err) => tracing::warn!(job = %job.id, %err, "cannot end the job between attempts; next pass"),
+            }
         }
         self.garbage_collect(&jobs).await;
-        let admitted = self.admit(&jobs, &ended).await?;
+        let admitted = self.admit(&jobs, &ended).await;
         let launchable = jobs
             .iter()
             .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
-            .chain(admitted.iter().copied());
+            .chain(admitted.as_deref().unwrap_or_default().iter().copied());
         let mut launched = false;
         for job in launchable {
-            self.launch(job).await?;
-            launched = true;
+            if self.is_quarantined(job.id) {
+                continue;
+            }
+            match guarded(self.launch(job)).await {
+                Step::Done(()) => launched = true,
+                Step::Failed(err) => {
+                    tracing::warn!(job = %job.id, %err, "cannot launch the job; trying again next pass")
+                }
+                Step::Panicked(message) => self.job_panicked(job.id, "launching it", message).await,
+            }
         }
         if let Some(storage) = self.storage.as_mut() {
             storage.archive_in_background(&self.store, &self.executor, !ended.is_empty());
@@ -188,7 +273,44 @@ impl Reconciler {
             // again now rather than at the next tick.
             self.wake.notify_one();
         }
+        admitted?;
+        let skipped = self.quarantined.keys().filter(|id| self.is_quarantined(**id)).count();
+        self.health.pass_completed(unhandled.len() + skipped);
         Ok(())
+    }
+
+    fn is_quarantined(&self, job_id: Uuid) -> bool {
+        self.quarantined.get(&job_id).is_some_and(|(until, _)| Instant::now() < *until)
+    }
+
+    /// A job's step panicked: logged with the message, counted, recorded on the job (its state
+    /// unchanged), and the job left alone for a back-off that doubles with each panic.
+    async fn job_panicked(&mut self, job_id: Uuid, step: &str, message: String) {
+        let count = self.quarantined.get(&job_id).map_or(0, |(_, count)| *count) + 1;
+        let wait = Duration::from_secs(1u64 << count.min(16)).min(QUARANTINE_MAX);
+        self.quarantined.insert(job_id, (Instant::now() + wait, count));
+        tracing::error!(job = %job_id, step, panic = %message, panics = count, retry_in = ?wait,
+            "handling a job panicked; it is skipped and every other job goes on");
+        self.health.panicked(format!("job {job_id}, {step}: {message}"));
+        let reason =
+            format!("cannot be handled: {step} failed unexpectedly ({message}); retried in {}s", wait.as_secs());
+        if let Err(err) = self.store.job_mark_unhandled(job_id, &reason, ACTOR_RECONCILER).await {
+            tracing::warn!(job = %job_id, %err, "cannot record on the job that it cannot be handled");
+        }
+    }
+
+    /// Job rows that do not decode: each is marked (reason and event, state unchanged) and
+    /// logged once; they are left out of the pass.
+    async fn report_unhandled(&mut self, unhandled: &[UnhandledJob]) {
+        for job in unhandled {
+            let reason = format!("cannot be handled: {}", job.problem);
+            if self.reported_unhandled.insert(job.id) {
+                tracing::error!(job = %job.id, problem = %job.problem, "a job cannot be handled; it is skipped");
+            }
+            if let Err(err) = self.store.job_mark_unhandled(job.id, &reason, ACTOR_RECONCILER).await {
+                tracing::warn!(job = %job.id, %err, "cannot record on the job that it cannot be handled");
+            }
+        }
     }
 
     /// Asks the executor, now and then, to remove what attempts that are not live left behind
@@ -232,60 +354,53 @@ impl Reconciler {
         };
         let details = self.executor.replica_details(&attempt).await;
         let statuses: Vec<ReplicaStatus> = details.iter().map(ReplicaDetail::status).collect();
-        let running = statuses.iter().filter(|s| **s == ReplicaStatus::Running).count();
         // Replicas still waiting for a node or their image count as running (not ended) but
-        // keep the job `starting`.
+        // keep the job `starting`. A cause beyond an exit code (OOMKilled, Evicted, NodeLost,
+        // ...) explains the failure better than the exit codes of the replicas stopped after it.
         let pending = details.iter().any(|d| d.phase == ReplicaPhase::Pending);
-        // A cause beyond an exit code (OOMKilled, Evicted, NodeLost, ...) explains the failure
-        // better than the exit codes of the replicas stopped after it.
         let external = details.iter().find(|d| d.has_external_cause()).and_then(ReplicaDetail::failure_sentence);
-        // The failure that explains the others: an exit code of the program's own before one
-        // from a signal (the rest of a gang is stopped with SIGTERM), then a vanished replica.
-        let failed = statuses
-            .iter()
-            .enumerate()
-            .filter_map(|(rank, status)| match status {
-                ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
-                ReplicaStatus::Exited(code) => Some((u8::from(*code >= 128), rank, Some(*code))),
-                ReplicaStatus::Lost => Some((2, rank, None)),
-            })
-            .min();
-        let failure = match failed {
-            _ if external.is_some() => external,
-            None => None,
-            Some((_, _, None)) => Some(REASON_LOST.to_string()),
-            Some((_, rank, Some(code))) if running == 0 => {
+        let facts = JobFacts {
+            cancel_requested: job.cancel_requested,
+            preempt_requested: job.preempt_requested,
+            restart_count: job.restart_count,
+            max_restarts: job.max_restarts,
+        };
+        let (to, cause) = match attempt_verdict(facts, &statuses, pending, external) {
+            Verdict::Stop => {
+                // Cancelled, or one replica failed so the gang fails: its end is recorded when
+                // no replica runs any more.
+                self.stop(&attempt);
+                return Ok(false);
+            }
+            Verdict::Running { all_started } => {
+                if job.state == JobState::Starting && all_started {
+                    // Every container started: the images they run are known now.
+                    let images = image_digests(&details);
+                    if !images.is_empty() {
+                        self.store.attempt_images_set(job.id, record.number, &images).await?;
+                    }
+                    self.store
+                        .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
+                        .await?;
+                }
+                return Ok(false);
+            }
+            Verdict::Ended { to, cause } => (to, cause),
+        };
+        let reason = match cause {
+            EndCause::Cancelled => job.reason.clone().unwrap_or_else(|| "cancelled".into()),
+            EndCause::Preempted => job.reason.clone().unwrap_or_else(|| "preempted".into()),
+            EndCause::Succeeded => "every replica exited with code 0".to_string(),
+            EndCause::Failed(Failure::External(sentence)) => sentence,
+            EndCause::Failed(Failure::Lost { .. }) => REASON_LOST.to_string(),
+            EndCause::Failed(Failure::Exited { rank, code }) => {
                 // Its last words (a Python traceback ends with the exception) make the reason.
-                let last = self.executor.log_last_line(job.id, record.number, rank as u32).await;
-                Some(match last {
+                match self.executor.log_last_line(job.id, record.number, rank as u32).await {
                     Some(line) => format!("replica {rank} exited with code {code}: {line}"),
                     None => format!("replica {rank} exited with code {code}"),
-                })
-            }
-            Some((_, rank, Some(code))) => Some(format!("replica {rank} exited with code {code}")),
-        };
-
-        let stopping = job.cancel_requested || job.preempt_requested;
-        if running > 0 && (stopping || failure.is_some()) {
-            // Stop the attempt (cancelled, or one replica failed so the gang fails); its end is
-            // recorded when no replica runs any more.
-            self.stop(&attempt);
-            return Ok(false);
-        }
-        if running > 0 {
-            if job.state == JobState::Starting && !pending {
-                // Every container started: the images they run are known now.
-                let images = image_digests(&details);
-                if !images.is_empty() {
-                    self.store.attempt_images_set(job.id, record.number, &images).await?;
                 }
-                self.store
-                    .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
-                    .await?;
             }
-            return Ok(false);
-        }
-
+        };
         let exit_codes: Vec<Option<i32>> = statuses
             .iter()
             .map(|s| match s {
@@ -293,20 +408,6 @@ impl Reconciler {
                 _ => None,
             })
             .collect();
-        let (to, reason) = if job.cancel_requested {
-            (JobState::Cancelled, job.reason.clone().unwrap_or_else(|| "cancelled".into()))
-        } else if job.preempt_requested {
-            // Back to the queue; the next attempt resumes from the job's last checkpoint.
-            (JobState::Queued, job.reason.clone().unwrap_or_else(|| "preempted".into()))
-        } else if let Some(failure) = failure {
-            if job.restart_count < job.max_restarts {
-                (JobState::Restarting, failure)
-            } else {
-                (JobState::Failed, failure)
-            }
-        } else {
-            (JobState::Succeeded, "every replica exited with code 0".to_string())
-        };
         // Free what the attempt still holds first, so that once the state says it ended, none
         // of its processes is left. Repeating this after a failed write below is harmless.
         self.executor.release(&attempt).await;
@@ -416,6 +517,11 @@ impl Reconciler {
     /// Opens the job's next attempt and starts it. A launch that fails ends the attempt like a
     /// failed run (restarting while restarts remain).
     async fn launch(&self, job: &UnfinishedJob) -> Result<()> {
+        if let Some(marker) = &self.settings.fault_panic_on_launch
+            && job.spec.command.iter().chain(&job.spec.args).any(|arg| arg == marker)
+        {
+            panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
+        }
         let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR).await? else {
             return Ok(()); // cancelled or moved meanwhile
         };
@@ -425,7 +531,7 @@ impl Reconciler {
                 tracing::info!(job = %job.id, attempt, "attempt launched");
             }
             Err(reason) => {
-                let to = if job.restart_count < job.max_restarts { JobState::Restarting } else { JobState::Failed };
+                let to = state_after_failure(job.restart_count, job.max_restarts);
                 tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
                 self.store
                     .attempt_end(AttemptEnd {

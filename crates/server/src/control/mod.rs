@@ -1,0 +1,15 @@
+//! The control loops, run by the leader among server replicas:
+//!
+//! - [`reconciler`]: the loop itself (observe attempts, admit, launch), with every job's step
+//!   isolated so that no single job can stop it;
+//! - [`outcome`]: what an attempt's observed replicas mean, as a pure decision table;
+//! - [`board`]: every queued job's reason, position and estimate, shared by readers;
+//! - [`health`]: how the loop is doing, for `/readyz`.
+//!
+//! Log archiving and retention, which the loop drives, live with the rest of storage
+//! ([`crate::storage`]).
+
+pub mod board;
+pub mod health;
+pub mod outcome;
+pub mod reconciler;

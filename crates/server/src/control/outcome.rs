@@ -1,0 +1,224 @@
+//! What an attempt's observed replicas mean, as one pure function: still running, to be
+//! stopped, or ended (succeeded, failed with which replica's cause, lost, cancelled, preempted),
+//! and whether a failure restarts the job. The restart rule is [`state_after_failure`], the only
+//! place it is written. The reconciler does the I/O around it (asking the executor, reading a
+//! replica's last log line for the reason, recording the end).
+
+use trainyard_core::job::JobState;
+use trainyard_executor::ReplicaStatus;
+
+/// The reason recorded when a replica vanished without an exit status.
+pub const REASON_LOST: &str = "lost";
+
+/// What the loop knows of a job when it looks at its attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct JobFacts {
+    pub cancel_requested: bool,
+    pub preempt_requested: bool,
+    pub restart_count: i32,
+    pub max_restarts: i32,
+}
+
+/// The replica whose end explains the attempt's failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The cluster's verdict on a replica (OOMKilled, Evicted, NodeLost, ...), in words.
+    External(String),
+    /// Replica `rank` exited with `code`.
+    Exited { rank: usize, code: i32 },
+    /// Replica `rank` vanished without an exit status.
+    Lost { rank: usize },
+}
+
+/// What the observation means for the attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Replicas run and nothing asks them to stop; `all_started` once none waits for a node or
+    /// an image any more.
+    Running { all_started: bool },
+    /// Replicas still run but the attempt must end (cancelled, preempted, or one failed and the
+    /// gang fails with it): stop them; the end is recorded once none runs.
+    Stop,
+    /// No replica runs any more: the attempt ended and the job moves to `to`.
+    Ended { to: JobState, cause: EndCause },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndCause {
+    Cancelled,
+    Preempted,
+    Failed(Failure),
+    Succeeded,
+}
+
+/// After a failed attempt (a failed run or a failed launch): another attempt while restarts
+/// remain, else the job failed.
+pub fn state_after_failure(restart_count: i32, max_restarts: i32) -> JobState {
+    if restart_count < max_restarts { JobState::Restarting } else { JobState::Failed }
+}
+
+/// The failure that explains the others: the cluster's verdict first, then an exit code of the
+/// program's own before one from a signal (the rest of a gang is stopped with SIGTERM), then a
+/// vanished replica; the lowest rank among equals.
+pub fn failure_of(statuses: &[ReplicaStatus], external: Option<String>) -> Option<Failure> {
+    if let Some(sentence) = external {
+        return Some(Failure::External(sentence));
+    }
+    statuses
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, status)| match status {
+            ReplicaStatus::Exited(0) | ReplicaStatus::Running => None,
+            ReplicaStatus::Exited(code) => Some((u8::from(*code >= 128), rank, Some(*code))),
+            ReplicaStatus::Lost => Some((2, rank, None)),
+        })
+        .min()
+        .map(|(_, rank, code)| match code {
+            Some(code) => Failure::Exited { rank, code },
+            None => Failure::Lost { rank },
+        })
+}
+
+/// The decision table of an observed attempt. `pending` says whether a replica still waits for
+/// a node or its image (it counts as running); `external` is the cluster's verdict on a replica,
+/// if any.
+pub fn attempt_verdict(job: JobFacts, statuses: &[ReplicaStatus], pending: bool, external: Option<String>) -> Verdict {
+    let running = statuses.contains(&ReplicaStatus::Running);
+    let failure = failure_of(statuses, external);
+    let stopping = job.cancel_requested || job.preempt_requested;
+    if running {
+        return if stopping || failure.is_some() { Verdict::Stop } else { Verdict::Running { all_started: !pending } };
+    }
+    let (to, cause) = if job.cancel_requested {
+        (JobState::Cancelled, EndCause::Cancelled)
+    } else if job.preempt_requested {
+        // Back to the queue; the next attempt resumes from the job's last checkpoint.
+        (JobState::Queued, EndCause::Preempted)
+    } else if let Some(failure) = failure {
+        (state_after_failure(job.restart_count, job.max_restarts), EndCause::Failed(failure))
+    } else {
+        (JobState::Succeeded, EndCause::Succeeded)
+    };
+    Verdict::Ended { to, cause }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ReplicaStatus::{Exited, Lost, Running};
+
+    const FRESH: JobFacts =
+        JobFacts { cancel_requested: false, preempt_requested: false, restart_count: 0, max_restarts: 2 };
+
+    fn ended(to: JobState, cause: EndCause) -> Verdict {
+        Verdict::Ended { to, cause }
+    }
+
+    /// Every row of the table, in the order the function decides.
+    #[test]
+    fn the_decision_table() {
+        let no_restarts_left = JobFacts { restart_count: 2, ..FRESH };
+        let cancel = JobFacts { cancel_requested: true, ..FRESH };
+        let preempt = JobFacts { preempt_requested: true, ..FRESH };
+        // name, job, replica statuses, a replica pending, the cluster's verdict, expected
+        type Row = (&'static str, JobFacts, Vec<ReplicaStatus>, bool, Option<&'static str>, Verdict);
+        let rows: Vec<Row> = vec![
+            ("all running", FRESH, vec![Running, Running], false, None, Verdict::Running { all_started: true }),
+            ("one still pending", FRESH, vec![Running, Running], true, None, Verdict::Running { all_started: false }),
+            (
+                "all exited 0",
+                FRESH,
+                vec![Exited(0), Exited(0)],
+                false,
+                None,
+                ended(JobState::Succeeded, EndCause::Succeeded),
+            ),
+            ("one failed, the gang still runs", FRESH, vec![Exited(3), Running], false, None, Verdict::Stop),
+            (
+                "one failed, restarts left",
+                FRESH,
+                vec![Exited(0), Exited(3)],
+                false,
+                None,
+                ended(JobState::Restarting, EndCause::Failed(Failure::Exited { rank: 1, code: 3 })),
+            ),
+            (
+                "one failed, no restarts left",
+                no_restarts_left,
+                vec![Exited(3), Exited(0)],
+                false,
+                None,
+                ended(JobState::Failed, EndCause::Failed(Failure::Exited { rank: 0, code: 3 })),
+            ),
+            (
+                "the program's own code explains before the SIGTERM of the others",
+                FRESH,
+                vec![Exited(143), Exited(1)],
+                false,
+                None,
+                ended(JobState::Restarting, EndCause::Failed(Failure::Exited { rank: 1, code: 1 })),
+            ),
+            (
+                "lost",
+                no_restarts_left,
+                vec![Exited(0), Lost],
+                false,
+                None,
+                ended(JobState::Failed, EndCause::Failed(Failure::Lost { rank: 1 })),
+            ),
+            (
+                "an exit code explains before a vanished replica",
+                FRESH,
+                vec![Lost, Exited(137)],
+                false,
+                None,
+                ended(JobState::Restarting, EndCause::Failed(Failure::Exited { rank: 1, code: 137 })),
+            ),
+            (
+                "the cluster's verdict explains first",
+                FRESH,
+                vec![Exited(137)],
+                false,
+                Some("replica 0 was OOMKilled"),
+                ended(JobState::Restarting, EndCause::Failed(Failure::External("replica 0 was OOMKilled".into()))),
+            ),
+            ("cancel requested, still running", cancel, vec![Running], false, None, Verdict::Stop),
+            (
+                "cancel requested, stopped",
+                cancel,
+                vec![Exited(143)],
+                false,
+                None,
+                ended(JobState::Cancelled, EndCause::Cancelled),
+            ),
+            ("preempt requested, still running", preempt, vec![Running, Exited(0)], false, None, Verdict::Stop),
+            (
+                "preempt requested, stopped",
+                preempt,
+                vec![Exited(143)],
+                false,
+                None,
+                ended(JobState::Queued, EndCause::Preempted),
+            ),
+            (
+                "a cancel wins over a failure",
+                JobFacts { cancel_requested: true, ..no_restarts_left },
+                vec![Exited(1)],
+                false,
+                None,
+                ended(JobState::Cancelled, EndCause::Cancelled),
+            ),
+        ];
+        for (name, job, statuses, pending, external, expected) in rows {
+            assert_eq!(attempt_verdict(job, &statuses, pending, external.map(str::to_string)), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_restart_rule() {
+        assert_eq!(state_after_failure(0, 0), JobState::Failed);
+        assert_eq!(state_after_failure(0, 1), JobState::Restarting);
+        assert_eq!(state_after_failure(1, 1), JobState::Failed);
+        assert_eq!(state_after_failure(2, 3), JobState::Restarting);
+    }
+}

@@ -1,0 +1,81 @@
+//! The control loop cannot be stopped by any single job: a row that does not decode and a job
+//! whose handling panics are each reported and skipped, and every other job goes on.
+
+use std::time::Duration;
+
+use serde_json::json;
+use trainyard_tests::{StatusCode, TestEnv};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_whose_spec_does_not_decode_is_reported_and_skipped_while_others_run() {
+    let env = TestEnv::start().await;
+    let broken = env.submit(json!({"command": ["true"], "resources": {"gpus": 64}})).await;
+    // A row this version cannot read (a bad migration, a hand edit, a newer server's format).
+    sqlx::query("UPDATE jobs SET spec = '{\"commandz\": 1}'::jsonb WHERE id = $1::uuid")
+        .bind(&broken)
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+
+    let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let bob = env.member("team-b", "bob", "member").await;
+    let (status, job) = env.post("/api/v1/jobs", &bob, &json!({"command": ["true"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().unwrap();
+    env.wait_job_as(&bob, id, Duration::from_secs(30), |j| j["state"] == "succeeded").await;
+
+    let (state, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT state, reason FROM jobs WHERE id = $1::uuid")
+            .bind(&broken)
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "queued", "its state is left as it was");
+    let reason = reason.unwrap_or_default();
+    assert!(reason.starts_with("cannot be handled: its stored spec does not decode"), "{reason}");
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM job_events WHERE job_id = $1::uuid AND reason LIKE 'cannot be handled:%'",
+    )
+    .bind(&broken)
+    .fetch_one(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(events, 1, "one event records it, however many passes saw it");
+    let log = std::fs::read_to_string(env.data_dir().join("server.log")).unwrap();
+    assert!(log.contains("a job cannot be handled") && log.contains(&broken), "the log names the job");
+    let (_, readiness) = env.call(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(readiness["unhandled_jobs"], 1, "{readiness}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_while_launching_one_job_does_not_stop_scheduling() {
+    let marker = "fault-marker-3f9c";
+    let env = TestEnv::start_with_env(&[], &[("TRAINYARD_FAULT_PANIC_ON_LAUNCH".into(), marker.into())]).await;
+    let faulty = env.submit(json!({"command": ["echo", marker]})).await;
+    let mut others = Vec::new();
+    for _ in 0..3 {
+        others.push(env.submit(json!({"command": ["true"]})).await);
+    }
+    for id in &others {
+        env.wait_state(id, "succeeded", Duration::from_secs(30)).await;
+    }
+    let job = env
+        .wait_job(&faulty, Duration::from_secs(10), |j| {
+            j["reason"].as_str().is_some_and(|r| r.starts_with("cannot be handled"))
+        })
+        .await;
+    assert_eq!(job["state"], "admitted", "its state is left as it was: {job}");
+    assert!(job["reason"].as_str().unwrap().contains("fault injected"), "{job}");
+
+    let (status, readiness) = env.call(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::OK, "the loop goes on, so the server stays ready: {readiness}");
+    assert_eq!(readiness["leader"], true);
+    assert!(readiness["panics"].as_u64().unwrap() >= 1, "{readiness}");
+    assert!(readiness["last_panic"].as_str().unwrap().contains("fault injected"), "{readiness}");
+    let log = std::fs::read_to_string(env.data_dir().join("server.log")).unwrap();
+    assert!(log.contains("handling a job panicked") && log.contains("fault injected"), "the panic is in the log");
+    // Jobs submitted after the panic run too.
+    let later = env.submit(json!({"command": ["true"]})).await;
+    env.wait_state(&later, "succeeded", Duration::from_secs(30)).await;
+}
