@@ -185,11 +185,17 @@ impl TestEnv {
     }
 
     pub fn restart_after_crash(&mut self) {
+        let env = self.server.env.clone();
+        self.restart_after_crash_with_env(&env);
+    }
+
+    /// Kills the server hard and starts it again with the same arguments and this environment
+    /// (e.g. without a fault injected into the first one).
+    pub fn restart_after_crash_with_env(&mut self, env: &[(String, String)]) {
         self.server.kill_hard();
         let extra: Vec<String> = self.server.extra.clone();
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let env = self.server.env.clone();
-        self.server = ServerProcess::start_with_env(&self.db.url, &self.data_dir(), &extra, &env);
+        self.server = ServerProcess::start_with_env(&self.db.url, &self.data_dir(), &extra, env);
     }
 
     /// Sends a request; returns the status and the JSON body (Null when there is none).

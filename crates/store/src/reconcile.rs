@@ -126,9 +126,10 @@ impl Store {
         Ok(unfinished)
     }
 
-    /// Marks a job the loops cannot handle: its reason says so and an event records it, its
-    /// state is left as it is. Only when the reason changes, so repeating it adds nothing.
-    pub async fn job_mark_unhandled(&self, job_id: Uuid, reason: &str, actor: &str) -> Result<bool> {
+    /// Records a note on a job without changing its state: the reason says it and an event
+    /// records it (a job the loops cannot handle, a launch retried after a control-plane
+    /// error). Only when the reason changes, so repeating it adds nothing.
+    pub async fn job_note(&self, job_id: Uuid, reason: &str, actor: &str) -> Result<bool> {
         // language=PostgreSQL
         let marked = sqlx::query(
             "WITH marked AS (

@@ -4,8 +4,18 @@
 //! - `jobs/<job>/replica-<r>/`: the replica's working directory (and `HOME`), kept across
 //!   attempts so that a restarted replica finds what the last one wrote;
 //! - `jobs/<job>/attempt-<n>/replica-<r>.log`: its stdout and stderr;
-//! - `jobs/<job>/attempt-<n>/replica-<r>.pid`: the supervisor's pid and start time;
+//! - `jobs/<job>/attempt-<n>/intent.json`: the launch's intent (each replica's GPUs and the
+//!   rendezvous port), written durably before the first replica starts;
+//! - `jobs/<job>/attempt-<n>/replica-<r>.pid`: the supervisor's pid and start time, written by
+//!   the supervisor before its replica starts;
 //! - `jobs/<job>/attempt-<n>/replica-<r>.exit`: how it ended, written by the supervisor.
+//!
+//! **Launching is resumable.** A control plane killed in the middle of a launch (or one whose
+//! database went away before it stored the placement) launches the same attempt again, and
+//! that launch starts only the ranks that never started: it reads the intent back (same GPUs,
+//! same port, so late ranks join the same rendezvous), adopts every rank with a pid file (or a
+//! supervisor already in the process table), and starts the rest. No rank starts twice, none is
+//! left out.
 //!
 //! Each replica runs under a supervisor ([`shim`]) that leads its own process group, so that
 //! stopping a replica stops everything it started, a Ctrl-C to the server does not reach jobs,
@@ -73,6 +83,18 @@ pub struct LocalExecutor {
     /// restart; durable truth is the placement in Postgres.
     gpus_held: Mutex<HashMap<(Uuid, i32), Vec<u32>>>,
     changes: Arc<Notify>,
+    /// Fault injection for tests (`TRAINYARD_FAULT_LAUNCH_PAUSE=RANK:MILLIS`): a launch waits
+    /// this long before starting that rank (rank 0: after the intent is stored, before any
+    /// replica), widening the window in which a crash interrupts it.
+    fault_pause: Option<(u32, Duration)>,
+}
+
+/// What a launch will start where, stored before its first replica starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct LaunchIntent {
+    master_port: u16,
+    /// Each rank's GPUs.
+    gpus: Vec<Vec<u32>>,
 }
 
 impl LocalExecutor {
@@ -90,7 +112,17 @@ impl LocalExecutor {
                 None => gpus::discover(),
             },
         };
-        Ok(LocalExecutor { config, inventory, gpus_held: Mutex::new(HashMap::new()), changes: Arc::new(Notify::new()) })
+        let fault_pause = std::env::var("TRAINYARD_FAULT_LAUNCH_PAUSE").ok().and_then(|v| {
+            let (rank, millis) = v.split_once(':')?;
+            Some((rank.parse().ok()?, Duration::from_millis(millis.parse().ok()?)))
+        });
+        Ok(LocalExecutor {
+            config,
+            inventory,
+            gpus_held: Mutex::new(HashMap::new()),
+            changes: Arc::new(Notify::new()),
+            fault_pause,
+        })
     }
 
     fn attempt_dir(&self, job_id: Uuid, attempt: i32) -> PathBuf {
@@ -173,8 +205,8 @@ impl LocalExecutor {
             ExecutorError::Launch(format!("cannot start the supervisor {}: {err}", self.config.supervisor.display()))
         })?;
         let pid = child.id().ok_or_else(|| ExecutorError::Launch("the supervisor exited at once".into()))?;
+        // The supervisor writes its own pid file (with this start time) before the replica starts.
         let start_time = process::start_time(pid).unwrap_or_default();
-        std::fs::write(attempt_dir.join(format!("replica-{rank}.pid")), format!("{pid} {start_time}\n"))?;
         // Reap the supervisor when it ends and wake the reconciler. After a restart of the
         // server, supervisors are no longer our children; observing finds their end instead.
         let changes = Arc::clone(&self.changes);
@@ -185,8 +217,38 @@ impl LocalExecutor {
         Ok(ReplicaPlacement { rank, pid, start_time, gpus: gpus.to_vec() })
     }
 
-    fn placement_of(attempt: &AttemptRef) -> Option<LocalPlacement> {
-        serde_json::from_value(attempt.placement.clone()?).ok()
+    /// Rank `rank` of an attempt, if it ever started: its supervisor's pid file, or (for the
+    /// instant between a supervisor's start and its announcement) the supervisor itself in the
+    /// process table.
+    fn replica_started(&self, attempt_dir: &Path, rank: u32, gpus: &[u32]) -> Option<ReplicaPlacement> {
+        let exit_file = attempt_dir.join(format!("replica-{rank}.exit"));
+        let placement = |pid, start_time| ReplicaPlacement { rank, pid, start_time, gpus: gpus.to_vec() };
+        if let Some(record) = shim::read_pid_record(&shim::pid_file_of(&exit_file)) {
+            return Some(placement(record.pid, record.start_time));
+        }
+        process::find_shim(&exit_file).map(|(pid, start_time)| placement(pid, start_time))
+    }
+
+    /// Where an attempt runs: its stored placement, or, for a launch the control plane did not
+    /// get to record, what the attempt's folder says (the intent and the ranks that started).
+    fn placement_of(&self, attempt: &AttemptRef) -> Option<LocalPlacement> {
+        if let Some(stored) = attempt.placement.clone().and_then(|p| serde_json::from_value(p).ok()) {
+            return Some(stored);
+        }
+        let dir = self.attempt_dir(attempt.job_id, attempt.attempt);
+        let intent = read_intent(&dir.join("intent.json"))?;
+        let replicas = intent
+            .gpus
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, gpus)| self.replica_started(&dir, rank as u32, gpus))
+            .collect();
+        Some(LocalPlacement {
+            executor: "local".into(),
+            host: String::new(),
+            master_port: intent.master_port,
+            replicas,
+        })
     }
 }
 
@@ -266,18 +328,45 @@ impl Executor for LocalExecutor {
 
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError> {
         let attempt_dir = self.attempt_dir(request.job_id, request.attempt);
-        if attempt_dir.join("replica-0.pid").exists() {
-            return Err(ExecutorError::Launch(format!("attempt {} was launched already", request.attempt)));
-        }
         std::fs::create_dir_all(&attempt_dir)?;
-        let gpus = self.gpus_reserve(request)?;
-        let master_port = free_port()?;
-        let mut replicas = Vec::with_capacity(gpus.len());
-        for (rank, replica_gpus) in gpus.iter().enumerate() {
-            match self.spawn_replica(request, rank as u32, replica_gpus, master_port, &attempt_dir) {
-                Ok(placement) => replicas.push(placement),
+        let intent_path = attempt_dir.join("intent.json");
+        let intent = match read_intent(&intent_path) {
+            Some(intent) => {
+                // Resuming an interrupted launch: the same GPUs are this attempt's again.
+                let held = intent.gpus.iter().flatten().copied().collect();
+                self.gpus_held.lock().expect("gpu table poisoned").insert((request.job_id, request.attempt), held);
+                intent
+            }
+            None => {
+                let gpus = self.gpus_reserve(request)?;
+                let intent = LaunchIntent { master_port: free_port()?, gpus };
+                if let Err(err) = write_durably(&intent_path, &serde_json::to_vec(&intent).expect("intent serialises"))
+                {
+                    self.gpus_free(request.job_id, request.attempt);
+                    return Err(err.into());
+                }
+                intent
+            }
+        };
+        let mut replicas = Vec::with_capacity(intent.gpus.len());
+        let mut started_now = Vec::new();
+        for (rank, replica_gpus) in intent.gpus.iter().enumerate() {
+            let rank = rank as u32;
+            if let Some(placement) = self.replica_started(&attempt_dir, rank, replica_gpus) {
+                replicas.push(placement);
+                continue;
+            }
+            if let Some((_, pause)) = self.fault_pause.filter(|(at, _)| *at == rank) {
+                tracing::warn!(job = %request.job_id, rank, ?pause, "fault injection: pausing the launch");
+                tokio::time::sleep(pause).await;
+            }
+            match self.spawn_replica(request, rank, replica_gpus, intent.master_port, &attempt_dir) {
+                Ok(placement) => {
+                    started_now.push(placement.pid);
+                    replicas.push(placement);
+                }
                 Err(err) => {
-                    // All or nothing: stop the replicas that did start.
+                    // All or nothing: stop every replica of the attempt that runs.
                     for started in &replicas {
                         process::signal_group(started.pid, Signal::SIGKILL);
                     }
@@ -286,24 +375,30 @@ impl Executor for LocalExecutor {
                 }
             }
         }
+        if started_now.len() < replicas.len() {
+            tracing::info!(job = %request.job_id, attempt = request.attempt, adopted = replicas.len() - started_now.len(),
+                started = started_now.len(), "resumed an interrupted launch");
+        }
         let placement = LocalPlacement {
             executor: "local".into(),
             host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
-            master_port,
+            master_port: intent.master_port,
             replicas,
         };
         Ok(serde_json::to_value(placement).expect("placement serialises"))
     }
 
     async fn observe(&self, attempt: &AttemptRef) -> Vec<ReplicaStatus> {
-        let Some(placement) = Self::placement_of(attempt) else {
+        let Some(placement) = self.placement_of(attempt) else {
             return vec![ReplicaStatus::Lost; attempt.replicas as usize];
         };
         let dir = self.attempt_dir(attempt.job_id, attempt.attempt);
-        let statuses: Vec<ReplicaStatus> = placement
-            .replicas
-            .iter()
-            .map(|replica| {
+        // By rank: a rank the placement lacks (a launch interrupted before it started it) is lost.
+        let statuses: Vec<ReplicaStatus> = (0..attempt.replicas)
+            .map(|rank| {
+                let Some(replica) = placement.replicas.iter().find(|r| r.rank == rank) else {
+                    return ReplicaStatus::Lost;
+                };
                 // Liveness first, then the exit file: the supervisor writes the file before it
                 // exits, so a dead supervisor without a file really vanished.
                 let alive = process::is_alive(replica.pid, replica.start_time);
@@ -323,7 +418,7 @@ impl Executor for LocalExecutor {
     }
 
     async fn terminate(&self, attempt: &AttemptRef, grace: Duration) {
-        let Some(placement) = Self::placement_of(attempt) else {
+        let Some(placement) = self.placement_of(attempt) else {
             return;
         };
         let live: Vec<u32> =
@@ -345,7 +440,7 @@ impl Executor for LocalExecutor {
     }
 
     async fn release(&self, attempt: &AttemptRef) {
-        if let Some(placement) = Self::placement_of(attempt) {
+        if let Some(placement) = self.placement_of(attempt) {
             // Whatever a replica left running in its group goes with it; wait (briefly) until
             // the kernel has ended them, so that "ended" means no process is left.
             let groups: Vec<u32> = placement.replicas.iter().map(|r| r.pid).collect();
@@ -399,6 +494,25 @@ impl Executor for LocalExecutor {
     fn changes(&self) -> Arc<Notify> {
         Arc::clone(&self.changes)
     }
+}
+
+fn read_intent(path: &Path) -> Option<LaunchIntent> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// Writes a file aside, syncs it, renames it into place and syncs the folder: after a crash at
+/// any instant the file is either whole or absent.
+fn write_durably(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let aside = path.with_extension("partial");
+    let mut file = std::fs::File::create(&aside)?;
+    file.write_all(content)?;
+    file.sync_all()?;
+    std::fs::rename(&aside, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 fn free_port() -> std::io::Result<u16> {

@@ -60,6 +60,22 @@ pub fn group_has_live_members(pgid: u32) -> bool {
     })
 }
 
+/// A live supervisor whose command line names `exit_file` (`trainyard shim --exit-file F ...`),
+/// if the process table holds one: how a resumed launch recognises a shim that started but has
+/// not written its pid file yet.
+pub fn find_shim(exit_file: &std::path::Path) -> Option<(u32, u64)> {
+    let wanted = exit_file.as_os_str().as_encoded_bytes();
+    let entries = std::fs::read_dir("/proc").ok()?;
+    entries.flatten().find_map(|entry| {
+        let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let mut args = cmdline.split(|b| *b == 0);
+        let names_it = args.by_ref().any(|a| a == b"--exit-file") && args.next() == Some(wanted);
+        let started = start_time(pid)?;
+        (names_it && is_alive(pid, started)).then_some((pid, started))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::CommandExt;

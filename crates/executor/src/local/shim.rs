@@ -5,6 +5,12 @@
 //! status lands on disk, it outlives the control plane: a server that was killed and restarted
 //! reads the true exit code of a replica that ended while it was gone, instead of guessing.
 //!
+//! Before it starts the replica, the shim announces itself in its pid file beside the exit file
+//! (`replica-<r>.pid`: its pid and kernel start time, written aside and renamed). The replica
+//! starts only after that file exists, so a launch that resumes after a crash of the control
+//! plane knows exactly which ranks started: those with a pid file (or, for the instant between
+//! the shim's start and its announcement, a shim found in the process table).
+//!
 //! The shim leads the replica's process group, so a signal to the group reaches both. The shim
 //! survives SIGTERM/SIGINT/SIGHUP (it notes them and keeps waiting, so it can record how the
 //! replica ended); SIGKILL ends both.
@@ -38,6 +44,11 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString]) -> i32 {
         if let Err(err) = signal_hook::flag::register(signal, Arc::clone(&noted)) {
             eprintln!("trainyard shim: cannot handle signal {signal}: {err}");
         }
+    }
+    if let Err(err) = announce(exit_file) {
+        // Without its announcement a resumed launch could start this rank again: run nothing.
+        eprintln!("trainyard shim: cannot write its pid file beside {}: {err}", exit_file.display());
+        return EXIT_CANNOT_START;
     }
     let record = match argv.split_first() {
         None => {
@@ -80,6 +91,42 @@ fn write_exit_record(path: &Path, record: &ExitRecord) -> std::io::Result<()> {
     std::fs::rename(&aside, path)
 }
 
+/// The pid file of the shim whose exit file is `exit_file`.
+pub fn pid_file_of(exit_file: &Path) -> std::path::PathBuf {
+    exit_file.with_extension("pid")
+}
+
+/// A shim's announcement: its pid and kernel start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidRecord {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+/// Writes this process's pid file, durably, before the replica starts.
+fn announce(exit_file: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let pid = std::process::id();
+    let start_time = super::process::start_time(pid).unwrap_or_default();
+    let path = pid_file_of(exit_file);
+    let aside = path.with_extension("pid.partial");
+    let mut file = std::fs::File::create(&aside)?;
+    file.write_all(format!("{pid} {start_time}\n").as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&aside, &path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The announcement a shim left in its pid file, if any.
+pub fn read_pid_record(pid_file: &Path) -> Option<PidRecord> {
+    let text = std::fs::read_to_string(pid_file).ok()?;
+    let mut fields = text.split_whitespace();
+    Some(PidRecord { pid: fields.next()?.parse().ok()?, start_time: fields.next()?.parse().ok()? })
+}
+
 /// The record a shim left, if it finished.
 pub fn read_exit_record(path: &Path) -> Option<ExitRecord> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
@@ -101,5 +148,18 @@ mod tests {
         assert_eq!(run(&["sh", "-c", "exit 3"]), ExitRecord { exit_code: 3, signal: None });
         assert_eq!(run(&["sh", "-c", "kill -TERM $$"]), ExitRecord { exit_code: 143, signal: Some(15) });
         assert_eq!(run(&["/no/such/program"]).exit_code, EXIT_CANNOT_START);
+    }
+
+    #[test]
+    fn the_shim_announces_itself_before_the_replica_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("replica-0.exit");
+        let pid_file = pid_file_of(&file);
+        // The replica checks that the pid file exists when it starts.
+        let script = format!("test -s {}", pid_file.display());
+        shim_main(&file, &["sh".into(), "-c".into(), script.into()]);
+        assert_eq!(read_exit_record(&file).unwrap().exit_code, 0, "the pid file existed when the replica ran");
+        let record = read_pid_record(&pid_file).unwrap();
+        assert_eq!(record.pid, std::process::id(), "the shim (here: this test process) wrote its own pid");
     }
 }

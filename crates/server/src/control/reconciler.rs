@@ -91,6 +91,9 @@ pub struct Reconciler {
     quarantined: HashMap<Uuid, (Instant, u32)>,
     /// Undecodable jobs already reported in the log, so that each is logged once.
     reported_unhandled: HashSet<Uuid>,
+    /// Launches interrupted by a control-plane error, with the error: noted on the job once the
+    /// launch goes through (the database may be what was away).
+    interrupted: std::sync::Mutex<HashMap<Uuid, String>>,
 }
 
 /// How one job's step of a pass went.
@@ -137,6 +140,7 @@ impl Reconciler {
             health,
             quarantined: HashMap::new(),
             reported_unhandled: HashSet::new(),
+            interrupted: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -294,7 +298,7 @@ impl Reconciler {
         self.health.panicked(format!("job {job_id}, {step}: {message}"));
         let reason =
             format!("cannot be handled: {step} failed unexpectedly ({message}); retried in {}s", wait.as_secs());
-        if let Err(err) = self.store.job_mark_unhandled(job_id, &reason, ACTOR_RECONCILER).await {
+        if let Err(err) = self.store.job_note(job_id, &reason, ACTOR_RECONCILER).await {
             tracing::warn!(job = %job_id, %err, "cannot record on the job that it cannot be handled");
         }
     }
@@ -307,7 +311,7 @@ impl Reconciler {
             if self.reported_unhandled.insert(job.id) {
                 tracing::error!(job = %job.id, problem = %job.problem, "a job cannot be handled; it is skipped");
             }
-            if let Err(err) = self.store.job_mark_unhandled(job.id, &reason, ACTOR_RECONCILER).await {
+            if let Err(err) = self.store.job_note(job.id, &reason, ACTOR_RECONCILER).await {
                 tracing::warn!(job = %job.id, %err, "cannot record on the job that it cannot be handled");
             }
         }
@@ -346,6 +350,17 @@ impl Reconciler {
         let Some(record) = &job.attempt else {
             return Ok(false);
         };
+        if job.state == JobState::Starting
+            && record.placement.is_none()
+            && !record.ended
+            && !job.cancel_requested
+            && !job.preempt_requested
+        {
+            // Begun but never recorded as launched: a crash or a control-plane error interrupted
+            // the launch. Launch it again; only the ranks that did not start are started.
+            self.launch_started(job, record.number).await?;
+            return Ok(false);
+        }
         let attempt = AttemptRef {
             job_id: job.id,
             attempt: record.number,
@@ -488,17 +503,29 @@ impl Reconciler {
     }
 
     /// Gathers what an attempt needs (the template's files, a job token for its engine) and
-    /// starts it.
+    /// starts it, or the ranks of it that did not start yet (a launch resumed after a crash or
+    /// a control-plane error: executors make launching the same attempt again start only what
+    /// is missing).
     async fn launch_attempt(
         &self,
         job: &UnfinishedJob,
         attempt: i32,
-    ) -> std::result::Result<serde_json::Value, String> {
+    ) -> std::result::Result<serde_json::Value, LaunchFailure> {
         let files = match &job.spec.template {
-            Some(reference) => self.templates.files_for(job.tenant_id, reference).await.map_err(|e| e.to_string())?,
+            Some(reference) => self
+                .templates
+                .files_for(job.tenant_id, reference)
+                .await
+                .map_err(|e| LaunchFailure::of_control_plane(e, "reading the template's files"))?,
             None => Default::default(),
         };
-        let token = self.store.job_token_create(job.id, job.tenant_id, attempt).await.map_err(|e| e.to_string())?;
+        // A resumed launch makes another token for the same attempt: the replicas started before
+        // keep theirs, and all of them die with the attempt.
+        let token = self
+            .store
+            .job_token_create(job.id, job.tenant_id, attempt)
+            .await
+            .map_err(|e| LaunchFailure::of_control_plane(e, "creating the job token"))?;
         let mut env = std::collections::BTreeMap::new();
         env.insert("TRAINYARD_URL".to_string(), self.settings.api_url.clone().unwrap_or_default());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
@@ -511,11 +538,10 @@ impl Reconciler {
             files,
             env,
         };
-        self.executor.launch(&request).await.map_err(|e| e.to_string())
+        self.executor.launch(&request).await.map_err(|e| LaunchFailure::Job(e.to_string()))
     }
 
-    /// Opens the job's next attempt and starts it. A launch that fails ends the attempt like a
-    /// failed run (restarting while restarts remain).
+    /// Opens the job's next attempt and starts it.
     async fn launch(&self, job: &UnfinishedJob) -> Result<()> {
         if let Some(marker) = &self.settings.fault_panic_on_launch
             && job.spec.command.iter().chain(&job.spec.args).any(|arg| arg == marker)
@@ -525,12 +551,38 @@ impl Reconciler {
         let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR).await? else {
             return Ok(()); // cancelled or moved meanwhile
         };
+        self.launch_started(job, attempt).await
+    }
+
+    /// Starts an attempt that is `starting` (just begun, or begun by a launch that a crash or a
+    /// control-plane error interrupted) and stores where it runs. A failure of the launch itself
+    /// (the executor refused it) ends the attempt like a failed run; a control-plane error
+    /// charges nothing to the job: it stays `starting`, a note says what is retried, and the
+    /// next pass resumes the launch.
+    async fn launch_started(&self, job: &UnfinishedJob, attempt: i32) -> Result<()> {
         match self.launch_attempt(job, attempt).await {
             Ok(placement) => {
                 self.store.attempt_placement_set(job.id, attempt, &placement).await?;
+                let interrupted =
+                    self.interrupted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&job.id);
+                if let Some(error) = interrupted {
+                    let note = format!("launch resumed after a control-plane error: {error}");
+                    self.store.job_note(job.id, &note, ACTOR_RECONCILER).await?;
+                }
                 tracing::info!(job = %job.id, attempt, "attempt launched");
             }
-            Err(reason) => {
+            Err(LaunchFailure::ControlPlane(error)) => {
+                tracing::warn!(job = %job.id, attempt, %error, "launch interrupted by a control-plane error; retrying");
+                self.interrupted
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(job.id, error.clone());
+                // Best effort: with the database away this fails too, and the note is written
+                // when the launch goes through.
+                let note = format!("launch interrupted by a control-plane error, retrying: {error}");
+                let _ = self.store.job_note(job.id, &note, ACTOR_RECONCILER).await;
+            }
+            Err(LaunchFailure::Job(reason)) => {
                 let to = state_after_failure(job.restart_count, job.max_restarts);
                 tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
                 self.store
@@ -547,6 +599,21 @@ impl Reconciler {
             }
         }
         Ok(())
+    }
+}
+
+/// Why a launch did not go through.
+enum LaunchFailure {
+    /// The control plane could not prepare it (database, object store): retried, never charged
+    /// to the job.
+    ControlPlane(String),
+    /// The executor refused or failed to start it: the attempt fails.
+    Job(String),
+}
+
+impl LaunchFailure {
+    fn of_control_plane(err: trainyard_core::Error, doing: &str) -> LaunchFailure {
+        LaunchFailure::ControlPlane(format!("{doing}: {err}"))
     }
 }
 

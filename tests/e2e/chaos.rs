@@ -1,0 +1,190 @@
+//! Crashes inside launches: the control plane is killed (SIGKILL) at the worst moments and comes
+//! back. Every replica writes a marker when it starts (`<job>.<attempt>.<rank>.<pid>`, holding
+//! its start time and GPUs, then its end time), so the tests see from the outside what ran:
+//! every job ends with its true outcome, no (job, attempt, rank) starts twice, none is missing,
+//! no process is left, and no GPU is held by two live replicas at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use trainyard_tests::{TestEnv, group_alive, job_process_groups};
+
+const PAUSE: &str = "TRAINYARD_FAULT_LAUNCH_PAUSE";
+
+/// A replica that leaves its marker, runs `seconds`, and notes its end.
+fn marking(markers: &Path, replicas: u32, gpus: u32, seconds: f64) -> Value {
+    let script = format!(
+        "f='{}/'\"$TRAINYARD_JOB_ID.$TRAINYARD_ATTEMPT.$RANK.$$\"; echo \"$(date +%s%N) $CUDA_VISIBLE_DEVICES\" > \"$f\"; \
+         sleep {seconds}; date +%s%N >> \"$f\"",
+        markers.display()
+    );
+    json!({"command": ["sh", "-c", script], "replicas": replicas, "resources": {"cpu": 0.25, "gpus": gpus}})
+}
+
+/// One replica start as its marker tells it.
+#[derive(Debug)]
+struct Start {
+    job: String,
+    attempt: u32,
+    rank: u32,
+    started: u128,
+    ended: Option<u128>,
+    gpus: BTreeSet<String>,
+}
+
+fn starts(markers: &Path) -> Vec<Start> {
+    let mut starts = Vec::new();
+    for entry in std::fs::read_dir(markers).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let parts: Vec<&str> = name.split('.').collect();
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        let mut lines = text.lines();
+        let mut first = lines.next().unwrap_or_default().split_whitespace();
+        starts.push(Start {
+            job: parts[0].to_string(),
+            attempt: parts[1].parse().unwrap(),
+            rank: parts[2].parse().unwrap(),
+            started: first.next().and_then(|t| t.parse().ok()).unwrap_or(0),
+            gpus: first.next().unwrap_or_default().split(',').filter(|g| !g.is_empty()).map(str::to_string).collect(),
+            ended: lines.next().and_then(|t| t.trim().parse().ok()),
+        });
+    }
+    starts
+}
+
+fn wait_for_file(path: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn attempt_dir(env: &TestEnv, job: &str, attempt: u32) -> PathBuf {
+    env.data_dir().join("jobs").join(job).join(format!("attempt-{attempt}"))
+}
+
+/// Each (job, attempt, rank) started once; the ranks of every job's attempt all started.
+fn assert_each_rank_started_once(markers: &Path, jobs: &BTreeMap<String, u32>) {
+    let mut seen: BTreeMap<(String, u32, u32), usize> = BTreeMap::new();
+    for start in starts(markers) {
+        *seen.entry((start.job, start.attempt, start.rank)).or_default() += 1;
+    }
+    for (key, count) in &seen {
+        assert_eq!(*count, 1, "{key:?} started {count} times");
+    }
+    for (job, replicas) in jobs {
+        for rank in 0..*replicas {
+            assert!(seen.contains_key(&(job.clone(), 1, rank)), "job {job} rank {rank} never started");
+        }
+        assert!(!seen.keys().any(|(j, attempt, _)| j == job && *attempt > 1), "job {job} needed a second attempt");
+    }
+}
+
+/// Killed after the launch's intent is stored and before its first replica starts, the server
+/// comes back and the job runs once, in its first attempt, and succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_before_the_first_replica_starts_runs_the_job_once() {
+    let mut env = TestEnv::start_with_env(&[], &[(PAUSE.into(), "0:60000".into())]).await;
+    let markers = env.dir.path().join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    let id = env.submit(marking(&markers, 2, 0, 0.5)).await;
+    wait_for_file(&attempt_dir(&env, &id, 1).join("intent.json"), Duration::from_secs(30));
+    env.restart_after_crash_with_env(&[]);
+    let job = env.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(job["restart_count"], 0, "nothing was charged to the job: {job}");
+    assert_each_rank_started_once(&markers, &BTreeMap::from([(id.clone(), 2)]));
+}
+
+/// Killed after replica 0 started and before replica 1: the restarted server adopts rank 0 and
+/// starts only rank 1, in the same attempt, at the same rendezvous.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_between_two_replicas_starts_the_missing_rank_only() {
+    let mut env = TestEnv::start_with_env(&[], &[(PAUSE.into(), "1:60000".into())]).await;
+    let markers = env.dir.path().join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    let id = env.submit(marking(&markers, 2, 0, 2.0)).await;
+    wait_for_file(&attempt_dir(&env, &id, 1).join("replica-0.pid"), Duration::from_secs(30));
+    env.restart_after_crash_with_env(&[]);
+    let job = env.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(job["restart_count"], 0, "{job}");
+    assert_each_rank_started_once(&markers, &BTreeMap::from([(id.clone(), 2)]));
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token).await;
+    let placement = &attempts[0]["placement"];
+    assert_eq!(placement["replicas"].as_array().unwrap().len(), 2, "both ranks in the one attempt: {attempts}");
+}
+
+/// A bounded chaos run: two dozen short jobs of one and two replicas on 4 simulated GPUs, the
+/// server killed five times at random moments while every two-replica launch pauses between its
+/// ranks (so that kills land inside launches). Every job succeeds in its first attempt, no rank
+/// starts twice or never, no GPU is held by two live replicas at once, no process is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn chaos_kills_inside_launches_lose_and_duplicate_nothing() {
+    let fault = vec![(PAUSE.to_string(), "1:700".to_string())];
+    let mut env = TestEnv::start_with_env(&["--simulate-gpus", "4"], &fault).await;
+    let quota = json!({"nominal": 4});
+    let (status, body) = env
+        .call(
+            reqwest::Method::PUT,
+            "/api/v1/admin/tenants/default/quotas/simulated-gpu",
+            Some(&env.admin_token),
+            Some(&quota),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+    let markers = env.dir.path().join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("chaos seed {seed}");
+    let mut rng = seed | 1;
+    let mut next = move |below: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % below
+    };
+    let mut jobs = BTreeMap::new();
+    for i in 0..24 {
+        let replicas = 1 + (i % 2);
+        let seconds = 0.2 + next(6) as f64 / 10.0;
+        let id = env.submit(marking(&markers, replicas, 1, seconds)).await;
+        jobs.insert(id, replicas);
+    }
+    for kill in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200 + next(800))).await;
+        if kill % 2 == 0 {
+            // Inside a launch: rank 0 started, rank 1 not yet.
+            let two_replica: Vec<&String> = jobs.iter().filter(|(_, r)| **r == 2).map(|(id, _)| id).collect();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !two_replica.iter().any(|id| {
+                let dir = attempt_dir(&env, id, 1);
+                dir.join("replica-0.pid").exists() && !dir.join("replica-1.pid").exists()
+            }) {
+                assert!(Instant::now() < deadline, "no launch paused between its ranks");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        env.restart_after_crash_with_env(&fault);
+    }
+    for id in jobs.keys() {
+        let job = env.wait_state(id, "succeeded", Duration::from_secs(120)).await;
+        assert_eq!(job["restart_count"], 0, "a crash of the control plane is not the job's failure: {job}");
+    }
+    assert_each_rank_started_once(&markers, &jobs);
+
+    let starts = starts(&markers);
+    for (i, a) in starts.iter().enumerate() {
+        for b in &starts[i + 1..] {
+            let overlap = a.started < b.ended.unwrap_or(u128::MAX) && b.started < a.ended.unwrap_or(u128::MAX);
+            let shared: Vec<&String> = a.gpus.intersection(&b.gpus).collect();
+            assert!(!overlap || shared.is_empty(), "GPU {shared:?} held at once by {a:?} and {b:?}");
+        }
+    }
+    let log = std::fs::read_to_string(env.data_dir().join("server.log")).unwrap();
+    assert!(log.contains("resumed an interrupted launch"), "a kill landed inside a launch");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left: Vec<u32> = job_process_groups(&env.data_dir()).into_iter().filter(|g| group_alive(*g)).collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
