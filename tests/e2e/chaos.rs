@@ -188,3 +188,59 @@ async fn chaos_kills_inside_launches_lose_and_duplicate_nothing() {
     let left: Vec<u32> = job_process_groups(&env.data_dir()).into_iter().filter(|g| group_alive(*g)).collect();
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }
+
+/// The state of a job, read from the database (the server may be paused).
+async fn state_of(env: &TestEnv, id: &str) -> String {
+    sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1::uuid").bind(id).fetch_one(&env.db.pool).await.unwrap()
+}
+
+/// Leadership is a lease with a fencing epoch. The leader is paused (SIGSTOP) in the middle of a
+/// launch, past its lease; the standby (same machine, same data directory) takes over and runs
+/// new work. When the old leader resumes and finishes its launch, the database refuses its
+/// write (counted on its /readyz), and the standby adopts what it started: every rank once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_paused_past_its_lease_is_fenced_and_nothing_runs_twice() {
+    let lease = ["--lease-seconds", "2"];
+    let env = TestEnv::start_with_env(&lease, &[(PAUSE.into(), "1:5000".into())]).await;
+    let standby = trainyard_tests::ServerProcess::start_with(&env.db.url, &env.data_dir(), &lease);
+    let markers = env.dir.path().join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+
+    let paused = env.submit(marking(&markers, 2, 0, 1.0)).await;
+    wait_for_file(&attempt_dir(&env, &paused, 1).join("replica-0.pid"), Duration::from_secs(30));
+    let leader = nix::unistd::Pid::from_raw(env.server.pid() as i32);
+    nix::sys::signal::kill(leader, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped_at = Instant::now();
+
+    // Submitted through the standby while the leader is paused: the standby takes over and runs it.
+    let response = reqwest::Client::new()
+        .post(format!("{}/api/v1/jobs", standby.url))
+        .bearer_auth(&env.admin_token)
+        .json(&marking(&markers, 1, 0, 0.1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+    let other = response.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    while state_of(&env, &other).await == "queued" {
+        assert!(stopped_at.elapsed() < Duration::from_secs(15), "the standby never took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let takeover = stopped_at.elapsed();
+    println!("takeover (leader paused -> first admission by the new leader): {takeover:?}");
+    assert!(takeover < Duration::from_secs(5), "takeover took {takeover:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    nix::sys::signal::kill(leader, nix::sys::signal::Signal::SIGCONT).unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in [&paused, &other] {
+        while state_of(&env, id).await != "succeeded" {
+            assert!(Instant::now() < deadline, "job {id} is {}", state_of(&env, id).await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_each_rank_started_once(&markers, &BTreeMap::from([(paused.clone(), 2), (other.clone(), 1)]));
+    let (_, readiness) = env.call(reqwest::Method::GET, "/readyz", None, None).await;
+    assert!(readiness["fenced_writes"].as_u64().unwrap() >= 1, "the old leader's write was refused: {readiness}");
+    assert_eq!(readiness["leader"], false, "{readiness}");
+}

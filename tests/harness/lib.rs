@@ -126,6 +126,11 @@ impl ServerProcess {
         ServerProcess { child, url, extra: extra.iter().map(|s| s.to_string()).collect(), env: env.to_vec() }
     }
 
+    /// The server's process id (to pause it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: the server dies without any cleanup, as in a crash.
     pub fn kill_hard(&mut self) {
         let _ = self.child.kill();

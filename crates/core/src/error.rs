@@ -26,6 +26,10 @@ pub enum Error {
     /// A dependency (the database) is not answering.
     #[error("{0}")]
     Unavailable(String),
+    /// A write of the control loops was refused because this server no longer holds the
+    /// leadership epoch it wrote with (another server took over).
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// A bug or an unexpected failure. The message is logged, never sent to the caller.
     #[error("internal error: {0}")]
     Internal(String),

@@ -221,6 +221,10 @@ pub struct QuotaCeiling {
 pub enum ExecutorError {
     #[error("cannot launch: {0}")]
     Launch(String),
+    /// Another launch of the same attempt is under way (another server replica's, or one that
+    /// outlived a deposed leader): try again later.
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

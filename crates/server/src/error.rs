@@ -43,6 +43,7 @@ impl ApiError {
                 Error::Forbidden(msg) => (StatusCode::FORBIDDEN, "forbidden", msg.clone(), None),
                 Error::Conflict(msg) => (StatusCode::CONFLICT, "conflict", msg.clone(), None),
                 Error::Unavailable(msg) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg.clone(), None),
+                Error::Fenced(msg) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg.clone(), None),
                 Error::Internal(_) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",

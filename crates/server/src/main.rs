@@ -94,6 +94,10 @@ enum Command {
         /// completed a pass (a stuck loop takes the server out of a load balancer's rotation).
         #[arg(long, default_value_t = 30)]
         ready_max_pass_age_seconds: u64,
+        /// Seconds the control loops' leadership lease lasts unless renewed: a standby takes over
+        /// within about this long after the leader dies, hangs or loses the database.
+        #[arg(long, default_value_t = 3.0)]
+        lease_seconds: f64,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -178,6 +182,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             public_url,
             schedule_max_age_ms,
             ready_max_pass_age_seconds,
+            lease_seconds,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
@@ -187,6 +192,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 api_url: public_url,
                 schedule_max_age: Duration::from_millis(schedule_max_age_ms),
                 ready_max_pass_age: Duration::from_secs(ready_max_pass_age_seconds),
+                lease: Duration::from_secs_f64(lease_seconds.clamp(0.5, 300.0)),
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;

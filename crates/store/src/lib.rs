@@ -36,6 +36,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    /// The leadership epoch this process holds (0: none), shared by every clone. Every write of
+    /// the control loops (`reconcile`) is fenced by it in the database.
+    control_epoch: std::sync::Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Store {
@@ -48,11 +51,11 @@ impl Store {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(Store { pool })
+        Ok(Store::from_pool(pool))
     }
 
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool }
+        Store { pool, control_epoch: Default::default() }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -75,10 +78,16 @@ impl Store {
 
 /// Maps a database error to the domain error. Named constraints become user errors in the
 /// modules that know what they mean; what reaches here is either unavailability or a bug.
+/// What `control_fence` raises when a control-loop write carries an epoch that no longer leads.
+const FENCED_SQLSTATE: &str = "TYF01";
+
 pub(crate) fn db_error(err: sqlx::Error) -> Error {
     match err {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
             Error::Unavailable("the database is not answering; try again shortly".into())
+        }
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(FENCED_SQLSTATE) => {
+            Error::Fenced(db.message().to_string())
         }
         other => Error::internal(other),
     }

@@ -134,7 +134,7 @@ impl Store {
         let marked = sqlx::query(
             "WITH marked AS (
                  UPDATE jobs SET reason = $2, last_actor = $3, event_seq = event_seq + 1, updated_at = now()
-                 WHERE id = $1 AND reason IS DISTINCT FROM $2
+                 WHERE id = $1 AND reason IS DISTINCT FROM $2 AND (SELECT control_fence($4))
                  RETURNING id, tenant_id, state, event_seq)
              INSERT INTO job_events (job_id, tenant_id, seq, from_state, to_state, actor, reason)
              SELECT id, tenant_id, event_seq, state, state, $3, $2 FROM marked",
@@ -142,6 +142,7 @@ impl Store {
         .bind(job_id)
         .bind(reason)
         .bind(actor)
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?;
@@ -162,13 +163,14 @@ impl Store {
         // language=PostgreSQL
         let result = sqlx::query(
             "UPDATE jobs SET state = $3, reason = $4, last_actor = $5
-             WHERE id = $1 AND state = ANY($2)",
+             WHERE id = $1 AND state = ANY($2) AND (SELECT control_fence($6))",
         )
         .bind(job_id)
         .bind(&from)
         .bind(to.as_str())
         .bind(reason)
         .bind(actor)
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?;
@@ -219,11 +221,12 @@ impl Store {
         let result = sqlx::query(
             "UPDATE jobs SET state = 'admitted', reason = NULL, last_actor = 'scheduler', flavor = $2,
                              assigned_nodes = $3, preempt_requested_at = NULL
-             WHERE id = $1 AND state = 'queued'",
+             WHERE id = $1 AND state = 'queued' AND (SELECT control_fence($4))",
         )
         .bind(job_id)
         .bind(flavor)
         .bind(nodes)
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?;
@@ -236,10 +239,11 @@ impl Store {
         // language=PostgreSQL
         let requeued = sqlx::query(
             "UPDATE jobs SET state = 'queued', reason = $2, last_actor = 'scheduler', flavor = NULL, assigned_nodes = NULL
-             WHERE id = $1 AND state = 'admitted'",
+             WHERE id = $1 AND state = 'admitted' AND (SELECT control_fence($3))",
         )
         .bind(job_id)
         .bind(reason)
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?
@@ -250,10 +254,12 @@ impl Store {
         // language=PostgreSQL
         let marked = sqlx::query(
             "UPDATE jobs SET preempt_requested_at = coalesce(preempt_requested_at, now()), reason = $2
-             WHERE id = $1 AND state IN ('starting', 'running', 'restarting') AND cancel_requested_at IS NULL",
+             WHERE id = $1 AND state IN ('starting', 'running', 'restarting') AND cancel_requested_at IS NULL
+               AND (SELECT control_fence($3))",
         )
         .bind(job_id)
         .bind(reason)
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?
@@ -289,10 +295,12 @@ impl Store {
         sqlx::query(
             "UPDATE jobs SET reason = u.reason
                FROM unnest($1::uuid[], $2::text[]) AS u(id, reason)
-              WHERE jobs.id = u.id AND jobs.state = 'queued' AND jobs.reason IS DISTINCT FROM u.reason",
+              WHERE jobs.id = u.id AND jobs.state = 'queued' AND jobs.reason IS DISTINCT FROM u.reason
+                AND (SELECT control_fence($3))",
         )
         .bind(ids)
         .bind(reasons)
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?;
@@ -307,11 +315,12 @@ impl Store {
         let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "UPDATE jobs SET state = 'starting', reason = NULL, last_actor = $2
              WHERE id = $1 AND state IN ('admitted', 'restarting') AND cancel_requested_at IS NULL
-               AND preempt_requested_at IS NULL
+               AND preempt_requested_at IS NULL AND (SELECT control_fence($3))
              RETURNING tenant_id",
         )
         .bind(job_id)
         .bind(actor)
+        .bind(self.control_epoch())
         .fetch_optional(&mut *tx)
         .await
         .map_err(db_error)?;
@@ -335,26 +344,33 @@ impl Store {
 
     pub async fn attempt_placement_set(&self, job_id: Uuid, attempt: i32, placement: &serde_json::Value) -> Result<()> {
         // language=PostgreSQL
-        sqlx::query("UPDATE job_attempts SET placement = $3 WHERE job_id = $1 AND attempt = $2")
-            .bind(job_id)
-            .bind(attempt)
-            .bind(placement)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        sqlx::query(
+            "UPDATE job_attempts SET placement = $3 WHERE job_id = $1 AND attempt = $2 AND (SELECT control_fence($4))",
+        )
+        .bind(job_id)
+        .bind(attempt)
+        .bind(placement)
+        .bind(self.control_epoch())
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 
     /// Records the images an attempt's replicas run, once they are known (containers started).
     pub async fn attempt_images_set(&self, job_id: Uuid, attempt: i32, image_digests: &[String]) -> Result<()> {
         // language=PostgreSQL
-        sqlx::query("UPDATE job_attempts SET image_digests = $3 WHERE job_id = $1 AND attempt = $2")
-            .bind(job_id)
-            .bind(attempt)
-            .bind(image_digests)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        sqlx::query(
+            "UPDATE job_attempts SET image_digests = $3
+             WHERE job_id = $1 AND attempt = $2 AND (SELECT control_fence($4))",
+        )
+        .bind(job_id)
+        .bind(attempt)
+        .bind(image_digests)
+        .bind(self.control_epoch())
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 
@@ -367,13 +383,14 @@ impl Store {
         sqlx::query(
             "UPDATE job_attempts SET exit_codes = $3, reason = $4, ended_at = coalesce(ended_at, now()),
                  image_digests = CASE WHEN cardinality($5::text[]) > 0 THEN $5 ELSE image_digests END
-             WHERE job_id = $1 AND attempt = $2",
+             WHERE job_id = $1 AND attempt = $2 AND (SELECT control_fence($6))",
         )
         .bind(end.job_id)
         .bind(end.attempt)
         .bind(&codes)
         .bind(end.reason)
         .bind(end.image_digests)
+        .bind(self.control_epoch())
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
@@ -423,35 +440,95 @@ pub struct AttemptEnd<'a> {
     pub actor: &'a str,
 }
 
-/// The advisory lock that makes one server the leader of the control loops.
-const LEADER_LOCK: i64 = 0x7472_6169_6e79_6172; // "trainyar"
-
-/// Held leadership of the control loops: a session-level advisory lock on a connection of its
-/// own. It ends when this value is dropped or the connection dies (a killed server loses it at
-/// once, and a standby takes over).
+/// Leadership of the control loops: the lease row (`control_lease`, migration 10) held by one
+/// server at a time. The leader renews it; once it expired (the leader died, hung, was paused or
+/// cut off from the database), a standby takes it with the next epoch. The epoch held is
+/// recorded in the [`Store`], and every control-loop write is fenced by it in the database.
 pub struct Leadership {
-    connection: sqlx::PgConnection,
+    store: Store,
+    holder: Uuid,
+    epoch: i64,
+    lease: std::time::Duration,
 }
 
 impl Store {
-    /// Becomes the leader if no one else is. `None` when another server leads.
-    pub async fn leadership_try(&self) -> Result<Option<Leadership>> {
-        let mut connection = self.pool.acquire().await.map_err(db_error)?.detach();
+    /// The leadership epoch this process holds; 0 when none.
+    pub fn control_epoch(&self) -> i64 {
+        self.control_epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Takes the lease for `lease` if no one holds an unexpired one (a takeover increments the
+    /// epoch). `None` when another server leads.
+    pub async fn leadership_try(&self, holder: Uuid, lease: std::time::Duration) -> Result<Option<Leadership>> {
         // language=PostgreSQL
-        let acquired: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-            .bind(LEADER_LOCK)
-            .fetch_one(&mut connection)
-            .await
-            .map_err(db_error)?;
-        Ok(acquired.then_some(Leadership { connection }))
+        let epoch: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO control_lease (id, holder, epoch, expires_at)
+             VALUES (true, $1, 1, clock_timestamp() + make_interval(secs => $2))
+             ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, epoch = control_lease.epoch + 1,
+                                            expires_at = EXCLUDED.expires_at
+             WHERE control_lease.expires_at <= clock_timestamp()
+             RETURNING epoch",
+        )
+        .bind(holder)
+        .bind(lease.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(epoch.map(|epoch| {
+            self.control_epoch.store(epoch, std::sync::atomic::Ordering::SeqCst);
+            Leadership { store: self.clone(), holder, epoch, lease }
+        }))
     }
 }
 
 impl Leadership {
-    /// True while the lock's connection answers (and so still holds the lock).
-    pub async fn still_held(&mut self) -> bool {
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// Extends the lease. False when it is no longer this holder's (expired and taken, or
+    /// expired): leadership is lost, and this process's epoch is cleared so that its writes
+    /// are refused even before the loop stops.
+    pub async fn renew(&self) -> Result<bool> {
         // language=PostgreSQL
-        sqlx::query("SELECT 1").execute(&mut self.connection).await.is_ok()
+        let renewed = sqlx::query(
+            "UPDATE control_lease SET expires_at = clock_timestamp() + make_interval(secs => $3)
+             WHERE holder = $1 AND epoch = $2 AND expires_at > clock_timestamp()",
+        )
+        .bind(self.holder)
+        .bind(self.epoch)
+        .bind(self.lease.as_secs_f64())
+        .execute(&self.store.pool)
+        .await
+        .map_err(db_error)?
+        .rows_affected()
+            == 1;
+        if !renewed {
+            self.lost();
+        }
+        Ok(renewed)
+    }
+
+    /// Forgets the epoch in this process (its writes are refused from now on).
+    pub fn lost(&self) {
+        let _ = self.store.control_epoch.compare_exchange(
+            self.epoch,
+            0,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
+    /// Gives the lease up at once (a clean shutdown), so that a standby takes over without
+    /// waiting for it to expire.
+    pub async fn release(&self) {
+        self.lost();
+        // language=PostgreSQL
+        let _ = sqlx::query("UPDATE control_lease SET expires_at = clock_timestamp() WHERE holder = $1 AND epoch = $2")
+            .bind(self.holder)
+            .bind(self.epoch)
+            .execute(&self.store.pool)
+            .await;
     }
 }
 

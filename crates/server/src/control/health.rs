@@ -23,6 +23,7 @@ struct State {
     panics: u64,
     last_panic: Option<String>,
     unhandled_jobs: usize,
+    fenced_writes: u64,
 }
 
 /// What `/readyz` answers.
@@ -41,6 +42,9 @@ pub struct Readiness {
     pub last_panic: Option<String>,
     /// Jobs the last pass skipped because they cannot be handled (see their reason).
     pub unhandled_jobs: usize,
+    /// Control-loop writes the database refused because this server had lost the leadership
+    /// it wrote with (fencing).
+    pub fenced_writes: u64,
 }
 
 impl LoopHealth {
@@ -67,6 +71,10 @@ impl LoopHealth {
             s.last_pass = Some(Instant::now());
             s.unhandled_jobs = unhandled_jobs;
         });
+    }
+
+    pub fn fenced_write(&self) {
+        self.with(|s| s.fenced_writes += 1);
     }
 
     pub fn panicked(&self, message: String) {
@@ -97,6 +105,7 @@ impl LoopHealth {
                 panics: s.panics,
                 last_panic: s.last_panic.clone(),
                 unhandled_jobs: s.unhandled_jobs,
+                fenced_writes: s.fenced_writes,
             }
         })
     }

@@ -20,10 +20,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
 use trainyard_core::job::JobState;
-use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaDetail, ReplicaPhase, ReplicaStatus};
+use trainyard_executor::{
+    AttemptRef, Executor, ExecutorError, LaunchRequest, ReplicaDetail, ReplicaPhase, ReplicaStatus,
+};
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
-use trainyard_store::reconcile::{AttemptEnd, Unfinished, UnfinishedJob, UnhandledJob};
+use trainyard_store::reconcile::{AttemptEnd, Leadership, Unfinished, UnfinishedJob, UnhandledJob};
 
 use crate::control::health::{LoopHealth, panic_message};
 use crate::control::outcome::{
@@ -54,6 +56,9 @@ pub struct ReconcilerSettings {
     /// Fault injection for tests (`TRAINYARD_FAULT_PANIC_ON_LAUNCH`): launching a job whose
     /// argv holds exactly this string panics, as a bug in one job's handling would.
     pub fault_panic_on_launch: Option<String>,
+    /// How long the leader's lease lasts unless renewed (every quarter of it): a standby takes
+    /// over within about this long (plus one tick) after the leader dies or hangs.
+    pub lease: Duration,
 }
 
 impl Default for ReconcilerSettings {
@@ -64,6 +69,7 @@ impl Default for ReconcilerSettings {
             api_url: None,
             schedule_max_age: crate::control::board::DEFAULT_MAX_AGE,
             ready_max_pass_age: Duration::from_secs(30),
+            lease: Duration::from_secs(3),
             fault_panic_on_launch: std::env::var("TRAINYARD_FAULT_PANIC_ON_LAUNCH").ok().filter(|v| !v.is_empty()),
         }
     }
@@ -94,6 +100,48 @@ pub struct Reconciler {
     /// Launches interrupted by a control-plane error, with the error: noted on the job once the
     /// launch goes through (the database may be what was away).
     interrupted: std::sync::Mutex<HashMap<Uuid, String>>,
+}
+
+/// This server's leadership while it leads: the lease, and the task renewing it every quarter
+/// of its duration (independently of passes, which may take long).
+struct Leading {
+    lease: Arc<Leadership>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl Leading {
+    fn start(lease: Leadership, duration: Duration) -> Leading {
+        let lease = Arc::new(lease);
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renewer = tokio::spawn({
+            let (lease, lost) = (Arc::clone(&lease), Arc::clone(&lost));
+            async move {
+                loop {
+                    tokio::time::sleep(duration / 4).await;
+                    match lease.renew().await {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        // The database is away: keep trying; if this outlasts the lease, the
+                        // next answer is "lost" and the fence refuses writes meanwhile.
+                        Err(err) => tracing::warn!(%err, "cannot renew the leadership lease"),
+                    }
+                }
+                lost.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        Leading { lease, lost, renewer }
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Hands the lease back at once (a clean shutdown).
+    async fn stop(self) {
+        self.renewer.abort();
+        self.lease.release().await;
+    }
 }
 
 /// How one job's step of a pass went.
@@ -162,24 +210,34 @@ impl Reconciler {
     /// doubles (1 s to 30 s) — the loop itself never stops before `shutdown`.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let executor_changes = self.executor.changes();
-        let mut leadership = None;
+        // Who this process is in the lease table: a new holder every start.
+        let holder = Uuid::now_v7();
+        let mut leading: Option<Leading> = None;
         let mut backoff = Duration::ZERO;
         loop {
-            if leadership.is_none() {
-                match self.store.leadership_try().await {
-                    Ok(Some(lock)) => {
-                        tracing::info!("leading the control loops");
-                        leadership = Some(lock);
+            if leading.is_none() {
+                match self.store.leadership_try(holder, self.settings.lease).await {
+                    Ok(Some(lease)) => {
+                        tracing::info!(epoch = lease.epoch(), "leading the control loops");
+                        leading = Some(Leading::start(lease, self.settings.lease));
                     }
                     Ok(None) => tracing::debug!("another server leads; standing by"),
                     Err(err) => tracing::warn!(%err, "cannot try for leadership"),
                 }
             }
-            if let Some(lock) = leadership.as_mut() {
-                if lock.still_held().await {
+            if let Some(current) = leading.as_ref() {
+                if current.is_lost() || self.store.control_epoch() != current.lease.epoch() {
+                    tracing::warn!(epoch = current.lease.epoch(), "lost leadership (the lease expired or was taken)");
+                    self.health.leading(false);
+                    leading = None;
+                } else {
                     self.health.leading(true);
                     match guarded(self.pass()).await {
                         Step::Done(()) => backoff = Duration::ZERO,
+                        Step::Failed(trainyard_core::Error::Fenced(err)) => {
+                            tracing::warn!(%err, "a write was refused: this server no longer leads");
+                            current.lease.lost();
+                        }
                         Step::Failed(err) => tracing::warn!(%err, "reconciler pass failed; retrying"),
                         Step::Panicked(message) => {
                             backoff = (backoff * 2).clamp(Duration::from_secs(1), PASS_BACKOFF_MAX);
@@ -187,10 +245,6 @@ impl Reconciler {
                             self.health.panicked(message);
                         }
                     }
-                } else {
-                    tracing::warn!("lost leadership (its database connection broke)");
-                    self.health.leading(false);
-                    leadership = None;
                 }
             }
             tokio::select! {
@@ -200,6 +254,10 @@ impl Reconciler {
                 _ = executor_changes.notified(), if backoff.is_zero() => {}
                 _ = tokio::time::sleep(self.settings.tick), if backoff.is_zero() => {}
             }
+        }
+        if let Some(current) = leading {
+            // A clean stop hands the lease over at once.
+            current.stop().await;
         }
         tracing::info!("reconciler stopped");
     }
@@ -224,9 +282,7 @@ impl Reconciler {
                     ended.insert(job.id);
                 }
                 Step::Done(false) => {}
-                Step::Failed(err) => {
-                    tracing::warn!(job = %job.id, %err, "cannot observe the job; trying again next pass")
-                }
+                Step::Failed(err) => self.step_failed(job.id, "observe", err)?,
                 Step::Panicked(message) => self.job_panicked(job.id, "observing it", message).await,
             }
         }
@@ -243,11 +299,15 @@ impl Reconciler {
                 Ok(_) => {
                     ended.insert(job.id);
                 }
-                Err(err) => tracing::warn!(job = %job.id, %err, "cannot end the job between attempts; next pass"),
+                Err(err) => self.step_failed(job.id, "end between attempts", err)?,
             }
         }
         self.garbage_collect(&jobs).await;
         let admitted = self.admit(&jobs, &ended).await;
+        if let Err(trainyard_core::Error::Fenced(err)) = &admitted {
+            self.health.fenced_write();
+            return Err(trainyard_core::Error::Fenced(err.clone()));
+        }
         let launchable = jobs
             .iter()
             .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
@@ -259,9 +319,7 @@ impl Reconciler {
             }
             match guarded(self.launch(job)).await {
                 Step::Done(()) => launched = true,
-                Step::Failed(err) => {
-                    tracing::warn!(job = %job.id, %err, "cannot launch the job; trying again next pass")
-                }
+                Step::Failed(err) => self.step_failed(job.id, "launch", err)?,
                 Step::Panicked(message) => self.job_panicked(job.id, "launching it", message).await,
             }
         }
@@ -280,6 +338,17 @@ impl Reconciler {
         admitted?;
         let skipped = self.quarantined.keys().filter(|id| self.is_quarantined(**id)).count();
         self.health.pass_completed(unhandled.len() + skipped);
+        Ok(())
+    }
+
+    /// A job's step failed: logged and retried next pass; a refused (fenced) write is counted
+    /// and ends the pass, since this server no longer leads.
+    fn step_failed(&self, job_id: Uuid, step: &str, err: trainyard_core::Error) -> Result<()> {
+        if let trainyard_core::Error::Fenced(_) = err {
+            self.health.fenced_write();
+            return Err(err);
+        }
+        tracing::warn!(job = %job_id, step, %err, "a job's step failed; trying again next pass");
         Ok(())
     }
 
@@ -538,7 +607,10 @@ impl Reconciler {
             files,
             env,
         };
-        self.executor.launch(&request).await.map_err(|e| LaunchFailure::Job(e.to_string()))
+        self.executor.launch(&request).await.map_err(|e| match e {
+            ExecutorError::Busy(_) => LaunchFailure::ControlPlane(e.to_string()),
+            other => LaunchFailure::Job(other.to_string()),
+        })
     }
 
     /// Opens the job's next attempt and starts it.
