@@ -244,3 +244,50 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_nothing_runs_twice() {
     assert!(readiness["fenced_writes"].as_u64().unwrap() >= 1, "the old leader's write was refused: {readiness}");
     assert_eq!(readiness["leader"], false, "{readiness}");
 }
+
+/// The database goes away for 10 s (every connection cut, new ones refused, through a proxy)
+/// while a launch is under way and clients keep submitting: submits are answered 503 while it
+/// is away and none acknowledged is lost; no job fails because of it; the interrupted launch
+/// is resumed with a note naming the error, and every rank runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_outage_during_launches_and_submits_fails_nothing() {
+    let (env, proxy) = TestEnv::start_behind_proxy(&[], &[(PAUSE.into(), "1:1500".into())]).await;
+    let markers = env.dir.path().join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    let mut jobs = BTreeMap::new();
+    for _ in 0..3 {
+        jobs.insert(env.submit(marking(&markers, 2, 0, 0.5)).await, 2);
+    }
+    let first = jobs.keys().next().unwrap().clone();
+    wait_for_file(&attempt_dir(&env, &first, 1).join("replica-0.pid"), Duration::from_secs(30));
+    proxy.cut();
+    let cut_at = Instant::now();
+    let mut refused = 0;
+    while cut_at.elapsed() < Duration::from_secs(10) {
+        let (status, body) = env.post("/api/v1/jobs", &env.admin_token, &marking(&markers, 1, 0, 0.1)).await;
+        match status {
+            trainyard_tests::StatusCode::CREATED => {
+                jobs.insert(body["id"].as_str().unwrap().to_string(), 1);
+            }
+            trainyard_tests::StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+            other => panic!("a submit during the outage got {other}: {body}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    proxy.restore();
+    assert!(refused > 0, "the database was away and submits said so");
+    for id in jobs.keys() {
+        let job = env.wait_state(id, "succeeded", Duration::from_secs(60)).await;
+        assert_eq!(job["restart_count"], 0, "the outage is not the job's failure: {job}");
+    }
+    assert_each_rank_started_once(&markers, &jobs);
+    let (_, events) = env.get(&format!("/api/v1/jobs/{first}/events"), &env.admin_token).await;
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"].as_str().is_some_and(|r| r.contains("control-plane error"))),
+        "the interrupted launch's job names the retried error: {events}"
+    );
+}

@@ -17,6 +17,7 @@ use trainyard_store::Store;
 
 pub use reqwest::StatusCode;
 
+pub mod proxy;
 pub mod web;
 
 /// The folder holding the workspace's built binaries (next to this test executable).
@@ -157,6 +158,8 @@ pub struct TestEnv {
     pub dir: tempfile::TempDir,
     pub server: ServerProcess,
     pub admin_token: String,
+    /// The database URL the server uses (the test's database, or a proxy in front of it).
+    server_db_url: String,
     http: reqwest::Client,
 }
 
@@ -172,7 +175,27 @@ impl TestEnv {
 
     /// A server started with extra arguments and environment variables.
     pub async fn start_with_env(extra: &[&str], env: &[(String, String)]) -> TestEnv {
+        TestEnv::start_inner(extra, env, None).await
+    }
+
+    /// A server that reaches its database through a [`proxy::DbProxy`] (returned), so that the
+    /// test can cut the database away from it.
+    pub async fn start_behind_proxy(extra: &[&str], env: &[(String, String)]) -> (TestEnv, proxy::DbProxy) {
         let db = TestDb::fresh().await;
+        let proxy = proxy::DbProxy::start(&db.url).await;
+        let env = TestEnv::start_inner(extra, env, Some((db, proxy.url.clone()))).await;
+        (env, proxy)
+    }
+
+    async fn start_inner(extra: &[&str], env: &[(String, String)], db: Option<(TestDb, String)>) -> TestEnv {
+        let (db, server_db_url) = match db {
+            Some((db, url)) => (db, url),
+            None => {
+                let db = TestDb::fresh().await;
+                let url = db.url.clone();
+                (db, url)
+            }
+        };
         let dir = tempfile::Builder::new().prefix("trainyard-test-").tempdir().unwrap();
         let output = Command::new(bin("trainyard"))
             .arg("bootstrap")
@@ -181,8 +204,8 @@ impl TestEnv {
             .expect("run trainyard bootstrap");
         assert!(output.status.success(), "bootstrap failed: {}", String::from_utf8_lossy(&output.stderr));
         let admin_token = String::from_utf8(output.stdout).unwrap().trim().to_string();
-        let server = ServerProcess::start_with_env(&db.url, &dir.path().join("data"), extra, env);
-        TestEnv { db, dir, server, admin_token, http: reqwest::Client::new() }
+        let server = ServerProcess::start_with_env(&server_db_url, &dir.path().join("data"), extra, env);
+        TestEnv { db, dir, server, admin_token, server_db_url, http: reqwest::Client::new() }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -200,7 +223,7 @@ impl TestEnv {
         self.server.kill_hard();
         let extra: Vec<String> = self.server.extra.clone();
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        self.server = ServerProcess::start_with_env(&self.db.url, &self.data_dir(), &extra, env);
+        self.server = ServerProcess::start_with_env(&self.server_db_url, &self.data_dir(), &extra, env);
     }
 
     /// Sends a request; returns the status and the JSON body (Null when there is none).

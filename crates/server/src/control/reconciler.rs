@@ -634,7 +634,12 @@ impl Reconciler {
     async fn launch_started(&self, job: &UnfinishedJob, attempt: i32) -> Result<()> {
         match self.launch_attempt(job, attempt).await {
             Ok(placement) => {
-                self.store.attempt_placement_set(job.id, attempt, &placement).await?;
+                if let Err(err) = self.store.attempt_placement_set(job.id, attempt, &placement).await {
+                    // Started but not recorded: the next pass resumes the launch and adopts it.
+                    let error = format!("storing where the attempt runs: {err}");
+                    self.interrupted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(job.id, error);
+                    return Err(err);
+                }
                 let interrupted =
                     self.interrupted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&job.id);
                 if let Some(error) = interrupted {
