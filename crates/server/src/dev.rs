@@ -93,7 +93,7 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
     if first_token.is_some() {
         // The default tenant starts with every GPU of this machine as its nominal quota.
         let mut by_type: std::collections::BTreeMap<String, u64> = Default::default();
-        for gpu in server.state.app.executor.inventory().gpus {
+        for gpu in server.state.app.inventory().gpus {
             *by_type.entry(gpu.gpu_type).or_default() += 1;
         }
         for (gpu_type, count) in by_type {

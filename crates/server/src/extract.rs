@@ -120,7 +120,7 @@ impl FromRequestParts<AppState> for Auth {
             )
             .into());
         }
-        Ok(Auth(state.app.store.token_authenticate(token).await?))
+        Ok(Auth(state.app.token_authenticate(token).await?))
     }
 }
 
@@ -135,7 +135,7 @@ impl FromRequestParts<AppState> for JobAuth {
         if !token.starts_with(JOB_TOKEN_PREFIX) {
             return Err(Error::Unauthenticated("metrics are posted by a job's engine with its job token".into()).into());
         }
-        Ok(JobAuth(state.app.store.job_token_authenticate(token).await?))
+        Ok(JobAuth(state.app.job_token_authenticate(token).await?))
     }
 }
 
@@ -148,9 +148,9 @@ impl FromRequestParts<AppState> for UploadAuth {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer_token(parts)?;
         Ok(UploadAuth(if token.starts_with(JOB_TOKEN_PREFIX) {
-            Uploader::Job(state.app.store.job_token_authenticate(token).await?)
+            Uploader::Job(state.app.job_token_authenticate(token).await?)
         } else {
-            Uploader::User(state.app.store.token_authenticate(token).await?)
+            Uploader::User(state.app.token_authenticate(token).await?)
         }))
     }
 }

@@ -6,7 +6,6 @@
 //! - [`error`], [`extract`]: how bad input and failures become typed JSON errors.
 //! - [`text`]: the one check that refuses text Postgres cannot store (NUL), on every route.
 //! - [`control`]: the control loops (admission, launch, observation; the schedule board; health).
-//! - [`logs`]: reading and following replica logs.
 //! - [`storage`]: the object store, artefacts, volumes, log archiving and retention.
 //! - [`dev`]: `trainyard dev`, everything on one machine with a private Postgres.
 
@@ -17,7 +16,6 @@ pub mod control;
 pub mod dev;
 pub mod error;
 pub mod extract;
-pub mod logs;
 pub mod scheduling;
 pub mod storage;
 pub mod templates;
@@ -39,7 +37,7 @@ use tower_http::trace::TraceLayer;
 use trainyard_executor::Executor;
 use trainyard_store::Store;
 
-use crate::app::App;
+use crate::app::{App, AppParts};
 use crate::control::reconciler::{Reconciler, ReconcilerSettings};
 use crate::error::ApiError;
 use crate::storage::Storage;
@@ -76,6 +74,8 @@ pub fn app(state: AppState) -> Router {
 pub struct Server {
     pub state: AppState,
     reconciler: Reconciler,
+    /// Closed last, when the server stops.
+    store: Store,
 }
 
 impl Server {
@@ -91,7 +91,7 @@ impl Server {
         let storage = Arc::new(storage);
         let board = Arc::new(crate::control::board::ScheduleBoard::new(settings.schedule_max_age));
         let health = Arc::new(crate::control::health::LoopHealth::new(settings.ready_max_pass_age));
-        let app = App {
+        let app = App::new(AppParts {
             store: store.clone(),
             executor: Arc::clone(&executor),
             reconciler_wake: Arc::clone(&wake),
@@ -99,10 +99,10 @@ impl Server {
             templates: Arc::clone(&templates),
             storage: Arc::clone(&storage),
             health: Arc::clone(&health),
-        };
+        });
         let reconciler =
-            Reconciler::new(store, executor, templates, wake, board, health, settings).with_storage(storage);
-        Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler })
+            Reconciler::new(store.clone(), executor, templates, wake, board, health, settings).with_storage(storage);
+        Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler, store })
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops in order: stop accepting and
@@ -114,10 +114,9 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
         drain: Duration,
     ) -> std::io::Result<()> {
-        let Server { state, mut reconciler } = self;
+        let Server { state, mut reconciler, store } = self;
         reconciler.api_url_default(format!("http://{}", listener.local_addr()?));
         let token = state.shutdown.clone();
-        let store = state.app.store.clone();
         let reconciler_task = tokio::spawn(reconciler.run(token.clone()));
 
         let signal_token = token.clone();

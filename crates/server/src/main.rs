@@ -98,6 +98,10 @@ enum Command {
         /// within about this long after the leader dies, hangs or loses the database.
         #[arg(long, default_value_t = 3.0)]
         lease_seconds: f64,
+        /// Milliseconds between the starts of two control-loop passes at the most: how long a
+        /// change may wait when the loop is busy, and what bounds its cost under many submits.
+        #[arg(long, default_value_t = 100)]
+        min_pass_interval_ms: u64,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -183,6 +187,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             schedule_max_age_ms,
             ready_max_pass_age_seconds,
             lease_seconds,
+            min_pass_interval_ms,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
@@ -193,6 +198,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 schedule_max_age: Duration::from_millis(schedule_max_age_ms),
                 ready_max_pass_age: Duration::from_secs(ready_max_pass_age_seconds),
                 lease: Duration::from_secs_f64(lease_seconds.clamp(0.5, 300.0)),
+                min_pass_interval: Duration::from_millis(min_pass_interval_ms),
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;

@@ -8,9 +8,9 @@ use trainyard_core::error::ObjectKind;
 use utoipa::IntoParams;
 
 use crate::AppState;
+use crate::app::logs::LogRequest;
 use crate::error::ApiResult;
 use crate::extract::{ApiQuery, Auth, parse_id};
-use crate::logs::LogRequest;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -46,7 +46,7 @@ pub async fn job_logs(
         attempt: params.attempt,
         follow: params.follow.unwrap_or(false),
     };
-    let stream = crate::logs::job_logs(&state.app, &caller, request, state.shutdown.clone()).await?;
+    let stream = crate::app::logs::job_logs(&state.app, &caller, request, state.shutdown.clone()).await?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")],
         Body::from_stream(stream),

@@ -6,9 +6,9 @@
 //! - [`board`]: every queued job's reason, position and estimate, shared by readers;
 //! - [`health`]: how the loop is doing, for `/readyz`.
 //!
-//! Log archiving and retention, which the loop drives, live with the rest of storage
-//! ([`crate::storage`]).
+//! - [`archiving`]: copying ended attempts' logs to the object store, and the retention sweep.
 
+pub mod archiving;
 pub mod board;
 pub mod health;
 pub mod outcome;

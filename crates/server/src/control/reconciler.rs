@@ -59,6 +59,9 @@ pub struct ReconcilerSettings {
     /// How long the leader's lease lasts unless renewed (every quarter of it): a standby takes
     /// over within about this long (plus one tick) after the leader dies or hangs.
     pub lease: Duration,
+    /// The shortest time between the starts of two passes: the most a change waits to be acted
+    /// on when the loop is busy, and what bounds the loop's cost under a stream of submits.
+    pub min_pass_interval: Duration,
 }
 
 impl Default for ReconcilerSettings {
@@ -70,6 +73,7 @@ impl Default for ReconcilerSettings {
             schedule_max_age: crate::control::board::DEFAULT_MAX_AGE,
             ready_max_pass_age: Duration::from_secs(30),
             lease: Duration::from_secs(3),
+            min_pass_interval: Duration::from_millis(100),
             fault_panic_on_launch: std::env::var("TRAINYARD_FAULT_PANIC_ON_LAUNCH").ok().filter(|v| !v.is_empty()),
         }
     }
@@ -89,7 +93,7 @@ pub struct Reconciler {
     /// When leftovers were last collected; `None` until the first pass (after a restart).
     collected: Option<Instant>,
     /// Archives ended attempts' logs and sweeps by retention (see [`crate::storage`]).
-    storage: Option<crate::storage::StorageLoop>,
+    storage: Option<crate::control::archiving::StorageLoop>,
     /// How the loop is doing, for `/readyz`.
     health: Arc<LoopHealth>,
     /// Jobs whose handling panicked: left alone until the instant, for a back-off that doubles
@@ -194,7 +198,7 @@ impl Reconciler {
 
     /// Archives logs to this store when attempts end, and sweeps it by the tenants' retention.
     pub fn with_storage(mut self, storage: Arc<crate::storage::Storage>) -> Self {
-        self.storage = Some(crate::storage::StorageLoop::new(storage));
+        self.storage = Some(crate::control::archiving::StorageLoop::new(storage));
         self
     }
 
@@ -214,6 +218,7 @@ impl Reconciler {
         let holder = Uuid::now_v7();
         let mut leading: Option<Leading> = None;
         let mut backoff = Duration::ZERO;
+        let mut last_pass: Option<Instant> = None;
         loop {
             if leading.is_none() {
                 match self.store.leadership_try(holder, self.settings.lease).await {
@@ -232,6 +237,15 @@ impl Reconciler {
                     leading = None;
                 } else {
                     self.health.leading(true);
+                    // Under a stream of wake-ups (a submit wakes the loop) passes come at most
+                    // every `min_pass_interval`: each pass then takes in many changes at once,
+                    // instead of one pass over the whole queue per submit.
+                    if let Some(wait) =
+                        last_pass.and_then(|at| self.settings.min_pass_interval.checked_sub(at.elapsed()))
+                    {
+                        tokio::time::sleep(wait).await;
+                    }
+                    last_pass = Some(Instant::now());
                     match guarded(self.pass()).await {
                         Step::Done(()) => backoff = Duration::ZERO,
                         Step::Failed(trainyard_core::Error::Fenced(err)) => {

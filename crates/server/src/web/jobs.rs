@@ -22,8 +22,8 @@ use uuid::Uuid;
 use super::{Nav, WebAuth, WebResult, can_write, render, when, when_opt};
 use crate::AppState;
 use crate::api::jobs::{ListParams, list_filter};
+use crate::app::logs::LogRequest;
 use crate::extract::parse_id;
-use crate::logs::LogRequest;
 
 /// How many jobs a page lists.
 const PAGE_SIZE: u32 = 50;
@@ -382,7 +382,7 @@ pub async fn log_text(
 ) -> WebResult<Response> {
     let job_id = parse_id(&id, ObjectKind::Job)?;
     let request = LogRequest { job_id, replica: query.replica, attempt: None, follow: false };
-    let stream = crate::logs::job_logs(&state.app, &auth.caller, request, state.shutdown.clone()).await?;
+    let stream = crate::app::logs::job_logs(&state.app, &auth.caller, request, state.shutdown.clone()).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], axum::body::Body::from_stream(stream)).into_response())
 }
 
@@ -396,7 +396,7 @@ pub async fn log_stream(
 ) -> WebResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let job_id = parse_id(&id, ObjectKind::Job)?;
     let request = LogRequest { job_id, replica: query.replica, attempt: None, follow: true };
-    let chunks = crate::logs::job_logs(&state.app, &auth.caller, request, state.shutdown.clone()).await?;
+    let chunks = crate::app::logs::job_logs(&state.app, &auth.caller, request, state.shutdown.clone()).await?;
     let lines = FramedRead::new(StreamReader::new(chunks), LinesCodec::new_with_max_length(MAX_LOG_LINE));
     let events = lines
         .filter_map(|line| async move {

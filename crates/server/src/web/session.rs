@@ -54,7 +54,7 @@ impl FromRequestParts<AppState> for WebAuth {
             .get(SESSION_COOKIE)
             .map(|c| c.value().to_string())
             .ok_or_else(|| Error::Unauthenticated("sign in first".into()))?;
-        let (caller, csrf) = state.app.store.session_authenticate(&secret).await?;
+        let (caller, csrf) = state.app.session_authenticate(&secret).await?;
         Ok(WebAuth { caller, csrf })
     }
 }
@@ -103,7 +103,7 @@ pub async fn login(
     if token.is_empty() {
         return again(jar, StatusCode::UNPROCESSABLE_ENTITY, "paste your API token (it starts with tyd_)".into());
     }
-    match state.app.store.session_open(token).await {
+    match state.app.session_open(token).await {
         Ok((session, caller)) => {
             tracing::info!(user = %caller.user, tenant = %caller.tenant, "dashboard sign-in");
             let max_age = (session.expires_at - chrono::Utc::now()).num_seconds().max(0);
@@ -125,7 +125,7 @@ pub async fn logout(
 ) -> Result<Response, WebError> {
     auth.check_csrf(&form)?;
     if let Some(secret) = jar.get(SESSION_COOKIE).map(|c| c.value().to_string()) {
-        state.app.store.session_close(&secret).await?;
+        state.app.session_close(&secret).await?;
     }
     let jar = jar.remove(Cookie::build(SESSION_COOKIE).path("/"));
     Ok((jar, Redirect::to("/login")).into_response())

@@ -131,7 +131,7 @@ async fn form_page(
     values: &serde_json::Map<String, serde_json::Value>,
 ) -> WebResult<SubmitPage> {
     auth.caller.authorize(Action::WriteJobs)?;
-    let (template, _) = state.app.templates.resolve(auth.caller.tenant_id, template_name, None).await?;
+    let template = state.app.template_resolve(&auth.caller, template_name, None).await?;
     let fields =
         template.manifest.parameters.iter().map(|(name, spec)| Field::of(name, spec, values.get(name))).collect();
     let datasets =
@@ -222,7 +222,7 @@ async fn posted_run(
     template: &str,
     form: &BTreeMap<String, String>,
 ) -> WebResult<Result<TemplateRun, Error>> {
-    let (resolved, _) = state.app.templates.resolve(auth.caller.tenant_id, template, None).await?;
+    let resolved = state.app.template_resolve(&auth.caller, template, None).await?;
     let kinds = resolved.manifest.parameters.iter().map(|(name, spec)| (name.clone(), spec.kind)).collect();
     let mut run = run_of(form, &kinds);
     let priority = form.get("priority").map(|p| p.trim()).unwrap_or("0");
@@ -338,8 +338,7 @@ pub async fn template(
     Query(query): Query<VersionQuery>,
 ) -> WebResult<Response> {
     let detail = state.app.template_show(&auth.caller, &name, query.version.as_deref()).await?;
-    let (template, _) =
-        state.app.templates.resolve(auth.caller.tenant_id, &name, Some(detail.version.as_str())).await?;
+    let template = state.app.template_resolve(&auth.caller, &name, Some(detail.version.as_str())).await?;
     let params = template
         .manifest
         .parameters

@@ -17,7 +17,7 @@ use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
-use crate::app::App;
+use super::App;
 
 /// How often a follower looks for new output and for the job's end.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);

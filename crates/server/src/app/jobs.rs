@@ -1,0 +1,119 @@
+//! Jobs: submit, list, show, cancel, their events and attempts, and what their engines report
+//! (metrics, outputs) with their job tokens.
+
+use sha2::{Digest, Sha256};
+use trainyard_core::api::{Job, JobAttempt, JobEvent, JobMetrics, JobOutput, JobPage, MetricBatch};
+use trainyard_core::auth::{Action, Caller};
+use trainyard_core::error::ObjectKind;
+use trainyard_core::job::JobSubmission;
+use trainyard_core::{Error, Result};
+use trainyard_store::jobs::{JobFilter, Submitted};
+use trainyard_store::metrics::JobCaller;
+
+use uuid::Uuid;
+
+use super::App;
+
+/// The most points one metrics request may carry.
+pub const MAX_METRIC_POINTS: usize = 50_000;
+
+impl App {
+    pub async fn job_submit(&self, caller: &Caller, submission: JobSubmission) -> Result<Submitted> {
+        caller.authorize(Action::WriteJobs)?;
+        // The request as given, canonically encoded: a replay with the same idempotency key
+        // must be the same request.
+        let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
+        let valid = submission.validate()?;
+        let submitted = self.store.job_submit(caller, valid, None, &request_hash).await?;
+        if matches!(submitted, Submitted::Created(_)) {
+            self.scheduling_changed();
+        }
+        Ok(submitted)
+    }
+
+    pub async fn jobs_list(&self, caller: &Caller, filter: &JobFilter) -> Result<JobPage> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.jobs_list(caller.tenant_id, filter).await
+    }
+
+    pub async fn job_get(&self, caller: &Caller, job_id: Uuid) -> Result<Job> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.job_get(caller.tenant_id, job_id).await
+    }
+
+    pub async fn job_cancel(&self, caller: &Caller, job_id: Uuid) -> Result<Job> {
+        // Reading first keeps "no such job" (404) ahead of "not allowed" (403) for viewers, so
+        // a viewer learns nothing new either way.
+        caller.authorize(Action::ReadJobs)?;
+        self.store.job_get(caller.tenant_id, job_id).await?;
+        caller.authorize(Action::WriteJobs)?;
+        let job = self.store.job_cancel(caller, job_id).await?;
+        self.scheduling_changed();
+        Ok(job)
+    }
+
+    pub async fn job_events(&self, caller: &Caller, job_id: Uuid) -> Result<Vec<JobEvent>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.job_events(caller.tenant_id, job_id).await
+    }
+
+    pub async fn job_attempts(&self, caller: &Caller, job_id: Uuid) -> Result<Vec<JobAttempt>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.job_attempts(caller.tenant_id, job_id).await
+    }
+
+    /// Stores a batch of metric points from a job's engine. The token must belong to the job.
+    pub async fn metrics_post(&self, caller: &JobCaller, job_id: Uuid, batch: MetricBatch) -> Result<u64> {
+        if caller.job_id != job_id {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        if batch.points.is_empty() || batch.points.len() > MAX_METRIC_POINTS {
+            return Err(Error::invalid("points", format!("send 1 to {MAX_METRIC_POINTS} points per request")));
+        }
+        for (i, point) in batch.points.iter().enumerate() {
+            let name_ok = !point.name.is_empty()
+                && point.name.len() <= 128
+                && point.name.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c));
+            if !name_ok {
+                return Err(Error::invalid(
+                    format!("points[{i}].name"),
+                    "1 to 128 letters, digits, '_', '.', '/' or '-'",
+                ));
+            }
+            if point.step < 0 {
+                return Err(Error::invalid(format!("points[{i}].step"), "must be 0 or more"));
+            }
+            if !point.value.is_finite() {
+                return Err(Error::invalid(format!("points[{i}].value"), "must be a finite number"));
+            }
+        }
+        self.store.metrics_insert(caller, &batch.points).await
+    }
+
+    pub async fn job_output_set(&self, caller: &JobCaller, job_id: Uuid, output: JobOutput) -> Result<()> {
+        if caller.job_id != job_id {
+            return Err(Error::not_found(ObjectKind::Job));
+        }
+        if serde_json::to_vec(&output.value).map_err(Error::internal)?.len() > 64 * 1024 {
+            return Err(Error::invalid(
+                "value",
+                "an output is at most 64 KiB of JSON; store large results as artefacts",
+            ));
+        }
+        self.store.job_output_set(caller, &output.name, &output.value).await
+    }
+
+    pub async fn job_outputs(
+        &self,
+        caller: &Caller,
+        job_id: Uuid,
+    ) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.job_outputs(caller.tenant_id, job_id).await
+    }
+
+    pub async fn metrics_get(&self, caller: &Caller, job_id: Uuid, name: Option<&str>) -> Result<JobMetrics> {
+        caller.authorize(Action::ReadJobs)?;
+        Ok(JobMetrics { series: self.store.metrics_read(caller.tenant_id, job_id, name).await? })
+    }
+}

@@ -1,0 +1,81 @@
+//! The application layer: what each operation does, independent of HTTP. The REST handlers
+//! (`api`), the dashboard (`web`) and the extractors reach the system only through these
+//! operations: `App`'s parts are private to this module, so roles, tenancy and validation are
+//! checked in exactly one place. One file per resource:
+//!
+//! - [`jobs`]: submit, list, show, cancel, events, attempts, metrics and outputs;
+//! - [`logs`]: reading and following replica logs;
+//! - [`templates`]: listing, publishing and running task templates;
+//! - [`datasets`]: the dataset registry;
+//! - [`tenancy`]: authentication, tenants, members, tokens, sessions;
+//! - [`scheduling`]: why pending and when, what-if, quotas, tenant policies, nodes;
+//! - [`storage`]: artefacts, volumes, the storage policy.
+
+pub mod datasets;
+pub mod jobs;
+pub mod logs;
+pub mod scheduling;
+pub mod storage;
+pub mod templates;
+pub mod tenancy;
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use trainyard_executor::Executor;
+use trainyard_store::Store;
+
+pub use jobs::MAX_METRIC_POINTS;
+pub use templates::{RunMode, TemplateRunOutcome};
+
+use crate::control::board::ScheduleBoard;
+use crate::control::health::{LoopHealth, Readiness};
+use crate::storage::Storage;
+use crate::templates::Templates;
+
+/// Everything the operations need. Cheap to clone.
+#[derive(Clone)]
+pub struct App {
+    store: Store,
+    executor: Arc<dyn Executor>,
+    /// Pokes the reconciler so a submit or a cancel is acted on now, not at the next tick.
+    reconciler_wake: Arc<Notify>,
+    /// Every queued job's reason, positions and estimate, shared by readers (see
+    /// [`crate::control::board`]).
+    schedule: Arc<ScheduleBoard>,
+    templates: Arc<Templates>,
+    /// The object store and volumes (see [`crate::storage`]).
+    storage: Arc<Storage>,
+    /// How the control loop is doing (see [`crate::control::health`]).
+    health: Arc<LoopHealth>,
+}
+
+/// The parts an [`App`] is made of; the server wires them (see `Server::new`).
+pub struct AppParts {
+    pub store: Store,
+    pub executor: Arc<dyn Executor>,
+    pub reconciler_wake: Arc<Notify>,
+    pub schedule: Arc<ScheduleBoard>,
+    pub templates: Arc<Templates>,
+    pub storage: Arc<Storage>,
+    pub health: Arc<LoopHealth>,
+}
+
+impl App {
+    pub fn new(parts: AppParts) -> App {
+        let AppParts { store, executor, reconciler_wake, schedule, templates, storage, health } = parts;
+        App { store, executor, reconciler_wake, schedule, templates, storage, health }
+    }
+
+    /// After a change the scheduler must see (a submit, a cancel, a quota): wakes the
+    /// reconciler, and makes the schedule board recompute for the next reader.
+    fn scheduling_changed(&self) {
+        self.schedule.changed();
+        self.reconciler_wake.notify_one();
+    }
+
+    /// Whether this server is ready to serve, and how its control loop is doing.
+    pub async fn readiness(&self) -> Readiness {
+        self.health.readiness(self.store.ping().await)
+    }
+}

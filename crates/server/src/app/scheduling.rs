@@ -1,0 +1,215 @@
+//! Scheduling seen from the API: why a job waits and when it should start, what-if, the quota
+//! report, quotas and tenant policies, the executor's nodes.
+
+use trainyard_core::api::{FlavorUsage, QuotaReport, QuotaSet, Schedule, TenantPolicyUpdate};
+use trainyard_core::auth::{Action, Caller};
+use trainyard_core::error::ObjectKind;
+use trainyard_core::job::JobSubmission;
+use trainyard_core::{Error, Result};
+
+use uuid::Uuid;
+
+use super::App;
+
+impl App {
+    /// What the executor offers in all (the machine's GPUs for the local executor).
+    pub fn inventory(&self) -> trainyard_executor::Inventory {
+        self.executor.inventory()
+    }
+
+    /// What the executor offers, as the scheduler's nodes (platform admins).
+    pub fn nodes(&self, caller: &Caller) -> Result<Vec<trainyard_scheduler::Node>> {
+        caller.require_platform_admin()?;
+        Ok(crate::scheduling::nodes_for(self.executor.as_ref()))
+    }
+
+    /// The scheduler's view right now (what the next admission cycle would see).
+    async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
+        let jobs = self.store.jobs_unfinished().await?.jobs;
+        let tenants = crate::scheduling::policies(&self.store.tenant_policies().await?);
+        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
+        Ok(crate::scheduling::snapshot(chrono::Utc::now(), nodes, tenants, &jobs, &Default::default()))
+    }
+
+    /// Why a queued job waits, where it stands, and when it should start.
+    pub async fn job_schedule(&self, caller: &Caller, job_id: Uuid) -> Result<Option<Schedule>> {
+        caller.authorize(Action::ReadJobs)?;
+        let job = self.store.job_get(caller.tenant_id, job_id).await?;
+        if job.state != trainyard_core::job::JobState::Queued {
+            return Ok(None);
+        }
+        let mut board = self.schedule.get(self.scheduling_snapshot()).await?;
+        if board.standing(job_id).is_none() {
+            let (ahead, higher) = self.store.queued_ahead(caller.tenant_id, job_id).await?;
+            if ahead >= trainyard_store::reconcile::QUEUE_WINDOW_PER_TENANT {
+                // Deeper in its tenant's queue than an admission cycle looks: honest about
+                // where it stands, with no reason or estimate the scheduler did not compute.
+                return Ok(Some(Schedule {
+                    admitted_now: false,
+                    reason: Some(format!(
+                        "waits behind {ahead} earlier queued jobs of its tenant; each admission cycle considers \
+                         the first {} of a tenant's queue",
+                        trainyard_store::reconcile::QUEUE_WINDOW_PER_TENANT
+                    )),
+                    tenant_position: Some(ahead as usize + 1),
+                    cluster_position: None,
+                    behind_higher_priority: higher as usize,
+                    estimated_start: None,
+                }));
+            }
+            // Submitted after the board was computed (through another server): compute anew.
+            self.schedule.changed();
+            board = self.schedule.get(self.scheduling_snapshot()).await?;
+        }
+        let standing = board.standing(job_id);
+        Ok(Some(schedule_of(
+            standing.is_some_and(|s| s.admitted_now),
+            standing.and_then(|s| s.pending.as_ref()),
+            standing.and_then(|s| s.estimated_start),
+        )))
+    }
+
+    /// What would happen to a job submitted now. Checks it like a submit; queues nothing.
+    pub async fn job_what_if(&self, caller: &Caller, submission: JobSubmission) -> Result<Schedule> {
+        caller.authorize(Action::WriteJobs)?;
+        let valid = submission.validate()?;
+        self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await
+    }
+
+    pub(crate) async fn what_if_of(
+        &self,
+        caller: &Caller,
+        spec: &trainyard_core::job::JobSpec,
+        priority: i32,
+        expected_runtime: Option<u32>,
+    ) -> Result<Schedule> {
+        let snapshot = self.scheduling_snapshot().await?;
+        let now = snapshot.now;
+        let probe = trainyard_scheduler::PendingJob {
+            id: Uuid::now_v7(),
+            tenant: caller.tenant_id,
+            priority,
+            seq: u64::MAX,
+            submitted_at: now,
+            demand: trainyard_scheduler::Demand {
+                replicas: spec.replicas,
+                gpus: spec.resources.gpus,
+                gpu_type: spec.resources.gpu_type.clone(),
+                cpu_millis: spec.resources.cpu.millis(),
+                memory_bytes: spec.resources.memory.bytes(),
+            },
+            expected_runtime: expected_runtime.map(i64::from),
+        };
+        let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if(&snapshot, probe))
+            .await
+            .map_err(|err| Error::internal(format!("answering what-if: {err}")))?;
+        Ok(schedule_of(answer.admitted_now, answer.pending.as_ref(), answer.estimated_start))
+    }
+
+    /// The caller's tenant: quotas and usage per GPU type.
+    pub async fn quota_report(&self, caller: &Caller) -> Result<QuotaReport> {
+        caller.authorize(Action::ReadJobs)?;
+        let policies = self.store.tenant_policies().await?;
+        let snapshot = self.scheduling_snapshot().await?;
+        let mine =
+            policies.iter().find(|t| t.id == caller.tenant_id).ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        let used = |tenant: Uuid, flavor: &str| -> u64 {
+            snapshot
+                .running
+                .iter()
+                .filter(|r| r.tenant == tenant && r.flavor.as_deref() == Some(flavor))
+                .map(|r| r.demand.total_gpus())
+                .sum()
+        };
+        let flavors = mine
+            .quotas
+            .iter()
+            .map(|q| {
+                let nominal = q.nominal.max(0) as u64;
+                let mine_used = used(mine.id, &q.flavor);
+                // What the cohort borrows is attributed to its lenders in name order.
+                let mut lent = 0;
+                if mine.cohort.is_some() {
+                    let members: Vec<&trainyard_store::reconcile::TenantPolicyRow> =
+                        policies.iter().filter(|t| t.cohort == mine.cohort).collect();
+                    let quota_of = |t: &trainyard_store::reconcile::TenantPolicyRow| {
+                        t.quotas.iter().find(|x| x.flavor == q.flavor).cloned()
+                    };
+                    let mut borrowed: u64 = members
+                        .iter()
+                        .map(|t| {
+                            used(t.id, &q.flavor).saturating_sub(quota_of(t).map_or(0, |x| x.nominal.max(0) as u64))
+                        })
+                        .sum();
+                    for member in members {
+                        let Some(quota) = quota_of(member) else { continue };
+                        let idle = (quota.nominal.max(0) as u64).saturating_sub(used(member.id, &q.flavor));
+                        let lendable = quota.lending_limit.map_or(idle, |l| idle.min(l.max(0) as u64));
+                        let share = lendable.min(borrowed);
+                        borrowed -= share;
+                        if member.id == mine.id {
+                            lent = share;
+                        }
+                    }
+                }
+                FlavorUsage {
+                    flavor: q.flavor.clone(),
+                    nominal,
+                    borrowing_limit: q.borrowing_limit.map(|v| v.max(0) as u64),
+                    lending_limit: q.lending_limit.map(|v| v.max(0) as u64),
+                    used: mine_used,
+                    borrowed: mine_used.saturating_sub(nominal),
+                    lent,
+                }
+            })
+            .collect();
+        Ok(QuotaReport { tenant: mine.name.clone(), cohort: mine.cohort.clone(), weight: mine.weight, flavors })
+    }
+
+    pub async fn quota_set(&self, caller: &Caller, tenant: &str, flavor: &str, quota: QuotaSet) -> Result<()> {
+        caller.require_platform_admin()?;
+        self.store.quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit).await?;
+        self.scheduling_changed();
+        self.ceiling_push(tenant).await;
+        Ok(())
+    }
+
+    /// Mirrors a tenant's quota ceiling into the executor now. A failure is logged, not
+    /// returned: the quota is set, the scheduler enforces it, and the reconciler retries.
+    async fn ceiling_push(&self, tenant: &str) {
+        let policies = match self.store.tenant_policies().await {
+            Ok(policies) => policies,
+            Err(err) => return tracing::warn!(%err, "cannot read quotas to mirror them"),
+        };
+        if let Some(policy) = policies.iter().find(|p| p.name == tenant) {
+            let ceiling = crate::scheduling::ceiling_of(policy);
+            if let Err(err) = self.executor.tenant_ceiling_set(policy.id, &ceiling).await {
+                tracing::warn!(tenant, %err, "cannot mirror the quota ceiling");
+            }
+        }
+    }
+
+    pub async fn tenant_policy_set(&self, caller: &Caller, tenant: &str, update: TenantPolicyUpdate) -> Result<()> {
+        caller.require_platform_admin()?;
+        if update.weight.is_some_and(|w| !w.is_finite()) {
+            return Err(Error::invalid("weight", "must be a number"));
+        }
+        self.store
+            .tenant_policy_set(tenant, update.cohort.as_deref(), update.weight, update.preempt_lower_priority)
+            .await?;
+        self.scheduling_changed();
+        self.ceiling_push(tenant).await;
+        Ok(())
+    }
+}
+
+fn schedule_of(admitted_now: bool, pending: Option<&trainyard_scheduler::Pending>, estimate: Option<i64>) -> Schedule {
+    Schedule {
+        admitted_now,
+        reason: pending.map(|p| p.reason.to_string()),
+        tenant_position: pending.map(|p| p.tenant_position),
+        cluster_position: pending.map(|p| p.cluster_position),
+        behind_higher_priority: pending.map_or(0, |p| p.behind_higher_priority),
+        estimated_start: estimate.and_then(|s| chrono::DateTime::from_timestamp(s, 0)),
+    }
+}

@@ -1,0 +1,163 @@
+//! Task templates: list, show, publish, and running one (parameters checked, datasets and
+//! volumes resolved, rendered to a job spec).
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use trainyard_core::api::{DryRun, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload};
+use trainyard_core::auth::{Action, Caller};
+use trainyard_core::job::JobSubmission;
+use trainyard_core::{Error, Result};
+use trainyard_store::jobs::Submitted;
+use trainyard_store::templates::Published;
+
+use super::App;
+
+/// What a template run did.
+pub enum TemplateRunOutcome {
+    DryRun(DryRun),
+    WhatIf(Schedule),
+    Submitted(Box<Submitted>),
+}
+
+/// How far a template run goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    Submit,
+    /// Render and check; return the spec.
+    DryRun,
+    /// Render and check; say when it would start.
+    WhatIf,
+}
+
+impl App {
+    /// A template as the caller's tenant sees it (a built-in or one of the tenant's), with its
+    /// parsed manifest: what the submit form is generated from.
+    pub async fn template_resolve(
+        &self,
+        caller: &Caller,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<trainyard_templates::Template>> {
+        caller.authorize(Action::ReadJobs)?;
+        Ok(self.templates.resolve(caller.tenant_id, name, version).await?.0)
+    }
+
+    /// Submits (or, with `dry_run`, only renders) a job from a template: the parameters are
+    /// checked against the template's types and bounds, the manifest is rendered to a spec, and
+    /// the job records template name, version and digest, the parameters as given, and the spec.
+    pub async fn template_run(
+        &self,
+        caller: &Caller,
+        template: &str,
+        run: TemplateRun,
+        mode: RunMode,
+    ) -> Result<TemplateRunOutcome> {
+        caller.authorize(Action::WriteJobs)?;
+        let request_hash = {
+            let mut hasher = Sha256::new();
+            hasher.update(b"template\0");
+            hasher.update(template.as_bytes());
+            hasher.update(serde_json::to_vec(&run).map_err(Error::internal)?);
+            hasher.finalize().to_vec()
+        };
+        let (template, _) = self.templates.resolve(caller.tenant_id, template, run.version.as_deref()).await?;
+        let mut values = template.check_params(&run.params)?;
+        // A dataset parameter names a registered version: the job gets its URI and records
+        // exactly which version and content it used.
+        let mut datasets = Vec::new();
+        for (param, spec) in &template.manifest.parameters {
+            if spec.kind != trainyard_templates::ParamKind::Dataset {
+                continue;
+            }
+            let Some(reference) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
+            let (name, version) = reference.split_once('@').expect("checked as name@version");
+            let dataset = self.store.dataset_get(caller.tenant_id, name, version).await.map_err(|err| match err {
+                Error::NotFound { .. } => Error::invalid(
+                    format!("params.{param}"),
+                    format!("no dataset {reference} is registered in your tenant"),
+                ),
+                other => other,
+            })?;
+            values.insert(param.clone(), serde_json::Value::String(dataset.uri.clone()));
+            datasets.push(trainyard_core::api::DatasetUse {
+                param: param.clone(),
+                name: dataset.name,
+                version: dataset.version,
+                uri: dataset.uri,
+                content_hash: dataset.content_hash,
+            });
+        }
+        // A volume parameter names one of the tenant's volumes: the job gets its path, and the
+        // spec lists it so that a cluster executor mounts it there.
+        let mut volumes: Vec<trainyard_core::job::VolumeMount> = Vec::new();
+        for (param, spec) in &template.manifest.parameters {
+            if spec.kind != trainyard_templates::ParamKind::Volume {
+                continue;
+            }
+            let Some(name) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
+            let path = self.volume_path(caller.tenant_id, &name).await.map_err(|err| match err {
+                Error::NotFound { .. } => {
+                    Error::invalid(format!("params.{param}"), format!("no volume {name} exists in your tenant"))
+                }
+                other => other,
+            })?;
+            if !volumes.iter().any(|v| v.name == name) {
+                volumes.push(trainyard_core::job::VolumeMount { name, path: path.clone() });
+            }
+            values.insert(param.clone(), serde_json::Value::String(path));
+        }
+        let spec = template.render(&values)?;
+        // The job-level fields pass the same checks as a direct submit.
+        let mut valid = JobSubmission {
+            name: Some(run.name.clone().unwrap_or_else(|| template.name().to_string())),
+            command: spec.command.clone(),
+            args: spec.args.clone(),
+            env: spec.env.clone(),
+            resources: spec.resources.clone(),
+            replicas: spec.replicas,
+            priority: run.priority,
+            max_restarts: run.max_restarts,
+            idempotency_key: run.idempotency_key.clone(),
+        }
+        .validate()?;
+        valid.spec.template = spec.template;
+        valid.spec.volumes = volumes;
+        valid.datasets = datasets;
+        valid.expected_runtime_seconds =
+            template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
+        if mode == RunMode::WhatIf {
+            let schedule = self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await?;
+            return Ok(TemplateRunOutcome::WhatIf(schedule));
+        }
+        if mode == RunMode::DryRun {
+            let values = serde_json::to_value(&values).map_err(Error::internal)?;
+            return Ok(TemplateRunOutcome::DryRun(DryRun { name: valid.name, values, spec: valid.spec }));
+        }
+        let params = serde_json::Value::Object(run.params);
+        let submitted = self.store.job_submit(caller, valid, Some(&params), &request_hash).await?;
+        if matches!(submitted, Submitted::Created(_)) {
+            self.scheduling_changed();
+        }
+        Ok(TemplateRunOutcome::Submitted(Box::new(submitted)))
+    }
+
+    pub async fn templates_list(&self, caller: &Caller) -> Result<Vec<TemplateSummary>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.templates.list(caller.tenant_id).await
+    }
+
+    pub async fn template_show(&self, caller: &Caller, name: &str, version: Option<&str>) -> Result<TemplateDetail> {
+        caller.authorize(Action::ReadJobs)?;
+        Ok(self.templates.resolve(caller.tenant_id, name, version).await?.1)
+    }
+
+    pub async fn template_publish(
+        &self,
+        caller: &Caller,
+        upload: TemplateUpload,
+    ) -> Result<(TemplateDetail, Published)> {
+        caller.authorize(Action::WriteJobs)?;
+        self.templates.publish(caller, upload).await
+    }
+}

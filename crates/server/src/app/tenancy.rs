@@ -1,0 +1,111 @@
+//! Tenants, members and tokens: who may create what in whose name (see `docs/security.md`).
+
+use trainyard_core::api::{MemberAdd, MemberAdded, Tenant, TokenCreated, TokenInfo};
+use trainyard_core::auth::{Action, Caller};
+use trainyard_core::{Error, Result};
+use trainyard_store::metrics::JobCaller;
+
+use uuid::Uuid;
+
+use super::App;
+
+impl App {
+    /// The caller an API token stands for (`Authorization: Bearer tyd_...`).
+    pub async fn token_authenticate(&self, token: &str) -> Result<Caller> {
+        self.store.token_authenticate(token).await
+    }
+
+    /// The job a job token stands for (`tyj_...`, in a replica's `TRAINYARD_TOKEN`).
+    pub async fn job_token_authenticate(&self, token: &str) -> Result<JobCaller> {
+        self.store.job_token_authenticate(token).await
+    }
+
+    /// Signs in to the dashboard with an API token: a new session, worth no more than the token.
+    pub async fn session_open(&self, token: &str) -> Result<(trainyard_store::sessions::WebSession, Caller)> {
+        self.store.session_open(token).await
+    }
+
+    /// The caller of a dashboard session and its CSRF value.
+    pub async fn session_authenticate(&self, secret: &str) -> Result<(Caller, String)> {
+        self.store.session_authenticate(secret).await
+    }
+
+    pub async fn session_close(&self, secret: &str) -> Result<()> {
+        self.store.session_close(secret).await
+    }
+
+    /// A new token for the caller's own user, in the caller's tenant or (with `tenant`) in
+    /// another tenant the user is a member of. Nobody creates a token in another user's name.
+    pub async fn token_create(
+        &self,
+        caller: &Caller,
+        name: &str,
+        expires_in_days: Option<u32>,
+        tenant: Option<&str>,
+    ) -> Result<TokenCreated> {
+        caller.authorize(Action::ManageOwnTokens)?;
+        let tenant_id = match tenant {
+            None => caller.tenant_id,
+            Some(tenant) if tenant == caller.tenant => caller.tenant_id,
+            Some(tenant) => self.store.membership_tenant(caller.user_id, tenant).await.map_err(|err| match err {
+                Error::NotFound { .. } => {
+                    Error::invalid("tenant", format!("you are not a member of a tenant {tenant:?}"))
+                }
+                other => other,
+            })?,
+        };
+        self.store.token_create(tenant_id, caller.user_id, name, expires_in_days).await
+    }
+
+    pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
+        caller.authorize(Action::ManageOwnTokens)?;
+        self.store.tokens_list(caller).await
+    }
+
+    pub async fn token_revoke(&self, caller: &Caller, token_id: Uuid) -> Result<()> {
+        caller.authorize(Action::ManageOwnTokens)?;
+        self.store.token_revoke(caller, token_id).await
+    }
+
+    pub async fn tenant_create(&self, caller: &Caller, name: &str) -> Result<Tenant> {
+        caller.require_platform_admin()?;
+        self.store.tenant_create(name).await
+    }
+
+    pub async fn tenants_list(&self, caller: &Caller) -> Result<Vec<Tenant>> {
+        caller.require_platform_admin()?;
+        self.store.tenants_list().await
+    }
+
+    /// Every tenant's scheduling policy and quotas (platform admins).
+    pub async fn tenant_policies(&self, caller: &Caller) -> Result<Vec<trainyard_store::reconcile::TenantPolicyRow>> {
+        caller.require_platform_admin()?;
+        self.store.tenant_policies().await
+    }
+
+    /// Every membership of every tenant (platform admins).
+    pub async fn members_list(&self, caller: &Caller) -> Result<Vec<(String, String, trainyard_core::auth::Role)>> {
+        caller.require_platform_admin()?;
+        self.store.members_list().await
+    }
+
+    /// Platform admins add any user to any tenant; a tenant's admins invite new users to their
+    /// own tenant and change its members' roles. Either gets a token only for a user the call
+    /// creates (an invitation), never for an existing user.
+    pub async fn member_add(&self, caller: &Caller, tenant: &str, member: MemberAdd) -> Result<MemberAdded> {
+        if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {
+            return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
+        }
+        let may_add_existing_users = caller.platform_admin;
+        self.store
+            .member_add(
+                tenant,
+                &member.user,
+                member.role,
+                may_add_existing_users,
+                &member.token_name,
+                member.expires_in_days,
+            )
+            .await
+    }
+}

@@ -1,0 +1,176 @@
+//! The control loop's part of storage: archiving the logs of ended attempts to the object store
+//! in the background (retried with backoff while the store is away, never holding up the loop),
+//! and the retention sweep of logs and artefacts past their tenant's retention.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::io::ReaderStream;
+use trainyard_core::{Error, Result};
+use trainyard_executor::Executor;
+use trainyard_storage::{StorageError, keys};
+use trainyard_store::Store;
+use trainyard_store::storage::RetentionDue;
+use uuid::Uuid;
+
+use crate::storage::{Storage, storage_error};
+
+/// How long an attempt's end may wait for its logs to reach the store.
+const ARCHIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts archived per query of the archiver's working set.
+const ARCHIVE_BATCH: i64 = 50;
+/// Failed tries after which an attempt's logs are no longer archived (about 2.5 hours of backoff).
+pub const ARCHIVE_MAX_FAILURES: i32 = 12;
+/// How often the archiver looks for retries that have come due, when no attempt ends.
+const ARCHIVE_RECHECK: Duration = Duration::from_secs(5);
+
+/// Jobs the retention sweep handles per pass.
+const RETENTION_BATCH: i64 = 200;
+
+/// The control loop's part of storage: archiving the logs of ended attempts in the background,
+/// and the retention sweep when it is due. Held by the reconciler (so it runs only on the leader).
+pub struct StorageLoop {
+    storage: std::sync::Arc<Storage>,
+    swept: Option<std::time::Instant>,
+    /// The archiver's current round, while one runs, and when the last one started.
+    archiving: Option<tokio::task::JoinHandle<()>>,
+    archive_started: Option<std::time::Instant>,
+}
+
+impl StorageLoop {
+    pub fn new(storage: std::sync::Arc<Storage>) -> StorageLoop {
+        StorageLoop { storage, swept: None, archiving: None, archive_started: None }
+    }
+
+    /// Starts an archiving round in the background ([`archive_round`]) when attempts have just
+    /// ended (`ended`) or a retry may be due, unless a round is still running. Never waits for
+    /// the object store: an unreachable store must not hold up the control loop.
+    pub fn archive_in_background(&mut self, store: &Store, executor: &Arc<dyn Executor>, ended: bool) {
+        if self.archiving.as_ref().is_some_and(|round| !round.is_finished()) {
+            return;
+        }
+        let retry_due = self.archive_started.is_none_or(|at| at.elapsed() >= ARCHIVE_RECHECK);
+        if !ended && !retry_due {
+            return;
+        }
+        self.archive_started = Some(std::time::Instant::now());
+        let (storage, store, executor) = (Arc::clone(&self.storage), store.clone(), Arc::clone(executor));
+        self.archiving = Some(tokio::spawn(async move {
+            if let Err(err) = archive_round(&store, &storage, &*executor).await {
+                tracing::warn!(%err, "archiving logs failed; retrying at the next round");
+            }
+        }));
+    }
+
+    /// Runs the retention sweep when it is due; a failure is logged and retried next time.
+    pub async fn retention_sweep_when_due(&mut self, store: &Store, executor: &dyn Executor) {
+        if self.swept.is_some_and(|at| at.elapsed() < self.storage.retention_every) {
+            return;
+        }
+        self.swept = Some(std::time::Instant::now());
+        if let Err(err) = retention_sweep(store, &self.storage, executor).await {
+            tracing::warn!(%err, "retention sweep failed; retrying at the next one");
+        }
+    }
+}
+
+/// Archives the logs of every ended attempt that waits for it, a batch at a time, until none is
+/// due. A failed attempt is retried later with exponential backoff (10 s doubling, at most 30
+/// minutes apart), [`ARCHIVE_MAX_FAILURES`] times at most; the executor keeps its own copy
+/// meanwhile, so nothing is lost while the object store is away. Returns how many were archived.
+pub async fn archive_round(store: &Store, storage: &Storage, executor: &dyn Executor) -> Result<usize> {
+    let mut archived = 0;
+    loop {
+        let due = store.attempts_unarchived(ARCHIVE_MAX_FAILURES, ARCHIVE_BATCH).await?;
+        if due.is_empty() {
+            return Ok(archived);
+        }
+        for attempt in &due {
+            let (job, number) = (attempt.job_id, attempt.attempt);
+            if logs_archive(storage, executor, attempt.tenant_id, job, number, attempt.replicas).await {
+                store.attempt_logs_archived(job, number).await?;
+                archived += 1;
+            } else {
+                let retry_in = archive_backoff(attempt.failures);
+                store.attempt_logs_archive_failed(job, number, retry_in).await?;
+                if attempt.failures + 1 >= ARCHIVE_MAX_FAILURES {
+                    tracing::error!(%job, attempt = number, "giving up archiving the logs; the executor's copy is all there is");
+                } else {
+                    tracing::warn!(%job, attempt = number, ?retry_in, "archiving the logs failed; retrying later");
+                }
+            }
+        }
+    }
+}
+
+/// How long to wait before the next try after `failures` failed ones.
+fn archive_backoff(failures: i32) -> Duration {
+    let seconds = 10u64.saturating_mul(1 << failures.clamp(0, 20));
+    Duration::from_secs(seconds.min(30 * 60))
+}
+
+/// Copies each replica's log of an ended attempt to the object store; true when every replica's
+/// log is there (or the executor has none to copy). Failures are logged.
+pub async fn logs_archive(
+    storage: &Storage,
+    executor: &dyn Executor,
+    tenant_id: Uuid,
+    job_id: Uuid,
+    attempt: i32,
+    replicas: u32,
+) -> bool {
+    let mut complete = true;
+    for replica in 0..replicas {
+        let copy = async {
+            let Some(reader) = executor.log_reader(job_id, attempt, replica).await.map_err(Error::internal)? else {
+                return Ok::<_, Error>(None);
+            };
+            let key = keys::log_key(tenant_id, job_id, attempt, replica);
+            let uploaded = storage.objects.upload(&key, ReaderStream::new(reader), u64::MAX).await;
+            Ok(Some(uploaded.map_err(storage_error)?))
+        };
+        match tokio::time::timeout(ARCHIVE_TIMEOUT, copy).await {
+            Ok(Ok(Some(uploaded))) => {
+                tracing::debug!(job = %job_id, attempt, replica, bytes = uploaded.size, "log archived")
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(job = %job_id, attempt, replica, %err, "archiving a log failed");
+                complete = false;
+            }
+            Err(_) => {
+                tracing::warn!(job = %job_id, attempt, replica, "archiving a log timed out");
+                complete = false;
+            }
+        }
+    }
+    complete
+}
+
+/// One retention pass: removes the archived logs and the artefacts of jobs that ended longer
+/// ago than their tenant keeps them, then records it. Idempotent: a job whose objects are gone
+/// but whose record failed is simply swept again.
+pub async fn retention_sweep(store: &Store, storage: &Storage, executor: &dyn Executor) -> Result<usize> {
+    let due = store.retention_due(chrono::Utc::now(), RETENTION_BATCH).await?;
+    for job in &due {
+        retention_apply(storage, executor, job).await.map_err(storage_error)?;
+        store.retention_done(job).await?;
+        tracing::info!(job = %job.job_id, logs = job.logs, artifacts = job.artifacts, "retention removed storage");
+    }
+    Ok(due.len())
+}
+
+async fn retention_apply(
+    storage: &Storage,
+    executor: &dyn Executor,
+    job: &RetentionDue,
+) -> std::result::Result<(), StorageError> {
+    if job.logs {
+        storage.objects.delete_prefix(&keys::logs_prefix(job.tenant_id, job.job_id)).await?;
+        executor.logs_remove(job.job_id).await.map_err(|e| StorageError::Io(std::io::Error::other(e.to_string())))?;
+    }
+    if job.artifacts {
+        storage.objects.delete_prefix(&keys::artifacts_prefix(job.tenant_id, job.job_id)).await?;
+    }
+    Ok(())
+}
