@@ -54,6 +54,14 @@ fn starts(markers: &Path) -> Vec<Start> {
     starts
 }
 
+/// A folder every replica may write its marker into (replicas run as their tenant's user).
+fn marker_dir(env: &TestEnv) -> PathBuf {
+    let markers = env.dir.path().join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    std::fs::set_permissions(&markers, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    markers
+}
+
 fn wait_for_file(path: &Path, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     while !path.exists() {
@@ -88,8 +96,7 @@ fn assert_each_rank_started_once(markers: &Path, jobs: &BTreeMap<String, u32>) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_before_the_first_replica_starts_runs_the_job_once() {
     let mut env = TestEnv::start_with_env(&[], &[(PAUSE.into(), "0:60000".into())]).await;
-    let markers = env.dir.path().join("markers");
-    std::fs::create_dir_all(&markers).unwrap();
+    let markers = marker_dir(&env);
     let id = env.submit(marking(&markers, 2, 0, 0.5)).await;
     wait_for_file(&attempt_dir(&env, &id, 1).join("intent.json"), Duration::from_secs(30));
     env.restart_after_crash_with_env(&[]);
@@ -103,8 +110,7 @@ async fn a_crash_before_the_first_replica_starts_runs_the_job_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_between_two_replicas_starts_the_missing_rank_only() {
     let mut env = TestEnv::start_with_env(&[], &[(PAUSE.into(), "1:60000".into())]).await;
-    let markers = env.dir.path().join("markers");
-    std::fs::create_dir_all(&markers).unwrap();
+    let markers = marker_dir(&env);
     let id = env.submit(marking(&markers, 2, 0, 2.0)).await;
     wait_for_file(&attempt_dir(&env, &id, 1).join("replica-0.pid"), Duration::from_secs(30));
     env.restart_after_crash_with_env(&[]);
@@ -134,8 +140,7 @@ async fn chaos_kills_inside_launches_lose_and_duplicate_nothing() {
         )
         .await;
     assert!(status.is_success(), "{body}");
-    let markers = env.dir.path().join("markers");
-    std::fs::create_dir_all(&markers).unwrap();
+    let markers = marker_dir(&env);
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     println!("chaos seed {seed}");
     let mut rng = seed | 1;
@@ -203,8 +208,7 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_nothing_runs_twice() {
     let lease = ["--lease-seconds", "2"];
     let env = TestEnv::start_with_env(&lease, &[(PAUSE.into(), "1:5000".into())]).await;
     let standby = trainyard_tests::ServerProcess::start_with(&env.db.url, &env.data_dir(), &lease);
-    let markers = env.dir.path().join("markers");
-    std::fs::create_dir_all(&markers).unwrap();
+    let markers = marker_dir(&env);
 
     let paused = env.submit(marking(&markers, 2, 0, 1.0)).await;
     wait_for_file(&attempt_dir(&env, &paused, 1).join("replica-0.pid"), Duration::from_secs(30));
@@ -252,8 +256,7 @@ async fn a_leader_paused_past_its_lease_is_fenced_and_nothing_runs_twice() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_outage_during_launches_and_submits_fails_nothing() {
     let (env, proxy) = TestEnv::start_behind_proxy(&[], &[(PAUSE.into(), "1:1500".into())]).await;
-    let markers = env.dir.path().join("markers");
-    std::fs::create_dir_all(&markers).unwrap();
+    let markers = marker_dir(&env);
     let mut jobs = BTreeMap::new();
     for _ in 0..3 {
         jobs.insert(env.submit(marking(&markers, 2, 0, 0.5)).await, 2);

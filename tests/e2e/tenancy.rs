@@ -137,3 +137,87 @@ async fn a_tenant_admin_cannot_obtain_a_token_in_another_users_name() {
         (Some("alice"), Some("tb"), Some("member"))
     );
 }
+
+/// Jobs are isolated on the local executor: the server runs as root here (as in `tests/run`),
+/// so each tenant's replicas run as that tenant's unprivileged user. A job of tenant B tries to
+/// read tenant A's job directory, log, artefact and volume, the server's object store and data
+/// directory, and the server's environment (where its database credentials are): every try is
+/// refused with "Permission denied", and nothing of A's shows in B's output.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_cannot_read_another_tenants_files_or_the_control_planes() {
+    let env = TestEnv::start().await;
+    let data = env.data_dir();
+    // Tenant A (the default tenant): a job that leaves a file and a log line, an artefact, a volume.
+    let a = env.submit(json!({"command": ["sh", "-c", "echo A-WORKDIR-SECRET > secret.txt; echo A-LOG-SECRET"]})).await;
+    let job = env.wait_state(&a, "succeeded", Duration::from_secs(30)).await;
+    let response = reqwest::Client::new()
+        .put(format!("{}/api/v1/jobs/{a}/artifacts/model.bin", env.server.url))
+        .bearer_auth(&env.admin_token)
+        .header("content-type", "application/octet-stream")
+        .body("A-ARTIFACT-SECRET")
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success());
+    let (status, volume) = env.post("/api/v1/volumes", &env.admin_token, &json!({"name": "avol", "size": "1Gi"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{volume}");
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{a}/attempts"), &env.admin_token).await;
+    let isolation = attempts[0]["placement"]["isolation"].as_str().unwrap_or_default().to_string();
+    if !nix::unistd::geteuid().is_root() {
+        // Not root: the server cannot switch users, and the job's record says so.
+        assert!(isolation.starts_with("none:"), "{isolation}");
+        panic!("this test needs root (as tests/run has it): replicas were not isolated ({isolation})");
+    }
+    assert!(isolation.starts_with("user tyt-"), "the record names the user the replicas ran as: {job} {isolation}");
+    let find = |name: &str| -> String {
+        let mut pending = vec![data.clone()];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                if entry.file_name() == name {
+                    return entry.path().display().to_string();
+                }
+                if entry.file_type().unwrap().is_dir() {
+                    pending.push(entry.path());
+                }
+            }
+        }
+        panic!("{name} not found under {}", data.display())
+    };
+    let volume_dir = find("avol");
+    std::fs::write(format!("{volume_dir}/secret"), "A-VOLUME-SECRET").unwrap();
+    let targets = [
+        ("workdir", format!("{}/jobs/{a}/replica-0/secret.txt", data.display())),
+        ("log", format!("{}/jobs/{a}/attempt-1/replica-0.log", data.display())),
+        ("artifact", find("model.bin")),
+        ("volume", format!("{volume_dir}/secret")),
+        ("object store", format!("{}/objects", data.display())),
+        ("data directory", data.display().to_string()),
+        ("server environment", format!("/proc/{}/environ", env.server.pid())),
+    ];
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", env.server.pid())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains("postgres://"), "no database URL on the server's command line");
+
+    // Tenant B tries each: `cat` for files, `ls` for folders.
+    let script: String = targets
+        .iter()
+        .map(|(what, path)| {
+            format!(
+                "out=$( (test -d '{path}' && ls '{path}' || cat '{path}') 2>&1 ); \
+                 case \"$out\" in *'Permission denied'*) echo 'DENIED {what}';; *) echo \"READ {what}: $out\";; esac; "
+            )
+        })
+        .collect();
+    let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let bob = env.member("team-b", "bob", "member").await;
+    let (status, job) = env.post("/api/v1/jobs", &bob, &json!({"command": ["sh", "-c", script]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let b = job["id"].as_str().unwrap().to_string();
+    env.wait_job_as(&bob, &b, Duration::from_secs(30), |j| j["state"] == "succeeded").await;
+    let (_, log) = env.get(&format!("/api/v1/jobs/{b}/logs"), &bob).await;
+    let log = log.as_str().unwrap_or_default().to_string();
+    for (what, _) in &targets {
+        assert!(log.contains(&format!("DENIED {what}")), "tenant B could reach A's {what}:\n{log}");
+    }
+    assert!(!log.contains("SECRET"), "nothing of A's shows:\n{log}");
+}

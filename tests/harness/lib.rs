@@ -197,6 +197,10 @@ impl TestEnv {
             }
         };
         let dir = tempfile::Builder::new().prefix("trainyard-test-").tempdir().unwrap();
+        // Replicas run as their tenant's unprivileged user (when the tests run as root): like
+        // /tmp, the test's scratch folder is theirs to read and write in; the server's data
+        // directory inside it is closed to them.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
         let output = Command::new(bin("trainyard"))
             .arg("bootstrap")
             .env("TRAINYARD_DATABASE_URL", &db.url)

@@ -309,6 +309,12 @@ pub trait Executor: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Makes a volume folder the server created (executors that provision no volumes of their
+    /// own) usable by the tenant's replicas and no one else's. Nothing to do by default.
+    async fn volume_dir_prepare(&self, _tenant_id: Uuid, _dir: &std::path::Path) -> Result<(), ExecutorError> {
+        Ok(())
+    }
+
     /// Removes a volume and its data. Removing one that is gone is harmless.
     async fn volume_remove(&self, _tenant_id: Uuid, _tenant: &str, _name: &str) -> Result<(), ExecutorError> {
         Ok(())

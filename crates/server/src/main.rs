@@ -129,6 +129,14 @@ enum Command {
     Shim {
         #[arg(long)]
         exit_file: PathBuf,
+        /// The replica's environment as a JSON file (removed once read).
+        #[arg(long)]
+        env_file: Option<PathBuf>,
+        /// Run the replica as this user id (with --gid).
+        #[arg(long, requires = "gid")]
+        uid: Option<u32>,
+        #[arg(long, requires = "uid")]
+        gid: Option<u32>,
         #[arg(last = true, required = true)]
         argv: Vec<OsString>,
     },
@@ -152,9 +160,11 @@ enum PostgresAction {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Command::Shim { exit_file, argv } = &cli.command {
+    if let Command::Shim { exit_file, env_file, uid, gid, argv } = &cli.command {
         // The supervisor stays a plain synchronous process: no runtime, no logging setup.
-        std::process::exit(trainyard_executor::local::shim::shim_main(exit_file, argv));
+        let options =
+            trainyard_executor::local::shim::ShimOptions { env_file: env_file.clone(), run_as: uid.zip(*gid) };
+        std::process::exit(trainyard_executor::local::shim::shim_main(exit_file, argv, &options));
     }
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -78,6 +78,8 @@ impl StorageArgs {
 
 fn url_of_dir(dir: &Path) -> anyhow::Result<String> {
     std::fs::create_dir_all(dir)?;
+    // The control plane's alone: jobs must not read other tenants' artefacts and logs here.
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let dir = dir.canonicalize()?;
     let url = url::Url::from_directory_path(&dir).map_err(|()| anyhow::anyhow!("{} is not absolute", dir.display()))?;
     Ok(url.to_string())

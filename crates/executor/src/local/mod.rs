@@ -22,6 +22,7 @@
 //! and replicas keep running (and are re-adopted) when the server restarts.
 
 pub mod gpus;
+pub mod isolation;
 pub mod process;
 pub mod shim;
 
@@ -38,6 +39,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::{AttemptRef, Executor, ExecutorError, Inventory, LaunchRequest, ReplicaStatus};
+use isolation::{Isolation, TenantUser};
 
 /// Settings of the local executor.
 #[derive(Debug, Clone)]
@@ -74,6 +76,9 @@ pub struct LocalPlacement {
     pub host: String,
     pub master_port: u16,
     pub replicas: Vec<ReplicaPlacement>,
+    /// Who the replicas ran as: `user tyt-... (uid N)`, or `none: <why>` (see [`isolation`]).
+    #[serde(default)]
+    pub isolation: String,
 }
 
 pub struct LocalExecutor {
@@ -87,6 +92,10 @@ pub struct LocalExecutor {
     /// this long before starting that rank (rank 0: after the intent is stored, before any
     /// replica), widening the window in which a crash interrupts it.
     fault_pause: Option<(u32, Duration)>,
+    /// Whether replicas run as their tenant's user.
+    isolation: Isolation,
+    /// Tenant users looked up or created so far.
+    users: Mutex<HashMap<Uuid, TenantUser>>,
 }
 
 /// What a launch will start where, stored before its first replica starts.
@@ -100,6 +109,18 @@ struct LaunchIntent {
 impl LocalExecutor {
     pub fn new(config: LocalConfig) -> std::io::Result<LocalExecutor> {
         std::fs::create_dir_all(config.data_dir.join("jobs"))?;
+        let isolation = Isolation::detect();
+        match &isolation {
+            Isolation::TenantUsers => {
+                // Replicas may pass through to their own folders, and see nothing else here.
+                isolation::chmod(&config.data_dir, 0o711)?;
+                isolation::chmod(&config.data_dir.join("jobs"), 0o711)?;
+                tracing::info!("replicas run as their tenant's own unprivileged user");
+            }
+            Isolation::None(why) => {
+                tracing::warn!(%why, "replicas are NOT isolated: they run as the server's user and can read its files")
+            }
+        }
         let cpus =
             config.cpus.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get() as f64).unwrap_or(1.0));
         let inventory = Inventory {
@@ -122,7 +143,31 @@ impl LocalExecutor {
             gpus_held: Mutex::new(HashMap::new()),
             changes: Arc::new(Notify::new()),
             fault_pause,
+            isolation,
+            users: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The user a tenant's replicas run as, when replicas are isolated.
+    fn tenant_user(&self, tenant_id: Uuid) -> Result<Option<TenantUser>, ExecutorError> {
+        if self.isolation != Isolation::TenantUsers {
+            return Ok(None);
+        }
+        if let Some(user) = self.users.lock().expect("user table poisoned").get(&tenant_id) {
+            return Ok(Some(user.clone()));
+        }
+        let user = isolation::tenant_user_ensure(tenant_id)
+            .map_err(|err| ExecutorError::Launch(format!("cannot provide the tenant's user: {err}")))?;
+        self.users.lock().expect("user table poisoned").insert(tenant_id, user.clone());
+        Ok(Some(user))
+    }
+
+    fn isolation_note(&self, user: Option<&TenantUser>) -> String {
+        match (&self.isolation, user) {
+            (_, Some(user)) => format!("user {} (uid {})", user.name, user.uid),
+            (Isolation::None(why), None) => format!("none: {why}"),
+            (Isolation::TenantUsers, None) => "none".into(),
+        }
     }
 
     fn attempt_dir(&self, job_id: Uuid, attempt: i32) -> PathBuf {
@@ -179,6 +224,19 @@ impl LocalExecutor {
         let workdir = self.replica_workdir(request.job_id, rank);
         std::fs::create_dir_all(&workdir)?;
         deliver_files(&workdir, &request.files)?;
+        let user = self.tenant_user(request.tenant_id)?;
+        if let Some(user) = &user {
+            // The job's folder lets its replicas through to their own working directories.
+            if let Some(job_dir) = workdir.parent() {
+                isolation::chmod(job_dir, 0o711)?;
+            }
+            isolation::give_to(&workdir, user)?;
+        }
+        // The replica's environment (its job token among it) goes to the shim in a file only
+        // root reads, never on a command line, and never into the shim's own environment.
+        let env_file = attempt_dir.join(format!("replica-{rank}.env"));
+        let env = replica_env(request, rank, gpus, master_port, &workdir, self.config.supervisor.parent());
+        write_private(&env_file, &serde_json::to_vec(&env).expect("environment serialises"))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -189,13 +247,19 @@ impl LocalExecutor {
             .arg("shim")
             .arg("--exit-file")
             .arg(attempt_dir.join(format!("replica-{rank}.exit")))
+            .arg("--env-file")
+            .arg(&env_file);
+        if let Some(user) = &user {
+            command.arg("--uid").arg(user.uid.to_string()).arg("--gid").arg(user.gid.to_string());
+        }
+        command
             .arg("--")
             .args(&argv)
             .current_dir(&workdir)
             // Jobs see only what they are given: never the server's own environment, which may
-            // hold database credentials.
+            // hold database credentials; the shim itself gets nothing of the job's.
             .env_clear()
-            .envs(replica_env(request, rank, gpus, master_port, &workdir, self.config.supervisor.parent()))
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -248,6 +312,7 @@ impl LocalExecutor {
             host: String::new(),
             master_port: intent.master_port,
             replicas,
+            isolation: String::new(),
         })
     }
 }
@@ -329,6 +394,10 @@ impl Executor for LocalExecutor {
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError> {
         let attempt_dir = self.attempt_dir(request.job_id, request.attempt);
         std::fs::create_dir_all(&attempt_dir)?;
+        // Logs, pid and exit records and environment files are the control plane's alone.
+        if self.isolation == Isolation::TenantUsers {
+            isolation::chmod(&attempt_dir, 0o700)?;
+        }
         // One launcher of an attempt at a time, across server replicas sharing this machine's
         // data directory; released when this launch returns (or its process dies).
         let lock = std::fs::File::create(attempt_dir.join("launch.lock"))?;
@@ -389,6 +458,7 @@ impl Executor for LocalExecutor {
             host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
             master_port: intent.master_port,
             replicas,
+            isolation: self.isolation_note(self.tenant_user(request.tenant_id)?.as_ref()),
         };
         Ok(serde_json::to_value(placement).expect("placement serialises"))
     }
@@ -499,6 +569,24 @@ impl Executor for LocalExecutor {
     fn changes(&self) -> Arc<Notify> {
         Arc::clone(&self.changes)
     }
+
+    async fn volume_dir_prepare(&self, tenant_id: Uuid, dir: &Path) -> Result<(), ExecutorError> {
+        let Some(user) = self.tenant_user(tenant_id)? else { return Ok(()) };
+        // `<volumes>/<tenant>/<name>`: the folders above it let only the tenant's user through.
+        for ancestor in [dir.parent().and_then(Path::parent), dir.parent()].into_iter().flatten() {
+            isolation::chmod(ancestor, 0o711)?;
+        }
+        isolation::give_to(dir, &user)?;
+        Ok(())
+    }
+}
+
+/// Writes a file only its owner (the server) can read.
+fn write_private(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    file.write_all(content)
 }
 
 fn read_intent(path: &Path) -> Option<LaunchIntent> {

@@ -35,8 +35,20 @@ pub struct ExitRecord {
     pub signal: Option<i32>,
 }
 
+/// How the shim starts its replica, beyond the command.
+#[derive(Debug, Clone, Default)]
+pub struct ShimOptions {
+    /// The replica's environment (a JSON object), written by the server (mode 0600) and removed
+    /// by the shim once read: the shim's own environment stays clean (a job's `LD_PRELOAD` never
+    /// applies to it) and the job token is never on a command line. Without it, the replica
+    /// inherits the shim's environment.
+    pub env_file: Option<std::path::PathBuf>,
+    /// The user and group the replica runs as (its tenant's), when the shim runs as root.
+    pub run_as: Option<(u32, u32)>,
+}
+
 /// Runs `argv` to completion and records how it ended in `exit_file`. Returns the exit code.
-pub fn shim_main(exit_file: &Path, argv: &[OsString]) -> i32 {
+pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> i32 {
     let noted = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         // A handler, not SIG_IGN: handlers reset to the default on exec, so the replica still
@@ -50,12 +62,21 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString]) -> i32 {
         eprintln!("trainyard shim: cannot write its pid file beside {}: {err}", exit_file.display());
         return EXIT_CANNOT_START;
     }
+    let env = match options.env_file.as_deref().map(read_env_file).transpose() {
+        Ok(env) => env,
+        Err(err) => {
+            eprintln!("trainyard shim: cannot read the replica's environment: {err}");
+            let record = ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
+            let _ = write_exit_record(exit_file, &record);
+            return record.exit_code;
+        }
+    };
     let record = match argv.split_first() {
         None => {
             eprintln!("trainyard shim: no command given");
             ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
         }
-        Some((program, args)) => match Command::new(program).args(args).stdin(Stdio::null()).spawn() {
+        Some((program, args)) => match replica_command(program, args, env, options.run_as).spawn() {
             Ok(mut child) => match child.wait() {
                 Ok(status) => record_of(status),
                 Err(err) => {
@@ -73,6 +94,32 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString]) -> i32 {
         eprintln!("trainyard shim: cannot record the exit status in {}: {err}", exit_file.display());
     }
     record.exit_code
+}
+
+fn read_env_file(path: &Path) -> std::io::Result<std::collections::BTreeMap<String, String>> {
+    let text = std::fs::read(path)?;
+    std::fs::remove_file(path)?;
+    serde_json::from_slice(&text).map_err(std::io::Error::other)
+}
+
+fn replica_command(
+    program: &OsString,
+    args: &[OsString],
+    env: Option<std::collections::BTreeMap<String, String>>,
+    run_as: Option<(u32, u32)>,
+) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(program);
+    command.args(args).stdin(Stdio::null());
+    if let Some(env) = env {
+        // With PATH among them, the program is looked up on the replica's PATH.
+        command.env_clear().envs(env);
+    }
+    if let Some((uid, gid)) = run_as {
+        // As root, std drops the supplementary groups before switching.
+        command.uid(uid).gid(gid);
+    }
+    command
 }
 
 fn record_of(status: ExitStatus) -> ExitRecord {
@@ -142,7 +189,7 @@ mod tests {
         let file = dir.path().join("r.exit");
         let run = |argv: &[&str]| {
             let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
-            shim_main(&file, &argv);
+            shim_main(&file, &argv, &ShimOptions::default());
             read_exit_record(&file).unwrap()
         };
         assert_eq!(run(&["sh", "-c", "exit 3"]), ExitRecord { exit_code: 3, signal: None });
@@ -157,9 +204,23 @@ mod tests {
         let pid_file = pid_file_of(&file);
         // The replica checks that the pid file exists when it starts.
         let script = format!("test -s {}", pid_file.display());
-        shim_main(&file, &["sh".into(), "-c".into(), script.into()]);
+        shim_main(&file, &["sh".into(), "-c".into(), script.into()], &ShimOptions::default());
         assert_eq!(read_exit_record(&file).unwrap().exit_code, 0, "the pid file existed when the replica ran");
         let record = read_pid_record(&pid_file).unwrap();
         assert_eq!(record.pid, std::process::id(), "the shim (here: this test process) wrote its own pid");
+    }
+
+    #[test]
+    fn the_replica_gets_the_environment_file_and_the_file_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("replica-0.exit");
+        let env_file = dir.path().join("replica-0.env");
+        std::fs::write(&env_file, r#"{"PATH": "/usr/bin:/bin", "SECRET": "s3"}"#).unwrap();
+        let options = ShimOptions { env_file: Some(env_file.clone()), run_as: None };
+        // Exactly the given variables: SECRET set, HOME (of this test process) absent.
+        let script = r#"test "$SECRET" = s3 && test -z "$HOME""#;
+        shim_main(&file, &["sh".into(), "-c".into(), script.into()], &options);
+        assert_eq!(read_exit_record(&file).unwrap().exit_code, 0);
+        assert!(!env_file.exists(), "the environment file is removed once read");
     }
 }

@@ -186,7 +186,14 @@ impl App {
                 };
                 self.executor.volume_ensure(&provision).await.map_err(|err| err.to_string())
             }
-            None => tokio::fs::create_dir_all(&dir).await.map_err(|err| format!("creating {}: {err}", dir.display())),
+            None => match tokio::fs::create_dir_all(&dir).await {
+                Ok(()) => self
+                    .executor
+                    .volume_dir_prepare(caller.tenant_id, &dir)
+                    .await
+                    .map_err(|err| format!("preparing {}: {err}", dir.display())),
+                Err(err) => Err(format!("creating {}: {err}", dir.display())),
+            },
         };
         if let Err(cause) = provisioned {
             // Nothing half-made stays behind: the record goes with the failed provisioning.

@@ -1,0 +1,118 @@
+//! Who replicas run as on the local executor. When the server runs as root, every tenant gets
+//! an unprivileged system user of its own (`tyt-` and the last 12 hex digits of the tenant's id,
+//! created with `useradd` on first use), and its replicas run as that user: they can read and
+//! write their own working directories and their tenant's volumes (owned by that user, mode
+//! 0700) and nothing of the control plane (attempt folders with logs, pid and exit records, the
+//! object store, the database's files and password: root's, 0700/0600) or of another tenant.
+//! Per tenant rather than per job, so that a tenant's jobs share its volumes and a restarted
+//! job finds what its last attempt wrote; a per-job user would need volume ACLs.
+//!
+//! A server that does not run as root cannot switch users: replicas then run as the server's
+//! user, the server says so at start, and every placement records `isolation: "none: ..."`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use uuid::Uuid;
+
+/// How replicas are separated from each other and from the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Isolation {
+    /// Each tenant's replicas run as its own unprivileged user.
+    TenantUsers,
+    /// Replicas run as the server's user; the reason says why.
+    None(String),
+}
+
+impl Isolation {
+    /// Tenant users when this process may switch users (it runs as root).
+    pub fn detect() -> Isolation {
+        if nix::unistd::geteuid().is_root() {
+            Isolation::TenantUsers
+        } else {
+            Isolation::None(format!(
+                "the server runs as uid {}, not root, so it cannot run replicas as other users",
+                nix::unistd::geteuid()
+            ))
+        }
+    }
+}
+
+/// The user a tenant's replicas run as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The name of a tenant's user: at most 16 characters, unique per tenant id.
+pub fn tenant_user_name(tenant_id: Uuid) -> String {
+    let hex = tenant_id.simple().to_string();
+    format!("tyt-{}", &hex[hex.len() - 12..])
+}
+
+/// The tenant's user, created when it does not exist yet.
+pub fn tenant_user_ensure(tenant_id: Uuid) -> std::io::Result<TenantUser> {
+    let name = tenant_user_name(tenant_id);
+    if let Some(user) = lookup(&name)? {
+        return Ok(user);
+    }
+    let output = Command::new("useradd")
+        .args(["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"])
+        .args(["--shell", "/usr/sbin/nologin", "--comment", "Trainyard tenant"])
+        .arg(&name)
+        .output()?;
+    // Another server may have created it meanwhile (exit 9: the name is taken).
+    if !output.status.success() && output.status.code() != Some(9) {
+        return Err(std::io::Error::other(format!(
+            "useradd {name} failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    lookup(&name)?.ok_or_else(|| std::io::Error::other(format!("user {name} does not exist after useradd")))
+}
+
+fn lookup(name: &str) -> std::io::Result<Option<TenantUser>> {
+    let user = nix::unistd::User::from_name(name).map_err(std::io::Error::from)?;
+    Ok(user.map(|u| TenantUser { name: name.to_string(), uid: u.uid.as_raw(), gid: u.gid.as_raw() }))
+}
+
+/// Sets a folder's mode.
+pub fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Gives a folder and everything in it to `user`, readable by that user alone (0700 folders).
+pub fn give_to(path: &Path, user: &TenantUser) -> std::io::Result<()> {
+    let owner = (Some(nix::unistd::Uid::from_raw(user.uid)), Some(nix::unistd::Gid::from_raw(user.gid)));
+    let mut pending = vec![path.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue; // never follow a link somewhere else
+        }
+        nix::unistd::chown(&path, owner.0, owner.1).map_err(std::io::Error::from)?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    chmod(path, 0o700)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_user_names_fit_linux_and_differ_per_tenant() {
+        let a = tenant_user_name(Uuid::parse_str("01a20a51-5927-7732-9299-dfa46075f5d7").unwrap());
+        let b = tenant_user_name(Uuid::parse_str("01a20a51-5927-7732-9299-dfa46075f5d8").unwrap());
+        assert_eq!(a, "tyt-dfa46075f5d7");
+        assert_ne!(a, b);
+        assert!(a.len() <= 32);
+    }
+}
