@@ -20,7 +20,7 @@ pgbench=$(ls /usr/lib/postgresql/*/bin/pgbench 2>/dev/null | tail -1 || command 
 # The peer writes into a database of its own with the same schema, tenant and user.
 peer_url="${admin_url%/postgres}/peer"
 psql -q "$admin_url" -c "CREATE DATABASE peer"
-"$trainyard" bootstrap --database-url "$peer_url" >/dev/null 2>&1
+TRAINYARD_DATABASE_URL="$peer_url" "$trainyard" bootstrap >/dev/null 2>&1
 for clients in 1 16 64; do
   echo; echo "== peer: the same INSERT straight into Postgres (pgbench), $clients clients, ${duration}s"
   "$pgbench" -n -M prepared -c "$clients" -j "$(( clients < 2 ? 1 : 2 ))" -T "$duration" -f tests/bench/insert.sql "$peer_url" 2>/dev/null \

@@ -46,7 +46,7 @@ job=$(psql -tA "$db_url" -c "SELECT j.id FROM jobs j JOIN tenants t ON t.id = j.
   WHERE j.state = 'queued' AND t.name = 'team-10' ORDER BY j.priority DESC, j.id OFFSET 100 LIMIT 1")
 
 # The peer: a second replica on the same database that computes per request.
-"$trainyard" serve --database-url "$db_url" --listen 127.0.0.1:0 --data-dir "$work/data2" \
+TRAINYARD_DATABASE_URL="$db_url" "$trainyard" serve --listen 127.0.0.1:0 --data-dir "$work/data2" \
   --schedule-max-age-ms 0 "${serve_args[@]}" > "$work/peer.out" 2> "$work/peer.log" &
 peer_pid=$!
 trap 'kill $peer_pid 2>/dev/null; wait $peer_pid 2>/dev/null; cleanup' EXIT

@@ -22,8 +22,8 @@ trap cleanup EXIT
 admin_url=$("$trainyard" postgres start --dir "$work/pg")
 db_url="${admin_url%/postgres}/bench"
 psql -q "$admin_url" -c "CREATE DATABASE bench"
-export TRAINYARD_TOKEN=$("$trainyard" bootstrap --database-url "$db_url" 2>/dev/null)
-"$trainyard" serve --database-url "$db_url" --listen 127.0.0.1:0 --data-dir "$work/data" ${serve_args[@]+"${serve_args[@]}"} \
+export TRAINYARD_TOKEN=$(TRAINYARD_DATABASE_URL="$db_url" "$trainyard" bootstrap 2>/dev/null)
+TRAINYARD_DATABASE_URL="$db_url" "$trainyard" serve --listen 127.0.0.1:0 --data-dir "$work/data" ${serve_args[@]+"${serve_args[@]}"} \
   > "$work/server.out" 2> "$work/server.log" &
 server_pid=$!
 for _ in $(seq 100); do grep -q "listening on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done

@@ -44,12 +44,12 @@ for backend in local s3; do
   db="bench_$backend"
   psql -q "$admin_url" -c "CREATE DATABASE $db"
   db_url="${admin_url%/postgres}/$db"
-  token=$("$trainyard" bootstrap --database-url "$db_url" 2>/dev/null)
+  token=$(TRAINYARD_DATABASE_URL="$db_url" "$trainyard" bootstrap 2>/dev/null)
   case $backend in
     local) store=(--object-store "file://$work/objects") ;;
     s3) store=(--object-store s3://bench/trainyard --object-store-endpoint "http://127.0.0.1:$s3_port") ;;
   esac
-  "$trainyard" serve --database-url "$db_url" --listen 127.0.0.1:0 --data-dir "$work/data-$backend" "${store[@]}" \
+  TRAINYARD_DATABASE_URL="$db_url" "$trainyard" serve --listen 127.0.0.1:0 --data-dir "$work/data-$backend" "${store[@]}" \
     > "$work/server-$backend.out" 2> "$work/server-$backend.log" &
   pids+=($!)
   for _ in $(seq 100); do grep -q "listening on" "$work/server-$backend.out" 2>/dev/null && break; sleep 0.1; done
