@@ -34,3 +34,17 @@ async fn the_committed_openapi_document_is_current_and_served() {
         assert!(served["paths"][path].is_object(), "{path} is documented");
     }
 }
+
+/// Every response carries the security headers: the dashboard runs only its own scripts, loads
+/// nothing from elsewhere and cannot be framed; nothing is sniffed into another type.
+#[tokio::test(flavor = "multi_thread")]
+async fn responses_carry_the_security_headers() {
+    let env = TestEnv::start().await;
+    for path in ["/login", "/api/v1/jobs", "/static/app.css"] {
+        let response = reqwest::get(format!("{}{path}", env.server.url)).await.unwrap();
+        let headers = response.headers();
+        let csp = headers.get("content-security-policy").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+        assert!(csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"), "{path}: {csp:?}");
+        assert_eq!(headers.get("x-content-type-options").map(|v| v.to_str().unwrap()), Some("nosniff"), "{path}");
+    }
+}

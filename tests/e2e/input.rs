@@ -238,3 +238,34 @@ async fn text_postgres_cannot_store_is_refused_with_the_field_named() {
     let (_, tokens) = env.get("/api/v1/tokens", &env.admin_token).await;
     assert_eq!(tokens.as_array().unwrap().len(), 1, "none named with a NUL: {tokens}");
 }
+
+/// Failed authentication is throttled: one wrong token tried over and over, then many wrong
+/// tokens from one client, are refused with 429 and Retry-After before any lookup; a good
+/// token is not held back by someone else's wrong one, but a client out of allowance is.
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_authentication_is_throttled_per_token_and_per_client() {
+    let env = TestEnv::start().await;
+    let client = reqwest::Client::new();
+    let me = |token: String| client.get(format!("{}/api/v1/me", env.server.url)).bearer_auth(token).send();
+    let wrong = "tyd_deadbeef".to_string() + &"0".repeat(56);
+    // Ten failures are allowed; the eleventh is one too many, and from then on it is refused.
+    for _ in 0..11 {
+        assert_eq!(me(wrong.clone()).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    }
+    let refused = me(wrong.clone()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "the same wrong token, too often");
+    let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+    assert_eq!(me(env.admin_token.clone()).await.unwrap().status(), StatusCode::OK, "a good token still works");
+
+    let mut statuses = Vec::new();
+    for i in 0..25 {
+        statuses.push(me(format!("tyd_{i:08x}{}", "0".repeat(56))).await.unwrap().status());
+    }
+    assert!(statuses.contains(&StatusCode::TOO_MANY_REQUESTS), "the client ran out of allowance: {statuses:?}");
+    assert_eq!(
+        me(env.admin_token.clone()).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a client out of allowance is refused whatever it presents"
+    );
+}

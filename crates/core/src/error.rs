@@ -26,6 +26,9 @@ pub enum Error {
     /// A dependency (the database) is not answering.
     #[error("{0}")]
     Unavailable(String),
+    /// Too many failed attempts (authentication); try again after `retry_after_secs`.
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after_secs: u64 },
     /// A write of the control loops was refused because this server no longer holds the
     /// leadership epoch it wrote with (another server took over).
     #[error("fenced: {0}")]

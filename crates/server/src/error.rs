@@ -43,6 +43,9 @@ impl ApiError {
                 Error::Forbidden(msg) => (StatusCode::FORBIDDEN, "forbidden", msg.clone(), None),
                 Error::Conflict(msg) => (StatusCode::CONFLICT, "conflict", msg.clone(), None),
                 Error::Unavailable(msg) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg.clone(), None),
+                Error::TooManyRequests { message, .. } => {
+                    (StatusCode::TOO_MANY_REQUESTS, "too_many_requests", message.clone(), None)
+                }
                 Error::Fenced(msg) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg.clone(), None),
                 Error::Internal(_) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -73,6 +76,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let ApiError::Domain(Error::TooManyRequests { retry_after_secs, .. }) = &self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
         }
         response
     }

@@ -120,7 +120,7 @@ impl FromRequestParts<AppState> for Auth {
             )
             .into());
         }
-        Ok(Auth(state.app.token_authenticate(token).await?))
+        Ok(Auth(state.app.token_authenticate(token, client_ip(parts)).await?))
     }
 }
 
@@ -135,7 +135,7 @@ impl FromRequestParts<AppState> for JobAuth {
         if !token.starts_with(JOB_TOKEN_PREFIX) {
             return Err(Error::Unauthenticated("metrics are posted by a job's engine with its job token".into()).into());
         }
-        Ok(JobAuth(state.app.job_token_authenticate(token).await?))
+        Ok(JobAuth(state.app.job_token_authenticate(token, client_ip(parts)).await?))
     }
 }
 
@@ -148,11 +148,27 @@ impl FromRequestParts<AppState> for UploadAuth {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer_token(parts)?;
         Ok(UploadAuth(if token.starts_with(JOB_TOKEN_PREFIX) {
-            Uploader::Job(state.app.job_token_authenticate(token).await?)
+            Uploader::Job(state.app.job_token_authenticate(token, client_ip(parts)).await?)
         } else {
-            Uploader::User(state.app.token_authenticate(token).await?)
+            Uploader::User(state.app.token_authenticate(token, client_ip(parts)).await?)
         }))
     }
+}
+
+/// The address of the client that sent the request, when the server knows it (for throttling
+/// failed authentication).
+pub struct ClientIp(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(ClientIp(client_ip(parts)))
+    }
+}
+
+fn client_ip(parts: &Parts) -> Option<std::net::IpAddr> {
+    parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0.ip())
 }
 
 fn bearer_token(parts: &Parts) -> Result<&str, ApiError> {

@@ -29,10 +29,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, HeaderValue};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 use trainyard_executor::Executor;
 use trainyard_store::Store;
@@ -61,6 +63,9 @@ pub fn app(state: AppState) -> Router {
             ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })
         })
         .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
+        .layer(security_header("content-security-policy", CONTENT_SECURITY_POLICY))
+        .layer(security_header("x-content-type-options", "nosniff"))
+        .layer(security_header("referrer-policy", "same-origin"))
         .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
             axum::response::IntoResponse::into_response(ApiError::Domain(trainyard_core::Error::internal(
                 "a handler panicked",
@@ -68,6 +73,17 @@ pub fn app(state: AppState) -> Router {
         }))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// What the dashboard's pages may load and do: only their own scripts and styles (plus inline
+/// style attributes), nothing from elsewhere, never inside another site's frame.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+     img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
+     frame-ancestors 'none'";
+
+/// A header every response carries unless its handler set one.
+fn security_header(name: &'static str, value: &'static str) -> SetResponseHeaderLayer<HeaderValue> {
+    SetResponseHeaderLayer::if_not_present(HeaderName::from_static(name), HeaderValue::from_static(value))
 }
 
 /// A running control plane: the store, the executor and the reconciler, ready to serve.

@@ -9,7 +9,8 @@
 //! - [`datasets`]: the dataset registry;
 //! - [`tenancy`]: authentication, tenants, members, tokens, sessions;
 //! - [`scheduling`]: why pending and when, what-if, quotas, tenant policies, nodes;
-//! - [`storage`]: artefacts, volumes, the storage policy.
+//! - [`storage`]: artefacts, volumes, the storage policy;
+//! - [`throttle`]: failed authentication, throttled per client and per token.
 
 pub mod datasets;
 pub mod jobs;
@@ -18,6 +19,7 @@ pub mod scheduling;
 pub mod storage;
 pub mod templates;
 pub mod tenancy;
+pub mod throttle;
 
 use std::sync::Arc;
 
@@ -48,6 +50,8 @@ pub struct App {
     storage: Arc<Storage>,
     /// How the control loop is doing (see [`crate::control::health`]).
     health: Arc<LoopHealth>,
+    /// Failed authentication, throttled per client and per token.
+    throttle: Arc<throttle::AuthThrottle>,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -64,7 +68,7 @@ pub struct AppParts {
 impl App {
     pub fn new(parts: AppParts) -> App {
         let AppParts { store, executor, reconciler_wake, schedule, templates, storage, health } = parts;
-        App { store, executor, reconciler_wake, schedule, templates, storage, health }
+        App { store, executor, reconciler_wake, schedule, templates, storage, health, throttle: Default::default() }
     }
 
     /// After a change the scheduler must see (a submit, a cancel, a quota): wakes the

@@ -7,22 +7,44 @@ use trainyard_store::metrics::JobCaller;
 
 use uuid::Uuid;
 
+use std::net::IpAddr;
+
 use super::App;
 
 impl App {
-    /// The caller an API token stands for (`Authorization: Bearer tyd_...`).
-    pub async fn token_authenticate(&self, token: &str) -> Result<Caller> {
-        self.store.token_authenticate(token).await
+    /// The caller an API token stands for (`Authorization: Bearer tyd_...`), presented by
+    /// `client`. Failures are throttled (see [`super::throttle`]).
+    pub async fn token_authenticate(&self, token: &str, client: Option<IpAddr>) -> Result<Caller> {
+        self.throttled(token, client, self.store.token_authenticate(token)).await
     }
 
     /// The job a job token stands for (`tyj_...`, in a replica's `TRAINYARD_TOKEN`).
-    pub async fn job_token_authenticate(&self, token: &str) -> Result<JobCaller> {
-        self.store.job_token_authenticate(token).await
+    pub async fn job_token_authenticate(&self, token: &str, client: Option<IpAddr>) -> Result<JobCaller> {
+        self.throttled(token, client, self.store.job_token_authenticate(token)).await
     }
 
     /// Signs in to the dashboard with an API token: a new session, worth no more than the token.
-    pub async fn session_open(&self, token: &str) -> Result<(trainyard_store::sessions::WebSession, Caller)> {
-        self.store.session_open(token).await
+    pub async fn session_open(
+        &self,
+        token: &str,
+        client: Option<IpAddr>,
+    ) -> Result<(trainyard_store::sessions::WebSession, Caller)> {
+        self.throttled(token, client, self.store.session_open(token)).await
+    }
+
+    /// Runs an authentication unless the client or token is throttled, and counts its failure.
+    async fn throttled<T>(
+        &self,
+        token: &str,
+        client: Option<IpAddr>,
+        authenticate: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.throttle.check(client, token)?;
+        let outcome = authenticate.await;
+        if let Err(Error::Unauthenticated(_)) = &outcome {
+            self.throttle.failed(client, token);
+        }
+        outcome
     }
 
     /// The caller of a dashboard session and its CSRF value.

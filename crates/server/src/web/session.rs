@@ -83,6 +83,7 @@ pub async fn login_page(headers: HeaderMap, jar: CookieJar) -> Response {
 
 pub async fn login(
     State(state): State<AppState>,
+    crate::extract::ClientIp(client): crate::extract::ClientIp,
     headers: HeaderMap,
     jar: CookieJar,
     Form(form): Form<BTreeMap<String, String>>,
@@ -103,7 +104,7 @@ pub async fn login(
     if token.is_empty() {
         return again(jar, StatusCode::UNPROCESSABLE_ENTITY, "paste your API token (it starts with tyd_)".into());
     }
-    match state.app.session_open(token).await {
+    match state.app.session_open(token, client).await {
         Ok((session, caller)) => {
             tracing::info!(user = %caller.user, tenant = %caller.tenant, "dashboard sign-in");
             let max_age = (session.expires_at - chrono::Utc::now()).num_seconds().max(0);
@@ -113,6 +114,7 @@ pub async fn login(
             (jar, Redirect::to("/jobs")).into_response()
         }
         Err(Error::Unauthenticated(message)) => again(jar, StatusCode::UNAUTHORIZED, message),
+        Err(Error::TooManyRequests { message, .. }) => again(jar, StatusCode::TOO_MANY_REQUESTS, message),
         Err(err) => WebError(err).into_response(),
     }
 }
