@@ -1,6 +1,7 @@
 //! End-to-end tests: the real binaries against a real Postgres, through real HTTP.
 
 mod api;
+mod authz;
 mod chaos;
 mod control;
 mod dashboard;

@@ -38,6 +38,11 @@ impl WebClient {
         client
     }
 
+    /// The client itself, with the session's cookies (and no redirects followed).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     pub async fn get(&self, path: &str) -> (StatusCode, String) {
         let response = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
         (response.status(), response.text().await.unwrap())

@@ -16,6 +16,7 @@ pub mod control;
 pub mod dev;
 pub mod error;
 pub mod extract;
+pub mod routes;
 pub mod scheduling;
 pub mod storage;
 pub mod templates;
@@ -55,9 +56,8 @@ pub struct AppState {
 
 /// The HTTP application: API, health checks, landing page.
 pub fn app(state: AppState) -> Router {
-    Router::new()
-        .merge(api::routes())
-        .merge(web::routes())
+    let (routes, _) = routes::table().into_parts();
+    routes
         .route_layer(axum::middleware::from_fn(text::refuse_unstorable))
         .fallback(|| async {
             ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })

@@ -119,6 +119,9 @@ enum Command {
     },
     /// Prints the OpenAPI document of the REST API.
     Openapi,
+    /// Lists every route path the server serves (the authorization coverage test walks them).
+    #[command(hide = true)]
+    Routes,
     /// A private Postgres cluster in a directory, without the server (used by tests/run).
     Postgres {
         #[command(subcommand)]
@@ -239,6 +242,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Openapi => {
             print!("{}", trainyard_server::api::openapi_document());
+            Ok(())
+        }
+        Command::Routes => {
+            for path in trainyard_server::routes::table().into_parts().1 {
+                println!("{path}");
+            }
             Ok(())
         }
         Command::Postgres { action: PostgresAction::Start { dir, throwaway } } => {

@@ -195,9 +195,25 @@ pub fn builtin_bundles() -> BTreeMap<String, Bundle> {
     bundles
 }
 
+/// Whether a path inside a built-in template's folder is part of the template: not its own
+/// tests (`tests/`, run by `tests/run`) and not what running them or Python leaves behind.
+fn is_template_file(relative: &std::path::Path) -> bool {
+    let mut parts = relative.components().map(|c| c.as_os_str().to_string_lossy());
+    let first_is_tests = parts.next().is_some_and(|first| first == "tests");
+    !first_is_tests
+        && !relative.components().any(|c| {
+            let name = c.as_os_str().to_string_lossy();
+            name.starts_with('.') || name == "__pycache__" || name.ends_with(".pyc")
+        })
+}
+
 fn collect(dir: &Dir<'_>, root: &std::path::Path, bundle: &mut Bundle) {
     for file in dir.files() {
-        let relative = file.path().strip_prefix(root).expect("inside its folder").to_string_lossy().into_owned();
+        let path = file.path().strip_prefix(root).expect("inside its folder");
+        if !is_template_file(path) {
+            continue;
+        }
+        let relative = path.to_string_lossy().into_owned();
         if relative == MANIFEST_FILE {
             bundle.manifest = String::from_utf8_lossy(file.contents()).into_owned();
         } else {
@@ -205,6 +221,8 @@ fn collect(dir: &Dir<'_>, root: &std::path::Path, bundle: &mut Bundle) {
         }
     }
     for sub in dir.dirs() {
-        collect(sub, root, bundle);
+        if is_template_file(sub.path().strip_prefix(root).expect("inside its folder")) {
+            collect(sub, root, bundle);
+        }
     }
 }

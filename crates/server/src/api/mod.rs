@@ -12,16 +12,14 @@ mod storage;
 mod templates;
 mod tokens;
 
-use axum::Router;
+use crate::routes::RouteTable;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, patch, post, put};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::AppState;
-
-pub fn routes() -> Router<AppState> {
-    Router::new()
+pub fn routes() -> RouteTable {
+    RouteTable::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/api/v1/openapi.json", get(health::openapi_json))
@@ -51,8 +49,8 @@ pub fn routes() -> Router<AppState> {
         .merge(storage_routes())
 }
 
-fn storage_routes() -> Router<AppState> {
-    Router::new()
+fn storage_routes() -> RouteTable {
+    RouteTable::new()
         .route("/api/v1/jobs/{id}/artifacts", get(storage::artifacts_list))
         .route(
             "/api/v1/jobs/{id}/artifacts/{*path}",

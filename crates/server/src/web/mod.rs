@@ -19,20 +19,19 @@ mod session;
 mod storage;
 mod submit;
 
+use crate::routes::RouteTable;
 use askama::Template;
-use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use trainyard_core::Error;
 use trainyard_core::auth::{Action, Caller};
 
-use crate::AppState;
 use crate::error::ApiError;
 pub use session::WebAuth;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
+pub fn routes() -> RouteTable {
+    RouteTable::new()
         .route("/", get(|| async { Redirect::to("/jobs") }))
         .route("/login", get(session::login_page).post(session::login))
         .route("/logout", post(session::logout))

@@ -1,0 +1,48 @@
+//! The server's route table: every path it serves, recorded as the routers are built, so that
+//! `trainyard routes` lists them all and the authorization coverage test
+//! (`tests/e2e/authz.rs`) walks every one, every method, for every kind of caller. A route added
+//! anywhere but through [`RouteTable::route`] would escape that test: add routes here.
+
+use axum::Router;
+use axum::routing::MethodRouter;
+
+use crate::AppState;
+
+/// A router and the paths it serves.
+pub struct RouteTable {
+    router: Router<AppState>,
+    paths: Vec<&'static str>,
+}
+
+impl RouteTable {
+    pub fn new() -> RouteTable {
+        RouteTable { router: Router::new(), paths: Vec::new() }
+    }
+
+    pub fn route(mut self, path: &'static str, method_router: MethodRouter<AppState>) -> RouteTable {
+        self.paths.push(path);
+        self.router = self.router.route(path, method_router);
+        self
+    }
+
+    pub fn merge(mut self, other: RouteTable) -> RouteTable {
+        self.paths.extend(other.paths);
+        self.router = self.router.merge(other.router);
+        self
+    }
+
+    pub fn into_parts(self) -> (Router<AppState>, Vec<&'static str>) {
+        (self.router, self.paths)
+    }
+}
+
+impl Default for RouteTable {
+    fn default() -> Self {
+        RouteTable::new()
+    }
+}
+
+/// Every route of the server: the REST API and the dashboard.
+pub fn table() -> RouteTable {
+    RouteTable::new().merge(crate::api::routes()).merge(crate::web::routes())
+}

@@ -1,0 +1,344 @@
+//! Authorization coverage: every route the server serves (`trainyard routes`, the table its
+//! router is built from), every method it answers (the `Allow` header of a 405), for every kind
+//! of caller, against the outcome written down here. A route or method without an entry fails
+//! the test, so a new route cannot ship without someone deciding who may call it (the pattern of
+//! omicron's `unauthorized.rs`).
+//!
+//! The callers: anonymous; a viewer, a member of tenant A; the admin of another tenant (B); a
+//! platform admin (also admin of A); and the job token of a running job of tenant B. Ids in paths
+//! name tenant A's objects. Outcomes: `ok` (allowed past authorization: 2xx, 3xx other than
+//! the sign-in page, or a 4xx about the input such as 409 or 422), `401`, `403`, `404`, `login`
+//! (the dashboard sends the caller to sign in). Bodies are empty (`{}` or an empty form with the
+//! session's CSRF value), so allowed writes mostly stop at validation; destructive calls
+//! (revoke, delete, sign out) get a fresh target or session per caller.
+//!
+//! `TRAINYARD_AUTHZ_PRINT=1` prints the observed table in the form below.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::json;
+use trainyard_tests::web::{WebClient, csrf_of};
+use trainyard_tests::{StatusCode, TestEnv, bin};
+
+const CALLERS: [&str; 6] = ["anonymous", "viewer", "member", "other-tenant admin", "platform admin", "job token"];
+
+/// `METHOD path` -> outcome per caller, in the order of [`CALLERS`].
+const EXPECTED: &[(&str, &str)] = &[
+    // Health and the document: public.
+    ("GET /healthz", "ok ok ok ok ok ok"),
+    ("GET /readyz", "ok ok ok ok ok ok"),
+    ("GET /api/v1/openapi.json", "ok ok ok ok ok ok"),
+    // REST API.
+    ("GET /api/v1/me", "401 ok ok ok ok 401"),
+    ("GET /api/v1/jobs", "401 ok ok ok ok 401"),
+    ("POST /api/v1/jobs", "401 403 ok ok ok 401"),
+    ("GET /api/v1/jobs/{id}", "401 ok ok 404 ok 401"),
+    ("POST /api/v1/jobs/{id}/cancel", "401 403 ok 404 ok 401"),
+    ("GET /api/v1/jobs/{id}/events", "401 ok ok 404 ok 401"),
+    ("GET /api/v1/jobs/{id}/attempts", "401 ok ok 404 ok 401"),
+    ("GET /api/v1/jobs/{id}/logs", "401 ok ok 404 ok 401"),
+    ("GET /api/v1/jobs/{id}/metrics", "401 ok ok 404 ok 401"),
+    ("POST /api/v1/jobs/{id}/metrics", "401 401 401 401 401 ok"),
+    ("GET /api/v1/jobs/{id}/outputs", "401 ok ok 404 ok 401"),
+    ("POST /api/v1/jobs/{id}/outputs", "401 401 401 401 401 ok"),
+    ("GET /api/v1/jobs/{id}/schedule", "401 ok ok 404 ok 401"),
+    ("POST /api/v1/jobs/what-if", "401 403 ok ok ok 401"),
+    ("GET /api/v1/quota", "401 ok ok ok ok 401"),
+    ("GET /api/v1/datasets", "401 ok ok ok ok 401"),
+    ("POST /api/v1/datasets", "401 403 ok ok ok 401"),
+    ("GET /api/v1/datasets/{name}/{version}", "401 ok ok 404 ok 401"),
+    ("PATCH /api/v1/admin/tenants/{tenant}", "401 403 403 403 ok 401"),
+    ("PUT /api/v1/admin/tenants/{tenant}/quotas/{flavor}", "401 403 403 403 ok 401"),
+    ("GET /api/v1/templates", "401 ok ok ok ok 401"),
+    ("POST /api/v1/templates", "401 403 ok ok ok 401"),
+    ("GET /api/v1/templates/{name}", "401 ok ok ok ok 401"),
+    ("POST /api/v1/templates/{name}/jobs", "401 403 ok ok ok 401"),
+    ("GET /api/v1/tokens", "401 ok ok ok ok 401"),
+    ("POST /api/v1/tokens", "401 ok ok ok ok 401"),
+    ("DELETE /api/v1/tokens/{id}", "401 404 404 404 ok 401"),
+    ("GET /api/v1/admin/tenants", "401 403 403 403 ok 401"),
+    ("POST /api/v1/admin/tenants", "401 403 403 403 ok 401"),
+    ("POST /api/v1/admin/tenants/{tenant}/members", "401 403 403 403 ok 401"),
+    ("GET /api/v1/jobs/{id}/artifacts", "401 ok ok 404 ok 401"),
+    ("GET /api/v1/jobs/{id}/artifacts/{*path}", "401 ok ok 404 ok 401"),
+    ("PUT /api/v1/jobs/{id}/artifacts/{*path}", "401 403 ok 404 ok 404"),
+    // A signed download link is its own credential (checked by signature, not token).
+    ("GET /api/v1/artifacts/download", "ok ok ok ok ok ok"),
+    ("GET /api/v1/volumes", "401 ok ok ok ok 401"),
+    ("POST /api/v1/volumes", "401 403 ok ok ok 401"),
+    ("DELETE /api/v1/volumes/{name}", "401 403 ok 404 ok 401"),
+    ("GET /api/v1/storage", "401 ok ok ok ok 401"),
+    ("PUT /api/v1/admin/tenants/{tenant}/storage", "401 403 403 403 ok 401"),
+    // Dashboard.
+    ("GET /", "ok ok ok ok ok ok"),
+    ("GET /login", "ok ok ok ok ok ok"),
+    // Without the sign-in form's double-submit cookie, a sign-in is refused for everyone.
+    ("POST /login", "403 403 403 403 403 403"),
+    // Signing out (or trying to without a session) sends everyone to the sign-in page.
+    ("POST /logout", "login login login login login login"),
+    ("GET /jobs", "login ok ok ok ok login"),
+    ("GET /jobs/rows", "login ok ok ok ok login"),
+    ("GET /jobs/{id}", "login ok ok 404 ok login"),
+    ("GET /jobs/{id}/live", "login ok ok 404 ok login"),
+    ("GET /jobs/{id}/metrics.json", "login ok ok 404 ok login"),
+    ("GET /jobs/{id}/log.txt", "login ok ok 404 ok login"),
+    ("GET /jobs/{id}/log/stream", "login ok ok 404 ok login"),
+    ("POST /jobs/{id}/cancel", "login 403 ok 404 ok login"),
+    ("POST /jobs/{id}/rerun", "login 403 ok 404 ok login"),
+    ("GET /jobs/{id}/artifacts/{*path}", "login ok ok 404 ok login"),
+    ("GET /datasets", "login ok ok ok ok login"),
+    ("GET /volumes", "login ok ok ok ok login"),
+    ("POST /volumes", "login 403 ok ok ok login"),
+    ("POST /volumes/{name}/delete", "login 403 ok 404 ok login"),
+    ("GET /submit", "login 403 ok ok ok login"),
+    ("GET /submit/{template}", "login 403 ok ok ok login"),
+    ("POST /submit/{template}", "login 403 ok ok ok login"),
+    ("POST /submit/{template}/preview", "login 403 ok ok ok login"),
+    ("GET /templates", "login ok ok ok ok login"),
+    ("GET /templates/{name}", "login ok ok ok ok login"),
+    ("GET /quota", "login ok ok ok ok login"),
+    ("GET /tokens", "login ok ok ok ok login"),
+    ("POST /tokens", "login ok ok ok ok login"),
+    ("POST /tokens/{id}/revoke", "login 404 404 404 ok login"),
+    ("GET /admin", "login 403 403 403 ok login"),
+    ("POST /admin/quota", "login 403 403 403 ok login"),
+    ("POST /admin/members", "login 403 403 403 ok login"),
+    ("POST /admin/tenants", "login 403 403 403 ok login"),
+    ("GET /static/{*path}", "ok ok ok ok ok ok"),
+];
+
+struct World {
+    env: TestEnv,
+    /// Makes names unique across calls (volumes, tokens, tenants, dataset versions).
+    counter: std::sync::atomic::AtomicUsize,
+    /// API tokens by caller index (none for anonymous; the job token for the last).
+    tokens: Vec<Option<String>>,
+    job: String,
+}
+
+fn classify(status: StatusCode, location: Option<&str>) -> String {
+    match status.as_u16() {
+        401 => "401".into(),
+        403 => "403".into(),
+        404 => "404".into(),
+        300..=399 if location.is_some_and(|l| l.starts_with("/login")) => "login".into(),
+        429 | 500..=599 | 405 => format!("unexpected {status}"),
+        _ => "ok".into(),
+    }
+}
+
+impl World {
+    async fn new() -> World {
+        let env = TestEnv::start().await;
+        let admin = env.admin_token.clone();
+        let viewer = env.member("default", "vera", "viewer").await;
+        let member = env.member("default", "mia", "member").await;
+        let (status, _) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-b"})).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let other = env.member("team-b", "bob", "admin").await;
+        // A running job of tenant B that hands its job token to the test.
+        let token_file = env.dir.path().join("job-token");
+        let script = format!("echo \"$TRAINYARD_TOKEN\" > '{}'; sleep 300", token_file.display());
+        let (status, body) = env.post("/api/v1/jobs", &other, &json!({"command": ["sh", "-c", script]})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let job_token = loop {
+            if let Ok(text) = std::fs::read_to_string(&token_file)
+                && text.trim().starts_with("tyj_")
+            {
+                break text.trim().to_string();
+            }
+            assert!(std::time::Instant::now() < deadline, "the job never wrote its token");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // Tenant A's objects the paths name.
+        let job = env.submit(json!({"command": ["true"]})).await;
+        env.wait_state(&job, "succeeded", Duration::from_secs(30)).await;
+        let response = reqwest::Client::new()
+            .put(format!("{}/api/v1/jobs/{job}/artifacts/model.bin", env.server.url))
+            .bearer_auth(&admin)
+            .header("content-type", "application/octet-stream")
+            .body("weights")
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success());
+        let (status, body) =
+            env.post("/api/v1/datasets", &admin, &json!({"name": "ds", "version": "1", "uri": "/data/ds", "content_hash": format!("sha256:{}", "ab".repeat(32))})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let tokens = vec![None, Some(viewer), Some(member), Some(other), Some(admin), Some(job_token)];
+        World { env, counter: Default::default(), tokens, job }
+    }
+
+    /// The concrete path for a caller: tenant A's objects, and a fresh target for destructive
+    /// calls (made by the platform admin, so that no caller's call changes another's answer).
+    async fn path_for(&self, route: &str, caller: usize) -> String {
+        let admin = self.tokens[4].clone().unwrap();
+        let mut path = route
+            .replace("{id}", &self.job)
+            .replace("{tenant}", "default")
+            .replace("{flavor}", "simulated-gpu")
+            .replace("{template}", "shell");
+        if route.starts_with("/api/v1/datasets/") {
+            path = path.replace("{name}", "ds").replace("{version}", "1");
+        }
+        if route.contains("/templates/") {
+            path = path.replace("{name}", "shell");
+        }
+        if route.starts_with("/static/") {
+            path = path.replace("{*path}", "app.css");
+        }
+        path = path.replace("{*path}", "model.bin");
+        if route.contains("/volumes/{name}") {
+            let name = format!("v{caller}-{}", self.next());
+            let (status, body) = self.env.post("/api/v1/volumes", &admin, &json!({"name": name, "size": "1Mi"})).await;
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            path = path.replace("{name}", &name);
+        }
+        if route.contains("/tokens/{id}") || route == "/api/v1/tokens/{id}" {
+            let (status, body) = self.env.post("/api/v1/tokens", &admin, &json!({"name": "spare"})).await;
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            // `{id}` was already replaced by the job's id above: swap it for the token's.
+            path = route.replace("{id}", body["id"].as_str().unwrap());
+        }
+        path
+    }
+
+    fn next(&self) -> usize {
+        self.counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A body that passes validation, so that the answer shows the authorization decision
+    /// (an empty one would be refused as input first). Unique names, so that no caller's call
+    /// conflicts with another's.
+    fn body_for(&self, method: &Method, route: &str) -> serde_json::Value {
+        let n = self.next();
+        let job = json!({"command": ["true"], "resources": {"gpus": 64}});
+        match (method.as_str(), route) {
+            ("POST", "/api/v1/jobs" | "/api/v1/jobs/what-if") => job,
+            ("POST", "/api/v1/datasets") => json!({"name": "ds", "version": format!("v{n}"), "uri": "/data/ds",
+                "content_hash": format!("sha256:{}", "cd".repeat(32))}),
+            ("PATCH", "/api/v1/admin/tenants/{tenant}") => json!({"weight": 1.0}),
+            ("PUT", "/api/v1/admin/tenants/{tenant}/quotas/{flavor}") => json!({"nominal": 4}),
+            ("POST", "/api/v1/templates/{name}/jobs") => json!({"params": {"command": ["true"]}}),
+            ("POST", "/api/v1/tokens") => json!({"name": format!("t{n}")}),
+            ("POST", "/api/v1/templates") => json!({"manifest": "name: not-a-template", "files": {}}),
+            ("POST", "/api/v1/admin/tenants") => json!({"name": format!("tenant-{n}")}),
+            ("POST", "/api/v1/admin/tenants/{tenant}/members") => {
+                json!({"user": format!("user-{n}"), "role": "viewer"})
+            }
+            ("POST", "/api/v1/volumes") => json!({"name": format!("nv{n}"), "size": "1Mi"}),
+            ("PUT", "/api/v1/admin/tenants/{tenant}/storage") => json!({"log_retention_days": 30}),
+            _ => json!({}),
+        }
+    }
+
+    /// A dashboard client signed in as the caller, or none (anonymous and the job token).
+    async fn web_client(&self, caller: usize) -> Option<WebClient> {
+        match (caller, &self.tokens[caller]) {
+            (1..=4, Some(token)) => Some(WebClient::signed_in(&self.env.server.url, token).await),
+            _ => None,
+        }
+    }
+
+    async fn call(&self, method: &Method, route: &str, caller: usize) -> String {
+        let path = self.path_for(route, caller).await;
+        let url = format!("{}{path}", self.env.server.url);
+        let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        let response = if route.starts_with("/api/") || route == "/healthz" || route == "/readyz" {
+            let mut request = client.request(method.clone(), &url);
+            if let Some(token) = &self.tokens[caller] {
+                request = request.bearer_auth(token);
+            }
+            if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+                request = if route.contains("/artifacts/") {
+                    request.header("content-type", "application/octet-stream").body("x")
+                } else {
+                    request.json(&self.body_for(method, route))
+                };
+            }
+            request.send().await.unwrap()
+        } else {
+            let web = self.web_client(caller).await;
+            let http = web.as_ref().map(WebClient::http).unwrap_or(&client);
+            let mut request = http.request(method.clone(), &url);
+            if *method == Method::POST {
+                let mut form = vec![];
+                if route == "/volumes" {
+                    // A valid form, so that the answer shows the authorization decision.
+                    let name = format!("wv{}", self.next());
+                    form.extend([("name".to_string(), name), ("size".into(), "1Mi".into())]);
+                    form.push(("access_mode".into(), "ReadWriteOnce".into()));
+                }
+                if let Some(web) = &web {
+                    let (_, page) = web.get("/tokens").await;
+                    form.push(("csrf".to_string(), csrf_of(&page)));
+                }
+                request = request.form(&form);
+            }
+            request.send().await.unwrap()
+        };
+        let location = response.headers().get("location").and_then(|l| l.to_str().ok()).map(str::to_string);
+        classify(response.status(), location.as_deref())
+    }
+}
+
+/// The methods a path answers, from the `Allow` header of a method it does not.
+async fn methods_of(env: &TestEnv, path: &str) -> Vec<Method> {
+    let response = reqwest::Client::new()
+        .request(Method::from_bytes(b"PROPFIND").unwrap(), format!("{}{path}", env.server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
+    let allow = response.headers().get("allow").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    allow
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty() && *m != "HEAD")
+        .map(|m| Method::from_bytes(m.as_bytes()).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_route_and_method_answers_every_caller_as_written_down() {
+    let world = World::new().await;
+    let routes = std::process::Command::new(bin("trainyard")).arg("routes").output().unwrap();
+    let routes: Vec<String> = String::from_utf8(routes.stdout).unwrap().lines().map(str::to_string).collect();
+    assert!(routes.len() > 50, "the route table: {routes:?}");
+    let expected: BTreeMap<&str, &str> = EXPECTED.iter().copied().collect();
+    let print = std::env::var("TRAINYARD_AUTHZ_PRINT").is_ok();
+    let mut failures = Vec::new();
+    let mut covered = 0;
+    for route in &routes {
+        let probe = world.path_for(route, 0).await;
+        for method in methods_of(&world.env, &probe).await {
+            let key = format!("{method} {route}");
+            let mut observed = Vec::new();
+            for caller in 0..CALLERS.len() {
+                observed.push(world.call(&method, route, caller).await);
+            }
+            let observed = observed.join(" ");
+            if print {
+                println!("    (\"{key}\", \"{observed}\"),");
+            }
+            match expected.get(key.as_str()) {
+                None => failures.push(format!("{key}: no entry in EXPECTED (observed: {observed})")),
+                Some(want) if *want != observed => {
+                    failures.push(format!("{key}: expected {want:?}, observed {observed:?} ({CALLERS:?})"))
+                }
+                Some(_) => covered += 1,
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} route methods differ:\n{}",
+        failures.len(),
+        covered + failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(covered, EXPECTED.len(), "every entry names a route the server serves");
+}
