@@ -39,6 +39,19 @@ class Files(Dataset):
         return decode({"bin": data, "cls": label})
 
 
+def engine_batches(root, batch_size, workers):
+    """The engine's pipeline driven as train.py drives it: epoch after epoch, every batch of the
+    rank's share (one rank here)."""
+    dataset = shards.ShardDataset(root, decode, 0, 1, 0, batch_size)
+    loader = shards.loader(dataset, workers, 4, False, seed=0)
+    epoch = 0
+    while True:
+        loader.sampler.start(epoch, 0, dataset.plan.samples_per_rank // batch_size)
+        for batch, _keys in loader:
+            yield batch
+        epoch += 1
+
+
 def drop_caches():
     """Empties the page cache (root only) so that a run reads from the disk, as a first epoch
     over a big dataset does. Returns whether it could."""
@@ -89,7 +102,7 @@ def main():
     torch.set_num_threads(1)
     plain = DataLoader(Files(args.files), batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                        prefetch_factor=4, persistent_workers=True)
-    ours = shards.loader(shards.ShardDataset(args.shards, decode, 0, 1, 0, 1000), args.batch_size, args.workers, 4, False)
+    ours = engine_batches(args.shards, args.batch_size, args.workers)
     if drop_caches():
         print("cold page cache (dropped before each run):")
         for name, batches in (("plain DataLoader over files", plain), ("pytorch-ddp shard pipeline", ours)):

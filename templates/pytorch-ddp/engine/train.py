@@ -1,19 +1,31 @@
 """The pytorch-ddp training engine: DDP over every process of the job, mixed precision, optional
 torch.compile, gradient accumulation, warm-up then cosine decay, atomic checkpoints with resume,
-a final checkpoint on SIGTERM, and metrics reported to Trainyard.
+a final checkpoint on SIGTERM, and metrics reported to Trainyard (when TRAINYARD_URL,
+TRAINYARD_TOKEN and TRAINYARD_JOB_ID are set; without them it trains and reports nothing).
 
-Seeds: the global --seed seeds Python, NumPy-free torch and the data order; process r seeds its
-generators with seed + 1000 * r, so ranks differ (dropout, augmentation) but runs repeat.
+Device and backend: placement.py (NCCL on the process's own GPU, gloo on CPU). Seeds: seeds.py
+(each rank its own, restored per rank on resume). Data order: shards.py (equal batches per rank,
+each sample at most once per epoch, resumable at any step). Checkpoints: checkpoints.py.
+
+Exactly once: a checkpoint holds every rank's position in the epoch (epoch, samples consumed, and
+the description of its sample order) and generator states; a resumed run continues each rank
+there. Steps taken after the last checkpoint are lost with the process and taken again.
+
+Any exception ends the process at once: decode workers are killed, the traceback's last line (or
+a `trainyard:` line for a clear condition such as a broken checkpoint) is the log's last line,
+and the exit code is non-zero (143 when the cause was another process of the job failing).
 """
 import argparse
+import contextlib
+import datetime
 import importlib.util
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
+import traceback
 import urllib.request
 
 import torch
@@ -21,10 +33,24 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checkpoints  # noqa: E402
+import placement  # noqa: E402
+import seeds  # noqa: E402
 import shards  # noqa: E402
 
+# Test hook: a folder where each rank appends, per optimizer step, the keys of the samples it
+# trained on and its loss (rank-<r>.jsonl), so tests can check exactly-once and bitwise resume.
+SAMPLE_LOG_ENV = "TRAINYARD_TEST_SAMPLE_LOG"
+# Collectives wait this long for a stuck peer (a dead one is noticed at once: its connection
+# closes). Long enough for rank 0 writing a large checkpoint or compiling a model.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 
-def parse_args():
+
+class EngineError(Exception):
+    """A condition the user can act on, reported as one line without a traceback."""
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data", required=True, help="folder of shards written by yard-data / data-pack")
     p.add_argument("--user-module", default="", help="python file with build_model, loss_fn, decode")
@@ -45,9 +71,9 @@ def parse_args():
     p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept (0: all)")
     p.add_argument("--workers", type=int, default=2, help="decode processes per training process")
     p.add_argument("--prefetch", type=int, default=4, help="batches each decode process keeps ready")
-    p.add_argument("--shuffle-buffer", type=int, default=1000)
+    p.add_argument("--shuffle-block", type=int, default=1000, help="samples shuffled together within a rank's share")
     p.add_argument("--log-every", type=int, default=10)
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def load_user_code(path):
@@ -64,7 +90,7 @@ def load_user_code(path):
 
 
 class Reporter:
-    """Posts metric points to Trainyard in batches (rank 0 only)."""
+    """Posts metric points to Trainyard in batches (rank 0 only; nowhere without a server)."""
 
     def __init__(self, enabled):
         self.url, self.token, self.job = (os.environ.get(k) for k in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_JOB_ID"))
@@ -90,69 +116,102 @@ class Reporter:
             print(f"trainyard: could not report metrics: {err}", file=sys.stderr, flush=True)
 
 
-def checkpoint_save(directory, state, step, keep):
-    """Atomic: written aside, synced, renamed; `latest.json` names it afterwards. Then only the
-    newest `keep` checkpoints stay (all when 0): pruning after `latest.json` moved on means a
-    resume never finds its checkpoint gone."""
-    os.makedirs(directory, exist_ok=True)
-    name = f"ckpt-{step:08d}.pt"
-    aside = os.path.join(directory, name + ".partial")
-    with open(aside, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(aside, os.path.join(directory, name))
-    latest = os.path.join(directory, "latest.json.partial")
-    with open(latest, "w") as f:
-        json.dump({"checkpoint": name, "step": step}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(latest, os.path.join(directory, "latest.json"))
-    print(f"checkpoint {name} written", flush=True)
-    if keep > 0:
-        # Zero-padded steps: name order is step order.
-        older = sorted(f for f in os.listdir(directory) if f.startswith("ckpt-") and f.endswith(".pt"))[:-keep]
-        for old in older:
-            os.remove(os.path.join(directory, old))
+class SampleLog:
+    """The test hook behind TRAINYARD_TEST_SAMPLE_LOG (does nothing when it is unset)."""
+
+    def __init__(self, rank):
+        folder = os.environ.get(SAMPLE_LOG_ENV)
+        self.path = os.path.join(folder, f"rank-{rank}.jsonl") if folder else None
+
+    def record(self, epoch, step, keys, loss):
+        if self.path:
+            line = json.dumps({"epoch": epoch, "step": step, "keys": keys, "loss": loss.item()}) + "\n"
+            with open(self.path, "a") as f:
+                f.write(line)
 
 
-def checkpoint_latest(directory):
-    try:
-        latest = json.load(open(os.path.join(directory, "latest.json")))
-        return torch.load(os.path.join(directory, latest["checkpoint"]), weights_only=False)
-    except FileNotFoundError:
+def steps_per_epoch(samples_per_rank, batch_size, grad_accum):
+    """Optimizer steps every rank takes per epoch: the same on all (the rest is dropped)."""
+    return samples_per_rank // (batch_size * grad_accum)
+
+
+def position_after(epoch, cursor, epoch_samples):
+    """A rank's data position after it consumed `cursor` samples of `epoch`: the end of an epoch
+    is the start of the next."""
+    return (epoch + 1, 0) if cursor >= epoch_samples else (epoch, cursor)
+
+
+def saved_rank_state(saved, rank, world_size, order):
+    """This rank's entry of a checkpoint's per-rank states, when it applies to this run: written
+    by as many processes, over the same sample order, batch size and accumulation (`order`).
+    None otherwise (another world size, other data, or a checkpoint from before engine 1.2)."""
+    if not saved or len(saved) != world_size:
         return None
+    mine = saved[rank]
+    return mine if mine["data"]["order"] == order else None
+
+
+def caused_by_a_peer(error):
+    """Whether a training process's exception comes from another process of the job failing or
+    hanging (a collective lost its peer or timed out) rather than from this process."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    text = str(error)
+    return bool(names & {"DistBackendError", "DistNetworkError"}) or any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Timed out waiting"))
+
+
+def resume_state(directory, rank, device):
+    """Rank 0 loads the latest checkpoint (None on a first start) and every rank gets it; a
+    checkpoint that cannot be loaded fails every rank with the same message."""
+    box = [None]
+    if rank == 0:
+        try:
+            box[0] = {"state": checkpoints.checkpoint_latest(directory)}
+        except checkpoints.CheckpointError as err:
+            box[0] = {"error": str(err)}
+    dist.broadcast_object_list(box, src=0, device=device)
+    if "error" in box[0]:
+        raise EngineError(box[0]["error"])
+    return box[0]["state"]
 
 
 def main():
     args = parse_args()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                            timeout=__import__("datetime").timedelta(seconds=120))
-    random.seed(args.seed + 1000 * rank)
-    torch.manual_seed(args.seed + 1000 * rank)
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device_name, backend = placement.device_and_backend(local_rank, local_world, cuda_devices)
+    device = torch.device(device_name)
+    collectives = torch.device(placement.collective_device(backend, device_name))
     if args.deterministic == "true":
+        # cuBLAS needs a fixed workspace to be deterministic, set before CUDA starts.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT,
+                            device_id=device if backend == "nccl" else None)
 
     stop = {"requested": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
 
     user = load_user_code(args.user_module)
-    torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = user.build_model().to(device)
-    if args.compile == "true":
-        model = torch.compile(model)
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    seeds.seed_everything(seeds.rank_seed(args.seed, rank))
+    net = user.build_model().to(device)
+    model = torch.compile(net) if args.compile == "true" else net
+    # DDP starts every rank from rank 0's parameters and buffers (it broadcasts them).
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-    dataset = shards.ShardDataset(args.data, user.decode, rank, world, args.seed, args.shuffle_buffer)
-    steps_per_epoch = max(1, dataset.samples_total // (world * args.batch_size * args.grad_accum))
-    total_steps = args.max_steps or steps_per_epoch * args.epochs
+    dataset = shards.ShardDataset(args.data, user.decode, rank, world, args.seed, args.batch_size, args.shuffle_block)
+    epoch_steps = steps_per_epoch(dataset.plan.samples_per_rank, args.batch_size, args.grad_accum)
+    if epoch_steps == 0:
+        raise EngineError(f"{args.data} holds {dataset.plan.samples_total} samples, too few for one step of {world} "
+                          f"processes x batch_size {args.batch_size} x grad_accum {args.grad_accum}")
+    epoch_micro_batches = epoch_steps * args.grad_accum
+    epoch_samples = epoch_micro_batches * args.batch_size
+    total_steps = args.max_steps or epoch_steps * args.epochs
+    order = dict(dataset.plan.description(), batch_size=args.batch_size, grad_accum=args.grad_accum)
 
     def lr_at(step):
         if step < args.warmup_steps:
@@ -162,77 +221,99 @@ def main():
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     precision = args.precision
-    if precision == "fp16" and not cuda:
+    if precision == "fp16" and device.type != "cuda":
         print("trainyard: fp16 needs a GPU; using bf16 on CPU", flush=True)
         precision = "bf16"
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
-    # Resume: rank 0 reads the latest checkpoint and every rank gets the same state.
-    state = [checkpoint_latest(args.output) if rank == 0 else None]
-    dist.broadcast_object_list(state, src=0)
-    state = state[0]
-    epoch, step, consumed = 0, 0, 0
+    epoch, step, cursor, rng = 0, 0, 0, None
+    state = resume_state(args.output, rank, collectives)
     if state is not None:
-        model.load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
-        random.setstate(state["python_rng"][rank % len(state["python_rng"])])
-        torch.set_rng_state(state["torch_rng"])
-        epoch, step, consumed = state["epoch"], state["step"], state["consumed"]
-        print(f"resuming from step {step} (epoch {epoch}, {consumed} batches into it)", flush=True)
+        step = state["step"]
+        mine = saved_rank_state(state.get("ranks"), rank, world, order)
+        if mine is not None:
+            epoch, cursor, rng = mine["data"]["epoch"], mine["data"]["cursor"], mine["rng"]
+        else:
+            epoch = state.get("epoch", 0)
+            print(f"trainyard: the checkpoint holds no data position for this run ({world} processes, this data, "
+                  f"batch_size and grad_accum); epoch {epoch} starts again from its beginning", flush=True)
+        print(f"resuming from step {step} (epoch {epoch}, {cursor} samples into it)", flush=True)
+        del state
+
+    def checkpoint():
+        """Every rank's state goes to rank 0, which writes the checkpoint; the others wait."""
+        at_epoch, at_cursor = position_after(epoch, cursor, epoch_samples)
+        mine = {"rng": seeds.rng_state(device), "data": {"epoch": at_epoch, "cursor": at_cursor, "order": order}}
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if rank == 0:
+            checkpoints.checkpoint_save(args.output, {
+                "model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                "step": step, "epoch": at_epoch, "ranks": gathered,
+            }, step, args.keep_checkpoints)
+        dist.barrier()
 
     reporter = Reporter(rank == 0)
-    started, stall_total = time.time(), 0.0
-    finished = False
-    batch_loader = shards.loader(dataset, args.batch_size, args.workers, args.prefetch, cuda)
+    sample_log = SampleLog(rank)
+    batch_loader = shards.loader(dataset, args.workers, args.prefetch, pin_memory=device.type == "cuda",
+                                 seed=seeds.rank_seed(args.seed, rank))
+    if rng is not None:
+        # Last, so that nothing between here and the first step draws from them.
+        seeds.rng_restore(rng, device)
+    started, resumed_at, stall_total = time.monotonic(), step, 0.0
+    finished = step >= total_steps
     while epoch < args.epochs and not finished:
-        dataset.set_epoch(epoch)
+        micro = cursor // args.batch_size
+        batch_loader.sampler.start(epoch, micro, epoch_micro_batches)
         batches = iter(batch_loader)
-        seen = 0
+        step_loss, step_keys = torch.zeros((), device=device), []
         while True:
-            waited = time.time()
+            waited = time.monotonic()
             try:
-                inputs, targets = next(batches)
+                (inputs, targets), keys = next(batches)
             except StopIteration:
                 break
-            stall = time.time() - waited
-            seen += 1
-            if seen <= consumed:  # already trained on before the restart
-                continue
-            stall_total += stall
+            stall_total += time.monotonic() - waited
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = user.loss_fn(ddp(inputs), targets) / args.grad_accum
-            scaler.scale(loss).backward()
-            consumed = seen
-            if seen % args.grad_accum:
+            micro += 1
+            syncing = micro % args.grad_accum == 0
+            # Gradients are averaged across ranks once per optimizer step, on its last micro-batch.
+            with contextlib.nullcontext() if syncing else ddp.no_sync():
+                with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    loss = user.loss_fn(ddp(inputs), targets) / args.grad_accum
+                scaler.scale(loss).backward()
+            step_loss += loss.detach().float()
+            step_keys += keys
+            if not syncing:
                 continue
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            step += 1
-            # Every rank agrees on stopping at the same step.
-            flag = torch.tensor([1.0 if stop["requested"] else 0.0])
+            step, cursor = step + 1, micro * args.batch_size
+            sample_log.record(epoch, step, step_keys, step_loss)
+            # Every rank agrees on stopping at the same step (on the backend's device: NCCL
+            # reduces CUDA tensors only).
+            flag = torch.tensor([1.0 if stop["requested"] else 0.0], device=collectives)
             dist.all_reduce(flag)
             stopping = flag.item() > 0
             if rank == 0 and step % args.log_every == 0:
-                reporter.add(step, loss=loss.item() * args.grad_accum, lr=scheduler.get_last_lr()[0],
-                             samples_per_second=step * args.batch_size * args.grad_accum * world / (time.time() - started),
-                             input_stall_seconds=stall_total)
+                # This process's steps over its own time: a resumed run starts counting afresh.
+                samples = (step - resumed_at) * args.batch_size * args.grad_accum * world
+                samples_per_second = samples / (time.monotonic() - started)
+                reporter.add(step, loss=step_loss.item(), lr=scheduler.get_last_lr()[0],
+                             samples_per_second=samples_per_second, input_stall_seconds=stall_total)
                 reporter.flush()
-                print(f"step {step} loss {loss.item() * args.grad_accum:.4f}", flush=True)
+                print(f"step {step} loss {step_loss.item():.4f}", flush=True)
+            step_loss, step_keys = torch.zeros((), device=device), []
             if stopping or step % args.checkpoint_every == 0 or step >= total_steps:
-                if rank == 0:
-                    checkpoint_save(args.output, {
-                        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                        "python_rng": [random.getstate()], "torch_rng": torch.get_rng_state(),
-                        "epoch": epoch, "step": step, "consumed": consumed,
-                    }, step, args.keep_checkpoints)
-                dist.barrier()
+                checkpoint()
             if stopping:
                 print("stopping on SIGTERM after a final checkpoint", flush=True)
                 reporter.flush()
@@ -241,12 +322,40 @@ def main():
             if step >= total_steps:
                 finished = True
                 break
-        epoch, consumed = epoch + 1, 0
+        epoch, cursor = epoch + 1, 0
     reporter.flush()
     dist.barrier()
     dist.destroy_process_group()
     print(f"done: {step} steps", flush=True)
 
 
+def run():
+    """main(), then exit at once with its exit code: on any exception, after the traceback (or
+    one `trainyard:` line) and with the decode workers killed, so no process is left waiting."""
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    except (EngineError, checkpoints.CheckpointError) as err:
+        print(f"trainyard: {err}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as err:  # noqa: B036 - everything ends the process
+        traceback.print_exc()
+        code = placement.EXIT_STOPPED_BY_PEER if caused_by_a_peer(err) else 1
+    try:
+        shards.stop_decode_workers()
+    except Exception:  # noqa: BLE001 - exiting matters more
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: interpreter shutdown can wait on threads and children (gloo, DataLoader).
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -1,0 +1,105 @@
+"""Checkpoints on disk: `ckpt-<step>.pt` files and `latest.json`, which names the newest complete
+one, in one folder (rank 0 writes it, in replica 0's working directory).
+
+Durable: a checkpoint is written aside, fsynced, renamed into place and the folder fsynced; only
+then does `latest.json` (written the same way) name it, so after a crash `latest.json` names a
+complete file or nothing. A `latest.json` that names a missing or unreadable checkpoint is an
+error, never a silent start from step 0. Names carry the step zero-padded to 8 digits (longer
+beyond 10^8 steps); nothing relies on their string order: the step is parsed wherever it counts.
+"""
+import json
+import os
+import re
+
+import torch
+
+LATEST = "latest.json"
+_NAME = re.compile(r"ckpt-(\d+)\.pt")
+
+
+class CheckpointError(Exception):
+    """The checkpoint a run must resume from cannot be used."""
+
+
+def checkpoint_name(step):
+    return f"ckpt-{step:08d}.pt"
+
+
+def checkpoint_step(name):
+    """The step of a checkpoint file's name; None for any other file (`.partial` ones included)."""
+    match = _NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoints_to_prune(names, keep):
+    """The checkpoint files among `names` beyond the newest `keep` by step (none when keep is 0)."""
+    if keep <= 0:
+        return []
+    steps = sorted((checkpoint_step(n), n) for n in names if checkpoint_step(n) is not None)
+    return [name for _, name in steps[:-keep]]
+
+
+def _first_line(err):
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _fsync_directory(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(directory, name, write):
+    aside = os.path.join(directory, name + ".partial")
+    with open(aside, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(aside, os.path.join(directory, name))
+    _fsync_directory(directory)
+
+
+def checkpoint_save(directory, state, step, keep):
+    """Writes `state` as the checkpoint of `step`, points `latest.json` at it, then deletes all
+    but the newest `keep` (all kept when 0): pruning after `latest.json` moved on means a resume
+    never finds its checkpoint gone."""
+    os.makedirs(directory, exist_ok=True)
+    name = checkpoint_name(step)
+    _write_durably(directory, name, lambda f: torch.save(state, f))
+    _write_durably(directory, LATEST, lambda f: f.write(json.dumps({"checkpoint": name, "step": step}).encode()))
+    print(f"checkpoint {name} written", flush=True)
+    names = os.listdir(directory)
+    # A `.partial` left now is one a killed writer never finished (there is one writer: rank 0).
+    for old in checkpoints_to_prune(names, keep) + [n for n in names if n.endswith(".partial")]:
+        os.remove(os.path.join(directory, old))
+
+
+def checkpoint_latest(directory):
+    """The state `latest.json` names, loaded onto the CPU (every process would otherwise unpickle
+    tensors onto the device they were saved from); None when there is no `latest.json` (a first
+    start). Raises CheckpointError when it names a checkpoint that cannot be loaded."""
+    latest = os.path.join(directory, LATEST)
+    try:
+        with open(latest) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        name = json.loads(text)["checkpoint"]
+        if checkpoint_step(name) is None:
+            raise ValueError(f"{name!r} is not a checkpoint name")
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"cannot resume: {latest} is unreadable ({err}); "
+                              f"delete it to start over from step 0") from None
+    path = os.path.join(directory, name)
+    try:
+        # Our own file, holding RNG states (tuples, NumPy arrays) as well as tensors.
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"cannot resume: {latest} names {path}, which is missing") from None
+    except Exception as err:  # torch.load raises many kinds for a damaged file
+        raise CheckpointError(f"cannot resume: {path}, named by {latest}, cannot be loaded: "
+                              f"{type(err).__name__}: {_first_line(err)}") from None

@@ -1,0 +1,105 @@
+"""Checkpoint files: durable writes, pruning by step beyond 10^8 steps, loading onto the CPU, and
+a clear error when `latest.json` names a checkpoint that cannot be loaded."""
+import json
+import os
+
+import pytest
+import torch
+
+import checkpoints
+import train
+
+
+def test_names_carry_the_step_and_parse_back_beyond_10_to_the_8():
+    assert checkpoints.checkpoint_name(280) == "ckpt-00000280.pt"
+    for step in (0, 280, 99_999_999, 100_000_000, 12_345_678_901):
+        assert checkpoints.checkpoint_step(checkpoints.checkpoint_name(step)) == step
+    assert checkpoints.checkpoint_step("ckpt-00000280.pt.partial") is None
+    assert checkpoints.checkpoint_step("latest.json") is None
+
+
+def test_pruning_keeps_the_newest_by_step_not_by_name():
+    names = ["ckpt-99999998.pt", "latest.json", "ckpt-100000000.pt", "ckpt-99999999.pt", "ckpt-100000001.pt.partial"]
+    # By name, "ckpt-100000000.pt" sorts first and would be deleted as the oldest.
+    assert checkpoints.checkpoints_to_prune(names, 2) == ["ckpt-99999998.pt"]
+    assert checkpoints.checkpoints_to_prune(names, 0) == []
+    assert checkpoints.checkpoints_to_prune(names, 5) == []
+
+
+def test_a_save_is_fsynced_file_and_folder_then_named_by_latest(tmp_path, monkeypatch):
+    synced, fsync = [], os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    folder = str(tmp_path / "out")
+    for step in (10, 20, 30, 40):
+        checkpoints.checkpoint_save(folder, {"step": step}, step, keep=3)
+    assert sorted(os.listdir(folder)) == ["ckpt-00000020.pt", "ckpt-00000030.pt", "ckpt-00000040.pt", "latest.json"]
+    assert json.load(open(os.path.join(folder, "latest.json"))) == {"checkpoint": "ckpt-00000040.pt", "step": 40}
+    assert folder in synced, "the folder is fsynced, so the renames survive a power loss"
+    assert os.path.join(folder, "ckpt-00000040.pt.partial") in synced
+    last = {path: i for i, path in enumerate(synced)}
+    assert last[os.path.join(folder, "ckpt-00000040.pt.partial")] < last[os.path.join(folder, "latest.json.partial")], \
+        "the checkpoint is durable before latest.json names it"
+
+
+def test_a_partial_file_left_by_a_killed_writer_is_cleaned_up(tmp_path):
+    folder = str(tmp_path)
+    open(os.path.join(folder, "ckpt-00000050.pt.partial"), "wb").close()
+    checkpoints.checkpoint_save(folder, {}, 40, keep=3)
+    assert sorted(os.listdir(folder)) == ["ckpt-00000040.pt", "latest.json"]
+
+
+def test_no_latest_is_a_first_start(tmp_path):
+    assert checkpoints.checkpoint_latest(str(tmp_path)) is None
+    assert checkpoints.checkpoint_latest(str(tmp_path / "absent")) is None
+
+
+def test_the_latest_checkpoint_loads_onto_the_cpu(tmp_path, monkeypatch):
+    checkpoints.checkpoint_save(str(tmp_path), {"w": torch.ones(2)}, 7, keep=0)
+    calls, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or load(*a, **k))
+    state = checkpoints.checkpoint_latest(str(tmp_path))
+    assert torch.equal(state["w"], torch.ones(2))
+    assert calls[0]["map_location"] == "cpu", "not onto the device each tensor was saved from (cuda:0 for every rank)"
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing", "which is missing"),
+    ("truncated", "cannot be loaded"),
+    ("latest-garbage", "is unreadable"),
+    ("latest-not-a-checkpoint", "is unreadable"),
+])
+def test_a_broken_checkpoint_named_by_latest_is_an_error(tmp_path, damage, message):
+    folder = str(tmp_path)
+    checkpoints.checkpoint_save(folder, {"w": torch.ones(1000)}, 20, keep=0)
+    path, latest = os.path.join(folder, "ckpt-00000020.pt"), os.path.join(folder, "latest.json")
+    if damage == "missing":
+        os.remove(path)
+    elif damage == "truncated":
+        os.truncate(path, os.path.getsize(path) // 2)
+    elif damage == "latest-garbage":
+        open(latest, "w").write("{\"checkpoint\": ")
+    else:
+        open(latest, "w").write(json.dumps({"checkpoint": "../../etc/passwd"}))
+    with pytest.raises(checkpoints.CheckpointError, match=message) as error:
+        checkpoints.checkpoint_latest(folder)
+    assert "\n" not in str(error.value), "one line: the job's reason is the log's last line"
+
+
+def test_a_position_at_the_end_of_an_epoch_is_the_start_of_the_next():
+    assert train.position_after(2, 448, 448) == (3, 0)
+    assert train.position_after(2, 160, 448) == (2, 160)
+
+
+def test_a_rank_resumes_its_own_position_only_for_the_same_order():
+    order = {"seed": 0, "rank": 1, "world_size": 2, "batch_size": 8}
+    saved = [{"data": {"order": dict(order, rank=0), "epoch": 1, "cursor": 16}},
+             {"data": {"order": order, "epoch": 1, "cursor": 16}}]
+    assert train.saved_rank_state(saved, 1, 2, order) is saved[1]
+    assert train.saved_rank_state(saved, 1, 2, dict(order, batch_size=16)) is None
+    assert train.saved_rank_state(saved, 1, 4, order) is None, "another world size"
+    assert train.saved_rank_state(None, 1, 2, order) is None, "a checkpoint from before engine 1.2"
