@@ -221,10 +221,11 @@ pub struct QuotaCeiling {
 pub enum ExecutorError {
     #[error("cannot launch: {0}")]
     Launch(String),
-    /// Another launch of the same attempt is under way (another server replica's, or one that
-    /// outlived a deposed leader): try again later.
-    #[error("busy: {0}")]
-    Busy(String),
+    /// The backend cannot act right now and nothing is wrong with the job: another launch of
+    /// the same attempt is under way, or the cluster's API server is unreachable, overloaded or
+    /// failing. The control plane retries; the job is not charged.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

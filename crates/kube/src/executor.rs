@@ -68,9 +68,30 @@ pub enum KubeError {
     NotObserved,
 }
 
+impl KubeError {
+    /// Whether the error says nothing about the job: the cluster is unreachable, not listed yet,
+    /// overloaded (429) or failing (5xx). Those are retried by the control plane; a refusal of
+    /// the request itself (403, 422, ...) or a bad manifest ends the attempt.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            KubeError::Config(_) | KubeError::NotObserved => true,
+            KubeError::Api { source, .. } => match source {
+                kube::Error::Api(status) => status.code == 429 || status.code >= 500,
+                kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+                _ => false,
+            },
+            KubeError::Manifest(_) | KubeError::NoUid(_) => false,
+        }
+    }
+}
+
 impl From<KubeError> for ExecutorError {
     fn from(err: KubeError) -> ExecutorError {
-        ExecutorError::Launch(err.to_string())
+        if err.is_transient() {
+            ExecutorError::Unavailable(err.to_string())
+        } else {
+            ExecutorError::Launch(err.to_string())
+        }
     }
 }
 

@@ -12,7 +12,9 @@ use http::Method;
 use serde_json::{Value, json};
 use support::examples::{self, JOB, JOB_UID, TENANT};
 use support::fake_api::FakeApi;
-use trainyard_executor::{AttemptRef, Executor, FailureReason, ReplicaDetail, ReplicaPhase, ReplicaStatus};
+use trainyard_executor::{
+    AttemptRef, Executor, ExecutorError, FailureReason, ReplicaDetail, ReplicaPhase, ReplicaStatus,
+};
 use trainyard_kube::{KubeConfig, KubernetesExecutor};
 
 const NS: &str = "trainyard-vision-team";
@@ -123,6 +125,28 @@ async fn launching_a_two_replica_gpu_job_applies_exactly_the_golden_objects() {
     assert!(!job_text.contains("tyj_"), "the job token is never in the Job's spec");
     let secret = fake.get("secrets", NS, JOB_NAME).unwrap();
     assert!(secret["data"]["TRAINYARD_TOKEN"].is_string(), "the token is in the attempt's Secret");
+}
+
+/// An API server that fails (503) or is overloaded (429) says nothing about the job: the launch
+/// reports the executor unavailable, which the control plane retries without charging the job;
+/// one that refuses the request (422) fails the launch. A retried launch then goes through.
+#[tokio::test]
+async fn api_server_errors_are_transient_and_refusals_are_not() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    fake.node_put("gpu-1", "nvidia-h100-80gb-hbm3", 8);
+    fake.node_put("gpu-2", "nvidia-h100-80gb-hbm3", 8);
+    let executor = executor(&fake, config(&logs)).await;
+    for code in [503, 500, 429] {
+        fake.fail_next_writes(&[code]);
+        let err = executor.launch(&examples::pytorch_ddp()).await.unwrap_err();
+        assert!(matches!(err, ExecutorError::Unavailable(_)), "{code}: {err}");
+    }
+    fake.fail_next_writes(&[422]);
+    let err = executor.launch(&examples::pytorch_ddp()).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Launch(_)), "422: {err}");
+    executor.launch(&examples::pytorch_ddp()).await.expect("the retried launch goes through");
+    assert_eq!(fake.list("jobs").len(), 1, "one Job");
 }
 
 #[tokio::test]

@@ -401,8 +401,9 @@ impl Executor for LocalExecutor {
         // One launcher of an attempt at a time, across server replicas sharing this machine's
         // data directory; released when this launch returns (or its process dies).
         let lock = std::fs::File::create(attempt_dir.join("launch.lock"))?;
-        let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|_| ExecutorError::Busy(format!("another launch of attempt {} is under way", request.attempt)))?;
+        let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+            ExecutorError::Unavailable(format!("another launch of attempt {} is under way", request.attempt))
+        })?;
         let intent_path = attempt_dir.join("intent.json");
         let intent = match read_intent(&intent_path) {
             Some(intent) => {

@@ -60,6 +60,9 @@ struct State {
     requests: Vec<Recorded>,
     logs: BTreeMap<(String, String), String>,
     uids: u64,
+    /// Status codes to answer the next writes (PATCH) with, in order, instead of applying them:
+    /// an API server failing (5xx), overloaded (429) or refusing (4xx).
+    failing_writes: std::collections::VecDeque<u16>,
 }
 
 #[derive(Clone)]
@@ -136,6 +139,11 @@ impl FakeApi {
     /// Every request so far that is not a watcher's list or watch.
     pub fn writes_and_reads(&self) -> Vec<Recorded> {
         self.state.lock().unwrap().requests.iter().filter(|r| !r.is_watch_or_list()).cloned().collect()
+    }
+
+    /// Makes the next writes fail with these status codes, one each.
+    pub fn fail_next_writes(&self, codes: &[u16]) {
+        self.state.lock().unwrap().failing_writes.extend(codes);
     }
 
     pub fn requests_clear(&self) {
@@ -291,6 +299,12 @@ impl FakeApi {
             return reply(StatusCode::NOT_FOUND, &status(404, "NotFound", format!("no route {path}")));
         };
         let namespace = target.namespace.clone().unwrap_or_default();
+        if parts.method == Method::PATCH
+            && let Some(code) = self.state.lock().unwrap().failing_writes.pop_front()
+        {
+            let code = StatusCode::from_u16(code).expect("a status code");
+            return reply(code, &status(code.as_u16(), "Failure", format!("injected failure of {path}")));
+        }
         match (&parts.method, &target.name, target.subresource.as_deref()) {
             (&Method::PATCH, Some(name), None) => {
                 let Some(mut object) = body else {

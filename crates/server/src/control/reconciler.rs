@@ -622,7 +622,7 @@ impl Reconciler {
             env,
         };
         self.executor.launch(&request).await.map_err(|e| match e {
-            ExecutorError::Busy(_) => LaunchFailure::ControlPlane(e.to_string()),
+            ExecutorError::Unavailable(_) => LaunchFailure::ControlPlane(e.to_string()),
             other => LaunchFailure::Job(other.to_string()),
         })
     }
