@@ -205,9 +205,9 @@ async fn state_of(env: &TestEnv, id: &str) -> String {
 /// write (counted on its /readyz), and the standby adopts what it started: every rank once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_paused_past_its_lease_is_fenced_and_nothing_runs_twice() {
-    let lease = ["--lease-seconds", "2"];
-    let env = TestEnv::start_with_env(&lease, &[(PAUSE.into(), "1:5000".into())]).await;
-    let standby = trainyard_tests::ServerProcess::start_with(&env.db.url, &env.data_dir(), &lease);
+    // The default lease (3 s): the takeover asserted below is the one users get.
+    let env = TestEnv::start_with_env(&[], &[(PAUSE.into(), "1:6000".into())]).await;
+    let standby = trainyard_tests::ServerProcess::start(&env.db.url, &env.data_dir());
     let markers = marker_dir(&env);
 
     let paused = env.submit(marking(&markers, 2, 0, 1.0)).await;
