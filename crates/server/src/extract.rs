@@ -184,6 +184,37 @@ fn bearer_token(parts: &Parts) -> Result<&str, ApiError> {
         .ok_or_else(|| Error::Unauthenticated("the Authorization header must be `Bearer <token>`".into()))?)
 }
 
+/// The `{id}` of a job route, parsed. A malformed id names no job: 404, like an unknown one.
+pub struct JobId(pub Uuid);
+
+/// The `{id}` of a token route, parsed (404 when malformed).
+pub struct TokenId(pub Uuid);
+
+/// The path parameter `id`, parsed as the id of a `kind` object.
+async fn id_param<S: Send + Sync>(parts: &mut Parts, state: &S, kind: ObjectKind) -> Result<Uuid, ApiError> {
+    let axum::extract::Path(params) =
+        axum::extract::Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::Domain(Error::not_found(kind)))?;
+    parse_id(params.get("id").map(String::as_str).unwrap_or_default(), kind)
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for JobId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        id_param(parts, state, ObjectKind::Job).await.map(JobId)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for TokenId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        id_param(parts, state, ObjectKind::Token).await.map(TokenId)
+    }
+}
+
 /// An object id from the path. A malformed id names no object: 404, like an unknown one.
 pub fn parse_id(text: &str, kind: ObjectKind) -> Result<Uuid, ApiError> {
     Uuid::parse_str(text).map_err(|_| ApiError::Domain(Error::not_found(kind)))

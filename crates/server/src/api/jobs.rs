@@ -1,9 +1,8 @@
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
 use trainyard_core::api::{ErrorBody, Job, JobAttempt, JobEvent, JobPage};
-use trainyard_core::error::ObjectKind;
 use trainyard_core::job::{JobState, JobSubmission};
 use trainyard_core::{Error, Result};
 use trainyard_store::jobs::{JobFilter, Submitted};
@@ -11,7 +10,7 @@ use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, ApiQuery, Auth, parse_id};
+use crate::extract::{ApiJson, ApiQuery, Auth, JobId};
 
 /// Submit a job. With an `idempotency_key` used before, returns the earlier job (200).
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs", request_body = JobSubmission,
@@ -96,12 +95,7 @@ pub fn list_filter(params: ListParams) -> Result<JobFilter> {
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path, description = "Job id")),
     security(("bearer" = [])),
     responses((status = 200, body = Job), (status = 404, body = ErrorBody)))]
-pub async fn job_get(
-    State(state): State<AppState>,
-    Auth(caller): Auth,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Job>> {
-    let id = parse_id(&id, ObjectKind::Job)?;
+pub async fn job_get(State(state): State<AppState>, Auth(caller): Auth, JobId(id): JobId) -> ApiResult<Json<Job>> {
     Ok(Json(state.app.job_get(&caller, id).await?))
 }
 
@@ -115,12 +109,7 @@ pub async fn job_get(
         (status = 404, body = ErrorBody),
         (status = 409, description = "The job had already finished", body = ErrorBody),
     ))]
-pub async fn job_cancel(
-    State(state): State<AppState>,
-    Auth(caller): Auth,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Job>> {
-    let id = parse_id(&id, ObjectKind::Job)?;
+pub async fn job_cancel(State(state): State<AppState>, Auth(caller): Auth, JobId(id): JobId) -> ApiResult<Json<Job>> {
     Ok(Json(state.app.job_cancel(&caller, id).await?))
 }
 
@@ -131,9 +120,8 @@ pub async fn job_cancel(
 pub async fn job_events(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    JobId(id): JobId,
 ) -> ApiResult<Json<Vec<JobEvent>>> {
-    let id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.job_events(&caller, id).await?))
 }
 
@@ -144,8 +132,7 @@ pub async fn job_events(
 pub async fn job_attempts(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    JobId(id): JobId,
 ) -> ApiResult<Json<Vec<JobAttempt>>> {
-    let id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.job_attempts(&caller, id).await?))
 }

@@ -1,16 +1,15 @@
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use trainyard_core::api::ErrorBody;
-use trainyard_core::error::ObjectKind;
 use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::app::logs::LogRequest;
 use crate::error::ApiResult;
-use crate::extract::{ApiQuery, Auth, parse_id};
+use crate::extract::{ApiQuery, Auth, JobId};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -36,10 +35,9 @@ pub struct LogParams {
 pub async fn job_logs(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    JobId(job_id): JobId,
     ApiQuery(params): ApiQuery<LogParams>,
 ) -> ApiResult<Response> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     let request = LogRequest {
         job_id,
         replica: params.replica.unwrap_or(0),

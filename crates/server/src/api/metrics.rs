@@ -1,13 +1,12 @@
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Deserialize;
 use trainyard_core::api::{ErrorBody, JobMetrics, JobOutput, MetricBatch, MetricsAccepted};
-use trainyard_core::error::ObjectKind;
 use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, ApiQuery, Auth, JobAuth, parse_id};
+use crate::extract::{ApiJson, ApiQuery, Auth, JobAuth, JobId};
 
 /// Report metric points. Only for a job's engine, with the job token it finds in
 /// `TRAINYARD_TOKEN`; up to 50,000 points per request.
@@ -22,10 +21,9 @@ use crate::extract::{ApiJson, ApiQuery, Auth, JobAuth, parse_id};
 pub async fn metrics_post(
     State(state): State<AppState>,
     JobAuth(caller): JobAuth,
-    Path(id): Path<String>,
+    JobId(job_id): JobId,
     ApiJson(batch): ApiJson<MetricBatch>,
 ) -> ApiResult<Json<MetricsAccepted>> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     let accepted = state.app.metrics_post(&caller, job_id, batch).await?;
     Ok(Json(MetricsAccepted { accepted }))
 }
@@ -45,10 +43,9 @@ pub struct MetricsQuery {
 pub async fn metrics_get(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    JobId(job_id): JobId,
     ApiQuery(query): ApiQuery<MetricsQuery>,
 ) -> ApiResult<Json<JobMetrics>> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.metrics_get(&caller, job_id, query.name.as_deref()).await?))
 }
 
@@ -65,10 +62,9 @@ pub async fn metrics_get(
 pub async fn output_post(
     State(state): State<AppState>,
     JobAuth(caller): JobAuth,
-    Path(id): Path<String>,
+    JobId(job_id): JobId,
     ApiJson(output): ApiJson<JobOutput>,
 ) -> ApiResult<axum::http::StatusCode> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     state.app.job_output_set(&caller, job_id, output).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
@@ -80,8 +76,7 @@ pub async fn output_post(
 pub async fn outputs_get(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    JobId(job_id): JobId,
 ) -> ApiResult<Json<std::collections::BTreeMap<String, serde_json::Value>>> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.job_outputs(&caller, job_id).await?))
 }

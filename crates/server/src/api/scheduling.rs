@@ -2,12 +2,11 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use trainyard_core::api::{ErrorBody, QuotaReport, QuotaSet, Schedule, TenantPolicyUpdate};
-use trainyard_core::error::ObjectKind;
 use trainyard_core::job::JobSubmission;
 
 use crate::AppState;
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth, parse_id};
+use crate::extract::{ApiJson, Auth, JobId};
 
 /// Your tenant's quotas and usage per GPU type: nominal, used, borrowed, lent.
 #[utoipa::path(get, path = "/api/v1/quota", tag = "scheduling", security(("bearer" = [])),
@@ -53,9 +52,8 @@ pub async fn tenant_patch(
 pub async fn job_schedule(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    JobId(id): JobId,
 ) -> ApiResult<Json<Option<Schedule>>> {
-    let id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.job_schedule(&caller, id).await?))
 }
 

@@ -9,12 +9,11 @@ use serde::Deserialize;
 use trainyard_core::api::{
     Artifact, ArtifactLink, ArtifactUploaded, ErrorBody, StoragePolicy, StorageReport, Volume, VolumeCreate,
 };
-use trainyard_core::error::ObjectKind;
 use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, ApiQuery, Auth, UploadAuth, parse_id};
+use crate::extract::{ApiJson, ApiQuery, Auth, JobId, UploadAuth};
 
 /// A job's artefacts: path, size, SHA-256 (when uploaded through the API) and time.
 #[utoipa::path(get, path = "/api/v1/jobs/{id}/artifacts", tag = "storage",
@@ -23,9 +22,8 @@ use crate::extract::{ApiJson, ApiQuery, Auth, UploadAuth, parse_id};
 pub async fn artifacts_list(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    JobId(job_id): JobId,
 ) -> ApiResult<Json<Vec<Artifact>>> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.artifacts_list(&caller, job_id).await?))
 }
 
@@ -46,10 +44,10 @@ pub async fn artifacts_list(
 pub async fn artifact_upload(
     State(state): State<AppState>,
     UploadAuth(uploader): UploadAuth,
-    Path((id, path)): Path<(String, String)>,
+    JobId(job_id): JobId,
+    Path((_, path)): Path<(String, String)>,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<ArtifactUploaded>)> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     let uploaded = state.app.artifact_upload(&uploader, job_id, &path, body.into_data_stream()).await?;
     Ok((StatusCode::CREATED, Json(uploaded)))
 }
@@ -71,10 +69,10 @@ pub struct LinkParams {
 pub async fn artifact_link(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path((id, path)): Path<(String, String)>,
+    JobId(job_id): JobId,
+    Path((_, path)): Path<(String, String)>,
     ApiQuery(params): ApiQuery<LinkParams>,
 ) -> ApiResult<Json<ArtifactLink>> {
-    let job_id = parse_id(&id, ObjectKind::Job)?;
     Ok(Json(state.app.artifact_link(&caller, job_id, &path, params.expires_in).await?))
 }
 

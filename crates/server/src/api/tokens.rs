@@ -1,12 +1,11 @@
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use trainyard_core::api::{ErrorBody, Me, TokenCreate, TokenCreated, TokenInfo};
-use trainyard_core::error::ObjectKind;
 
 use crate::AppState;
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth, parse_id};
+use crate::extract::{ApiJson, Auth, TokenId};
 
 /// Who the token belongs to: user, tenant, role.
 #[utoipa::path(get, path = "/api/v1/me", tag = "tokens", security(("bearer" = [])),
@@ -42,9 +41,8 @@ pub async fn token_create(
 pub async fn token_revoke(
     State(state): State<AppState>,
     Auth(caller): Auth,
-    Path(id): Path<String>,
+    TokenId(id): TokenId,
 ) -> ApiResult<StatusCode> {
-    let id = parse_id(&id, ObjectKind::Token)?;
     state.app.token_revoke(&caller, id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
