@@ -269,3 +269,36 @@ async fn failed_authentication_is_throttled_per_token_and_per_client() {
         "a client out of allowance is refused whatever it presents"
     );
 }
+
+/// One rule per kind of name, whichever way the name comes in: a volume name refused by the
+/// API, by a template's `volume` parameter and by the dashboard's form gets the same words.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_gets_the_same_answer_from_the_api_a_template_and_the_dashboard() {
+    let env = TestEnv::start().await;
+    let rule = "is not a valid name: 1 to 63 lowercase letters, digits or";
+    let (status, body) =
+        env.post("/api/v1/volumes", &env.admin_token, &json!({"name": "Bad_Name", "size": "1Gi"})).await;
+    assert_eq!((status, body["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("name")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(rule), "{body}");
+
+    let manifest = "name: usevol\nversion: 1.0.0\ndescription: Uses a volume.\nparameters:\n  scratch:\n    type: volume\n    required: true\n    help: The volume.\ncommand: [ls, \"{{ scratch }}\"]\n";
+    let (status, body) =
+        env.post("/api/v1/templates", &env.admin_token, &json!({"manifest": manifest, "files": {}})).await;
+    assert!(status.is_success(), "{body}");
+    let (status, body) =
+        env.post("/api/v1/templates/usevol/jobs", &env.admin_token, &json!({"params": {"scratch": "Bad_Name"}})).await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("params.scratch")),
+        "{body}"
+    );
+    assert!(body["error"]["message"].as_str().unwrap().contains(rule), "{body}");
+
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (_, page) = web.get("/volumes").await;
+    let csrf = trainyard_tests::web::csrf_of(&page);
+    let form = [("csrf", csrf.as_str()), ("name", "Bad_Name"), ("size", "1Gi"), ("access_mode", "ReadWriteOnce")];
+    let (_, page) = web.post_form("/volumes", &form).await;
+    assert!(page.contains(rule), "the dashboard shows the same rule:\n{page}");
+    assert_eq!(env.jobs_in_db().await, 0);
+}

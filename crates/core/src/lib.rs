@@ -11,6 +11,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod job;
+pub mod names;
 pub mod resources;
 
 pub use error::{Error, Result};

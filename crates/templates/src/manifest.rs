@@ -207,9 +207,8 @@ pub(crate) fn environment() -> minijinja::Environment<'static> {
 
 /// Every rule of a manifest, each violation naming its field.
 pub(crate) fn check(m: &Manifest, files: &BTreeMap<String, Vec<u8>>) -> Result<(), LoadError> {
-    let name_ok = regex::Regex::new(r"^[a-z0-9][a-z0-9-]{0,62}$").expect("valid regex");
-    if !name_ok.is_match(&m.name) {
-        return Err(err("name", "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit"));
+    if let Err(message) = trainyard_core::names::TemplateName::parse(&m.name) {
+        return Err(err("name", message));
     }
     if m.description.trim().is_empty() {
         return Err(err("description", "must say in a sentence what the template does"));

@@ -114,18 +114,11 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
         }
         ParamKind::Dataset => {
             let s = text(value)?;
-            let ok = s
-                .split_once('@')
-                .is_some_and(|(name, version)| is_slug(name) && !version.is_empty() && is_slug(version));
-            if ok {
-                Ok(Value::from(s))
-            } else {
-                Err(format!("must be a dataset as name@version, got {:?}", abbreviate(s)))
-            }
+            trainyard_core::names::DatasetRef::parse(s).map(|_| Value::from(s))
         }
         ParamKind::Volume => {
             let s = text(value)?;
-            if is_slug(s) { Ok(Value::from(s)) } else { Err(format!("must be a volume name, got {:?}", abbreviate(s))) }
+            trainyard_core::names::VolumeName::parse(s).map(|_| Value::from(s))
         }
         ParamKind::List => {
             let Value::Array(items) = value else {
@@ -168,10 +161,6 @@ fn check_bounds(spec: &ParamSpec, x: f64, unit: &str) -> Result<(), String> {
         return Err(format!("must be at most {max}{unit}, got {x}{unit}"));
     }
     Ok(())
-}
-
-fn is_slug(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
 }
 
 fn kind_of(value: &Value) -> &'static str {

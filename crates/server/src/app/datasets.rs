@@ -12,6 +12,10 @@ impl App {
     /// Registers a dataset version, described in full or taken from a data-pack job's output.
     pub async fn dataset_register(&self, caller: &Caller, request: DatasetRegister) -> Result<(Dataset, bool)> {
         caller.authorize(Action::WriteJobs)?;
+        if let Err(message) = trainyard_core::names::DatasetRef::new(&request.name, &request.version) {
+            let field = if message.contains("dataset name") { "name" } else { "version" };
+            return Err(Error::invalid(field, message));
+        }
         let mut dataset = Dataset {
             name: request.name.clone(),
             version: request.version.clone(),

@@ -146,17 +146,8 @@ impl App {
     pub async fn volume_create(&self, caller: &Caller, request: VolumeCreate) -> Result<Volume> {
         caller.authorize(Action::WriteJobs)?;
         let storage_class = request.storage_class.as_deref().unwrap_or("standard");
-        // The name becomes a directory: check it here too, before any path is built from it.
-        let name_ok = !request.name.is_empty()
-            && request.name.len() <= 63
-            && request.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !request.name.starts_with('-');
-        if !name_ok {
-            return Err(Error::invalid(
-                "name",
-                "1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
-            ));
-        }
+        // The name becomes a directory: check it before any path is built from it.
+        trainyard_core::names::VolumeName::parse(&request.name).map_err(|message| Error::invalid("name", message))?;
         // Where jobs find it: the backend's mount path (a cluster's claim), or a directory here.
         let dir = self.storage.volume_dir(caller.tenant_id, &request.name);
         let mounted = self.executor.volume_path(&request.name);

@@ -71,7 +71,9 @@ impl App {
                 continue;
             }
             let Some(reference) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
-            let (name, version) = reference.split_once('@').expect("checked as name@version");
+            let dataset_ref = trainyard_core::names::DatasetRef::parse(&reference)
+                .map_err(|message| Error::invalid(format!("params.{param}"), message))?;
+            let (name, version) = (dataset_ref.name(), dataset_ref.version());
             let dataset = self.store.dataset_get(caller.tenant_id, name, version).await.map_err(|err| match err {
                 Error::NotFound { .. } => Error::invalid(
                     format!("params.{param}"),

@@ -91,6 +91,7 @@ impl App {
 
     pub async fn tenant_create(&self, caller: &Caller, name: &str) -> Result<Tenant> {
         caller.require_platform_admin()?;
+        trainyard_core::names::TenantName::parse(name).map_err(|message| Error::invalid("name", message))?;
         self.store.tenant_create(name).await
     }
 
