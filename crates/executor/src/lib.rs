@@ -8,6 +8,8 @@
 //! [`Executor::tenant_ceiling_set`]) carry what only a cluster backend knows; the local backend
 //! keeps their defaults.
 
+#![deny(clippy::unwrap_used)]
+
 pub mod local;
 
 use std::collections::BTreeMap;

@@ -7,6 +7,8 @@
 //! - [`cache`]: watchers that keep pods, Jobs and nodes in memory;
 //! - [`executor`]: [`KubernetesExecutor`], the [`trainyard_executor::Executor`] over all of it.
 
+#![deny(clippy::unwrap_used)]
+
 pub mod cache;
 pub mod config;
 pub mod executor;

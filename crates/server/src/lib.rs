@@ -9,6 +9,8 @@
 //! - [`storage`]: the object store, artefacts, volumes, log archiving and retention.
 //! - [`dev`]: `trainyard dev`, everything on one machine with a private Postgres.
 
+#![deny(clippy::unwrap_used)]
+
 pub mod api;
 pub mod app;
 pub mod cluster;

@@ -13,6 +13,8 @@
 //!
 //! [`embedded`] runs a private Postgres cluster for `trainyard dev` and the tests.
 
+#![deny(clippy::unwrap_used)]
+
 pub mod datasets;
 pub mod embedded;
 pub mod jobs;
