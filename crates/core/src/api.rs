@@ -128,6 +128,7 @@ pub struct TokenInfo {
 #[serde(deny_unknown_fields)]
 pub struct TenantCreate {
     /// Short name: lowercase letters, digits and '-'.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,62}$")]
     pub name: String,
 }
 
@@ -504,6 +505,7 @@ pub struct Volume {
 #[serde(deny_unknown_fields)]
 pub struct VolumeCreate {
     /// 1 to 63 lowercase letters, digits or '-'.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,62}$")]
     pub name: String,
     /// Bytes, or a quantity such as "10Gi".
     #[schema(value_type = String, example = "10Gi")]

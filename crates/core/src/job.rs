@@ -35,6 +35,7 @@ pub struct JobSubmission {
     #[serde(default)]
     pub name: Option<String>,
     /// The program and its leading arguments, as an argv array. Never run through a shell.
+    #[schema(min_items = 1, max_items = 4096)]
     pub command: Vec<String>,
     /// More arguments, appended to `command`.
     #[serde(default)]
@@ -47,12 +48,15 @@ pub struct JobSubmission {
     pub resources: Resources,
     /// How many replicas run together (all-or-nothing). Default 1.
     #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 1024)]
     pub replicas: u32,
     /// Higher runs first within a tenant. Default 0, range -1000..=1000.
     #[serde(default)]
+    #[schema(minimum = -1000, maximum = 1000)]
     pub priority: i32,
     /// How many times a failed attempt is relaunched before the job fails. Default 0.
     #[serde(default)]
+    #[schema(maximum = 100)]
     pub max_restarts: u32,
     /// A retried submit with the same key returns the first job instead of creating another.
     #[serde(default)]

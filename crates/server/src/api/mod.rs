@@ -116,7 +116,7 @@ fn storage_routes() -> RouteTable {
         storage::storage_get,
         storage::storage_policy_put,
     ),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &EdgeResponses),
     tags(
         (name = "jobs", description = "Submit, list, watch and cancel jobs"),
         (name = "templates", description = "Task templates: list, show, publish, run"),
@@ -140,6 +140,59 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// The answers the edge gives any operation of a kind, listed on every operation that does not
+/// list them itself, so that generated clients and fuzzers know every status code the server
+/// may send: 401, 429 and 503 for operations that need a token (no valid token; too many failed
+/// authentications, with `Retry-After`; the database away), 403 for the writes (a role that does
+/// not allow it), 400, 413, 415 and 422 for operations with a body, 404 and 422 for paths with
+/// ids or names (an unknown one; text Postgres cannot store).
+struct EdgeResponses;
+
+impl Modify for EdgeResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        let error = |description: &str| {
+            let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
+            RefOr::T(ResponseBuilder::new().description(description).content("application/json", content).build())
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let operations = [
+                (false, item.get.as_mut()),
+                (true, item.post.as_mut()),
+                (true, item.put.as_mut()),
+                (true, item.patch.as_mut()),
+                (true, item.delete.as_mut()),
+            ];
+            for (writes, operation) in operations {
+                let Some(operation) = operation else { continue };
+                let secured = operation.security.as_ref().is_some_and(|s| !s.is_empty());
+                let mut codes: Vec<(&str, &str)> = Vec::new();
+                if secured {
+                    codes.push(("401", "No valid token"));
+                    codes.push(("429", "Too many failed authentications; wait for Retry-After"));
+                    codes.push(("503", "The database is not answering; try again shortly"));
+                }
+                if secured && writes {
+                    codes.push(("403", "Your role does not allow this"));
+                }
+                if operation.request_body.is_some() {
+                    codes.push(("400", "The body is not valid JSON"));
+                    codes.push(("413", "The body is over the size limit"));
+                    codes.push(("415", "The body is not sent as JSON"));
+                    codes.push(("422", "A value breaks a rule; the error names the field"));
+                }
+                if path.contains('{') {
+                    codes.push(("404", "No such object for this caller"));
+                    codes.push(("422", "A value breaks a rule; the error names the field"));
+                }
+                for (code, description) in codes {
+                    operation.responses.responses.entry(code.to_string()).or_insert_with(|| error(description));
+                }
+            }
+        }
     }
 }
 
