@@ -79,6 +79,18 @@ fn lookup(name: &str) -> std::io::Result<Option<TenantUser>> {
     Ok(user.map(|u| TenantUser { name: name.to_string(), uid: u.uid.as_raw(), gid: u.gid.as_raw() }))
 }
 
+/// `PATH` without the folders that users other than root cannot reach (search permission for
+/// others on the folder and every folder above it).
+pub fn reachable_path(path: &str) -> String {
+    let reachable = |dir: &Path| {
+        dir.is_absolute()
+            && dir.ancestors().all(|folder| {
+                std::fs::metadata(folder).is_ok_and(|meta| meta.is_dir() && meta.permissions().mode() & 0o001 != 0)
+            })
+    };
+    path.split(':').filter(|dir| !dir.is_empty() && reachable(Path::new(dir))).collect::<Vec<_>>().join(":")
+}
+
 /// Sets a folder's mode.
 pub fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
@@ -106,6 +118,20 @@ pub fn give_to(path: &Path, user: &TenantUser) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_keeps_only_folders_others_can_reach() {
+        let dir = tempfile::tempdir().unwrap();
+        let closed = dir.path().join("closed");
+        let open = dir.path().join("open");
+        std::fs::create_dir_all(closed.join("bin")).unwrap();
+        std::fs::create_dir_all(open.join("bin")).unwrap();
+        chmod(dir.path(), 0o711).unwrap();
+        chmod(&closed, 0o700).unwrap();
+        chmod(&open, 0o755).unwrap();
+        let path = format!("{0}/bin:{1}/bin:relative:/usr/bin", closed.display(), open.display());
+        assert_eq!(reachable_path(&path), format!("{}/bin:/usr/bin", open.display()));
+    }
 
     #[test]
     fn tenant_user_names_fit_linux_and_differ_per_tenant() {

@@ -235,7 +235,14 @@ impl LocalExecutor {
         // The replica's environment (its job token among it) goes to the shim in a file only
         // root reads, never on a command line, and never into the shim's own environment.
         let env_file = attempt_dir.join(format!("replica-{rank}.env"));
-        let env = replica_env(request, rank, gpus, master_port, &workdir, self.config.supervisor.parent());
+        let mut env = replica_env(request, rank, gpus, master_port, &workdir, self.config.supervisor.parent());
+        if user.is_some()
+            && let Some(path) = env.get_mut("PATH")
+        {
+            // A folder the replica's user cannot reach (an interpreter under /root, say) would
+            // only turn `python3` into "permission denied": leave it out, so the next one is found.
+            *path = isolation::reachable_path(path);
+        }
         write_private(&env_file, &serde_json::to_vec(&env).expect("environment serialises"))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
