@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use askama::Template;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use trainyard_core::Error;
@@ -12,7 +12,7 @@ use trainyard_core::api::{MemberAdd, QuotaSet, TokenCreated};
 use trainyard_core::auth::Role;
 use trainyard_core::error::ObjectKind;
 
-use super::{Nav, WebAuth, WebResult, render, when_opt};
+use super::{CsrfForm, Nav, WebAuth, WebResult, render, when_opt};
 use crate::AppState;
 use crate::extract::parse_id;
 
@@ -125,9 +125,8 @@ pub async fn tokens(State(state): State<AppState>, auth: WebAuth) -> WebResult<R
 pub async fn token_create(
     State(state): State<AppState>,
     auth: WebAuth,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(form): CsrfForm,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
     let name = form.get("name").map(|n| n.trim()).unwrap_or_default();
     let days = form.get("expires_in_days").map(|d| d.trim()).filter(|d| !d.is_empty());
     let result = match (name.is_empty(), days.map(str::parse::<u32>).transpose()) {
@@ -151,9 +150,8 @@ pub async fn token_revoke(
     State(state): State<AppState>,
     auth: WebAuth,
     Path(id): Path<String>,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(_form): CsrfForm,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
     let token_id = parse_id(&id, ObjectKind::Token)?;
     state.app.token_revoke(&auth.caller, token_id).await?;
     Ok(Redirect::to("/tokens").into_response())
@@ -258,12 +256,7 @@ fn optional_number(form: &BTreeMap<String, String>, name: &str) -> trainyard_cor
     text.parse().map(Some).map_err(|_| Error::invalid(name, "must be a whole number"))
 }
 
-pub async fn quota_set(
-    State(state): State<AppState>,
-    auth: WebAuth,
-    Form(form): Form<BTreeMap<String, String>>,
-) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
+pub async fn quota_set(State(state): State<AppState>, auth: WebAuth, CsrfForm(form): CsrfForm) -> WebResult<Response> {
     auth.caller.require_platform_admin()?;
     let (tenant, flavor) = (field(&form, "tenant"), field(&form, "flavor"));
     let outcome = async {
@@ -280,12 +273,7 @@ pub async fn quota_set(
     after(&state, &auth, outcome).await
 }
 
-pub async fn member_add(
-    State(state): State<AppState>,
-    auth: WebAuth,
-    Form(form): Form<BTreeMap<String, String>>,
-) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
+pub async fn member_add(State(state): State<AppState>, auth: WebAuth, CsrfForm(form): CsrfForm) -> WebResult<Response> {
     auth.caller.require_platform_admin()?;
     let tenant = field(&form, "tenant");
     let outcome = async {
@@ -318,9 +306,8 @@ pub async fn member_add(
 pub async fn tenant_create(
     State(state): State<AppState>,
     auth: WebAuth,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(form): CsrfForm,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
     let outcome = async {
         let tenant = state.app.tenant_create(&auth.caller, field(&form, "name")).await?;
         Ok(format!("tenant {} created", tenant.name))

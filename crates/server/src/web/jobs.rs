@@ -1,11 +1,10 @@
 //! The job list and a job's page. The list's rows and the live part of a job's page are also
 //! served alone, for htmx to poll; a log is streamed as server-sent events, one per line.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use askama::Template;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -19,7 +18,7 @@ use trainyard_core::job::{JobState, JobSubmission};
 use trainyard_store::jobs::Submitted;
 use uuid::Uuid;
 
-use super::{Nav, WebAuth, WebResult, can_write, render, when, when_opt};
+use super::{CsrfForm, Nav, WebAuth, WebResult, can_write, render, when, when_opt};
 use crate::AppState;
 use crate::api::jobs::{ListParams, list_filter};
 use crate::app::logs::LogRequest;
@@ -418,9 +417,8 @@ pub async fn cancel(
     State(state): State<AppState>,
     auth: WebAuth,
     Path(id): Path<String>,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(_form): CsrfForm,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
     let job_id = parse_id(&id, ObjectKind::Job)?;
     state.app.job_cancel(&auth.caller, job_id).await?;
     Ok(Redirect::to(&format!("/jobs/{job_id}")).into_response())
@@ -431,9 +429,8 @@ pub async fn rerun(
     State(state): State<AppState>,
     auth: WebAuth,
     Path(id): Path<String>,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(_form): CsrfForm,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
     let job = job_of(&state, &auth, &id).await?;
     let submission = JobSubmission {
         name: Some(job.name.clone()),

@@ -28,7 +28,7 @@ use trainyard_core::Error;
 use trainyard_core::auth::{Action, Caller};
 
 use crate::error::ApiError;
-pub use session::WebAuth;
+pub use session::{CsrfForm, WebAuth};
 
 pub fn routes() -> RouteTable {
     RouteTable::new()

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use askama::Template;
-use axum::extract::{Form, FromRequestParts, State};
+use axum::extract::{Form, FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -31,20 +31,6 @@ pub struct WebAuth {
     pub csrf: String,
 }
 
-impl WebAuth {
-    /// Refuses a form post that does not carry this session's CSRF value.
-    pub fn check_csrf(&self, form: &BTreeMap<String, String>) -> Result<(), WebError> {
-        let given = form.get("csrf").map(String::as_str).unwrap_or_default();
-        if bool::from(given.as_bytes().ct_eq(self.csrf.as_bytes())) && !given.is_empty() {
-            Ok(())
-        } else {
-            Err(WebError(Error::Forbidden(
-                "the form did not carry this session's CSRF token; reload the page and try again".into(),
-            )))
-        }
-    }
-}
-
 impl FromRequestParts<AppState> for WebAuth {
     type Rejection = WebError;
 
@@ -55,7 +41,36 @@ impl FromRequestParts<AppState> for WebAuth {
             .map(|c| c.value().to_string())
             .ok_or_else(|| Error::Unauthenticated("sign in first".into()))?;
         let (caller, csrf) = state.app.session_authenticate(&secret).await?;
+        // For the form extractor that follows: the value this session's forms must carry.
+        parts.extensions.insert(SessionCsrf(csrf.clone()));
         Ok(WebAuth { caller, csrf })
+    }
+}
+
+/// The CSRF value of the request's session, left by [`WebAuth`] for [`CsrfForm`].
+#[derive(Clone)]
+struct SessionCsrf(String);
+
+/// A dashboard form post, accepted only when it carries its session's CSRF value: the one
+/// place that check is made. [`WebAuth`] must come before it among a handler's arguments (a
+/// form without a signed-in session is refused).
+pub struct CsrfForm(pub BTreeMap<String, String>);
+
+impl FromRequest<AppState> for CsrfForm {
+    type Rejection = WebError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, WebError> {
+        let expected = request.extensions().get::<SessionCsrf>().map(|c| c.0.clone()).unwrap_or_default();
+        let Form(form) = Form::<BTreeMap<String, String>>::from_request(request, state)
+            .await
+            .map_err(|rejection| WebError(Error::invalid("form", rejection.body_text())))?;
+        let given = form.get("csrf").map(String::as_str).unwrap_or_default();
+        if expected.is_empty() || given.is_empty() || !bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+            return Err(WebError(Error::Forbidden(
+                "the form did not carry this session's CSRF token; reload the page and try again".into(),
+            )));
+        }
+        Ok(CsrfForm(form))
     }
 }
 
@@ -121,11 +136,10 @@ pub async fn login(
 
 pub async fn logout(
     State(state): State<AppState>,
-    auth: WebAuth,
+    _auth: WebAuth,
     jar: CookieJar,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(_form): CsrfForm,
 ) -> Result<Response, WebError> {
-    auth.check_csrf(&form)?;
     if let Some(secret) = jar.get(SESSION_COOKIE).map(|c| c.value().to_string()) {
         state.app.session_close(&secret).await?;
     }

@@ -1,10 +1,8 @@
 //! Storage pages: a job's artefacts (on the job's page, downloaded through a fresh signed
 //! link), the tenant's datasets, and its volumes (list, create, delete).
 
-use std::collections::BTreeMap;
-
 use askama::Template;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use trainyard_core::api::{AccessMode, VolumeCreate};
@@ -13,7 +11,7 @@ use trainyard_core::resources::Memory;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
-use super::{Nav, WebAuth, WebResult, can_write, render, when};
+use super::{CsrfForm, Nav, WebAuth, WebResult, can_write, render, when};
 use crate::AppState;
 use crate::app::App;
 use crate::extract::parse_id;
@@ -170,9 +168,8 @@ pub async fn volumes(State(state): State<AppState>, auth: WebAuth) -> WebResult<
 pub async fn volume_create(
     State(state): State<AppState>,
     auth: WebAuth,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(form): CsrfForm,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
     let field = |name: &str| form.get(name).map(|v| v.trim()).unwrap_or_default();
     let request = Memory::parse(field("size")).map_err(|e| Error::invalid("size", e)).and_then(|size| {
         Ok(VolumeCreate {
@@ -200,9 +197,8 @@ pub async fn volume_delete(
     State(state): State<AppState>,
     auth: WebAuth,
     Path(name): Path<String>,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(_form): CsrfForm,
 ) -> WebResult<Response> {
-    auth.check_csrf(&form)?;
     state.app.volume_delete(&auth.caller, &name).await?;
     Ok(Redirect::to("/volumes").into_response())
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use askama::Template;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
@@ -18,7 +18,7 @@ use trainyard_store::jobs::Submitted;
 use trainyard_templates::{ParamKind, ParamSpec};
 
 use super::jobs::ScheduleView;
-use super::{Nav, WebAuth, WebResult, render};
+use super::{CsrfForm, Nav, WebAuth, WebResult, render};
 use crate::AppState;
 use crate::app::{RunMode, TemplateRunOutcome};
 use crate::extract::parse_id;
@@ -199,7 +199,7 @@ fn run_of(form: &BTreeMap<String, String>, kinds: &BTreeMap<String, ParamKind>) 
     }
 }
 
-/// Runs a posted form (after its CSRF check) as far as `mode` says. The outer error is for an
+/// Runs a posted form (its CSRF value checked by [`CsrfForm`]) as far as `mode` says. The outer error is for an
 /// error page; the inner one (bad input) goes back to the form.
 async fn run_posted(
     state: &AppState,
@@ -208,7 +208,6 @@ async fn run_posted(
     form: &BTreeMap<String, String>,
     mode: RunMode,
 ) -> WebResult<Result<TemplateRunOutcome, Error>> {
-    auth.check_csrf(form)?;
     Ok(match posted_run(state, auth, template, form).await? {
         Ok(run) => state.app.template_run(&auth.caller, template, run, mode).await,
         Err(err) => Err(err),
@@ -237,7 +236,7 @@ pub async fn submit(
     State(state): State<AppState>,
     auth: WebAuth,
     Path(template): Path<String>,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(form): CsrfForm,
 ) -> WebResult<Response> {
     match run_posted(&state, &auth, &template, &form, RunMode::Submit).await? {
         Ok(TemplateRunOutcome::Submitted(submitted)) => {
@@ -271,7 +270,7 @@ pub async fn preview(
     State(state): State<AppState>,
     auth: WebAuth,
     Path(template): Path<String>,
-    Form(form): Form<BTreeMap<String, String>>,
+    CsrfForm(form): CsrfForm,
 ) -> WebResult<Response> {
     let fragment = match run_posted(&state, &auth, &template, &form, RunMode::WhatIf).await? {
         Ok(TemplateRunOutcome::WhatIf(schedule)) => {
