@@ -339,6 +339,12 @@ impl JobState {
         matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
     }
 
+    /// The names of the states `keep` selects, for SQL (`state = ANY($n)`, `state <> ALL($n)`),
+    /// so that the store's state sets follow these predicates instead of repeating them.
+    pub fn names_where(keep: impl Fn(JobState) -> bool) -> Vec<&'static str> {
+        JobState::ALL.into_iter().filter(|s| keep(*s)).map(JobState::as_str).collect()
+    }
+
     /// States in which the job holds capacity (admitted and not yet finished).
     pub fn holds_capacity(self) -> bool {
         matches!(self, JobState::Admitted | JobState::Starting | JobState::Running | JobState::Restarting)

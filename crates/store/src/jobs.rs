@@ -217,13 +217,14 @@ impl Store {
                  reason = $3,
                  last_actor = CASE WHEN state IN ('queued', 'admitted') THEN $4 ELSE last_actor END,
                  cancel_requested_at = coalesce(cancel_requested_at, now())
-             WHERE id = $1 AND tenant_id = $2 AND state NOT IN ('succeeded', 'failed', 'cancelled')
+             WHERE id = $1 AND tenant_id = $2 AND state <> ALL($5)
              RETURNING id",
         )
         .bind(job_id)
         .bind(caller.tenant_id)
         .bind(&reason)
         .bind(caller.actor())
+        .bind(JobState::names_where(JobState::is_terminal))
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?;

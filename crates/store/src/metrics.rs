@@ -44,9 +44,10 @@ impl Store {
         // language=PostgreSQL
         let row = sqlx::query(
             "SELECT t.job_id, t.tenant_id, t.attempt FROM job_tokens t JOIN jobs j ON j.id = t.job_id
-             WHERE t.token_hash = $1 AND j.state NOT IN ('succeeded', 'failed', 'cancelled')",
+             WHERE t.token_hash = $1 AND j.state <> ALL($2)",
         )
         .bind(token_hash(secret))
+        .bind(trainyard_core::job::JobState::names_where(trainyard_core::job::JobState::is_terminal))
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?

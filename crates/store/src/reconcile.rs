@@ -101,6 +101,8 @@ impl Store {
               JOIN tenants n ON n.id = j.tenant_id
               LEFT JOIN LATERAL (SELECT attempt, placement, ended_at FROM job_attempts
                                  WHERE job_id = j.id ORDER BY attempt DESC LIMIT 1) a ON true
+              -- JobState::holds_capacity, as a literal: the planner matches it to the partial
+              -- index jobs_unfinished, which a bound array would not (a test pins the two).
               WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
              UNION ALL
              (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
@@ -566,4 +568,19 @@ fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<Unf
             None => None,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use trainyard_core::job::JobState;
+
+    /// The literal state set of `jobs_unfinished` is `JobState::holds_capacity`.
+    #[test]
+    fn the_holding_states_literal_is_holds_capacity() {
+        let literal = "'admitted', 'starting', 'running', 'restarting'";
+        let derived: Vec<String> =
+            JobState::names_where(JobState::holds_capacity).into_iter().map(|s| format!("'{s}'")).collect();
+        assert_eq!(literal, derived.join(", "));
+        assert!(include_str!("reconcile.rs").contains(&format!("WHERE j.state IN ({literal}))")));
+    }
 }

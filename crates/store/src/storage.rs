@@ -264,12 +264,13 @@ impl Store {
         // language=PostgreSQL
         let users: Vec<(Uuid, String, i64)> = sqlx::query_as(
             "SELECT id, name, count(*) OVER () FROM jobs
-              WHERE tenant_id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')
+              WHERE tenant_id = $1 AND state <> ALL($3)
                 AND spec -> 'volumes' @> jsonb_build_array(jsonb_build_object('name', $2::text))
               ORDER BY id LIMIT 3",
         )
         .bind(tenant_id)
         .bind(name)
+        .bind(trainyard_core::job::JobState::names_where(trainyard_core::job::JobState::is_terminal))
         .fetch_all(&mut *tx)
         .await
         .map_err(db_error)?;
