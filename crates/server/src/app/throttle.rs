@@ -60,10 +60,15 @@ impl AuthThrottle {
     /// Refuses a client or token that is being throttled, with how long to wait.
     pub fn check(&self, client: Option<IpAddr>, token: &str) -> Result<(), Error> {
         let now = Instant::now();
-        let mut blocked = self.blocked();
-        blocked.retain(|_, until| *until > now);
+        let blocked = self.blocked();
         let keys = [client.map(Blocked::Client), Some(Blocked::Token(token_key(token)))];
-        let wait = keys.iter().flatten().filter_map(|key| blocked.get(key)).map(|until| *until - now).max();
+        let wait = keys
+            .iter()
+            .flatten()
+            .filter_map(|key| blocked.get(key))
+            .filter(|until| **until > now)
+            .map(|until| *until - now)
+            .max();
         match wait {
             Some(wait) => Err(Error::TooManyRequests {
                 message: "too many failed authentications; wait before trying again".into(),
@@ -85,7 +90,11 @@ impl AuthThrottle {
             if let Err(not_until) = outcome {
                 let wait: Duration = not_until.wait_time_from(clock.now());
                 tracing::warn!(?key, retry_after = ?wait, "throttling failed authentications");
-                self.blocked().insert(key, Instant::now() + wait);
+                let mut blocked = self.blocked();
+                let now = Instant::now();
+                // Expired entries go here, on the failure path, never on every request's check.
+                blocked.retain(|_, until| *until > now);
+                blocked.insert(key, now + wait);
             }
         }
         // Keep the limiters' tables from growing without bound under a scan of many keys.

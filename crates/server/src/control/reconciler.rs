@@ -148,6 +148,15 @@ impl Leading {
     }
 }
 
+impl Drop for Leading {
+    /// Leadership given up (lost, or a write fenced): stop renewing, and forget the epoch so
+    /// that this process's writes are refused.
+    fn drop(&mut self) {
+        self.renewer.abort();
+        self.lease.lost();
+    }
+}
+
 /// How one job's step of a pass went.
 enum Step<T> {
     Done(T),
