@@ -603,9 +603,9 @@ fn read_intent(path: &Path) -> Option<LaunchIntent> {
 
 /// Writes a file aside, syncs it, renames it into place and syncs the folder: after a crash at
 /// any instant the file is either whole or absent.
-fn write_durably(path: &Path, content: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_durably(path: &Path, content: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    let aside = path.with_extension("partial");
+    let aside = path.with_file_name(format!("{}.partial", path.file_name().unwrap_or_default().to_string_lossy()));
     let mut file = std::fs::File::create(&aside)?;
     file.write_all(content)?;
     file.sync_all()?;

@@ -152,19 +152,9 @@ pub struct PidRecord {
 
 /// Writes this process's pid file, durably, before the replica starts.
 fn announce(exit_file: &Path) -> std::io::Result<()> {
-    use std::io::Write;
     let pid = std::process::id();
     let start_time = super::process::start_time(pid).unwrap_or_default();
-    let path = pid_file_of(exit_file);
-    let aside = path.with_extension("pid.partial");
-    let mut file = std::fs::File::create(&aside)?;
-    file.write_all(format!("{pid} {start_time}\n").as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&aside, &path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    super::write_durably(&pid_file_of(exit_file), format!("{pid} {start_time}\n").as_bytes())
 }
 
 /// The announcement a shim left in its pid file, if any.
