@@ -78,6 +78,10 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /login", "403 403 403 403 403 403"),
     // Signing out (or trying to without a session) sends everyone to the sign-in page.
     ("POST /logout", "login login login login login login"),
+    // Single sign-on is off in this test's server: its routes are not there (tests/e2e/sso.rs
+    // covers them with a provider).
+    ("GET /sso/login", "404 404 404 404 404 404"),
+    ("GET /sso/callback", "404 404 404 404 404 404"),
     ("GET /jobs", "login ok ok ok ok login"),
     ("GET /jobs/rows", "login ok ok ok ok login"),
     ("GET /jobs/{id}", "login ok ok 404 ok login"),

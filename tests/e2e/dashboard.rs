@@ -7,20 +7,8 @@ use std::time::Duration;
 
 use fantoccini::Locator;
 use serde_json::json;
-use trainyard_tests::web::{Browser, WebClient, csrf_of};
+use trainyard_tests::web::{Browser, WebClient, browser_or_skip, csrf_of};
 use trainyard_tests::{StatusCode, TestEnv};
-
-/// Prints why a browser test cannot run here, rather than passing silently.
-async fn browser_or_skip(test: &str) -> Option<Browser> {
-    match Browser::start().await {
-        Ok(browser) => Some(browser),
-        Err(why) if std::env::var_os("CI").is_none() => {
-            eprintln!("SKIPPED {test}: {why}");
-            None
-        }
-        Err(why) => panic!("{test} needs a browser in CI: {why}"),
-    }
-}
 
 /// Marks the page in the browser; the mark survives until the next full page load.
 async fn mark_page(browser: &Browser) {

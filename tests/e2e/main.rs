@@ -12,6 +12,7 @@ mod jobs;
 mod recovery;
 mod scheduling;
 mod schema;
+mod sso;
 mod storage;
 mod templates;
 mod tenancy;

@@ -17,6 +17,7 @@ use trainyard_store::Store;
 
 pub use reqwest::StatusCode;
 
+pub mod oidc;
 pub mod proxy;
 pub mod web;
 

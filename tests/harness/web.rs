@@ -71,6 +71,19 @@ pub fn test_output_dir(what: &str) -> PathBuf {
     dir
 }
 
+/// A browser, or `None` after printing why a browser test cannot run here (outside CI only:
+/// in CI a missing browser fails the test), rather than passing silently.
+pub async fn browser_or_skip(test: &str) -> Option<Browser> {
+    match Browser::start().await {
+        Ok(browser) => Some(browser),
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIPPED {test}: {why}");
+            None
+        }
+        Err(why) => panic!("{test} needs a browser in CI: {why}"),
+    }
+}
+
 /// Headless Chromium driven by ChromeDriver. Killed on drop.
 pub struct Browser {
     pub client: Client,

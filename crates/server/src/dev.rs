@@ -27,6 +27,7 @@ pub struct DevOptions {
     pub listen: SocketAddr,
     pub local: LocalExecutorArgs,
     pub storage: StorageArgs,
+    pub oidc: crate::oidc::OidcArgs,
 }
 
 /// Settings of the local executor, shared by `trainyard dev` and `trainyard serve`.
@@ -89,7 +90,8 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
         .with_context(|| format!("listening on {} (is another trainyard running?)", options.listen))?;
     let url = format!("http://{}", listener.local_addr()?);
     let server =
-        local_server(store.clone(), data_dir, &options.local, &options.storage, ReconcilerSettings::default())?;
+        local_server(store.clone(), data_dir, &options.local, &options.storage, ReconcilerSettings::default())?
+            .with_oidc(crate::oidc::Oidc::from_args(&options.oidc)?);
     if first_token.is_some() {
         // The default tenant starts with every GPU of this machine as its nominal quota.
         let mut by_type: std::collections::BTreeMap<String, u64> = Default::default();

@@ -18,6 +18,7 @@ pub mod control;
 pub mod dev;
 pub mod error;
 pub mod extract;
+pub mod oidc;
 pub mod routes;
 pub mod scheduling;
 pub mod storage;
@@ -117,10 +118,17 @@ impl Server {
             templates: Arc::clone(&templates),
             storage: Arc::clone(&storage),
             health: Arc::clone(&health),
+            oidc: None,
         });
         let reconciler =
             Reconciler::new(store.clone(), executor, templates, wake, board, health, settings).with_storage(storage);
         Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler, store })
+    }
+
+    /// Turns single sign-on on (with `Some`).
+    pub fn with_oidc(mut self, oidc: Option<oidc::Oidc>) -> Server {
+        self.state.app.oidc_set(oidc.map(Arc::new));
+        self
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops in order: stop accepting and
@@ -133,7 +141,9 @@ impl Server {
         drain: Duration,
     ) -> std::io::Result<()> {
         let Server { state, mut reconciler, store } = self;
-        reconciler.api_url_default(format!("http://{}", listener.local_addr()?));
+        let base = format!("http://{}", listener.local_addr()?);
+        state.app.sso_redirect_default(&base);
+        reconciler.api_url_default(base);
         let token = state.shutdown.clone();
         let reconciler_task = tokio::spawn(reconciler.run(token.clone()));
 

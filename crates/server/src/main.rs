@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use trainyard_server::cluster::{self, ExecutorKind, KubeExecutorArgs};
 use trainyard_server::control::reconciler::ReconcilerSettings;
 use trainyard_server::dev::{self, DevOptions, LocalExecutorArgs};
+use trainyard_server::oidc::{Oidc, OidcArgs};
 use trainyard_server::storage::StorageArgs;
 use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
@@ -55,6 +56,8 @@ enum Command {
         local: LocalExecutorArgs,
         #[command(flatten)]
         storage: StorageArgs,
+        #[command(flatten)]
+        oidc: OidcArgs,
     },
     /// Production mode: Postgres by URL; applies pending migrations first.
     Serve {
@@ -76,6 +79,8 @@ enum Command {
         kube: KubeExecutorArgs,
         #[command(flatten)]
         storage: StorageArgs,
+        #[command(flatten)]
+        oidc: OidcArgs,
         /// Database connections in the pool.
         #[arg(long, default_value_t = 16)]
         max_connections: u32,
@@ -183,8 +188,8 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Dev { data_dir, listen, local, storage } => {
-            dev::run(DevOptions { data_dir, listen, local, storage }).await
+        Command::Dev { data_dir, listen, local, storage, oidc } => {
+            dev::run(DevOptions { data_dir, listen, local, storage, oidc }).await
         }
         Command::Serve {
             database_url,
@@ -194,6 +199,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             local,
             kube,
             storage,
+            oidc,
             max_connections,
             grace_seconds,
             public_url,
@@ -215,10 +221,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;
+            let oidc = Oidc::from_args(&oidc)?;
             let server = match executor {
                 ExecutorKind::Local => dev::local_server(store, &data_dir, &local, &storage, settings)?,
                 ExecutorKind::Kubernetes => cluster::kube_server(store, &data_dir, &kube, &storage, settings).await?,
-            };
+            }
+            .with_oidc(oidc);
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.
             println!("trainyard: listening on http://{}", listener.local_addr()?);

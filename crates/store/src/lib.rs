@@ -21,6 +21,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod reconcile;
 pub mod sessions;
+pub mod sso;
 pub mod storage;
 pub mod templates;
 pub mod tenancy;

@@ -44,19 +44,8 @@ impl Store {
         if let Some(token_expires) = token_expires {
             expires_at = expires_at.min(token_expires);
         }
-        let session = WebSession { secret: random_hex(), csrf: random_hex(), expires_at };
-        // Expired sessions are swept here, where a write happens anyway.
-        // language=PostgreSQL
-        sqlx::query("DELETE FROM web_sessions WHERE expires_at < now()").execute(&self.pool).await.map_err(db_error)?;
-        // language=PostgreSQL
-        sqlx::query("INSERT INTO web_sessions (secret_hash, token_id, csrf, expires_at) VALUES ($1, $2, $3, $4)")
-            .bind(token_hash(&session.secret))
-            .bind(caller.token_id)
-            .bind(&session.csrf)
-            .bind(session.expires_at)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        let session = session_insert(&mut conn, caller.token_id, expires_at).await?;
         Ok((session, caller))
     }
 
@@ -75,14 +64,40 @@ impl Store {
         Ok((self.caller_from_row(&row).await?, csrf))
     }
 
-    /// Ends a session. Ending one that is gone already is harmless.
+    /// Ends a session, and the token single sign-on opened for it, if any. Ending one that is
+    /// gone already is harmless.
     pub async fn session_close(&self, secret: &str) -> Result<()> {
         // language=PostgreSQL
-        sqlx::query("DELETE FROM web_sessions WHERE secret_hash = $1")
-            .bind(token_hash(secret))
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        sqlx::query(
+            "WITH ended AS (DELETE FROM web_sessions WHERE secret_hash = $1 RETURNING token_id)
+             UPDATE api_tokens SET revoked_at = now()
+             WHERE id IN (SELECT token_id FROM ended) AND session_only AND revoked_at IS NULL",
+        )
+        .bind(token_hash(secret))
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
+}
+
+/// Stores a new session for a token (sweeping expired ones, where a write happens anyway).
+pub(crate) async fn session_insert(
+    conn: &mut sqlx::PgConnection,
+    token_id: uuid::Uuid,
+    expires_at: DateTime<Utc>,
+) -> Result<WebSession> {
+    let session = WebSession { secret: random_hex(), csrf: random_hex(), expires_at };
+    // language=PostgreSQL
+    sqlx::query("DELETE FROM web_sessions WHERE expires_at < now()").execute(&mut *conn).await.map_err(db_error)?;
+    // language=PostgreSQL
+    sqlx::query("INSERT INTO web_sessions (secret_hash, token_id, csrf, expires_at) VALUES ($1, $2, $3, $4)")
+        .bind(token_hash(&session.secret))
+        .bind(token_id)
+        .bind(&session.csrf)
+        .bind(session.expires_at)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?;
+    Ok(session)
 }

@@ -8,6 +8,7 @@
 //! - [`templates`]: listing, publishing and running task templates;
 //! - [`datasets`]: the dataset registry;
 //! - [`tenancy`]: authentication, tenants, members, tokens, sessions;
+//! - [`sso`]: single sign-on with OpenID Connect;
 //! - [`scheduling`]: why pending and when, what-if, quotas, tenant policies, nodes;
 //! - [`storage`]: artefacts, volumes, the storage policy;
 //! - [`throttle`]: failed authentication, throttled per client and per token.
@@ -16,6 +17,7 @@ pub mod datasets;
 pub mod jobs;
 pub mod logs;
 pub mod scheduling;
+pub mod sso;
 pub mod storage;
 pub mod templates;
 pub mod tenancy;
@@ -52,6 +54,8 @@ pub struct App {
     health: Arc<LoopHealth>,
     /// Failed authentication, throttled per client and per token.
     throttle: Arc<throttle::AuthThrottle>,
+    /// The identity provider of single sign-on, when it is on.
+    oidc: Option<Arc<crate::oidc::Oidc>>,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -63,12 +67,23 @@ pub struct AppParts {
     pub templates: Arc<Templates>,
     pub storage: Arc<Storage>,
     pub health: Arc<LoopHealth>,
+    pub oidc: Option<Arc<crate::oidc::Oidc>>,
 }
 
 impl App {
     pub fn new(parts: AppParts) -> App {
-        let AppParts { store, executor, reconciler_wake, schedule, templates, storage, health } = parts;
-        App { store, executor, reconciler_wake, schedule, templates, storage, health, throttle: Default::default() }
+        let AppParts { store, executor, reconciler_wake, schedule, templates, storage, health, oidc } = parts;
+        App {
+            store,
+            executor,
+            reconciler_wake,
+            schedule,
+            templates,
+            storage,
+            health,
+            throttle: Default::default(),
+            oidc,
+        }
     }
 
     /// After a change the scheduler must see (a submit, a cancel, a quota): wakes the

@@ -33,7 +33,7 @@ impl App {
     }
 
     /// Runs an authentication unless the client or token is throttled, and counts its failure.
-    async fn throttled<T>(
+    pub(super) async fn throttled<T>(
         &self,
         token: &str,
         client: Option<IpAddr>,

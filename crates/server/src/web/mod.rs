@@ -35,6 +35,8 @@ pub fn routes() -> RouteTable {
         .route("/", get(|| async { Redirect::to("/jobs") }))
         .route("/login", get(session::login_page).post(session::login))
         .route("/logout", post(session::logout))
+        .route("/sso/login", get(session::sso_start))
+        .route("/sso/callback", get(session::sso_callback))
         .route("/jobs", get(jobs::list))
         .route("/jobs/rows", get(jobs::rows))
         .route("/jobs/{id}", get(jobs::detail))

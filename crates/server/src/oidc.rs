@@ -1,0 +1,433 @@
+//! Single sign-on with OpenID Connect: the authorization code flow with PKCE and a nonce, on the
+//! `openidconnect` crate. This module speaks the protocol (discovery, the authorization URL, the
+//! code exchange, verifying the ID token's signature, issuer, audience, expiry and nonce) and
+//! turns the identity provider's groups into Trainyard roles through the operator's mapping; the
+//! application (`app/sso.rs`) keeps the records.
+//!
+//! - The provider's metadata and signing keys are discovered once and kept for
+//!   [`METADATA_MAX_AGE`]; an ID token signed with a key not among them makes one fresh discovery
+//!   before it is refused, so a provider that rotates its keys is followed at once.
+//! - The HTTP client follows no redirects (a redirect from the provider would let it point the
+//!   server at any address, a server-side request forgery).
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use openidconnect::core::{
+    CoreAuthenticationFlow, CoreClient, CoreGenderClaim, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm,
+    CoreProviderMetadata,
+};
+use openidconnect::{
+    AdditionalClaims, AuthorizationCode, ClaimsVerificationError, ClientId, ClientSecret, CsrfToken, IdToken,
+    IssuerUrl, Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope, SignatureVerificationError,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+use trainyard_core::auth::Role;
+use trainyard_core::names::TenantName;
+use trainyard_core::{Error, Result};
+
+/// How long discovered provider metadata and keys are trusted before they are fetched again.
+pub const METADATA_MAX_AGE: Duration = Duration::from_secs(15 * 60);
+
+/// The longest the server waits for the identity provider on one request.
+const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Command-line settings of single sign-on (`trainyard serve` and `trainyard dev`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct OidcArgs {
+    /// The OpenID Connect issuer URL of the identity provider (its discovery document is
+    /// `<issuer>/.well-known/openid-configuration`). Turns single sign-on on.
+    #[arg(long, env = "TRAINYARD_OIDC_ISSUER")]
+    pub oidc_issuer: Option<String>,
+    /// This server's client id at the identity provider.
+    #[arg(long, env = "TRAINYARD_OIDC_CLIENT_ID", requires = "oidc_issuer")]
+    pub oidc_client_id: Option<String>,
+    /// A file holding the client secret (none for a public client, which PKCE protects). Never
+    /// on the command line, where every process on the machine could read it.
+    #[arg(long, env = "TRAINYARD_OIDC_CLIENT_SECRET_FILE", requires = "oidc_issuer")]
+    pub oidc_client_secret_file: Option<std::path::PathBuf>,
+    /// Where the provider sends browsers back: `<public URL of the dashboard>/sso/callback`
+    /// (default: the listening address).
+    #[arg(long, env = "TRAINYARD_OIDC_REDIRECT_URL", requires = "oidc_issuer")]
+    pub oidc_redirect_url: Option<String>,
+    /// The ID token claim that lists the user's groups.
+    #[arg(long, default_value = "groups")]
+    pub oidc_groups_claim: String,
+    /// A group's role in a tenant, as GROUP=TENANT:ROLE (ROLE: viewer, member or admin);
+    /// repeat it for more. A user in none of the mapped groups is refused.
+    #[arg(long = "oidc-group-role", value_name = "GROUP=TENANT:ROLE", value_parser = GroupRole::parse)]
+    pub oidc_group_roles: Vec<GroupRole>,
+    /// Members of this group are platform admins (and others are not, among users who sign in
+    /// with single sign-on).
+    #[arg(long, requires = "oidc_issuer")]
+    pub oidc_admin_group: Option<String>,
+    /// Create a Trainyard user at the first sign-in of an identity the server has not seen.
+    #[arg(long, requires = "oidc_issuer")]
+    pub oidc_provision_users: bool,
+    /// The provider's name on the sign-in page.
+    #[arg(long, default_value = "single sign-on")]
+    pub oidc_display_name: String,
+}
+
+/// One line of the group mapping: members of `group` get `role` in `tenant`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRole {
+    pub group: String,
+    pub tenant: TenantName,
+    pub role: Role,
+}
+
+impl GroupRole {
+    /// Parses `GROUP=TENANT:ROLE`.
+    pub fn parse(text: &str) -> std::result::Result<GroupRole, String> {
+        let usage = || format!("{text:?} is not GROUP=TENANT:ROLE (for example ml-team=vision:member)");
+        let (group, grant) = text.rsplit_once('=').ok_or_else(usage)?;
+        let (tenant, role) = grant.split_once(':').ok_or_else(usage)?;
+        if group.is_empty() {
+            return Err(usage());
+        }
+        let role = Role::parse(role).ok_or_else(|| format!("{role:?} is not a role: viewer, member or admin"))?;
+        Ok(GroupRole { group: group.to_string(), tenant: TenantName::parse(tenant)?, role })
+    }
+}
+
+/// What the groups of an identity grant, by the operator's mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    /// A role per tenant: the highest any of the user's groups gives there.
+    pub roles: BTreeMap<String, Role>,
+    /// The platform-admin flag, when the operator maps a group to it.
+    pub platform_admin: Option<bool>,
+}
+
+impl Grants {
+    /// Whether the groups grant anything at all (a user they grant nothing is refused).
+    pub fn any(&self) -> bool {
+        !self.roles.is_empty() || self.platform_admin == Some(true)
+    }
+}
+
+/// The roles `groups` give under `mapping`, and the platform-admin flag under `admin_group`.
+pub fn grants(mapping: &[GroupRole], admin_group: Option<&str>, groups: &[String]) -> Grants {
+    let mut roles = BTreeMap::new();
+    for line in mapping.iter().filter(|line| groups.contains(&line.group)) {
+        let role = roles.entry(line.tenant.as_str().to_string()).or_insert(line.role);
+        *role = (*role).max(line.role);
+    }
+    let platform_admin = admin_group.map(|group| groups.iter().any(|g| g == group));
+    Grants { roles, platform_admin }
+}
+
+/// Claims beyond the standard ones, kept whole so that the operator can name the groups claim.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+struct OtherClaims {
+    #[serde(flatten)]
+    claims: serde_json::Map<String, serde_json::Value>,
+}
+impl AdditionalClaims for OtherClaims {}
+
+type GroupsIdToken = IdToken<OtherClaims, CoreGenderClaim, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm>;
+
+/// The groups in a claim's value: a list of strings, or one string.
+pub fn groups_of(value: Option<&serde_json::Value>) -> Vec<String> {
+    match value {
+        Some(serde_json::Value::Array(items)) => items.iter().filter_map(|g| g.as_str().map(str::to_string)).collect(),
+        Some(serde_json::Value::String(group)) => vec![group.clone()],
+        _ => Vec::new(),
+    }
+}
+
+/// Where to send the browser, and what to keep until it comes back.
+pub struct Authorization {
+    pub url: String,
+    pub state: String,
+    pub pkce_verifier: String,
+    pub nonce: String,
+}
+
+/// Who signed in, as the verified ID token says.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub issuer: String,
+    pub subject: String,
+    /// `preferred_username`, else `email`: the name a new user gets (after [`user_name_for`]).
+    pub name_hint: Option<String>,
+    pub groups: Vec<String>,
+}
+
+/// A user name for a new user from what the provider calls them: the characters a user name
+/// allows, at most 128, starting with a letter or digit; `sso-` and part of the subject when
+/// nothing usable is left.
+pub fn user_name_for(name_hint: Option<&str>, subject: &str) -> String {
+    let cleaned: String = name_hint
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))
+        .skip_while(|c| !c.is_ascii_alphanumeric())
+        .take(128)
+        .collect();
+    if cleaned.is_empty() {
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(subject.as_bytes()));
+        format!("sso-{}", &digest[..12])
+    } else {
+        cleaned
+    }
+}
+
+/// The identity provider this server signs people in with.
+pub struct Oidc {
+    issuer: IssuerUrl,
+    client_id: ClientId,
+    client_secret: Option<ClientSecret>,
+    /// Set from the settings, or from the listening address when the server starts.
+    redirect_url: OnceLock<RedirectUrl>,
+    pub groups_claim: String,
+    pub group_roles: Vec<GroupRole>,
+    pub admin_group: Option<String>,
+    pub provision_users: bool,
+    pub display_name: String,
+    http: reqwest::Client,
+    /// The discovered metadata (with the signing keys) and when it was fetched.
+    provider: Mutex<Option<(CoreProviderMetadata, Instant)>>,
+}
+
+impl Oidc {
+    /// Single sign-on as the settings describe it, or `None` when it is off.
+    pub fn from_args(args: &OidcArgs) -> anyhow::Result<Option<Oidc>> {
+        let Some(issuer) = &args.oidc_issuer else { return Ok(None) };
+        let issuer = IssuerUrl::new(issuer.clone()).map_err(|err| anyhow::anyhow!("--oidc-issuer: {err}"))?;
+        let client_id = args
+            .oidc_client_id
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("--oidc-client-id is needed with --oidc-issuer"))?;
+        let client_secret = match &args.oidc_client_secret_file {
+            Some(path) => {
+                let secret = std::fs::read_to_string(path)
+                    .map_err(|err| anyhow::anyhow!("reading --oidc-client-secret-file {}: {err}", path.display()))?;
+                Some(ClientSecret::new(secret.trim().to_string()))
+            }
+            None => None,
+        };
+        if args.oidc_group_roles.is_empty() && args.oidc_admin_group.is_none() {
+            anyhow::bail!(
+                "single sign-on needs at least one --oidc-group-role (or --oidc-admin-group): nobody could sign in"
+            );
+        }
+        let redirect_url = OnceLock::new();
+        if let Some(url) = &args.oidc_redirect_url {
+            let url = RedirectUrl::new(url.clone()).map_err(|err| anyhow::anyhow!("--oidc-redirect-url: {err}"))?;
+            let _ = redirect_url.set(url);
+        }
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(PROVIDER_TIMEOUT)
+            .build()
+            .map_err(|err| anyhow::anyhow!("the HTTP client for single sign-on: {err}"))?;
+        Ok(Some(Oidc {
+            issuer,
+            client_id: ClientId::new(client_id),
+            client_secret,
+            redirect_url,
+            groups_claim: args.oidc_groups_claim.clone(),
+            group_roles: args.oidc_group_roles.clone(),
+            admin_group: args.oidc_admin_group.clone(),
+            provision_users: args.oidc_provision_users,
+            display_name: args.oidc_display_name.clone(),
+            http,
+            provider: Mutex::new(None),
+        }))
+    }
+
+    /// The callback URL for a server listening at `base` (`http://host:port`), unless the
+    /// settings named one.
+    pub fn redirect_url_default(&self, base: &str) {
+        if let Ok(url) = RedirectUrl::new(format!("{base}/sso/callback")) {
+            let _ = self.redirect_url.set(url);
+        }
+    }
+
+    pub fn issuer(&self) -> &str {
+        self.issuer.as_str()
+    }
+
+    /// Every tenant the mapping names (memberships there follow the groups).
+    pub fn mapped_tenants(&self) -> Vec<String> {
+        let mut tenants: Vec<String> = self.group_roles.iter().map(|line| line.tenant.to_string()).collect();
+        tenants.sort();
+        tenants.dedup();
+        tenants
+    }
+
+    /// The provider's metadata: the kept one while fresh (unless `refresh`), else discovered.
+    async fn metadata(&self, refresh: bool) -> Result<CoreProviderMetadata> {
+        let mut kept = self.provider.lock().await;
+        if let Some((metadata, fetched)) = kept.as_ref()
+            && !refresh
+            && fetched.elapsed() < METADATA_MAX_AGE
+        {
+            return Ok(metadata.clone());
+        }
+        let metadata = CoreProviderMetadata::discover_async(self.issuer.clone(), &self.http).await.map_err(|err| {
+            Error::Unavailable(format!(
+                "the identity provider {} could not be reached: {}",
+                self.issuer.as_str(),
+                chain(&err)
+            ))
+        })?;
+        *kept = Some((metadata.clone(), Instant::now()));
+        Ok(metadata)
+    }
+
+    fn client(
+        &self,
+        metadata: CoreProviderMetadata,
+    ) -> Result<
+        CoreClient<
+            openidconnect::EndpointSet,
+            openidconnect::EndpointNotSet,
+            openidconnect::EndpointNotSet,
+            openidconnect::EndpointNotSet,
+            openidconnect::EndpointMaybeSet,
+            openidconnect::EndpointMaybeSet,
+        >,
+    > {
+        let redirect = self
+            .redirect_url
+            .get()
+            .cloned()
+            .ok_or_else(|| Error::internal("single sign-on has no callback URL yet"))?;
+        Ok(CoreClient::from_provider_metadata(metadata, self.client_id.clone(), self.client_secret.clone())
+            .set_redirect_uri(redirect))
+    }
+
+    /// Starts a sign-in: the provider's authorization URL with a fresh state, PKCE challenge
+    /// (S256) and nonce.
+    pub async fn authorization(&self) -> Result<Authorization> {
+        let client = self.client(self.metadata(false).await?)?;
+        let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+        let (url, state, nonce) = client
+            .authorize_url(CoreAuthenticationFlow::AuthorizationCode, CsrfToken::new_random, Nonce::new_random)
+            .add_scope(Scope::new("profile".into()))
+            .add_scope(Scope::new("email".into()))
+            .set_pkce_challenge(challenge)
+            .url();
+        Ok(Authorization {
+            url: url.to_string(),
+            state: state.secret().clone(),
+            pkce_verifier: verifier.secret().clone(),
+            nonce: nonce.secret().clone(),
+        })
+    }
+
+    /// Finishes a sign-in: exchanges the code (with the PKCE verifier) and verifies the ID token
+    /// against the nonce. Anything that does not verify is `Unauthenticated`.
+    pub async fn identity(&self, code: &str, pkce_verifier: &str, nonce: &str) -> Result<Identity> {
+        let refused = |what: String| Error::Unauthenticated(format!("single sign-on failed: {what}"));
+        let client = self.client(self.metadata(false).await?)?;
+        let response = client
+            .exchange_code(AuthorizationCode::new(code.to_string()))
+            .map_err(|err| Error::internal(format!("the identity provider has no token endpoint: {err}")))?
+            .set_pkce_verifier(PkceCodeVerifier::new(pkce_verifier.to_string()))
+            .request_async(&self.http)
+            .await
+            .map_err(|err| refused(format!("the identity provider refused the code: {}", chain(&err))))?;
+        let raw = openidconnect::TokenResponse::id_token(&response)
+            .ok_or_else(|| refused("the identity provider returned no ID token".into()))?
+            .to_string();
+        let id_token: GroupsIdToken =
+            raw.parse().map_err(|err| refused(format!("the ID token is malformed: {err}")))?;
+        let nonce = Nonce::new(nonce.to_string());
+        let claims = match id_token.claims(&client.id_token_verifier(), &nonce) {
+            Ok(claims) => claims.clone(),
+            Err(ClaimsVerificationError::SignatureVerification(SignatureVerificationError::NoMatchingKey)) => {
+                // Signed with a key we have not seen: the provider may have rotated its keys.
+                let client = self.client(self.metadata(true).await?)?;
+                id_token
+                    .claims(&client.id_token_verifier(), &nonce)
+                    .map_err(|err| refused(format!("the ID token did not verify: {}", chain(&err))))?
+                    .clone()
+            }
+            Err(err) => return Err(refused(format!("the ID token did not verify: {}", chain(&err)))),
+        };
+        let name_hint = claims
+            .preferred_username()
+            .map(|name| name.as_str().to_string())
+            .or_else(|| claims.email().map(|email| email.as_str().to_string()));
+        Ok(Identity {
+            issuer: claims.issuer().as_str().to_string(),
+            subject: claims.subject().as_str().to_string(),
+            name_hint,
+            groups: groups_of(claims.additional_claims().claims.get(&self.groups_claim)),
+        })
+    }
+}
+
+/// An error with its causes, for a message a person can act on.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str) -> GroupRole {
+        GroupRole::parse(text).unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    #[test]
+    fn group_roles_parse_and_refuse_what_is_not_a_mapping() {
+        assert_eq!(
+            line("ml=vision:member"),
+            GroupRole { group: "ml".into(), tenant: TenantName::parse("vision").unwrap(), role: Role::Member }
+        );
+        // Group names may hold '=' (LDAP distinguished names); the last one splits.
+        assert_eq!(line("cn=ml,ou=groups=vision:admin").group, "cn=ml,ou=groups");
+        for bad in ["ml", "ml=vision", "=vision:member", "ml=vision:owner", "ml=Vision:member", "ml=:member"] {
+            assert!(GroupRole::parse(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn the_highest_role_any_group_gives_wins_and_unmapped_groups_give_nothing() {
+        let mapping = [line("readers=vision:viewer"), line("ml=vision:member"), line("leads=nlp:admin")];
+        let groups = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let got = grants(&mapping, None, &groups(&["readers", "ml", "unrelated"]));
+        assert_eq!(got.roles, BTreeMap::from([("vision".to_string(), Role::Member)]));
+        assert_eq!(got.platform_admin, None);
+        assert!(got.any());
+        let none = grants(&mapping, Some("ops"), &groups(&["unrelated"]));
+        assert!(none.roles.is_empty());
+        assert_eq!(none.platform_admin, Some(false));
+        assert!(!none.any());
+        assert_eq!(grants(&mapping, Some("ops"), &groups(&["ops"])).platform_admin, Some(true));
+    }
+
+    #[test]
+    fn groups_come_from_a_list_or_a_single_string() {
+        assert_eq!(groups_of(Some(&serde_json::json!(["a", "b", 3]))), ["a", "b"]);
+        assert_eq!(groups_of(Some(&serde_json::json!("a"))), ["a"]);
+        assert!(groups_of(Some(&serde_json::json!({"a": 1}))).is_empty());
+        assert!(groups_of(None).is_empty());
+    }
+
+    #[test]
+    fn new_user_names_keep_to_the_user_name_rule() {
+        assert_eq!(user_name_for(Some("ada.lovelace@example.org"), "s"), "ada.lovelace@example.org");
+        assert_eq!(user_name_for(Some("-- Ada Lovelace!"), "s"), "AdaLovelace");
+        let fallback = user_name_for(Some("日本"), "subject-1");
+        assert!(fallback.starts_with("sso-") && fallback.len() == 16, "{fallback}");
+        assert_eq!(fallback, user_name_for(None, "subject-1"));
+        assert_eq!(user_name_for(Some(&"a".repeat(300)), "s").len(), 128);
+    }
+}
