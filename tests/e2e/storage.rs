@@ -403,6 +403,26 @@ async fn signed_links_work_until_expiry_and_refuse_tampering(backend: Backend) {
         assert_eq!(http.get(other_key).send().await.unwrap().status(), StatusCode::FORBIDDEN);
     }
 
+    // Links are short-lived: more than 15 minutes is refused, naming the parameter.
+    let (status, body) =
+        env.get(&format!("/api/v1/jobs/{id}/artifacts/ckpt/step%201.pt?expires_in=901"), &env.admin_token).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "expires_in", "{body}");
+
+    if matches!(backend, Backend::Local) {
+        // The key that signs them is in a file only the server's user reads, not in the
+        // database (where a dump would let anyone sign links).
+        let key_file = env.data_dir().join("signing.key");
+        let mode = std::fs::metadata(&key_file).unwrap().permissions();
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+        let secrets_in_db: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_tables WHERE tablename = 'server_secrets')")
+                .fetch_one(&env.db.pool)
+                .await
+                .unwrap();
+        assert!(!secrets_in_db);
+    }
+
     // After expiry: refused.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let response = http.get(url).send().await.unwrap();

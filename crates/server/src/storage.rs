@@ -8,20 +8,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::OnceCell;
 use trainyard_core::auth::Caller;
 use trainyard_core::resources::Memory;
 use trainyard_core::{Error, Result};
 use trainyard_storage::{ObjectStorage, StorageConfig, StorageError, UrlSigner, relative_path};
-use trainyard_store::Store;
 use trainyard_store::metrics::JobCaller;
 use uuid::Uuid;
 
-/// The name of the URL-signing key in `server_secrets`.
-const SIGNING_SECRET: &str = "artifact-download-urls";
-/// Download links live this long unless the caller asks for less (or more, up to a day).
+/// Download links live this long unless the caller asks for less (or more, up to 15 minutes:
+/// a link is for downloading now; a script asks again).
 pub(crate) const LINK_SECONDS_DEFAULT: u64 = 300;
-pub(crate) const LINK_SECONDS_MAX: u64 = 86_400;
+pub(crate) const LINK_SECONDS_MAX: u64 = 900;
 
 /// Storage settings of `trainyard dev` and `trainyard serve`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -43,6 +40,12 @@ pub struct StorageArgs {
     /// Seconds between retention sweeps.
     #[arg(long, default_value_t = 300)]
     pub retention_sweep_seconds: u64,
+    /// The file holding the key that signs download links of the local store (at least 32
+    /// characters; every server replica needs the same). Default: `<data-dir>/signing.key`,
+    /// made at the first start, readable by the server's user alone. Never in the database,
+    /// so that a database dump cannot forge links.
+    #[arg(long, env = "TRAINYARD_SIGNING_KEY_FILE")]
+    pub signing_key_file: Option<PathBuf>,
 }
 
 fn parse_size(text: &str) -> std::result::Result<u64, String> {
@@ -66,10 +69,11 @@ impl StorageArgs {
         std::fs::create_dir_all(&volumes_dir)
             .with_context(|| format!("creating the volumes folder {}", volumes_dir.display()))?;
         tracing::info!(store = objects.url(), "object store");
+        let key_file = self.signing_key_file.clone().unwrap_or_else(|| data_dir.join("signing.key"));
         Ok(Storage {
             objects,
             volumes_dir,
-            signer: OnceCell::new(),
+            signer: UrlSigner::new(signing_key(&key_file)?),
             max_artifact_bytes: self.max_artifact_size,
             retention_every: Duration::from_secs(self.retention_sweep_seconds.max(1)),
         })
@@ -85,20 +89,54 @@ fn url_of_dir(dir: &Path) -> anyhow::Result<String> {
     Ok(url.to_string())
 }
 
+/// The download-link key in `path`, made there (0600, 256 random bits in hex) when the file does
+/// not exist. A key file that anyone on the machine may read is refused: with it, they could
+/// sign a link to any tenant's artefacts.
+fn signing_key(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut fresh = [0u8; 32];
+    rand::fill(&mut fresh);
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(mut file) => {
+            file.write_all(hex::encode(fresh).as_bytes())?;
+            file.sync_all()?;
+            tracing::info!(file = %path.display(), "made a new key for download links");
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err).with_context(|| format!("creating the signing key file {}", path.display())),
+    }
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o007 != 0 {
+        anyhow::bail!(
+            "the signing key file {} may be read by every user of this machine (mode {:o}); chmod o-rwx it",
+            path.display(),
+            mode & 0o777
+        );
+    }
+    let key =
+        std::fs::read_to_string(path).with_context(|| format!("reading the signing key file {}", path.display()))?;
+    let key = key.trim();
+    if key.len() < 32 {
+        anyhow::bail!("the signing key file {} holds {} characters; it needs at least 32", path.display(), key.len());
+    }
+    Ok(key.as_bytes().to_vec())
+}
+
 /// The object store and the volumes folder, as the server uses them.
 #[derive(Debug)]
 pub struct Storage {
     pub objects: ObjectStorage,
     volumes_dir: PathBuf,
-    /// Loaded from Postgres at first use, so that every replica signs with the same key.
-    signer: OnceCell<UrlSigner>,
+    /// Signs download links of the local store (key from `--signing-key-file`).
+    signer: UrlSigner,
     pub(crate) max_artifact_bytes: u64,
     pub retention_every: Duration,
 }
 
 impl Storage {
-    pub(crate) async fn signer(&self, store: &Store) -> Result<&UrlSigner> {
-        self.signer.get_or_try_init(|| async { Ok(UrlSigner::new(store.server_secret(SIGNING_SECRET).await?)) }).await
+    pub(crate) fn signer(&self) -> &UrlSigner {
+        &self.signer
     }
 
     pub(crate) fn volume_dir(&self, tenant_id: Uuid, name: &str) -> PathBuf {
@@ -123,4 +161,33 @@ pub(crate) fn storage_error(err: StorageError) -> Error {
 /// The checked path of an artefact, or a 422 naming the parameter.
 pub(crate) fn artifact_path(text: &str) -> Result<trainyard_storage::RelPath> {
     relative_path(text).map_err(|refused| Error::invalid("path", refused.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::signing_key;
+
+    #[test]
+    fn the_signing_key_is_made_private_kept_and_refused_when_others_may_read_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("signing.key");
+        let made = signing_key(&path).unwrap();
+        assert_eq!(made.len(), 64, "256 bits in hex");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(signing_key(&path).unwrap(), made, "the same key at the next start");
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = signing_key(&path).unwrap_err().to_string();
+        assert!(err.contains("every user of this machine"), "{err}");
+        // A group-readable key is accepted (a Kubernetes Secret volume with fsGroup).
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert_eq!(signing_key(&path).unwrap(), made);
+
+        let short = dir.path().join("short.key");
+        std::fs::write(&short, "too short").unwrap();
+        std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(signing_key(&short).unwrap_err().to_string().contains("at least 32"));
+    }
 }

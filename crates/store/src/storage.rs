@@ -297,25 +297,6 @@ impl Store {
         Ok(volume)
     }
 
-    /// A secret every server replica shares, made at the first request for it.
-    pub async fn server_secret(&self, name: &str) -> Result<Vec<u8>> {
-        let mut fresh = [0u8; 32];
-        rand::fill(&mut fresh);
-        // language=PostgreSQL
-        sqlx::query("INSERT INTO server_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
-            .bind(name)
-            .bind(&fresh[..])
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
-        // language=PostgreSQL
-        sqlx::query_scalar("SELECT value FROM server_secrets WHERE name = $1")
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db_error)
-    }
-
     /// For the control loop, across tenants: finished jobs whose logs or artefacts have been
     /// kept as long as their tenant keeps them, counted from the job's end, at `now`.
     pub async fn retention_due(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<RetentionDue>> {

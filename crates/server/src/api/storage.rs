@@ -56,7 +56,8 @@ pub async fn artifact_upload(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct LinkParams {
-    /// Seconds the link is valid (default 300, at most 86400).
+    /// Seconds the link is valid (default 300, at most 900).
+    #[param(minimum = 1, maximum = 900)]
     expires_in: Option<u64>,
 }
 

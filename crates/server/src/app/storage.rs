@@ -108,7 +108,7 @@ impl App {
         let expires_at = chrono::Utc::now() + chrono::Duration::seconds(seconds as i64);
         let url = match self.storage.objects.presigned_get(&key, Duration::from_secs(seconds)).await {
             Ok(Some(url)) => url,
-            Ok(None) => self.storage.signer(&self.store).await?.download_url(key.as_ref(), expires_at.timestamp()),
+            Ok(None) => self.storage.signer().download_url(key.as_ref(), expires_at.timestamp()),
             Err(err) => return Err(storage_error(err)),
         };
         Ok(ArtifactLink { path: path.to_string(), url, expires_at, size_bytes: size })
@@ -122,7 +122,7 @@ impl App {
         expires: i64,
         sig: &str,
     ) -> Result<(u64, BoxStream<'static, std::result::Result<Bytes, std::io::Error>>)> {
-        let signer = self.storage.signer(&self.store).await?;
+        let signer = self.storage.signer();
         signer
             .verify(key, expires, sig, chrono::Utc::now().timestamp())
             .map_err(|err| Error::Forbidden(err.to_string()))?;
