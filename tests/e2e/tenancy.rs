@@ -221,3 +221,35 @@ async fn a_job_cannot_read_another_tenants_files_or_the_control_planes() {
     }
     assert!(!log.contains("SECRET"), "nothing of A's shows:\n{log}");
 }
+
+/// A job that prints its own token (or a user's): every reader of the logs (a viewer through the
+/// API, following, the dashboard's log file) sees it masked, and the token still works for the
+/// job (the log on disk is as the job wrote it).
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_a_job_prints_are_masked_for_every_reader_of_its_logs() {
+    let env = TestEnv::start().await;
+    let viewer = env.member("default", "vera", "viewer").await;
+    let script = format!(
+        "echo token=$TRAINYARD_TOKEN; printf 'half=%s' \"$TRAINYARD_TOKEN\" | head -c 40; sleep 0.4; \
+         printf '%s\\n' \"$(echo $TRAINYARD_TOKEN | cut -c 41-)\"; echo user={}; echo done",
+        env.admin_token
+    );
+    let id = env.submit(json!({"command": ["sh", "-c", script]})).await;
+    env.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+
+    let (status, log) = env.get(&format!("/api/v1/jobs/{id}/logs"), &viewer).await;
+    assert_eq!(status, StatusCode::OK);
+    let log = log.as_str().unwrap_or_default().to_string();
+    assert!(log.contains("token=tyj_[masked]\n"), "{log}");
+    assert!(log.contains("user=tyd_[masked]\n"), "{log}");
+    assert!(log.ends_with("done\n"), "{log}");
+    assert!(!log.contains(&env.admin_token[4..20]), "the admin's token shows: {log}");
+    let digits = regex::Regex::new("[0-9a-f]{16,}").unwrap();
+    assert!(!digits.is_match(&log), "hex digits of a token show: {log}");
+
+    // The dashboard's download of the log, for the same viewer.
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &viewer).await;
+    let (status, text) = web.get(&format!("/jobs/{id}/log.txt")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text, log);
+}

@@ -1,7 +1,7 @@
 //! Reading a replica's log, once or following it until the job ends. When the executor no
 //! longer has the file (the pod or the data directory is gone), the copy archived in the object
 //! store when the attempt ended is read instead; once retention removed a job's logs, there is
-//! no log to read.
+//! no log to read. Tokens a job printed are masked on the way out ([`super::log_mask`]).
 
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
 use super::App;
+use super::log_mask::LogMask;
 
 /// How often a follower looks for new output and for the job's end.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -55,7 +56,8 @@ pub async fn job_logs(
         return Err(Error::invalid("attempt", format!("the job has {} attempts so far", attempts.len())));
     }
     let (sender, receiver) = mpsc::channel::<Chunk>(16);
-    let follower = Follower { app: app.clone(), tenant_id: caller.tenant_id, request, sender, shutdown };
+    let follower =
+        Follower { app: app.clone(), tenant_id: caller.tenant_id, request, sender, shutdown, mask: Default::default() };
     tokio::spawn(follower.run());
     Ok(ReceiverStream::new(receiver))
 }
@@ -66,6 +68,8 @@ struct Follower {
     request: LogRequest,
     sender: mpsc::Sender<Chunk>,
     shutdown: CancellationToken,
+    /// Masks tokens; holds back what may be the start of one.
+    mask: std::sync::Mutex<LogMask>,
 }
 
 enum Next {
@@ -80,8 +84,12 @@ enum Next {
 impl Follower {
     async fn run(self) {
         match self.follow().await {
+            Ok(()) => {
+                let rest = self.masked(|mask| mask.finish());
+                let _ = self.send(rest).await;
+            }
             // Shutdown or a departed client: the stream just ends.
-            Ok(()) | Err(Error::Unavailable(_)) => {}
+            Err(Error::Unavailable(_)) => {}
             Err(err) => {
                 tracing::warn!(job = %self.request.job_id, %err, "log stream failed");
                 let _ = self.sender.send(Err(std::io::Error::other(err.to_string()))).await;
@@ -158,12 +166,22 @@ impl Follower {
         if n == 0 {
             return Ok(false);
         }
-        buffer.truncate(n);
-        if self.sender.send(Ok(Bytes::from(buffer))).await.is_err() {
+        let shown = self.masked(|mask| mask.push(&buffer[..n]));
+        self.send(shown).await?;
+        Ok(true)
+    }
+
+    fn masked(&self, step: impl FnOnce(&mut LogMask) -> Vec<u8>) -> Vec<u8> {
+        step(&mut self.mask.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Sends a chunk (nothing when it is empty).
+    async fn send(&self, chunk: Vec<u8>) -> Result<()> {
+        if !chunk.is_empty() && self.sender.send(Ok(Bytes::from(chunk))).await.is_err() {
             // The client went away.
             return Err(Error::Unavailable("the client disconnected".into()));
         }
-        Ok(true)
+        Ok(())
     }
 
     async fn next_step(&self, current: Option<i32>) -> Result<Next> {
@@ -183,6 +201,8 @@ impl Follower {
     }
 
     async fn pause(&self) -> Result<()> {
+        let idle = self.masked(LogMask::flush_idle);
+        self.send(idle).await?;
         tokio::select! {
             _ = tokio::time::sleep(FOLLOW_POLL) => Ok(()),
             _ = self.shutdown.cancelled() => Err(Error::Unavailable("the server is shutting down".into())),

@@ -4,7 +4,7 @@
 //! checked in exactly one place. One file per resource:
 //!
 //! - [`jobs`]: submit, list, show, cancel, events, attempts, metrics and outputs;
-//! - [`logs`]: reading and following replica logs;
+//! - [`logs`]: reading and following replica logs, with tokens masked ([`log_mask`]);
 //! - [`templates`]: listing, publishing and running task templates;
 //! - [`datasets`]: the dataset registry;
 //! - [`tenancy`]: authentication, tenants, members, tokens, sessions;
@@ -15,6 +15,7 @@
 
 pub mod datasets;
 pub mod jobs;
+pub mod log_mask;
 pub mod logs;
 pub mod scheduling;
 pub mod sso;
