@@ -60,15 +60,10 @@ pub struct AppState {
 /// The HTTP application: API, health checks, landing page.
 pub fn app(state: AppState) -> Router {
     let (routes, _) = routes::table().into_parts();
-    routes
-        .route_layer(axum::middleware::from_fn(text::refuse_unstorable))
-        .fallback(|| async {
-            ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })
-        })
-        .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
-        .layer(security_header("content-security-policy", CONTENT_SECURITY_POLICY))
-        .layer(security_header("x-content-type-options", "nosniff"))
-        .layer(security_header("referrer-policy", "same-origin"))
+    let routes = edge_input_checks(routes).fallback(|| async {
+        ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })
+    });
+    edge_limits_and_headers(routes)
         .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
             axum::response::IntoResponse::into_response(ApiError::Domain(trainyard_core::Error::internal(
                 "a handler panicked",
@@ -76,6 +71,22 @@ pub fn app(state: AppState) -> Router {
         }))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// The input check every routed request passes before its handler: text Postgres cannot store
+/// is refused ([`text::refuse_unstorable`]). After routing, so that it can name the path
+/// parameter.
+pub fn edge_input_checks<S: Clone + Send + Sync + 'static>(routes: Router<S>) -> Router<S> {
+    routes.route_layer(axum::middleware::from_fn(text::refuse_unstorable))
+}
+
+/// Around every response: the body limit and the security headers.
+pub fn edge_limits_and_headers<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    router
+        .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
+        .layer(security_header("content-security-policy", CONTENT_SECURITY_POLICY))
+        .layer(security_header("x-content-type-options", "nosniff"))
+        .layer(security_header("referrer-policy", "same-origin"))
 }
 
 /// What the dashboard's pages may load and do: only their own scripts and styles (plus inline
