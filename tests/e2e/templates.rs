@@ -235,3 +235,48 @@ async fn a_job_token_posts_ten_thousand_points_and_nothing_else() {
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM job_tokens").fetch_one(&env.db.pool).await.unwrap();
     assert_eq!(stored, 0);
 }
+
+/// pytorch-ddp's checkpoints outlive its pods and working folders by default: the run names the
+/// tenant's `checkpoints` volume (a dry run creates nothing and shows where it would be); the
+/// first real run makes it, charged to the storage quota, and a quota too small for it refuses
+/// the run naming the parameter. On Kubernetes the same spec mounts the volume's claim into
+/// every replica (docs/examples/pytorch-ddp.yaml, checked by crates/kube/tests/golden.rs).
+#[tokio::test(flavor = "multi_thread")]
+async fn pytorch_ddp_checkpoints_go_to_a_volume_made_at_the_first_run() {
+    let env = TestEnv::start().await;
+    let run = json!({"params": {"data": "/data/shards", "cpu": 0.5, "memory": "1Gi"}});
+    let (status, dry) = env.post("/api/v1/templates/pytorch-ddp/jobs?dry_run=true", &env.admin_token, &run).await;
+    assert_eq!(status, StatusCode::OK, "{dry}");
+    let volumes = dry["spec"]["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 1, "{dry}");
+    assert_eq!(volumes[0]["name"], "checkpoints");
+    let path = volumes[0]["path"].as_str().unwrap().to_string();
+    let args: Vec<&str> = dry["spec"]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert!(args.contains(&format!("--checkpoint-volume={path}").as_str()), "{args:?}");
+    let (_, listed) = env.get("/api/v1/volumes", &env.admin_token).await;
+    assert_eq!(listed, json!([]), "a dry run creates nothing");
+
+    // A storage quota too small for the 20Gi volume: refused, naming the parameter and the way out.
+    let policy = json!({"storage_quota_bytes": 10u64 << 30});
+    let (status, body) =
+        env.call(Method::PUT, "/api/v1/admin/tenants/default/storage", Some(&env.admin_token), Some(&policy)).await;
+    assert!(status.is_success(), "{body}");
+    let (status, body) = env.post("/api/v1/templates/pytorch-ddp/jobs", &env.admin_token, &run).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "params.checkpoint_volume", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("yard volumes create checkpoints"), "{body}");
+    assert_eq!(env.jobs_in_db().await, 0);
+
+    // With room, the run makes it; an empty value opts out (the working folder).
+    let policy = json!({"storage_quota_bytes": 100u64 << 30});
+    env.call(Method::PUT, "/api/v1/admin/tenants/default/storage", Some(&env.admin_token), Some(&policy)).await;
+    let (status, body) = env.post("/api/v1/templates/pytorch-ddp/jobs", &env.admin_token, &run).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (_, listed) = env.get("/api/v1/volumes", &env.admin_token).await;
+    assert_eq!(listed[0]["name"], "checkpoints", "{listed}");
+    assert_eq!(listed[0]["size_bytes"], 20u64 << 30);
+    let opt_out = json!({"params": {"data": "/data/shards", "checkpoint_volume": ""}});
+    let (status, dry) = env.post("/api/v1/templates/pytorch-ddp/jobs?dry_run=true", &env.admin_token, &opt_out).await;
+    assert_eq!(status, StatusCode::OK, "{dry}");
+    assert!(dry["spec"]["volumes"].as_array().is_none_or(|v| v.is_empty()), "{dry}");
+}

@@ -45,8 +45,22 @@ fn train_args<'a>(data: &'a str, extra: &[&'a str]) -> Vec<String> {
     args
 }
 
+/// The job's checkpoint folder: in the tenant's `checkpoints` volume (the template's default),
+/// which the first run made, under `jobs/<job id>/checkpoints`.
+fn checkpoint_folder(env: &TestEnv, job: &str) -> PathBuf {
+    let volumes = env.data_dir().join("volumes");
+    let tenants: Vec<PathBuf> =
+        std::fs::read_dir(&volumes).map(|dir| dir.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let found: Vec<PathBuf> = tenants
+        .into_iter()
+        .map(|tenant| tenant.join("checkpoints/jobs").join(job).join("checkpoints"))
+        .filter(|folder| folder.is_dir())
+        .collect();
+    found.into_iter().next().unwrap_or_else(|| volumes.join("(no checkpoint folder yet)"))
+}
+
 fn checkpoint_step(env: &TestEnv, job: &str) -> Option<u64> {
-    let latest = env.data_dir().join("jobs").join(job).join("replica-0/checkpoints/latest.json");
+    let latest = checkpoint_folder(env, job).join("latest.json");
     let text = std::fs::read_to_string(latest).ok()?;
     serde_json::from_str::<Value>(&text).ok()?["step"].as_u64()
 }
@@ -128,8 +142,15 @@ async fn a_killed_replica_restarts_the_job_from_its_last_checkpoint() {
     assert!(from >= 20, "resumed from step {from}");
     assert!(!resumed.contains("step 10 loss"), "the step counter continues; it does not restart at 0");
     assert_eq!(checkpoint_step(&env, &id), Some(300));
+    // The checkpoints are in the tenant's volume, made by the first run (20Gi, every replica
+    // may write), not in a working folder.
+    let (_, volumes) = env.get("/api/v1/volumes", &env.admin_token).await;
+    let volume = volumes.as_array().unwrap().iter().find(|v| v["name"] == "checkpoints").expect("a checkpoints volume");
+    assert_eq!(volume["size_bytes"], 20u64 << 30, "{volume}");
+    assert_eq!(volume["access_mode"], "ReadWriteMany", "{volume}");
+    assert!(!env.data_dir().join("jobs").join(&id).join("replica-0/checkpoints").exists());
     // Retention (keep_checkpoints, 3 by default): only the newest three of the 30 written stay.
-    let folder = env.data_dir().join("jobs").join(&id).join("replica-0/checkpoints");
+    let folder = checkpoint_folder(&env, &id);
     let mut kept: Vec<String> = std::fs::read_dir(&folder)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -86,6 +86,11 @@ pub struct ParamSpec {
     /// One line for people: what it does, which values make sense.
     #[serde(default)]
     pub help: String,
+    /// Volume parameters only: when the named volume does not exist yet, the run creates it
+    /// with this size (`20Gi`; charged to the tenant's storage quota, shared by the tenant's
+    /// later jobs) instead of refusing the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_size: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -321,6 +326,13 @@ fn check_param(name: &str, spec: &ParamSpec, field: &dyn Fn(&str) -> String) -> 
             return Err(err(field("choices"), "only enum parameters have choices"));
         }
         _ => {}
+    }
+    if let Some(size) = &spec.create_size {
+        if spec.kind != ParamKind::Volume {
+            return Err(err(field("create_size"), "only volume parameters create what they name"));
+        }
+        trainyard_core::resources::Memory::parse(size)
+            .map_err(|message| err(field("create_size"), format!("{size:?} is not a size such as 20Gi: {message}")))?;
     }
     match (&spec.default, spec.required) {
         (Some(_), true) => {

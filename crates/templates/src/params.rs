@@ -118,6 +118,10 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
         }
         ParamKind::Volume => {
             let s = text(value)?;
+            // An optional volume parameter may be left empty: no volume.
+            if s.is_empty() && !spec.required {
+                return Ok(Value::from(s));
+            }
             trainyard_core::names::VolumeName::parse(s).map(|_| Value::from(s))
         }
         ParamKind::List => {

@@ -97,6 +97,16 @@ fn each_broken_rule_names_its_field() {
         ("files: [engine/]", "files: [engine/missing.py]", "files[0]"),
         ("path: checkpoints,", "path: ../../etc,", "outputs.checkpoints.path"),
         ("expected_runtime: 45m", "expected_runtime: soon", "expected_runtime"),
+        (
+            "data: {type: path, required: true}",
+            "data: {type: path, required: true, create_size: 20Gi}",
+            "parameters.data.create_size",
+        ),
+        (
+            "  gpus: {type: int, default: 0, min: 0, max: 8}",
+            "  gpus: {type: int, default: 0, min: 0, max: 8}\n  ckpt: {type: volume, default: ckpt, create_size: lots}",
+            "parameters.ckpt.create_size",
+        ),
         ("expected_runtime: 45m", "expected_runtime: 45m\nsurprise: 1", "surprise"),
     ];
     for (from, to, field) in cases {

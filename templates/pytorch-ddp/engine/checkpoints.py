@@ -1,5 +1,8 @@
 """Checkpoints on disk: `ckpt-<step>.pt` files and `latest.json`, which names the newest complete
-one, in one folder (rank 0 writes it, in replica 0's working directory).
+one, in one folder (rank 0 writes it; every rank resumes from it). The folder is in the tenant's
+checkpoint volume by default (`checkpoint_dir`), so checkpoints outlive the job's pods on
+Kubernetes and its working folders on the local executor: a restarted attempt resumes the same
+way on both.
 
 Durable: a checkpoint is written aside, fsynced, renamed into place and the folder fsynced; only
 then does `latest.json` (written the same way) name it, so after a crash `latest.json` names a
@@ -19,6 +22,20 @@ _NAME = re.compile(r"ckpt-(\d+)\.pt")
 
 class CheckpointError(Exception):
     """The checkpoint a run must resume from cannot be used."""
+
+
+def checkpoint_dir(output, volume, job_id):
+    """Where a job's checkpoints go: `<volume>/jobs/<job id>/<output>` when a checkpoint volume
+    is given (one folder per job, so the tenant's jobs share the volume without meeting), else
+    `output` itself (relative: the working folder of replica 0's processes). An absolute
+    `output` is taken as it is."""
+    if not volume or os.path.isabs(output):
+        return output
+    if not job_id:
+        raise CheckpointError(
+            "a checkpoint volume needs TRAINYARD_JOB_ID to name the job's folder in it; "
+            "set it, or leave --checkpoint-volume empty")
+    return os.path.join(volume, "jobs", job_id, output)
 
 
 def checkpoint_name(step):

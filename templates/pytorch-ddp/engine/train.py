@@ -68,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--deterministic", default="false", choices=["true", "false"])
     p.add_argument("--checkpoint-every", type=int, default=50, help="optimizer steps")
     p.add_argument("--output", default="checkpoints")
+    p.add_argument("--checkpoint-volume", default="",
+                   help="a volume for the checkpoints (they go to <volume>/jobs/<job id>/<output>)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept (0: all)")
     p.add_argument("--workers", type=int, default=2, help="decode processes per training process")
     p.add_argument("--prefetch", type=int, default=4, help="batches each decode process keeps ready")
@@ -177,6 +179,7 @@ def resume_state(directory, rank, device):
 
 def main():
     args = parse_args()
+    args.output = checkpoints.checkpoint_dir(args.output, args.checkpoint_volume, os.environ.get("TRAINYARD_JOB_ID"))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -103,3 +103,12 @@ def test_a_rank_resumes_its_own_position_only_for_the_same_order():
     assert train.saved_rank_state(saved, 1, 2, dict(order, batch_size=16)) is None
     assert train.saved_rank_state(saved, 1, 4, order) is None, "another world size"
     assert train.saved_rank_state(None, 1, 2, order) is None, "a checkpoint from before engine 1.2"
+
+
+def test_checkpoints_go_to_the_jobs_folder_in_the_volume_when_one_is_given():
+    assert checkpoints.checkpoint_dir("checkpoints", "", "j1") == "checkpoints"
+    assert checkpoints.checkpoint_dir("checkpoints", "/volumes/checkpoints", "j1") == \
+        "/volumes/checkpoints/jobs/j1/checkpoints"
+    assert checkpoints.checkpoint_dir("/mnt/elsewhere", "/volumes/checkpoints", "j1") == "/mnt/elsewhere"
+    with pytest.raises(checkpoints.CheckpointError, match="TRAINYARD_JOB_ID"):
+        checkpoints.checkpoint_dir("checkpoints", "/volumes/checkpoints", None)

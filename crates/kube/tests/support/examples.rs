@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use trainyard_core::job::{JobSpec, TemplateRef};
+use trainyard_core::job::{JobSpec, TemplateRef, VolumeMount};
 use trainyard_core::resources::{Cpu, Memory, Resources};
 use trainyard_executor::{LaunchRequest, QuotaCeiling};
 use trainyard_kube::KubeConfig;
@@ -109,7 +109,8 @@ pub fn data_pack() -> LaunchRequest {
 }
 
 /// `templates/pytorch-ddp`: 2 replicas x 8 H100s, with the engine's files (their contents
-/// elided here so that an engine change does not change the example).
+/// elided here so that an engine change does not change the example), and the tenant's
+/// `checkpoints` volume (the template's default) mounted for checkpoints that outlive the pods.
 pub fn pytorch_ddp() -> LaunchRequest {
     let args = [
         "--data=/data/shards/imagenet",
@@ -128,6 +129,7 @@ pub fn pytorch_ddp() -> LaunchRequest {
         "--deterministic=false",
         "--checkpoint-every=50",
         "--output=checkpoints",
+        "--checkpoint-volume=/volumes/checkpoints",
         "--keep-checkpoints=3",
         "--workers=2",
         "--prefetch=4",
@@ -155,7 +157,7 @@ pub fn pytorch_ddp() -> LaunchRequest {
                 gpu_type: Some("nvidia-h100-80gb-hbm3".into()),
             },
             replicas: 2,
-            volumes: Vec::new(),
+            volumes: vec![VolumeMount { name: "checkpoints".into(), path: "/volumes/checkpoints".into() }],
             template: template("pytorch-ddp"),
         },
         files,

@@ -97,13 +97,31 @@ impl App {
             if spec.kind != trainyard_templates::ParamKind::Volume {
                 continue;
             }
-            let Some(name) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
-            let path = self.volume_path(caller.tenant_id, &name).await.map_err(|err| match err {
-                Error::NotFound { .. } => {
-                    Error::invalid(format!("params.{param}"), format!("no volume {name} exists in your tenant"))
-                }
-                other => other,
-            })?;
+            let Some(name) = values.get(param).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string)
+            else {
+                continue;
+            };
+            let path = match self.volume_path(caller.tenant_id, &name).await {
+                Ok(path) => path,
+                Err(Error::NotFound { .. }) => match &spec.create_size {
+                    // The template makes what it names: a durable place shared by the tenant's
+                    // jobs (checkpoints that outlive pods), charged to its storage quota.
+                    Some(size) if mode == RunMode::Submit => {
+                        self.volume_for_template(caller, param, &name, size).await?
+                    }
+                    // A preview or what-if creates nothing; the path is the one it would have.
+                    Some(_) => self.executor.volume_path(&name).unwrap_or_else(|| {
+                        self.storage.volume_dir(caller.tenant_id, &name).to_string_lossy().into_owned()
+                    }),
+                    None => {
+                        return Err(Error::invalid(
+                            format!("params.{param}"),
+                            format!("no volume {name} exists in your tenant"),
+                        ));
+                    }
+                },
+                Err(other) => return Err(other),
+            };
             if !volumes.iter().any(|v| v.name == name) {
                 volumes.push(trainyard_core::job::VolumeMount { name, path: path.clone() });
             }
@@ -161,5 +179,34 @@ impl App {
     ) -> Result<(TemplateDetail, Published)> {
         caller.authorize(Action::WriteJobs)?;
         self.templates.publish(caller, upload).await
+    }
+}
+
+impl App {
+    /// Creates the volume a template's parameter names (its `create_size`), read-write for every
+    /// replica. A refusal (the storage quota) names the parameter.
+    async fn volume_for_template(&self, caller: &Caller, param: &str, name: &str, size: &str) -> Result<String> {
+        let size = trainyard_core::resources::Memory::parse(size).map_err(Error::internal)?;
+        let request = trainyard_core::api::VolumeCreate {
+            name: name.to_string(),
+            size,
+            access_mode: trainyard_core::api::AccessMode::ReadWriteMany,
+            storage_class: None,
+        };
+        match self.volume_create(caller, request).await {
+            Ok(volume) => {
+                tracing::info!(tenant = %caller.tenant, volume = name, "volume created for a template run");
+                Ok(volume.path)
+            }
+            // Another run created it a moment ago.
+            Err(Error::Conflict(_)) => self.volume_path(caller.tenant_id, name).await,
+            Err(Error::InvalidInput { message, .. }) => Err(Error::invalid(
+                format!("params.{param}"),
+                format!(
+                    "volume {name} does not exist and could not be created ({message}); create it with `yard volumes create {name} --size ...` or set {param} to another volume or to \"\""
+                ),
+            )),
+            Err(other) => Err(other),
+        }
     }
 }
