@@ -48,7 +48,7 @@ async fn every_bad_submission_is_refused_with_its_field_named_and_nothing_writte
         ),
         ("zero replicas", json!({"command": ["true"], "replicas": 0}), StatusCode::UNPROCESSABLE_ENTITY, "replicas"),
         ("empty command", json!({"command": []}), StatusCode::UNPROCESSABLE_ENTITY, "command"),
-        ("missing command", json!({"name": "x"}), StatusCode::UNPROCESSABLE_ENTITY, "body"),
+        ("missing command", json!({"name": "x"}), StatusCode::UNPROCESSABLE_ENTITY, "command"),
         ("command not a list", json!({"command": "rm -rf /"}), StatusCode::UNPROCESSABLE_ENTITY, "command"),
         ("1 MiB name", json!({"command": ["true"], "name": huge_name}), StatusCode::UNPROCESSABLE_ENTITY, "name"),
         (

@@ -725,6 +725,37 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A file and a folder cannot share a name, on either store: a path beneath an artefact, or one
+/// that is a folder of artefacts, is a 409 naming the clash (the local store answered 500), a
+/// read beneath an artefact is a 404, and a segment too long once stored is a 422.
+async fn a_file_and_a_folder_cannot_share_a_name(backend: Backend) {
+    let (env, _store) = start(&backend).await;
+    let id = finished_job(&env, json!(["true"]), 1).await;
+    let (status, _) = upload(&env, &env.admin_token, &id, "out/model.bin", b"weights".to_vec()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    // The same path again replaces it (not a clash with itself).
+    let (status, body) = upload(&env, &env.admin_token, &id, "out/model.bin", b"weights 2".to_vec()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let (status, body) = upload(&env, &env.admin_token, &id, "out/model.bin/child", b"x".to_vec()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("out/model.bin is an artefact"), "{body}");
+    let (status, body) = upload(&env, &env.admin_token, &id, "out", b"x".to_vec()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("folder of artefacts"), "{body}");
+
+    let (status, body) = env.get(&format!("/api/v1/jobs/{id}/artifacts/out/model.bin/child"), &env.admin_token).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    for long in ["a".repeat(254), "%C3%A9".repeat(100)] {
+        let (status, body) = upload(&env, &env.admin_token, &id, &long, b"x".to_vec()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["error"]["field"], "path", "{body}");
+    }
+    let (_, list) = env.get(&format!("/api/v1/jobs/{id}/artifacts"), &env.admin_token).await;
+    let paths: Vec<&str> = list.as_array().unwrap().iter().map(|a| a["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["out/model.bin"], "nothing else was stored");
+}
+
 /// Each test, once per backend.
 macro_rules! on_both_backends {
     ($($test:ident),* $(,)?) => {
@@ -749,4 +780,5 @@ on_both_backends!(
     tenants_cannot_reach_each_others_artifacts_or_volumes,
     volumes_stay_within_the_storage_quota,
     the_dashboard_shows_artefacts_datasets_and_volumes,
+    a_file_and_a_folder_cannot_share_a_name,
 );

@@ -66,7 +66,7 @@ fn json_decode_value<'de, T: DeserializeOwned>(
             return ApiError::MalformedJson(format!("the body is not valid JSON: {inner}"));
         }
         let message = inner.to_string();
-        let field = field_of(path, &message);
+        let field = field_of(path, &message, "body");
         // serde appends " at line 1 column 42"; the field path says more.
         let message = message.split(" at line ").next().unwrap_or(&message).to_string();
         ApiError::Domain(Error::invalid(field, message))
@@ -75,16 +75,16 @@ fn json_decode_value<'de, T: DeserializeOwned>(
 
 /// The path of the bad value. serde_path_to_error includes an unknown field's own name in the
 /// path; at the top level the message may still name it.
-fn field_of(path: String, message: &str) -> String {
+fn field_of(path: String, message: &str, whole: &str) -> String {
     if path != "." {
         return path;
     }
-    unknown_field(message).unwrap_or("body").to_string()
+    named_field(message).unwrap_or(whole).to_string()
 }
 
-/// The name in serde's "unknown field `x`, expected ..." message.
-fn unknown_field(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("unknown field `")?;
+/// The name in serde's "unknown field `x`, expected ..." or "missing field `x`" message.
+fn named_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("unknown field `").or_else(|| message.strip_prefix("missing field `"))?;
     rest.split('`').next()
 }
 
@@ -100,7 +100,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
         serde_path_to_error::deserialize(deserializer).map(ApiQuery).map_err(|err| {
             let path = err.path().to_string();
             let message = err.into_inner().to_string();
-            let field = field_of(path, &message);
+            let field = field_of(path, &message, "query");
             ApiError::Domain(Error::invalid(field, message))
         })
     }

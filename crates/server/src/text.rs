@@ -7,7 +7,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::{MatchedPath, Request};
-use axum::http::header;
+use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
@@ -23,6 +23,10 @@ pub async fn refuse_unstorable(matched: Option<MatchedPath>, request: Request, n
     }
     if let Some(field) = request.uri().query().and_then(query_field) {
         return refusal(field);
+    }
+    // A body sent with a method that takes none is never read by a handler: not read here either.
+    if matches!(request.method(), &Method::GET | &Method::HEAD | &Method::DELETE | &Method::OPTIONS) {
+        return next.run(request).await;
     }
     let body_kind = match request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         Some(v) if media_type_is(v, "application/json") => BodyKind::Json,

@@ -240,7 +240,7 @@ impl ObjectStorage {
                 };
                 Ok(Some((size, stream)))
             }
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) if is_absent(&err) => Ok(None),
             Err(err) => Err(err.into()),
         }
     }
@@ -249,9 +249,25 @@ impl ObjectStorage {
     pub async fn size_of(&self, key: &Path) -> Result<Option<u64>, StorageError> {
         match self.store.head(&self.location(key)).await {
             Ok(meta) => Ok(Some(meta.size)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) if is_absent(&err) => Ok(None),
             Err(err) => Err(err.into()),
         }
+    }
+
+    /// Whether any object has `prefix` as its folder (`prefix/...`).
+    pub async fn has_objects_under(&self, prefix: &Path) -> Result<bool, StorageError> {
+        let location = self.location(prefix);
+        let mut listing = self.store.list(Some(&location));
+        while let Some(entry) = listing.next().await {
+            match entry {
+                // Some stores list an object named exactly the prefix: that is no folder.
+                Ok(meta) if meta.location == location => continue,
+                Ok(_) => return Ok(true),
+                Err(err) if is_absent(&err) => return Ok(false),
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(false)
     }
 
     /// Every object under `prefix`, sorted by key.
@@ -343,4 +359,22 @@ mod tests {
             storage.list(&Path::default()).await.unwrap().into_iter().map(|o| o.key.to_string()).collect();
         assert_eq!(left, ["t/2/logs/a"]);
     }
+}
+
+/// Whether a store error means "no such object": not found, or (local store) a path that goes
+/// beneath a file, which no object can be at.
+fn is_absent(err: &object_store::Error) -> bool {
+    if matches!(err, object_store::Error::NotFound { .. }) {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::NotADirectory
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }

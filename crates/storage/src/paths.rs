@@ -8,6 +8,9 @@ use std::fmt;
 pub const MAX_PATH_BYTES: usize = 1024;
 /// The longest single segment accepted, in bytes (a common file-name limit).
 pub const MAX_SEGMENT_BYTES: usize = 255;
+/// The longest segment as the store writes it (escapes included), leaving room for the local
+/// store's `#<n>` suffix of a file written aside within a file system's 255-byte names.
+pub const MAX_STORED_SEGMENT_BYTES: usize = 240;
 
 /// A relative path that passed [`relative_path`]: non-empty `/`-separated segments, none of them
 /// `.` or `..`, no backslash, no control character, no percent-escape.
@@ -61,6 +64,13 @@ pub fn relative_path(text: &str) -> Result<RelPath, PathRefused> {
             "" => return Err(PathRefused("must not contain empty segments ('//' or a trailing '/')")),
             "." | ".." => return Err(PathRefused("must not contain '.' or '..' segments")),
             s if s.len() > MAX_SEGMENT_BYTES => return Err(PathRefused("has a segment over 255 bytes")),
+            // As stored: object_store escapes some characters (three bytes each), and the local
+            // store writes an upload aside under the name plus a short suffix first.
+            s if object_store::path::PathPart::from(s).as_ref().len() > MAX_STORED_SEGMENT_BYTES => {
+                return Err(PathRefused(
+                    "has a segment too long to store (at most 240 bytes, each character the store must escape counting 3)",
+                ));
+            }
             _ => {}
         }
     }
@@ -110,6 +120,17 @@ mod tests {
         ] {
             assert!(relative_path(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn segments_are_measured_as_stored() {
+        assert!(relative_path(&"a".repeat(240)).is_ok());
+        // Too long once the local store writes it aside as `<name>#1`.
+        assert!(relative_path(&"a".repeat(241)).is_err());
+        // Escaped by the store: 100 characters become 300 bytes or more.
+        assert!(relative_path(&"[".repeat(100)).is_err());
+        assert!(relative_path(&"é".repeat(100)).is_err());
+        assert!(relative_path(&"é".repeat(20)).is_ok());
     }
 
     fn segment() -> impl Strategy<Value = String> {

@@ -147,8 +147,9 @@ impl Modify for BearerAuth {
 /// list them itself, so that generated clients and fuzzers know every status code the server
 /// may send: 401, 429 and 503 for operations that need a token (no valid token; too many failed
 /// authentications, with `Retry-After`; the database away), 403 for the writes (a role that does
-/// not allow it), 400, 413, 415 and 422 for operations with a body, 404 and 422 for paths with
-/// ids or names (an unknown one; text Postgres cannot store).
+/// not allow it), 400, 413 and 415 for operations with a body, 404 for paths with ids or names,
+/// and 422 for every operation (a rule broken by a value in the path, the query or the body;
+/// text Postgres cannot store is refused on every route).
 struct EdgeResponses;
 
 impl Modify for EdgeResponses {
@@ -186,8 +187,10 @@ impl Modify for EdgeResponses {
                 }
                 if path.contains('{') {
                     codes.push(("404", "No such object for this caller"));
-                    codes.push(("422", "A value breaks a rule; the error names the field"));
                 }
+                // Every operation: a query parameter or path segment that breaks a rule (text
+                // Postgres cannot store is refused on every route, whatever it takes).
+                codes.push(("422", "A value breaks a rule; the error names the field"));
                 for (code, description) in codes {
                     operation.responses.responses.entry(code.to_string()).or_insert_with(|| error(description));
                 }

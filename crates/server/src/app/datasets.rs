@@ -29,8 +29,12 @@ impl App {
             created_at: chrono::Utc::now(),
         };
         if let Some(job_id) = request.from_job {
-            let outputs = self.store.job_outputs(caller.tenant_id, job_id).await?;
-            let job = self.store.job_get(caller.tenant_id, job_id).await?;
+            let no_such_job = |err| match err {
+                Error::NotFound { .. } => Error::invalid("from_job", "names no job of your tenant"),
+                other => other,
+            };
+            let job = self.store.job_get(caller.tenant_id, job_id).await.map_err(no_such_job)?;
+            let outputs = self.store.job_outputs(caller.tenant_id, job_id).await.map_err(no_such_job)?;
             if job.state != trainyard_core::job::JobState::Succeeded {
                 return Err(Error::invalid(
                     "from_job",

@@ -70,6 +70,7 @@ impl App {
             return Err(Error::Conflict("this job's artefacts were removed by its tenant's retention policy".into()));
         }
         let key = keys::artifact_key(tenant_id, job_id, &path);
+        self.artifact_name_free(tenant_id, job_id, &path, &key).await?;
         let uploaded =
             self.storage.objects.upload(&key, body, self.storage.max_artifact_bytes).await.map_err(storage_error)?;
         self.store.artifact_record(tenant_id, job_id, path.as_str(), uploaded.size, &uploaded.sha256).await?;
@@ -79,6 +80,34 @@ impl App {
             sha256: uploaded.sha256,
             parts: uploaded.parts,
         })
+    }
+
+    /// A file and a folder cannot share a name (the local store is a file system; S3 would keep
+    /// both and make every listing ambiguous): refuses a path beneath an artefact, or one that
+    /// is a folder of artefacts, with 409, the same on every store.
+    async fn artifact_name_free(
+        &self,
+        tenant_id: Uuid,
+        job_id: Uuid,
+        path: &trainyard_storage::RelPath,
+        key: &trainyard_storage::Key,
+    ) -> Result<()> {
+        let segments: Vec<&str> = path.segments().collect();
+        for end in 1..segments.len() {
+            let parent = artifact_path(&segments[..end].join("/"))?;
+            let parent_key = keys::artifact_key(tenant_id, job_id, &parent);
+            // An error here is no answer either way (s3s-fs answers a HEAD of a key that is a
+            // folder in its file system with 500): the upload itself meets any real outage.
+            if self.storage.objects.size_of(&parent_key).await.ok().flatten().is_some() {
+                return Err(Error::Conflict(format!(
+                    "{parent} is an artefact already, so nothing can be stored beneath it; choose another path"
+                )));
+            }
+        }
+        if self.storage.objects.has_objects_under(key).await.map_err(storage_error)? {
+            return Err(Error::Conflict(format!("{path} is a folder of artefacts; choose another path")));
+        }
+        Ok(())
     }
 
     /// A short-lived link to download one artefact: the store's own pre-signed URL (S3), or
