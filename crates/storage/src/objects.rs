@@ -305,6 +305,24 @@ impl ObjectStorage {
     }
 }
 
+/// Whether a store error means "no such object": not found, or (local store) a path that goes
+/// beneath a file, which no object can be at.
+fn is_absent(err: &object_store::Error) -> bool {
+    if matches!(err, object_store::Error::NotFound { .. }) {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::NotADirectory
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,22 +377,4 @@ mod tests {
             storage.list(&Path::default()).await.unwrap().into_iter().map(|o| o.key.to_string()).collect();
         assert_eq!(left, ["t/2/logs/a"]);
     }
-}
-
-/// Whether a store error means "no such object": not found, or (local store) a path that goes
-/// beneath a file, which no object can be at.
-fn is_absent(err: &object_store::Error) -> bool {
-    if matches!(err, object_store::Error::NotFound { .. }) {
-        return true;
-    }
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::NotADirectory
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
 }
