@@ -7,6 +7,7 @@ mod control;
 mod dashboard;
 mod data;
 mod dev;
+mod fuzz;
 mod input;
 mod jobs;
 mod recovery;
