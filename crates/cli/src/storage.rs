@@ -182,7 +182,14 @@ pub async fn volumes(client: &Client, out: Output, command: VolumesCommand) -> a
                 list.iter()
                     .map(|v| {
                         let size = Memory(v.size_bytes);
-                        format!("{}\t{}\t{}\t{}\t{}\n", v.name, size, v.access_mode.as_str(), v.storage_class, v.path)
+                        format!(
+                            "{}\t{}\t{}\t{}\t{}\n",
+                            v.name,
+                            size,
+                            v.access_mode.as_str(),
+                            v.storage_class.as_deref().unwrap_or("-"),
+                            v.path
+                        )
                     })
                     .collect()
             })

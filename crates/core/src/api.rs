@@ -493,7 +493,8 @@ pub struct Volume {
     pub name: String,
     pub size_bytes: u64,
     pub access_mode: AccessMode,
-    pub storage_class: String,
+    /// `null`: the cluster's default class.
+    pub storage_class: Option<String>,
     /// Where jobs find it (a directory under the data directory for the local executor).
     pub path: String,
     pub created_by: String,
@@ -512,7 +513,7 @@ pub struct VolumeCreate {
     pub size: crate::resources::Memory,
     #[serde(default)]
     pub access_mode: AccessMode,
-    /// Default `standard`.
+    /// The cluster's default class unless named.
     #[serde(default)]
     pub storage_class: Option<String>,
 }

@@ -206,7 +206,8 @@ pub struct VolumeRequest {
     pub size_bytes: u64,
     /// `ReadWriteOnce`, `ReadOnlyMany` or `ReadWriteMany`.
     pub access_mode: String,
-    pub storage_class: String,
+    /// `None`: the cluster's default class, or the one the operator named.
+    pub storage_class: Option<String>,
 }
 
 /// The most a tenant may hold at once, mirrored into the cluster as a second line of defence

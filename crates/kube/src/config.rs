@@ -37,6 +37,8 @@ pub struct KubeConfig {
     pub client_burst: u32,
     /// Where the logs of ended attempts are kept: `<log_dir>/<job>/<attempt>/<replica>.log`.
     pub log_dir: PathBuf,
+    /// The storage class of volumes that name none; `None`: the cluster's default class.
+    pub storage_class: Option<String>,
 }
 
 impl KubeConfig {
@@ -60,6 +62,7 @@ impl KubeConfig {
             client_qps: 1000,
             client_burst: 2000,
             log_dir: log_dir.into(),
+            storage_class: None,
         }
     }
 }

@@ -116,6 +116,22 @@ pub struct KubernetesExecutor {
     launched: Mutex<HashMap<(Uuid, i32), Instant>>,
     stopped: Mutex<HashSet<(Uuid, i32)>>,
     ended: Mutex<HashMap<(Uuid, i32, u32), ReplicaDetail>>,
+    /// Attempts whose launch failed and was cleaned up: the next launch applies them afresh.
+    relaunch: Mutex<HashSet<(Uuid, i32)>>,
+}
+
+/// A client for the API server `kube_config` names, rate-limited by `config`'s qps and burst.
+/// kube's TLS is rustls with no crypto provider chosen by features: this names ring, once per
+/// process (harmless when something else installed one first), so that any binary or test
+/// linking this crate can reach an `https` API server.
+pub fn client_for(kube_config: kube::Config, config: &KubeConfig) -> Result<Client, KubeError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let burst = u64::from(config.client_burst.max(1));
+    let window = Duration::from_secs_f64(burst as f64 / f64::from(config.client_qps.max(1)));
+    Ok(kube::client::ClientBuilder::try_from(kube_config)
+        .map_err(|e| KubeError::Config(e.to_string()))?
+        .with_layer(&tower::limit::RateLimitLayer::new(burst, window))
+        .build())
 }
 
 impl KubernetesExecutor {
@@ -123,12 +139,7 @@ impl KubernetesExecutor {
     /// rate limit of `client_burst` requests per `client_burst / client_qps` seconds.
     pub async fn connect(config: KubeConfig) -> Result<KubernetesExecutor, KubeError> {
         let kube_config = kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?;
-        let burst = u64::from(config.client_burst.max(1));
-        let window = Duration::from_secs_f64(burst as f64 / f64::from(config.client_qps.max(1)));
-        let client = kube::client::ClientBuilder::try_from(kube_config)
-            .map_err(|e| KubeError::Config(e.to_string()))?
-            .with_layer(&tower::limit::RateLimitLayer::new(burst, window))
-            .build();
+        let client = client_for(kube_config, &config)?;
         Ok(KubernetesExecutor::with_client(client, config))
     }
 
@@ -147,6 +158,7 @@ impl KubernetesExecutor {
             launched: Mutex::new(HashMap::new()),
             stopped: Mutex::new(HashSet::new()),
             ended: Mutex::new(HashMap::new()),
+            relaunch: Mutex::new(HashSet::new()),
         }
     }
 
@@ -222,15 +234,29 @@ impl KubernetesExecutor {
             inventory::gpu_label_value(&self.cache.nodes.state(), &self.config.gpu_label_key, gpu_type)
         });
         let mut objects = manifests::attempt_objects(&self.config, request, gpu_label.as_deref())?;
-        let job = self.apply(&objects.job).await?;
-        let uid = job.uid().ok_or_else(|| KubeError::NoUid(job.name_any()))?;
-        manifests::attempt_owned_by(&mut objects, &uid);
-        futures::try_join!(
-            self.apply(&objects.service).map_ok(|_| ()),
-            self.apply(&objects.config_map).map_ok(|_| ()),
-            self.apply(&objects.secret).map_ok(|_| ()),
-        )?;
-        Ok(())
+        let applied = async {
+            let job = self.apply(&objects.job).await?;
+            let uid = job.uid().ok_or_else(|| KubeError::NoUid(job.name_any()))?;
+            manifests::attempt_owned_by(&mut objects, &uid);
+            // All three to the end, so that none is still in flight when a failure cleans up.
+            let (service, config_map, secret) = futures::join!(
+                self.apply(&objects.service),
+                self.apply(&objects.config_map),
+                self.apply(&objects.secret),
+            );
+            service.and(config_map).and(secret).map(|_| ())
+        }
+        .await;
+        if let Err(err) = &applied {
+            // A launch that fails removes what it applied at once: deleting the Job takes its
+            // pods and the objects it owns with it (a Job that was never made answers 404).
+            let namespace = objects.job.namespace().unwrap_or_default();
+            let name = objects.job.name_any();
+            tracing::warn!(%err, job = %request.job_id, attempt = request.attempt, "launch failed; removing what it applied");
+            self.job_delete(&namespace, &name, Some(Duration::ZERO)).await;
+            self.relaunch.lock().expect("relaunch poisoned").insert((request.job_id, request.attempt));
+        }
+        applied
     }
 
     /// Each replica's detail, from the watched pods, what this process saw end, and the Job.
@@ -448,8 +474,11 @@ impl Executor for KubernetesExecutor {
         let placement = serde_json::to_value(self.placement(request)).expect("placement serialises");
         let job_ref = ObjectRef::new(&names::attempt_object(request.job_id, request.attempt))
             .within(&names::namespace(&self.config.namespace_prefix, &request.tenant, request.tenant_id));
-        let known = self.launched.lock().expect("launched poisoned").contains_key(&key)
-            || self.cache.jobs.get(&job_ref).is_some();
+        // A launch that failed and was cleaned up is made afresh, whatever the watch still shows.
+        let relaunch = self.relaunch.lock().expect("relaunch poisoned").remove(&key);
+        let known = !relaunch
+            && (self.launched.lock().expect("launched poisoned").contains_key(&key)
+                || self.cache.jobs.get(&job_ref).is_some());
         if known {
             tracing::info!(job = %request.job_id, attempt = request.attempt, "attempt exists already; launching nothing");
             return Ok(placement);

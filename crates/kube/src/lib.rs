@@ -18,4 +18,4 @@ pub mod names;
 pub mod status;
 
 pub use config::KubeConfig;
-pub use executor::{KubeError, KubernetesExecutor};
+pub use executor::{KubeError, KubernetesExecutor, client_for};

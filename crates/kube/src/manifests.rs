@@ -168,15 +168,20 @@ pub fn volume_claim(config: &KubeConfig, tenant: &TenantRef, volume: &VolumeRequ
     let ns = names::namespace(&config.namespace_prefix, &tenant.slug, tenant.id);
     let mut labels = names::tenant_labels(tenant.id);
     labels.insert(names::LABEL_VOLUME.to_string(), volume.name.clone());
-    typed(json!({
+    let mut claim = json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": metadata(&names::volume_claim(&volume.name), Some(&ns), &labels),
         "spec": {
             "accessModes": [volume.access_mode],
-            "storageClassName": volume.storage_class,
             "resources": { "requests": { "storage": volume.size_bytes.to_string() } },
         },
-    }))
+    });
+    // No class named: the operator's, else none at all, so that the cluster's default class
+    // provisions it (naming a class the cluster lacks leaves the claim Pending forever).
+    if let Some(class) = volume.storage_class.as_ref().or(config.storage_class.as_ref()) {
+        claim["spec"]["storageClassName"] = json!(class);
+    }
+    typed(claim)
 }
 
 /// The labels a Service selects on: the job and attempt, nothing that could change.

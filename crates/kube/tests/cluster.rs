@@ -28,7 +28,7 @@ async fn cluster_client() -> Option<Client> {
     let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("the kubeconfig reads");
     let config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("a usable kubeconfig");
-    Some(Client::try_from(config).expect("a client"))
+    Some(trainyard_kube::client_for(config, &examples::config()).expect("a client"))
 }
 
 /// Waits up to `seconds` for `check` to return something.

@@ -457,7 +457,7 @@ async fn a_volume_is_a_claim_in_the_tenants_namespace_mounted_where_the_job_was_
         name: "checkpoints".into(),
         size_bytes: 10 << 30,
         access_mode: "ReadWriteMany".into(),
-        storage_class: "fast-nfs".into(),
+        storage_class: Some("fast-nfs".into()),
     };
     assert_eq!(executor.volume_path("checkpoints").as_deref(), Some("/volumes/checkpoints"));
     executor.volume_ensure(&volume).await.unwrap();
@@ -485,4 +485,81 @@ async fn a_volume_is_a_claim_in_the_tenants_namespace_mounted_where_the_job_was_
     executor.volume_remove(TENANT, "vision-team", "checkpoints").await.unwrap();
     assert!(fake.get("persistentvolumeclaims", NS, "vol-checkpoints").is_none());
     executor.volume_remove(TENANT, "vision-team", "checkpoints").await.expect("removing a gone volume is harmless");
+}
+
+/// A volume that names no storage class asks for none, so that the cluster's default class
+/// provisions it (a class the cluster lacks would leave the claim Pending forever); the
+/// operator's `--kube-storage-class` fills in when set.
+#[tokio::test]
+async fn a_volume_without_a_class_gets_the_clusters_default_or_the_operators() {
+    let logs = tempfile::tempdir().unwrap();
+    let volume = trainyard_executor::VolumeRequest {
+        tenant_id: TENANT,
+        tenant: "vision-team".into(),
+        name: "scratch".into(),
+        size_bytes: 1 << 30,
+        access_mode: "ReadWriteOnce".into(),
+        storage_class: None,
+    };
+    let fake = FakeApi::default();
+    executor(&fake, config(&logs)).await.volume_ensure(&volume).await.unwrap();
+    let claim = fake.get("persistentvolumeclaims", NS, "vol-scratch").unwrap();
+    assert!(claim["spec"].get("storageClassName").is_none(), "{claim}");
+
+    let fake = FakeApi::default();
+    let mut with_class = config(&logs);
+    with_class.storage_class = Some("ceph-rbd".into());
+    executor(&fake, with_class).await.volume_ensure(&volume).await.unwrap();
+    let claim = fake.get("persistentvolumeclaims", NS, "vol-scratch").unwrap();
+    assert_eq!(claim["spec"]["storageClassName"], "ceph-rbd");
+}
+
+/// A client for an `https` API server builds in a binary that links only this crate: no panic
+/// for want of a rustls crypto provider (the cluster suite hit it before its first request).
+#[tokio::test]
+async fn a_client_for_an_https_api_server_builds_without_a_tls_panic() {
+    let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+    let client = trainyard_kube::client_for(config, &examples::config()).expect("a client");
+    // Nothing listens there: the request fails as a connection error, not a panic.
+    let err = client.apiserver_version().await.unwrap_err();
+    assert!(!err.to_string().contains("CryptoProvider"), "{err}");
+}
+
+/// A launch that fails at any of its requests removes what it applied at once: no Job, pod,
+/// Service, ConfigMap or Secret of the attempt is left (the tenant's own objects may stay: the
+/// next launch needs them); the launch after it makes the attempt afresh.
+#[tokio::test]
+async fn a_launch_failing_at_any_request_leaves_nothing_of_the_attempt_behind() {
+    let logs = tempfile::tempdir().unwrap();
+    let attempt_objects = ["jobs", "services", "configmaps", "secrets"];
+    // How many writes a first launch into a tenant makes: the tenant's objects, then the attempt's.
+    let writes = {
+        let fake = FakeApi::default();
+        fake.node_put("gpu-1", "nvidia-h100-80gb-hbm3", 8);
+        let executor = executor(&fake, config(&logs)).await;
+        executor.launch(&examples::pytorch_ddp()).await.unwrap();
+        fake.writes_and_reads().iter().filter(|r| r.method == Method::PATCH).count()
+    };
+    assert!(writes >= 8, "{writes} writes");
+    for failing in 0..writes {
+        let fake = FakeApi::default();
+        fake.node_put("gpu-1", "nvidia-h100-80gb-hbm3", 8);
+        let executor = executor(&fake, config(&logs)).await;
+        fake.fail_nth_write(failing, 403);
+        executor
+            .launch(&examples::pytorch_ddp())
+            .await
+            .expect_err(&format!("refusing write {failing} fails the launch"));
+        for plural in attempt_objects {
+            assert!(
+                fake.list(plural).is_empty(),
+                "write {failing} refused: {plural} left behind: {:?}",
+                fake.list(plural)
+            );
+        }
+        executor.launch(&examples::pytorch_ddp()).await.expect("the next launch goes through");
+        for plural in attempt_objects {
+            assert_eq!(fake.list(plural).len(), 1, "write {failing} refused, then launched again: one of {plural}");
+        }
+    }
 }

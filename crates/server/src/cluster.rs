@@ -43,6 +43,9 @@ pub struct KubeExecutorArgs {
     /// Requests allowed at once above that rate.
     #[arg(long, default_value_t = 2000)]
     pub kube_burst: u32,
+    /// The storage class of volumes that name none (default: the cluster's default class).
+    #[arg(long)]
+    pub kube_storage_class: Option<String>,
 }
 
 /// A server whose jobs run on Kubernetes; kept logs of ended attempts go under `data_dir/logs`.
@@ -60,6 +63,7 @@ pub async fn kube_server(
     config.image_pull_policy = args.kube_image_pull_policy.clone();
     config.client_qps = args.kube_qps;
     config.client_burst = args.kube_burst;
+    config.storage_class = args.kube_storage_class.clone();
     config.termination_grace = settings.grace;
     let executor = KubernetesExecutor::connect(config).await.context("connecting to Kubernetes")?;
     let storage = storage.open(data_dir).context("opening the object store")?;

@@ -22,7 +22,7 @@ pub struct NewVolume<'a> {
     pub name: &'a str,
     pub size_bytes: u64,
     pub access_mode: AccessMode,
-    pub storage_class: &'a str,
+    pub storage_class: Option<&'a str>,
     pub path: &'a str,
 }
 

@@ -141,9 +141,16 @@ impl FakeApi {
         self.state.lock().unwrap().requests.iter().filter(|r| !r.is_watch_or_list()).cloned().collect()
     }
 
-    /// Makes the next writes fail with these status codes, one each.
+    /// Makes the next writes fail with these status codes, one each (0: that write goes through).
     pub fn fail_next_writes(&self, codes: &[u16]) {
         self.state.lock().unwrap().failing_writes.extend(codes);
+    }
+
+    /// Lets `n` writes through, then fails the next one with `code`.
+    pub fn fail_nth_write(&self, n: usize, code: u16) {
+        let mut codes = vec![0; n];
+        codes.push(code);
+        self.fail_next_writes(&codes);
     }
 
     pub fn requests_clear(&self) {
@@ -301,6 +308,7 @@ impl FakeApi {
         let namespace = target.namespace.clone().unwrap_or_default();
         if parts.method == Method::PATCH
             && let Some(code) = self.state.lock().unwrap().failing_writes.pop_front()
+            && code != 0
         {
             let code = StatusCode::from_u16(code).expect("a status code");
             return reply(code, &status(code.as_u16(), "Failure", format!("injected failure of {path}")));

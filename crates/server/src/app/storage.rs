@@ -174,7 +174,8 @@ impl App {
     /// storage quota. A directory that cannot be made removes the record again.
     pub async fn volume_create(&self, caller: &Caller, request: VolumeCreate) -> Result<Volume> {
         caller.authorize(Action::WriteJobs)?;
-        let storage_class = request.storage_class.as_deref().unwrap_or("standard");
+        // None: the cluster's default class (the operator may name one, `--kube-storage-class`).
+        let storage_class = request.storage_class.as_deref();
         // The name becomes a directory: check it before any path is built from it.
         trainyard_core::names::VolumeName::parse(&request.name).map_err(|message| Error::invalid("name", message))?;
         // Where jobs find it: the backend's mount path (a cluster's claim), or a directory here.
@@ -202,7 +203,7 @@ impl App {
                     name: request.name.clone(),
                     size_bytes: request.size.bytes(),
                     access_mode: request.access_mode.as_str().to_string(),
-                    storage_class: storage_class.to_string(),
+                    storage_class: storage_class.map(str::to_string),
                 };
                 self.executor.volume_ensure(&provision).await.map_err(|err| err.to_string())
             }

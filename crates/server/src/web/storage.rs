@@ -139,7 +139,7 @@ async fn volumes_page(state: &AppState, auth: &WebAuth, error: Option<String>) -
         .map(|v| VolumeRow {
             size: Memory(v.size_bytes).to_string(),
             access_mode: v.access_mode.as_str(),
-            storage_class: v.storage_class,
+            storage_class: v.storage_class.unwrap_or_else(|| "(cluster default)".into()),
             path: v.path,
             created: when(&v.created_at),
             name: v.name,
