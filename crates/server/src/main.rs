@@ -43,6 +43,8 @@ impl std::str::FromStr for DatabaseUrl {
     }
 }
 
+// Parsed once at start and moved into `run`: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Everything on this machine: a private Postgres in the data directory, the local executor,
