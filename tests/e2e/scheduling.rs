@@ -190,3 +190,75 @@ async fn a_deep_queue_says_where_each_job_stands_and_answers_follow_changes() {
     let (_, tail) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[504]), &carol).await;
     assert_eq!(tail["tenant_position"], 504, "{tail}");
 }
+
+/// A job that can never run on the cluster as it is (8 simulated GPUs of one type, 8 cores) is
+/// refused at submit with the field and the capacity named in human units, by the API, a
+/// template run and what-if alike (`yard submit --what-if` exits 1 for it, 3 for a job that
+/// would wait, 0 for one that would start now); a quota for a GPU type no node has is set with
+/// a warning. Nothing is queued for the refused jobs.
+#[tokio::test(flavor = "multi_thread")]
+async fn jobs_that_can_never_fit_are_refused_with_the_capacity_named() {
+    let env = TestEnv::start_with_fixed_cluster(&["--simulate-gpus", "8", "--simulate-gpu-type", "sim-gpu"]).await;
+    let cases = [
+        (
+            json!({"command": ["true"], "resources": {"gpus": 16}}),
+            "resources.gpus",
+            "asks for 16 GPUs; the largest node has 8",
+        ),
+        (
+            json!({"command": ["true"], "resources": {"gpus": 1, "gpu_type": "b200"}}),
+            "resources.gpu_type",
+            "no node of this cluster has GPUs of type b200 (its GPU types: sim-gpu)",
+        ),
+        (
+            json!({"command": ["true"], "resources": {"cpu": 64}}),
+            "resources.cpu",
+            "asks for 64 CPU cores; the largest node has 8",
+        ),
+        (
+            json!({"command": ["true"], "replicas": 2, "resources": {"gpus": 8}}),
+            "replicas",
+            "runs 2 replicas of 8 GPUs at once; the whole cluster holds at most 1",
+        ),
+    ];
+    for (job, field, text) in &cases {
+        let (status, body) = env.post("/api/v1/jobs", &env.admin_token, job).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{job}: {body}");
+        assert_eq!(body["error"]["field"], *field, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("can never run on this cluster") && message.contains(text), "{message}");
+        let (status, body) = env.post("/api/v1/jobs/what-if", &env.admin_token, job).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "what-if {job}: {body}");
+    }
+    let (status, body) = env
+        .post("/api/v1/templates/shell/jobs", &env.admin_token, &json!({"params": {"command": ["true"], "cpu": 64}}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(env.jobs_in_db().await, 0, "nothing was queued");
+
+    // The CLI's what-if: 1 never, 0 starts now, 3 would wait.
+    let quota = json!({"nominal": 8});
+    let (status, body) = env
+        .call(Method::PUT, "/api/v1/admin/tenants/default/quotas/sim-gpu", Some(&env.admin_token), Some(&quota))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["warnings"], json!([]), "sim-gpu exists");
+    let never = env.yard(&env.admin_token, &["submit", "--gpus", "16", "--what-if", "--", "true"]);
+    assert_eq!(never.status.code(), Some(1), "{}", stderr(&never));
+    assert!(stderr(&never).contains("the largest node has 8"), "{}", stderr(&never));
+    let now = env.yard(&env.admin_token, &["submit", "--gpus", "8", "--what-if", "--", "true"]);
+    assert_eq!(now.status.code(), Some(0), "{}", stderr(&now));
+    let blocker = env.submit(json!({"command": ["sleep", "30"], "resources": {"gpus": 8}})).await;
+    env.wait_state(&blocker, "running", Duration::from_secs(20)).await;
+    let waits = env.yard(&env.admin_token, &["submit", "--gpus", "8", "--what-if", "--", "true"]);
+    assert_eq!(waits.status.code(), Some(3), "{}{}", stdout(&waits), stderr(&waits));
+
+    // A quota for a GPU type no node has: set, with a warning (API and CLI).
+    let (status, body) =
+        env.call(Method::PUT, "/api/v1/admin/tenants/default/quotas/b200", Some(&env.admin_token), Some(&quota)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["warnings"][0].as_str().unwrap().contains("no node of this cluster has GPUs of type b200"), "{body}");
+    let set = env.yard(&env.admin_token, &["admin", "quota", "set", "default", "b200", "--nominal", "4"]);
+    assert!(set.status.success());
+    assert!(stderr(&set).contains("warning: no node of this cluster has GPUs of type b200"));
+}

@@ -590,7 +590,7 @@ async fn volumes_stay_within_the_storage_quota(backend: Backend) {
     let (status, _) = env.post("/api/v1/volumes", &env.admin_token, &json!({"name": "more", "size": "5Gi"})).await;
     assert_eq!(status, StatusCode::CREATED);
     let ls = env.yard(&env.admin_token, &["volumes", "ls"]);
-    assert!(stdout(&ls).contains("more\t5Gi\tReadWriteOnce\tstandard"), "{}", stdout(&ls));
+    assert!(stdout(&ls).contains("more\t5Gi\tReadWriteOnce\t-"), "{}", stdout(&ls));
     let show = env.yard(&env.admin_token, &["storage", "show"]);
     assert!(stdout(&show).contains("logs kept 7 days") && stdout(&show).contains("5Gi of 10Gi"), "{}", stdout(&show));
 }

@@ -153,6 +153,9 @@ impl Drop for ServerProcess {
     }
 }
 
+/// Marks a [`TestEnv`] whose server refuses jobs larger than the cluster (not a server argument).
+const FIXED_CLUSTER: &str = "(fixed cluster)";
+
 /// One test's world: its database, data directory, server, and an admin token.
 pub struct TestEnv {
     pub db: TestDb,
@@ -177,6 +180,15 @@ impl TestEnv {
     /// A server started with extra arguments and environment variables.
     pub async fn start_with_env(extra: &[&str], env: &[(String, String)]) -> TestEnv {
         TestEnv::start_inner(extra, env, None).await
+    }
+
+    /// A server that refuses jobs larger than its cluster (the default outside the tests:
+    /// every other test server runs with `--cluster-grows`, so that a job asking for more than
+    /// the test machine has stays queued, which many tests rely on).
+    pub async fn start_with_fixed_cluster(extra: &[&str]) -> TestEnv {
+        let mut args = vec![FIXED_CLUSTER];
+        args.extend_from_slice(extra);
+        TestEnv::start_inner(&args, &[], None).await
     }
 
     /// A server that reaches its database through a [`proxy::DbProxy`] (returned), so that the
@@ -209,7 +221,12 @@ impl TestEnv {
             .expect("run trainyard bootstrap");
         assert!(output.status.success(), "bootstrap failed: {}", String::from_utf8_lossy(&output.stderr));
         let admin_token = String::from_utf8(output.stdout).unwrap().trim().to_string();
-        let server = ServerProcess::start_with_env(&server_db_url, &dir.path().join("data"), extra, env);
+        // Test servers queue what the test machine cannot hold (see `start_with_fixed_cluster`).
+        let mut args: Vec<&str> = extra.iter().copied().filter(|a| *a != FIXED_CLUSTER).collect();
+        if !extra.contains(&FIXED_CLUSTER) {
+            args.push("--cluster-grows");
+        }
+        let server = ServerProcess::start_with_env(&server_db_url, &dir.path().join("data"), &args, env);
         TestEnv { db, dir, server, admin_token, server_db_url, http: reqwest::Client::new() }
     }
 

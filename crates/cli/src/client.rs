@@ -43,6 +43,11 @@ impl Client {
         decode(self.send(self.request(Method::POST, path).json(body)).await?).await
     }
 
+    /// PUT with a JSON body; the JSON answer decoded.
+    pub async fn put_json<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        decode(self.send(self.request(Method::PUT, path).json(body)).await?).await
+    }
+
     /// PUT or PATCH with a JSON body; the answer's body (if any) is not needed.
     pub async fn put<B: Serialize>(&self, path: &str, body: &B) -> anyhow::Result<()> {
         self.send(self.request(Method::PUT, path).json(body)).await?;

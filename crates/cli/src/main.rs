@@ -159,6 +159,7 @@ struct SubmitArgs {
     #[arg(long)]
     idempotency_key: Option<String>,
     /// Say whether it would start now, or its queue position and estimated start; submit nothing.
+    /// Exit status: 0 it would start now, 3 it would wait, 1 it never could (or another error).
     #[arg(long)]
     what_if: bool,
     /// The program and its arguments, after `--`.
@@ -180,6 +181,7 @@ struct RunArgs {
     #[arg(long, conflicts_with = "what_if")]
     dry_run: bool,
     /// Say whether it would start now, or its queue position and estimated start; queue nothing.
+    /// Exit status: 0 it would start now, 3 it would wait, 1 it never could (or another error).
     #[arg(long)]
     what_if: bool,
     /// Wait for the job to end; exit 0 only if it succeeded.
@@ -338,6 +340,16 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The exit status of a what-if that would wait: scripts tell "starts now" (0) from "waits" (3)
+/// from "never" (1, the server's refusal) without reading the text.
+const EXIT_WOULD_WAIT: u8 = 3;
+
+/// Prints a what-if's answer; exits 0 when the job would start now, [`EXIT_WOULD_WAIT`] when not.
+fn what_if_answer(out: Output, schedule: &Schedule) -> anyhow::Result<ExitCode> {
+    output::print(out, schedule, output::schedule)?;
+    Ok(if schedule.admitted_now { ExitCode::SUCCESS } else { ExitCode::from(EXIT_WOULD_WAIT) })
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = cli.output;
     if let Command::Login { url, token } = &cli.command {
@@ -377,7 +389,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Submit(args) if args.what_if => {
             let submission = submission_of(args)?;
             let schedule: Schedule = client.post("/api/v1/jobs/what-if", &submission).await?;
-            output::print(out, &schedule, output::schedule)
+            what_if_answer(out, &schedule)
         }
         Command::Submit(args) => {
             let submission = submission_of(args)?;
@@ -442,7 +454,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             if args.what_if {
                 let schedule = templates::what_if(&client, &args.template, &run).await?;
-                return output::print(out, &schedule, output::schedule);
+                return what_if_answer(out, &schedule);
             }
             match templates::run(&client, &args.template, &run, args.dry_run).await? {
                 templates::RunResult::DryRun(dry) => {
@@ -519,8 +531,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: AdminCommand::Quota { command: AdminQuotaCommand::Set { tenant, flavor, nominal, borrow, lend } },
         } => {
             let body = QuotaSet { nominal, borrowing_limit: borrow, lending_limit: lend };
-            client.put(&format!("/api/v1/admin/tenants/{tenant}/quotas/{flavor}"), &body).await?;
+            let set: trainyard_core::api::QuotaSetResult =
+                client.put_json(&format!("/api/v1/admin/tenants/{tenant}/quotas/{flavor}"), &body).await?;
             eprintln!("quota of {tenant} for {flavor}: nominal {nominal}");
+            for warning in set.warnings {
+                eprintln!("warning: {warning}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Admin {

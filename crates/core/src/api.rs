@@ -335,6 +335,14 @@ pub struct FlavorUsage {
     pub lent: u64,
 }
 
+/// A quota that was set, with what may not work as meant.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct QuotaSetResult {
+    /// For example a GPU type no node of the cluster has: no job can use the quota until such
+    /// nodes join.
+    pub warnings: Vec<String>,
+}
+
 /// Sets a tenant's quota for one GPU type.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -356,8 +356,9 @@ fn never_or_no_room(state: &State<'_>, job: Uuid, d: &Shape, flavor: Option<Flav
         } else {
             PendingReason::NeverFits {
                 detail: format!(
-                    "no node has {} cpu millicores and {} bytes of memory for one replica",
-                    d.cpu_millis, d.memory_bytes
+                    "no node has {} CPU cores and {} of memory for one replica",
+                    crate::fit::cores(d.cpu_millis),
+                    crate::fit::bytes(d.memory_bytes)
                 ),
             }
         };
@@ -367,8 +368,10 @@ fn never_or_no_room(state: &State<'_>, job: Uuid, d: &Shape, flavor: Option<Flav
     if !one {
         return PendingReason::NeverFits {
             detail: format!(
-                "no node has {} GPUs of {name}, {} cpu millicores and {} bytes of memory for one replica",
-                d.gpus, d.cpu_millis, d.memory_bytes
+                "no node has {} GPUs of {name}, {} CPU cores and {} of memory for one replica",
+                d.gpus,
+                crate::fit::cores(d.cpu_millis),
+                crate::fit::bytes(d.memory_bytes)
             ),
         };
     }

@@ -15,10 +15,12 @@
 pub mod cycle;
 pub mod decision;
 pub mod estimate;
+pub mod fit;
 pub mod model;
 mod state;
 
 pub use cycle::{CycleOptions, admission_cycle, run_cycle};
 pub use decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};
 pub use estimate::{Estimate, estimate_starts, what_if};
+pub use fit::{Unfit, never_fits};
 pub use model::{Demand, Flavor, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy};

@@ -136,6 +136,12 @@ impl Server {
         Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler, store })
     }
 
+    /// Queues jobs larger than today's cluster instead of refusing them (an autoscaled cluster).
+    pub fn with_cluster_grows(mut self, grows: bool) -> Server {
+        self.state.app.cluster_grows_set(grows);
+        self
+    }
+
     /// Turns single sign-on on (with `Some`).
     pub fn with_oidc(mut self, oidc: Option<oidc::Oidc>) -> Server {
         self.state.app.oidc_set(oidc.map(Arc::new));

@@ -109,6 +109,10 @@ enum Command {
         /// change may wait when the loop is busy, and what bounds its cost under many submits.
         #[arg(long, default_value_t = 100)]
         min_pass_interval_ms: u64,
+        /// Nodes may be added to the cluster (an autoscaler): queue a job larger than the cluster
+        /// is today instead of refusing it at submit.
+        #[arg(long)]
+        cluster_grows: bool,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -209,6 +213,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             ready_max_pass_age_seconds,
             lease_seconds,
             min_pass_interval_ms,
+            cluster_grows,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
@@ -228,7 +233,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 ExecutorKind::Local => dev::local_server(store, &data_dir, &local, &storage, settings)?,
                 ExecutorKind::Kubernetes => cluster::kube_server(store, &data_dir, &kube, &storage, settings).await?,
             }
-            .with_oidc(oidc);
+            .with_oidc(oidc)
+            .with_cluster_grows(cluster_grows);
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.
             println!("trainyard: listening on http://{}", listener.local_addr()?);

@@ -96,9 +96,14 @@ pub fn policies(rows: &[TenantPolicyRow]) -> Vec<TenantPolicy> {
 }
 
 fn demand_of(job: &UnfinishedJob) -> Demand {
-    let r = &job.spec.resources;
+    demand_of_spec(&job.spec)
+}
+
+/// What a job's spec asks of the cluster, as the scheduler counts it.
+pub fn demand_of_spec(spec: &trainyard_core::job::JobSpec) -> Demand {
+    let r = &spec.resources;
     Demand {
-        replicas: job.spec.replicas,
+        replicas: spec.replicas,
         gpus: r.gpus,
         gpu_type: r.gpu_type.clone(),
         cpu_millis: r.cpu.millis(),

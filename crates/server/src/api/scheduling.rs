@@ -1,7 +1,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use trainyard_core::api::{ErrorBody, QuotaReport, QuotaSet, Schedule, TenantPolicyUpdate};
+use trainyard_core::api::{ErrorBody, QuotaReport, QuotaSet, QuotaSetResult, Schedule, TenantPolicyUpdate};
 use trainyard_core::job::JobSubmission;
 
 use crate::AppState;
@@ -19,15 +19,14 @@ pub async fn quota_get(State(state): State<AppState>, Auth(caller): Auth) -> Api
 #[utoipa::path(put, path = "/api/v1/admin/tenants/{tenant}/quotas/{flavor}", tag = "scheduling",
     params(("tenant" = String, Path, description = "Tenant name"), ("flavor" = String, Path, description = "GPU type")),
     request_body = QuotaSet, security(("bearer" = [])),
-    responses((status = 204, description = "Set"), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    responses((status = 200, description = "Set; warnings name what may not work as meant", body = QuotaSetResult), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn quota_put(
     State(state): State<AppState>,
     Auth(caller): Auth,
     Path((tenant, flavor)): Path<(String, String)>,
     ApiJson(quota): ApiJson<QuotaSet>,
-) -> ApiResult<StatusCode> {
-    state.app.quota_set(&caller, &tenant, &flavor, quota).await?;
-    Ok(StatusCode::NO_CONTENT)
+) -> ApiResult<Json<QuotaSetResult>> {
+    Ok(Json(state.app.quota_set(&caller, &tenant, &flavor, quota).await?))
 }
 
 /// Change a tenant's cohort, fair-share weight or preemption policy (platform admins).

@@ -24,6 +24,7 @@ impl App {
         // must be the same request.
         let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
         let valid = submission.validate()?;
+        self.fits_cluster(&valid.spec)?;
         let submitted = self.store.job_submit(caller, valid, None, &request_hash).await?;
         if matches!(submitted, Submitted::Created(_)) {
             self.scheduling_changed();

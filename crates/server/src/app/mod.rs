@@ -57,6 +57,9 @@ pub struct App {
     throttle: Arc<throttle::AuthThrottle>,
     /// The identity provider of single sign-on, when it is on.
     oidc: Option<Arc<crate::oidc::Oidc>>,
+    /// Nodes may be added (an autoscaled cluster): a job larger than today's cluster is queued,
+    /// not refused.
+    cluster_grows: bool,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -84,6 +87,7 @@ impl App {
             health,
             throttle: Default::default(),
             oidc,
+            cluster_grows: false,
         }
     }
 

@@ -76,6 +76,27 @@ impl App {
         self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await
     }
 
+    /// Whether jobs larger than today's cluster are queued (it grows) rather than refused.
+    pub(crate) fn cluster_grows_set(&mut self, grows: bool) {
+        self.cluster_grows = grows;
+    }
+
+    /// Refuses a job that can never run on the cluster as it is (a replica larger than every
+    /// node, a GPU type no node has, a gang larger than the cluster) with a 422 naming the field
+    /// and the capacity, unless the operator said the cluster grows (`--cluster-grows`).
+    pub(crate) fn fits_cluster(&self, spec: &trainyard_core::job::JobSpec) -> Result<()> {
+        if self.cluster_grows {
+            return Ok(());
+        }
+        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
+        match trainyard_scheduler::never_fits(&nodes, &crate::scheduling::demand_of_spec(spec)) {
+            Some(unfit) => {
+                Err(Error::invalid(unfit.field, format!("can never run on this cluster: {}", unfit.message)))
+            }
+            None => Ok(()),
+        }
+    }
+
     pub(crate) async fn what_if_of(
         &self,
         caller: &Caller,
@@ -83,6 +104,7 @@ impl App {
         priority: i32,
         expected_runtime: Option<u32>,
     ) -> Result<Schedule> {
+        self.fits_cluster(spec)?;
         let snapshot = self.scheduling_snapshot().await?;
         let now = snapshot.now;
         let probe = trainyard_scheduler::PendingJob {
@@ -91,13 +113,7 @@ impl App {
             priority,
             seq: u64::MAX,
             submitted_at: now,
-            demand: trainyard_scheduler::Demand {
-                replicas: spec.replicas,
-                gpus: spec.resources.gpus,
-                gpu_type: spec.resources.gpu_type.clone(),
-                cpu_millis: spec.resources.cpu.millis(),
-                memory_bytes: spec.resources.memory.bytes(),
-            },
+            demand: crate::scheduling::demand_of_spec(spec),
             expected_runtime: expected_runtime.map(i64::from),
         };
         let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if(&snapshot, probe))
@@ -166,12 +182,33 @@ impl App {
         Ok(QuotaReport { tenant: mine.name.clone(), cohort: mine.cohort.clone(), weight: mine.weight, flavors })
     }
 
-    pub async fn quota_set(&self, caller: &Caller, tenant: &str, flavor: &str, quota: QuotaSet) -> Result<()> {
+    pub async fn quota_set(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        flavor: &str,
+        quota: QuotaSet,
+    ) -> Result<trainyard_core::api::QuotaSetResult> {
         caller.require_platform_admin()?;
         self.store.quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit).await?;
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
-        Ok(())
+        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
+        let mut types: Vec<&str> = nodes.iter().filter(|n| n.gpus > 0).filter_map(|n| n.gpu_type.as_deref()).collect();
+        types.sort_unstable();
+        types.dedup();
+        let mut warnings = Vec::new();
+        if !nodes.is_empty() && !types.contains(&flavor) {
+            let have = if types.is_empty() {
+                "it has no GPUs".to_string()
+            } else {
+                format!("its GPU types: {}", types.join(", "))
+            };
+            warnings.push(format!(
+                "no node of this cluster has GPUs of type {flavor} ({have}): no job can use this quota until such nodes join"
+            ));
+        }
+        Ok(trainyard_core::api::QuotaSetResult { warnings })
     }
 
     /// Mirrors a tenant's quota ceiling into the executor now. A failure is logged, not

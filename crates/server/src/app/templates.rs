@@ -146,6 +146,7 @@ impl App {
         valid.datasets = datasets;
         valid.expected_runtime_seconds =
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
+        self.fits_cluster(&valid.spec)?;
         if mode == RunMode::WhatIf {
             let schedule = self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await?;
             return Ok(TemplateRunOutcome::WhatIf(schedule));

@@ -266,8 +266,12 @@ pub async fn quota_set(State(state): State<AppState>, auth: WebAuth, CsrfForm(fo
             borrowing_limit: optional_number(&form, "borrowing_limit")?,
             lending_limit: optional_number(&form, "lending_limit")?,
         };
-        state.app.quota_set(&auth.caller, tenant, flavor, quota).await?;
-        Ok(format!("quota of {tenant} for {flavor} set to {nominal} GPUs"))
+        let set = state.app.quota_set(&auth.caller, tenant, flavor, quota).await?;
+        let mut message = format!("quota of {tenant} for {flavor} set to {nominal} GPUs");
+        for warning in set.warnings {
+            message.push_str(&format!(" (warning: {warning})"));
+        }
+        Ok(message)
     }
     .await;
     after(&state, &auth, outcome).await
