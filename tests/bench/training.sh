@@ -9,18 +9,7 @@ cargo build --release --locked -p trainyard-data
 source tests/python-env
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-train-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-"$venv/bin/python" - "$work/files" "$samples" <<'PY'
-import os, random, struct, sys
-root, n = sys.argv[1], int(sys.argv[2])
-rng = random.Random(0)
-block = rng.randbytes(1 << 20)
-for i in range(n):
-    d = os.path.join(root, f"d{i % 50:02d}")
-    os.makedirs(d, exist_ok=True)
-    off = rng.randrange(0, len(block) - 49152)
-    open(os.path.join(d, f"s{i:06d}.bin"), "wb").write(block[off:off + 49152])
-    open(os.path.join(d, f"s{i:06d}.cls"), "w").write(str(i % 10))
-PY
+"$venv/bin/python" tests/bench/make_images.py "$work/files" "$samples"
 "$target_dir/release/yard-data" pack "$work/files" "$work/shards" --shard-size 256Mi >/dev/null
 echo "$samples samples of 48 KiB; $(nproc) cores"
 "$venv/bin/python" tests/bench/input_pipeline.py "$work/files" "$work/shards" --steps 1200 --workers 2

@@ -10,18 +10,7 @@ cargo build --release --locked -p trainyard-data
 source tests/python-env
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-engine-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-"$venv/bin/python" - "$work/files" 12000 <<'PY'
-import os, random, struct, sys
-root, n = sys.argv[1], int(sys.argv[2])
-rng = random.Random(0)
-block = rng.randbytes(1 << 20)
-for i in range(n):
-    d = os.path.join(root, f"d{i % 50:02d}")
-    os.makedirs(d, exist_ok=True)
-    off = rng.randrange(0, len(block) - 49152)
-    open(os.path.join(d, f"s{i:06d}.bin"), "wb").write(block[off:off + 49152])
-    open(os.path.join(d, f"s{i:06d}.cls"), "w").write(str(i % 10))
-PY
+"$venv/bin/python" tests/bench/make_images.py "$work/files" 12000
 "$target_dir/release/yard-data" pack "$work/files" "$work/shards" --shard-size 64Mi >/dev/null
 mkdir -p "$work/before"
 git archive "$rev" templates/pytorch-ddp/engine | tar -x -C "$work/before"

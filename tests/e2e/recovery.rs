@@ -111,3 +111,43 @@ async fn one_server_leads_the_control_loops_and_a_standby_takes_over() {
     }
     drop(standby);
 }
+
+/// A failing job restarts after a back-off that doubles each time (1 s, 2 s, 4 s here), so a
+/// crash loop does not burn its restarts in seconds.
+#[tokio::test(flavor = "multi_thread")]
+async fn restarts_back_off_twice_as_long_each_time() {
+    let env = TestEnv::start_with(&["--restart-backoff-seconds", "1"]).await;
+    let starts = env.dir.path().join("starts");
+    let script = format!("date +%s.%N >> {}; exit 3", starts.display());
+    let id = env.submit(json!({"command": ["sh", "-c", script], "max_restarts": 3})).await;
+    let job = env.wait_job(&id, Duration::from_secs(60), |j| j["state"] == "failed").await;
+    assert_eq!(job["restart_count"], 3, "{job}");
+    let times: Vec<f64> =
+        std::fs::read_to_string(&starts).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(times.len(), 4, "{times:?}");
+    let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    for (n, gap) in gaps.iter().enumerate() {
+        let wanted = f64::from(1u32 << n);
+        assert!(*gap >= wanted - 0.05, "restart {} came {gap:.2} s after the attempt before; wanted {wanted} s", n + 1);
+        assert!(*gap < wanted + 3.0, "restart {} waited {gap:.2} s, far more than {wanted} s", n + 1);
+    }
+}
+
+/// A failure that would happen again however often it ran (a Python import error) ends the job
+/// at once, with its restarts left unused and a reason that says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_import_error_is_not_restarted_and_says_why() {
+    let env = TestEnv::start().await;
+    let python = std::env::var("TRAINYARD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let id =
+        env.submit(json!({"command": [python, "-c", "import no_such_module_for_trainyard"], "max_restarts": 3})).await;
+    let job = env.wait_job(&id, Duration::from_secs(30), |j| j["finished_at"].is_string()).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["restart_count"], 0, "{job}");
+    let reason = job["reason"].as_str().unwrap();
+    assert!(reason.contains("ModuleNotFoundError"), "{reason}");
+    assert!(
+        reason.contains("not restarted: a Python import or syntax error fails the same way every time"),
+        "{reason}"
+    );
+}

@@ -98,7 +98,7 @@ async fn two_tenants_borrow_reclaim_and_explain_their_queues() {
     // What-if, for a new job of Bob's: it would queue third; nothing is submitted.
     let before = env.jobs_in_db().await;
     let what_if = env.yard(&bob, &["submit", "--gpus", "2", "--what-if", "--", "true"]);
-    assert!(what_if.status.success(), "{}", stderr(&what_if));
+    assert_eq!(what_if.status.code(), Some(3), "it would wait: {}", stderr(&what_if));
     assert!(stdout(&what_if).contains("position: 3 in your tenant's queue"), "{}", stdout(&what_if));
     let (_, answer) =
         env.post("/api/v1/templates/shell/jobs?what_if=true", &alice, &json!({"params": {"command": ["true"]}})).await;

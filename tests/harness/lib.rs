@@ -226,6 +226,10 @@ impl TestEnv {
         if !extra.contains(&FIXED_CLUSTER) {
             args.push("--cluster-grows");
         }
+        // Restarts wait half a second in the tests (10 s by default) unless a test says.
+        if !extra.contains(&"--restart-backoff-seconds") {
+            args.extend(["--restart-backoff-seconds", "0.5"]);
+        }
         let server = ServerProcess::start_with_env(&server_db_url, &dir.path().join("data"), &args, env);
         TestEnv { db, dir, server, admin_token, server_db_url, http: reqwest::Client::new() }
     }

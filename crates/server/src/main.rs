@@ -109,6 +109,10 @@ enum Command {
         /// change may wait when the loop is busy, and what bounds its cost under many submits.
         #[arg(long, default_value_t = 100)]
         min_pass_interval_ms: u64,
+        /// Seconds a failed job waits before its first restart; each later restart waits twice as
+        /// long, at most 5 minutes.
+        #[arg(long, default_value_t = 10.0)]
+        restart_backoff_seconds: f64,
         /// Nodes may be added to the cluster (an autoscaler): queue a job larger than the cluster
         /// is today instead of refusing it at submit.
         #[arg(long)]
@@ -213,6 +217,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             ready_max_pass_age_seconds,
             lease_seconds,
             min_pass_interval_ms,
+            restart_backoff_seconds,
             cluster_grows,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
@@ -225,6 +230,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 ready_max_pass_age: Duration::from_secs(ready_max_pass_age_seconds),
                 lease: Duration::from_secs_f64(lease_seconds.clamp(0.5, 300.0)),
                 min_pass_interval: Duration::from_millis(min_pass_interval_ms),
+                restart_backoff: Duration::from_secs_f64(restart_backoff_seconds.clamp(0.0, 300.0)),
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;

@@ -60,6 +60,8 @@ pub struct AttemptRecord {
     pub number: i32,
     pub placement: Option<serde_json::Value>,
     pub ended: bool,
+    /// When it ended (a restart waits its back-off from here).
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
 /// How many queued jobs of each tenant one admission pass looks at: the head of every tenant's
@@ -96,7 +98,7 @@ impl Store {
                      j.cancel_requested_at IS NOT NULL AS cancel_requested,
                      j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
                      j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
-                     a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended
+                     a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at
               FROM jobs j
               JOIN tenants n ON n.id = j.tenant_id
               LEFT JOIN LATERAL (SELECT attempt, placement, ended_at FROM job_attempts
@@ -106,7 +108,7 @@ impl Store {
               WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
              UNION ALL
              (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
-                     false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL
+                     false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL, NULL
               FROM tenants t
               CROSS JOIN LATERAL (SELECT * FROM jobs q WHERE q.tenant_id = t.id AND q.state = 'queued'
                                   ORDER BY q.priority DESC, q.id LIMIT $1) j)",
@@ -564,6 +566,7 @@ fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<Unf
                 number,
                 placement: row.try_get("placement").map_err(column)?,
                 ended: row.try_get::<Option<bool>, _>("attempt_ended").map_err(column)?.unwrap_or(false),
+                ended_at: row.try_get("attempt_ended_at").map_err(column)?,
             }),
             None => None,
         },

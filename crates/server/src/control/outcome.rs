@@ -4,6 +4,8 @@
 //! place it is written. The reconciler does the I/O around it (asking the executor, reading a
 //! replica's last log line for the reason, recording the end).
 
+use std::time::Duration;
+
 use trainyard_core::job::JobState;
 use trainyard_executor::ReplicaStatus;
 
@@ -55,6 +57,32 @@ pub enum EndCause {
 /// remain, else the job failed.
 pub fn state_after_failure(restart_count: i32, max_restarts: i32) -> JobState {
     if restart_count < max_restarts { JobState::Restarting } else { JobState::Failed }
+}
+
+/// The longest a restart waits.
+pub const RESTART_DELAY_MAX: Duration = Duration::from_secs(300);
+
+/// How long after its failed attempt ended a job's `restart`-th restart (1, 2, ...) waits:
+/// `base`, then twice as long each time, at most [`RESTART_DELAY_MAX`] (as Kubernetes backs off a
+/// crashing container), so that a failing dependency gets time to come back and a crash loop
+/// does not burn every restart in seconds.
+pub fn restart_delay(base: Duration, restart: i32) -> Duration {
+    let doublings = u32::try_from(restart.saturating_sub(1)).unwrap_or(0).min(20);
+    base.saturating_mul(1 << doublings).min(RESTART_DELAY_MAX.max(base))
+}
+
+/// Why a failure will happen again however often it is retried, from the exit code and the
+/// replica's last log line: a command that is not there or cannot run, a Python import or
+/// syntax error. `None` for failures a restart may cure.
+pub fn deterministic_failure(code: i32, last_line: Option<&str>) -> Option<&'static str> {
+    match code {
+        127 => return Some("the command was not found"),
+        126 => return Some("the command cannot be executed"),
+        _ => {}
+    }
+    let line = last_line?.trim_start();
+    let python = ["ModuleNotFoundError", "ImportError", "SyntaxError", "IndentationError", "TabError"];
+    python.iter().any(|error| line.starts_with(error)).then_some("a Python import or syntax error")
 }
 
 /// The failure that explains the others: the cluster's verdict first, then an exit code of the
@@ -220,5 +248,32 @@ mod tests {
         assert_eq!(state_after_failure(0, 1), JobState::Restarting);
         assert_eq!(state_after_failure(1, 1), JobState::Failed);
         assert_eq!(state_after_failure(2, 3), JobState::Restarting);
+    }
+
+    #[test]
+    fn restarts_wait_twice_as_long_each_time_up_to_five_minutes() {
+        let base = Duration::from_secs(10);
+        let delays: Vec<u64> = (1..=7).map(|n| restart_delay(base, n).as_secs()).collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(restart_delay(Duration::ZERO, 5), Duration::ZERO, "no back-off when the base is 0");
+        assert_eq!(restart_delay(base, 1_000_000), RESTART_DELAY_MAX);
+    }
+
+    #[test]
+    fn failures_that_would_repeat_are_told_from_those_a_restart_may_cure() {
+        let cases = [
+            (127, None, true),
+            (126, Some("sh: ./train.sh: Permission denied"), true),
+            (1, Some("ModuleNotFoundError: No module named 'torch'"), true),
+            (1, Some("ImportError: cannot import name 'x' from 'y'"), true),
+            (1, Some("  SyntaxError: invalid syntax"), true),
+            (1, Some("RuntimeError: NCCL error: unhandled system error"), false),
+            (1, Some("torch.OutOfMemoryError: CUDA out of memory"), false),
+            (137, None, false),
+            (1, None, false),
+        ];
+        for (code, line, repeats) in cases {
+            assert_eq!(deterministic_failure(code, line).is_some(), repeats, "{code} {line:?}");
+        }
     }
 }

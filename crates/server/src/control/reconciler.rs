@@ -29,7 +29,8 @@ use trainyard_store::reconcile::{AttemptEnd, Leadership, Unfinished, UnfinishedJ
 
 use crate::control::health::{LoopHealth, panic_message};
 use crate::control::outcome::{
-    EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, state_after_failure,
+    EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, deterministic_failure, restart_delay,
+    state_after_failure,
 };
 use crate::scheduling;
 use crate::templates::Templates;
@@ -62,6 +63,9 @@ pub struct ReconcilerSettings {
     /// The shortest time between the starts of two passes: the most a change waits to be acted
     /// on when the loop is busy, and what bounds the loop's cost under a stream of submits.
     pub min_pass_interval: Duration,
+    /// The wait before a failed job's first restart; each later one waits twice as long (see
+    /// [`restart_delay`]).
+    pub restart_backoff: Duration,
 }
 
 impl Default for ReconcilerSettings {
@@ -74,6 +78,7 @@ impl Default for ReconcilerSettings {
             ready_max_pass_age: Duration::from_secs(30),
             lease: Duration::from_secs(3),
             min_pass_interval: Duration::from_millis(100),
+            restart_backoff: Duration::from_secs(10),
             fault_panic_on_launch: std::env::var("TRAINYARD_FAULT_PANIC_ON_LAUNCH").ok().filter(|v| !v.is_empty()),
         }
     }
@@ -331,9 +336,12 @@ impl Reconciler {
             self.health.fenced_write();
             return Err(trainyard_core::Error::Fenced(err.clone()));
         }
+        let now = chrono::Utc::now();
+        let backoff = self.settings.restart_backoff;
         let launchable = jobs
             .iter()
             .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
+            .filter(|j| j.state != JobState::Restarting || restart_due(j, backoff, now))
             .chain(admitted.as_deref().unwrap_or_default().iter().copied());
         let mut launched = false;
         for job in launchable {
@@ -472,7 +480,7 @@ impl Reconciler {
             restart_count: job.restart_count,
             max_restarts: job.max_restarts,
         };
-        let (to, cause) = match attempt_verdict(facts, &statuses, pending, external) {
+        let (mut to, cause) = match attempt_verdict(facts, &statuses, pending, external) {
             Verdict::Stop => {
                 // Cancelled, or one replica failed so the gang fails: its end is recorded when
                 // no replica runs any more.
@@ -502,10 +510,18 @@ impl Reconciler {
             EndCause::Failed(Failure::Lost { .. }) => REASON_LOST.to_string(),
             EndCause::Failed(Failure::Exited { rank, code }) => {
                 // Its last words (a Python traceback ends with the exception) make the reason.
-                match self.executor.log_last_line(job.id, record.number, rank as u32).await {
+                let line = self.executor.log_last_line(job.id, record.number, rank as u32).await;
+                let mut reason = match &line {
                     Some(line) => format!("replica {rank} exited with code {code}: {line}"),
                     None => format!("replica {rank} exited with code {code}"),
+                };
+                if to == JobState::Restarting
+                    && let Some(why) = deterministic_failure(code, line.as_deref())
+                {
+                    to = JobState::Failed;
+                    reason.push_str(&format!(" (not restarted: {why} fails the same way every time)"));
                 }
+                reason
             }
         };
         let exit_codes: Vec<Option<i32>> = statuses
@@ -726,4 +742,11 @@ fn image_digests(details: &[ReplicaDetail]) -> Vec<String> {
         }
     }
     digests
+}
+
+/// Whether a restarting job's back-off ([`restart_delay`] from `base`) has passed since its last
+/// attempt ended (a later pass looks again: the loop ticks every second).
+fn restart_due(job: &UnfinishedJob, base: Duration, now: chrono::DateTime<chrono::Utc>) -> bool {
+    let Some(ended_at) = job.attempt.as_ref().and_then(|a| a.ended_at) else { return true };
+    chrono::Duration::from_std(restart_delay(base, job.restart_count)).is_ok_and(|delay| ended_at + delay <= now)
 }
