@@ -214,3 +214,19 @@ async fn an_attempts_image_digests_are_shown_with_the_attempt() {
     let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &env.admin_token).await;
     assert_eq!(attempts[0]["image_digests"], json!([digest]));
 }
+
+/// A shell line given as one word cannot be found as a program: the job fails at once (a
+/// missing command would be missing again, so its restarts stay unused) and the reason shows
+/// how to run a shell line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shell_line_given_as_the_command_fails_with_a_hint_and_is_not_restarted() {
+    let env = TestEnv::start().await;
+    let id = env.submit(json!({"command": ["echo hi && ls"], "max_restarts": 2})).await;
+    let job = env.wait_job(&id, Duration::from_secs(30), |j| j["finished_at"].is_string()).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["restart_count"], 0, "{job}");
+    let reason = job["reason"].as_str().unwrap();
+    assert!(reason.starts_with("replica 0 exited with code 127"), "{reason}");
+    assert!(reason.contains("submit `sh -c 'echo hi && ls'`"), "{reason}");
+    assert!(reason.contains("not restarted: the command was not found"), "{reason}");
+}

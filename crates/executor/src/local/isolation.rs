@@ -1,6 +1,6 @@
 //! Who replicas run as on the local executor. When the server runs as root, every tenant gets
-//! an unprivileged system user of its own (`tyt-` and the last 12 hex digits of the tenant's id,
-//! created with `useradd` on first use), and its replicas run as that user: they can read and
+//! an unprivileged user of its own (`tyt-` and the last 12 hex digits of the tenant's id, ids
+//! from 3,000,000 on, created with `useradd` on first use), and its replicas run as that user: they can read and
 //! write their own working directories and their tenant's volumes (owned by that user, mode
 //! 0700) and nothing of the control plane (attempt folders with logs, pid and exit records, the
 //! object store, the database's files and password: root's, 0700/0600) or of another tenant.
@@ -60,8 +60,9 @@ pub fn tenant_user_ensure(tenant_id: Uuid) -> std::io::Result<TenantUser> {
         return Ok(user);
     }
     let output = Command::new("useradd")
-        .args(["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"])
+        .args(["--user-group", "--no-create-home", "--home-dir", "/nonexistent", "--no-log-init"])
         .args(["--shell", "/usr/sbin/nologin", "--comment", "Trainyard tenant"])
+        .args(TENANT_ID_RANGE.iter().flat_map(|setting| ["-K", setting]))
         .arg(&name)
         .output()?;
     // Another server may have created it meanwhile (exit 9: the name is taken).
@@ -73,6 +74,12 @@ pub fn tenant_user_ensure(tenant_id: Uuid) -> std::io::Result<TenantUser> {
     }
     lookup(&name)?.ok_or_else(|| std::io::Error::other(format!("user {name} does not exist after useradd")))
 }
+
+/// The user and group ids tenant users get: a range of their own, a million wide, clear of
+/// people's accounts (from 1000), of the system range (under 1000: only 900 ids, which a
+/// platform with many tenants, or a test machine, runs out of) and of the subordinate ids
+/// container runtimes hand out from 100000 on.
+const TENANT_ID_RANGE: [&str; 4] = ["UID_MIN=3000000", "UID_MAX=3999999", "GID_MIN=3000000", "GID_MAX=3999999"];
 
 fn lookup(name: &str) -> std::io::Result<Option<TenantUser>> {
     let user = nix::unistd::User::from_name(name).map_err(std::io::Error::from)?;

@@ -71,6 +71,30 @@ pub fn restart_delay(base: Duration, restart: i32) -> Duration {
     base.saturating_mul(1 << doublings).min(RESTART_DELAY_MAX.max(base))
 }
 
+/// How a replica ended, for its reason: "exited with code 3", and for a code above 128 the
+/// signal that ended it (a shell's and the executors' convention: 128 + the signal's number),
+/// "exited with code 137 (SIGKILL: killed, for example for memory or at a deadline)".
+pub fn exit_description(code: i32) -> String {
+    let signal =
+        code.checked_sub(128).filter(|n| (1..=64).contains(n)).and_then(|n| nix::sys::signal::Signal::try_from(n).ok());
+    match signal {
+        Some(nix::sys::signal::Signal::SIGKILL) => {
+            format!("exited with code {code} (SIGKILL: killed, for example for memory or at a deadline)")
+        }
+        Some(signal) => format!("exited with code {code} ({})", signal.as_str()),
+        None => format!("exited with code {code}"),
+    }
+}
+
+/// A hint for a command that was not found because it is a shell line given as one word
+/// (`yard submit -- "echo hi && ls"`): commands run without a shell.
+pub fn shell_hint(code: i32, command: &[String]) -> Option<String> {
+    let program = command.first()?;
+    let shell_line = program.contains(char::is_whitespace) || program.contains(['&', '|', ';', '<', '>', '$', '`']);
+    (code == 127 && shell_line)
+        .then(|| format!("; commands run without a shell: to run a shell line, submit `sh -c '{program}'`"))
+}
+
 /// Why a failure will happen again however often it is retried, from the exit code and the
 /// replica's last log line: a command that is not there or cannot run, a Python import or
 /// syntax error. `None` for failures a restart may cure.
@@ -275,5 +299,25 @@ mod tests {
         for (code, line, repeats) in cases {
             assert_eq!(deterministic_failure(code, line).is_some(), repeats, "{code} {line:?}");
         }
+    }
+
+    #[test]
+    fn a_code_from_a_signal_names_the_signal() {
+        assert_eq!(exit_description(3), "exited with code 3");
+        assert_eq!(
+            exit_description(137),
+            "exited with code 137 (SIGKILL: killed, for example for memory or at a deadline)"
+        );
+        assert_eq!(exit_description(143), "exited with code 143 (SIGTERM)");
+        assert_eq!(exit_description(139), "exited with code 139 (SIGSEGV)");
+        assert_eq!(exit_description(255), "exited with code 255");
+    }
+
+    #[test]
+    fn a_shell_line_given_as_one_word_gets_a_hint() {
+        let line = vec!["echo hi && ls".to_string()];
+        assert!(shell_hint(127, &line).unwrap().contains("sh -c 'echo hi && ls'"));
+        assert_eq!(shell_hint(1, &line), None, "only when the command was not found");
+        assert_eq!(shell_hint(127, &["no-such-program".to_string()]), None);
     }
 }

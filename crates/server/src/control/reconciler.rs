@@ -29,8 +29,8 @@ use trainyard_store::reconcile::{AttemptEnd, Leadership, Unfinished, UnfinishedJ
 
 use crate::control::health::{LoopHealth, panic_message};
 use crate::control::outcome::{
-    EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, deterministic_failure, restart_delay,
-    state_after_failure,
+    EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, deterministic_failure, exit_description,
+    restart_delay, shell_hint, state_after_failure,
 };
 use crate::scheduling;
 use crate::templates::Templates;
@@ -512,9 +512,12 @@ impl Reconciler {
                 // Its last words (a Python traceback ends with the exception) make the reason.
                 let line = self.executor.log_last_line(job.id, record.number, rank as u32).await;
                 let mut reason = match &line {
-                    Some(line) => format!("replica {rank} exited with code {code}: {line}"),
-                    None => format!("replica {rank} exited with code {code}"),
+                    Some(line) => format!("replica {rank} {}: {line}", exit_description(code)),
+                    None => format!("replica {rank} {}", exit_description(code)),
                 };
+                if let Some(hint) = shell_hint(code, &job.spec.command) {
+                    reason.push_str(&hint);
+                }
                 if to == JobState::Restarting
                     && let Some(why) = deterministic_failure(code, line.as_deref())
                 {
