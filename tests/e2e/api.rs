@@ -48,3 +48,27 @@ async fn responses_carry_the_security_headers() {
         assert_eq!(headers.get("x-content-type-options").map(|v| v.to_str().unwrap()), Some("nosniff"), "{path}");
     }
 }
+
+/// The CLI documents where its server and token come from and prints shell completions that
+/// know its commands and flags.
+#[test]
+fn the_cli_says_where_its_settings_come_from_and_completes_in_shells() {
+    let yard = |args: &[&str]| std::process::Command::new(bin("yard")).args(args).output().unwrap();
+    let help = yard(&["--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("TRAINYARD_URL") && help.contains("TRAINYARD_TOKEN"), "{help}");
+    let login = yard(&["login", "--help"]);
+    assert!(String::from_utf8_lossy(&login.stdout).contains("Your API token"), "every flag has help");
+    for shell in ["bash", "zsh", "fish"] {
+        let script = yard(&["completions", shell]);
+        assert!(script.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&script.stdout);
+        assert!(
+            script.contains("submit") && script.contains("what-if"),
+            "{shell}: {}",
+            &script[..200.min(script.len())]
+        );
+    }
+    let unknown = yard(&["completions", "cmd.exe"]);
+    assert!(!unknown.status.success());
+}

@@ -27,7 +27,13 @@ use crate::client::{ApiFailure, Client};
 use crate::config::Config;
 
 #[derive(Parser)]
-#[command(name = "yard", version, about = "Submit and watch jobs on a Trainyard cluster")]
+#[command(
+    name = "yard",
+    version,
+    about = "Submit and watch jobs on a Trainyard cluster",
+    after_help = "The server and token come from TRAINYARD_URL and TRAINYARD_TOKEN when set, else from \
+                  `yard login` (saved under your config directory). Shell completions: `yard completions bash`."
+)]
 struct Cli {
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
@@ -46,10 +52,19 @@ enum Output {
 enum Command {
     /// Check a server URL and token and remember them.
     Login {
+        /// The server, as `deploy/dev` printed it: http://127.0.0.1:8080.
         #[arg(long)]
         url: String,
+        /// Your API token (tyd_...): printed by `deploy/dev` for the admin, or made on the
+        /// dashboard's Tokens page or with `yard tokens create`.
         #[arg(long)]
         token: String,
+    },
+    /// Print a completion script for your shell: `yard completions bash > /etc/bash_completion.d/yard`,
+    /// or `source <(yard completions bash)`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
     /// Who you are signed in as.
     Whoami,
@@ -366,6 +381,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Completions { shell } = &cli.command {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        let mut script = Vec::new();
+        clap_complete::generate(*shell, &mut command, "yard", &mut script);
+        match std::io::stdout().write_all(&script) {
+            // Piped into `head`: the reader had enough.
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other?,
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Command::Templates { command: TemplatesCommand::Init { name } } = &cli.command {
         templates::init(name)?;
         eprintln!("created {name}/ (template.yaml, engine/main.py); publish it with `yard templates push {name}`");
@@ -373,7 +399,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let client = Client::new(config::load()?)?;
     match cli.command {
-        Command::Login { .. } => unreachable!("handled above"),
+        Command::Login { .. } | Command::Completions { .. } => unreachable!("handled above"),
         Command::Whoami => {
             let me: Me = client.get("/api/v1/me").await?;
             output::print(out, &me, |me| {
