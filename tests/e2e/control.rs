@@ -46,6 +46,23 @@ async fn a_job_whose_spec_does_not_decode_is_reported_and_skipped_while_others_r
     assert!(log.contains("a job cannot be handled") && log.contains(&broken), "the log names the job");
     let (_, readiness) = env.call(reqwest::Method::GET, "/readyz", None, None).await;
     assert_eq!(readiness["unhandled_jobs"], 1, "{readiness}");
+
+    // Its owner still sees it (alone and in the list, which one bad row must not break), says
+    // why, and can cancel it.
+    let (status, shown) = env.get(&format!("/api/v1/jobs/{broken}"), &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert!(shown["spec_unreadable"].as_str().unwrap().contains("does not decode"), "{shown}");
+    let (status, list) = env.get("/api/v1/jobs", &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(list["items"][0]["id"], broken.as_str());
+    let (status, page) = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token)
+        .await
+        .get(&format!("/jobs/{broken}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let (status, cancelled) = env.post(&format!("/api/v1/jobs/{broken}/cancel"), &env.admin_token, &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    env.wait_state(&broken, "cancelled", Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

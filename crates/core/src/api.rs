@@ -38,6 +38,11 @@ pub struct Job {
     /// The exact dataset versions it used (name, version, URI, content hash).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub datasets: Vec<DatasetUse>,
+    /// Set when this server cannot read the job's stored spec (a row written by another version
+    /// or by hand): why. `spec` is then empty; the job is shown and can be cancelled, and the
+    /// control loop leaves it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_unreadable: Option<String>,
 }
 
 /// One page of jobs, newest first.

@@ -40,9 +40,28 @@ macro_rules! job_select {
     };
 }
 
+/// What a job whose stored spec cannot be read shows as its spec: nothing to run.
+fn unreadable_spec() -> JobSpec {
+    JobSpec {
+        command: Vec::new(),
+        args: Vec::new(),
+        env: Default::default(),
+        resources: Default::default(),
+        replicas: 0,
+        template: None,
+        volumes: Vec::new(),
+    }
+}
+
 pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
     let state: String = row.get("state");
-    let spec: sqlx::types::Json<JobSpec> = row.try_get("spec").map_err(Error::internal)?;
+    // A spec this version cannot read still shows its job (with the reason), never a 500 for the
+    // job or for the whole list it is in.
+    let stored: serde_json::Value = row.try_get("spec").map_err(Error::internal)?;
+    let (spec, spec_unreadable) = match serde_json::from_value::<JobSpec>(stored) {
+        Ok(spec) => (spec, None),
+        Err(err) => (unreadable_spec(), Some(format!("the stored spec does not decode: {err}"))),
+    };
     Ok(Job {
         id: row.get("id"),
         tenant: row.get("tenant_name"),
@@ -52,7 +71,8 @@ pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
         priority: row.get("priority"),
         max_restarts: row.get("max_restarts"),
         restart_count: row.get("restart_count"),
-        spec: spec.0,
+        spec,
+        spec_unreadable,
         idempotency_key: row.get("idempotency_key"),
         created_by: row.get("created_by_name"),
         created_at: row.get("created_at"),
@@ -142,6 +162,7 @@ impl Store {
                 cancel_requested_at: None,
                 params: params.cloned(),
                 datasets: job.datasets,
+                spec_unreadable: None,
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.
