@@ -31,6 +31,37 @@ pub struct Quota {
     pub lending_limit: Option<u64>,
 }
 
+impl Quota {
+    /// What a tenant with this quota (or none) adds to its cohort at usage `used`: what it
+    /// borrows (use beyond nominal; all of it without a quota) and what it can lend (idle
+    /// nominal, within its lending limit). The one statement of that rule: admission and the
+    /// quota report both count with it.
+    pub fn contribution(quota: Option<&Quota>, used: u64) -> (u64, u64) {
+        match quota {
+            None => (used, 0),
+            Some(q) => {
+                let idle = q.nominal.saturating_sub(used);
+                (used.saturating_sub(q.nominal), q.lending_limit.map_or(idle, |l| idle.min(l)))
+            }
+        }
+    }
+
+    /// What each member of a cohort lends of one flavor, given every member's quota and use
+    /// (in the order given, by convention the members' names): the cohort's borrowing is
+    /// attributed to the lenders in turn, each up to what it can lend.
+    pub fn lent_by(members: &[(Option<Quota>, u64)]) -> Vec<u64> {
+        let mut borrowed: u64 = members.iter().map(|(q, used)| Quota::contribution(q.as_ref(), *used).0).sum();
+        members
+            .iter()
+            .map(|(q, used)| {
+                let share = Quota::contribution(q.as_ref(), *used).1.min(borrowed);
+                borrowed -= share;
+                share
+            })
+            .collect()
+    }
+}
+
 /// A tenant as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantPolicy {
@@ -161,5 +192,26 @@ impl Snapshot {
             demand: r.demand,
             expected_runtime: r.expected_runtime,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Quota;
+
+    fn quota(nominal: u64, lending_limit: Option<u64>) -> Option<Quota> {
+        Some(Quota { nominal, borrowing_limit: None, lending_limit })
+    }
+
+    #[test]
+    fn a_cohorts_borrowing_is_attributed_to_its_lenders_in_turn_within_their_limits() {
+        // a: 8, uses 2 (6 idle, lends at most 4); b: 8, uses 8 (lends 0); c: 4, uses 10 (borrows
+        // 6); d: no quota, uses 1 (borrows 1). 7 borrowed: a lends 4, the next idle lender...
+        let members =
+            [(quota(8, Some(4)), 2), (quota(8, None), 8), (quota(4, None), 10), (None, 1), (quota(6, None), 0)];
+        assert_eq!(Quota::lent_by(&members), [4, 0, 0, 0, 3]);
+        assert_eq!(Quota::contribution(None, 5), (5, 0));
+        assert_eq!(Quota::contribution(quota(8, Some(2)).as_ref(), 3), (0, 2));
+        assert_eq!(Quota::lent_by(&[(quota(8, None), 0)]), [0], "nothing borrowed, nothing lent");
     }
 }

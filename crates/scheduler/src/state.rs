@@ -223,13 +223,7 @@ impl<'a> State<'a> {
 
     /// What tenant `t` adds to its cohort's (borrowed, lendable) for `flavor` at usage `u`.
     fn contribution(&self, t: usize, flavor: FlavorId, u: u64) -> (u64, u64) {
-        match self.quotas[self.cell(t, flavor)] {
-            None => (u, 0),
-            Some(q) => {
-                let idle = q.nominal.saturating_sub(u);
-                (u.saturating_sub(q.nominal), q.lending_limit.map_or(idle, |l| idle.min(l)))
-            }
-        }
+        Quota::contribution(self.quotas[self.cell(t, flavor)].as_ref(), u)
     }
 
     fn usage_add(&mut self, t: usize, flavor: FlavorId, delta: i64) {

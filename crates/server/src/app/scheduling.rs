@@ -126,6 +126,9 @@ impl App {
     pub async fn quota_report(&self, caller: &Caller) -> Result<QuotaReport> {
         caller.authorize(Action::ReadJobs)?;
         let policies = self.store.tenant_policies().await?;
+        // In name order: the order lenders are attributed in.
+        let mut tenants = crate::scheduling::policies(&policies);
+        tenants.sort_by(|a, b| a.name.cmp(&b.name));
         let snapshot = self.scheduling_snapshot().await?;
         let mine =
             policies.iter().find(|t| t.id == caller.tenant_id).ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
@@ -143,30 +146,16 @@ impl App {
             .map(|q| {
                 let nominal = q.nominal.max(0) as u64;
                 let mine_used = used(mine.id, &q.flavor);
-                // What the cohort borrows is attributed to its lenders in name order.
+                // What the cohort borrows is attributed to its lenders in name order, by the
+                // scheduler's own rule (`Quota::lent_by`).
                 let mut lent = 0;
                 if mine.cohort.is_some() {
-                    let members: Vec<&trainyard_store::reconcile::TenantPolicyRow> =
-                        policies.iter().filter(|t| t.cohort == mine.cohort).collect();
-                    let quota_of = |t: &trainyard_store::reconcile::TenantPolicyRow| {
-                        t.quotas.iter().find(|x| x.flavor == q.flavor).cloned()
-                    };
-                    let mut borrowed: u64 = members
-                        .iter()
-                        .map(|t| {
-                            used(t.id, &q.flavor).saturating_sub(quota_of(t).map_or(0, |x| x.nominal.max(0) as u64))
-                        })
-                        .sum();
-                    for member in members {
-                        let Some(quota) = quota_of(member) else { continue };
-                        let idle = (quota.nominal.max(0) as u64).saturating_sub(used(member.id, &q.flavor));
-                        let lendable = quota.lending_limit.map_or(idle, |l| idle.min(l.max(0) as u64));
-                        let share = lendable.min(borrowed);
-                        borrowed -= share;
-                        if member.id == mine.id {
-                            lent = share;
-                        }
-                    }
+                    let members: Vec<&trainyard_scheduler::TenantPolicy> =
+                        tenants.iter().filter(|t| t.cohort == mine.cohort).collect();
+                    let uses: Vec<(Option<trainyard_scheduler::Quota>, u64)> =
+                        members.iter().map(|t| (t.quotas.get(&q.flavor).copied(), used(t.id, &q.flavor))).collect();
+                    let shares = trainyard_scheduler::Quota::lent_by(&uses);
+                    lent = members.iter().zip(shares).find(|(t, _)| t.id == mine.id).map_or(0, |(_, share)| share);
                 }
                 FlavorUsage {
                     flavor: q.flavor.clone(),
