@@ -115,6 +115,19 @@ fn seconds(at: DateTime<Utc>) -> i64 {
     at.timestamp()
 }
 
+/// The scheduler's view now, read where it lives: `jobs` (the caller read them), every tenant's
+/// policy from the store, the executor's nodes. The one place a snapshot is assembled, for the
+/// control loop's admission and for readers (the schedule board, what-if, the quota report).
+pub async fn snapshot_now(
+    store: &trainyard_store::Store,
+    executor: &dyn Executor,
+    jobs: &[UnfinishedJob],
+    ended: &HashSet<Uuid>,
+) -> trainyard_core::Result<Snapshot> {
+    let tenants = policies(&store.tenant_policies().await?);
+    Ok(snapshot(Utc::now(), nodes_for(executor), tenants, jobs, ended))
+}
+
 /// The snapshot the scheduler decides on. Jobs in `ended` (finished in this pass) hold nothing.
 pub fn snapshot(
     now: DateTime<Utc>,

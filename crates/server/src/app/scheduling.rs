@@ -26,9 +26,7 @@ impl App {
     /// The scheduler's view right now (what the next admission cycle would see).
     async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
         let jobs = self.store.jobs_unfinished().await?.jobs;
-        let tenants = crate::scheduling::policies(&self.store.tenant_policies().await?);
-        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
-        Ok(crate::scheduling::snapshot(chrono::Utc::now(), nodes, tenants, &jobs, &Default::default()))
+        crate::scheduling::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default()).await
     }
 
     /// Why a queued job waits, where it stands, and when it should start.

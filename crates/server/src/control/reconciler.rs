@@ -573,9 +573,7 @@ impl Reconciler {
         if !jobs.iter().any(|j| j.state == JobState::Queued) {
             return Ok(Vec::new());
         }
-        let tenants = scheduling::policies(&self.store.tenant_policies().await?);
-        let nodes = scheduling::nodes_for(self.executor.as_ref());
-        let snapshot = scheduling::snapshot(chrono::Utc::now(), nodes, tenants, jobs, ended);
+        let snapshot = scheduling::snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
         // CPU-bound (tens of milliseconds at a queue of 100,000): off the async workers.
         let result = tokio::task::spawn_blocking(move || admission_cycle(&snapshot))
             .await
