@@ -280,3 +280,22 @@ async fn pytorch_ddp_checkpoints_go_to_a_volume_made_at_the_first_run() {
     assert_eq!(status, StatusCode::OK, "{dry}");
     assert!(dry["spec"]["volumes"].as_array().is_none_or(|v| v.is_empty()), "{dry}");
 }
+
+/// pytorch-ddp runs the Python the run names (`python`): one that is not there fails the job at
+/// once, with its restarts unused and the reason naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn pytorch_ddp_runs_the_python_it_is_given_and_a_missing_one_fails_at_once() {
+    let env = TestEnv::start().await;
+    let run = json!({"params": {"data": "/data/shards", "cpu": 0.5, "memory": "1Gi", "python": "/no/such/venv/bin/python",
+                                "checkpoint_volume": ""},
+                     "max_restarts": 3});
+    let (status, job) = env.post("/api/v1/templates/pytorch-ddp/jobs", &env.admin_token, &run).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    assert_eq!(job["spec"]["command"][0], "/no/such/venv/bin/python", "{job}");
+    let id = job["id"].as_str().unwrap();
+    let job = env.wait_job(id, Duration::from_secs(30), |j| j["finished_at"].is_string()).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["restart_count"], 0, "{job}");
+    let reason = job["reason"].as_str().unwrap();
+    assert!(reason.contains("/no/such/venv/bin/python") && reason.contains("not restarted"), "{reason}");
+}

@@ -37,6 +37,9 @@ async fn packed_dataset(env: &TestEnv) -> PathBuf {
 fn train_args<'a>(data: &'a str, extra: &[&'a str]) -> Vec<String> {
     let mut args: Vec<String> = ["run", "pytorch-ddp", "--set"].iter().map(|s| s.to_string()).collect();
     args.push(format!("data={data}"));
+    // The Python with torch, named as a user names theirs (tests/run's virtualenv).
+    let python = std::env::var("TRAINYARD_TEST_PYTHON").expect("TRAINYARD_TEST_PYTHON: run through tests/run");
+    args.extend(["--set".to_string(), format!("python={python}")]);
     for set in ["replicas=2", "cpu=0.5", "memory=1Gi", "batch_size=32", "workers=1", "precision=bf16"] {
         args.push("--set".into());
         args.push(set.into());
