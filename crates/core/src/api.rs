@@ -71,8 +71,9 @@ pub struct JobEvent {
 pub struct JobAttempt {
     /// 1 for the first launch, 2 after the first restart, ...
     pub attempt: i32,
-    /// Where the replicas ran (executor-specific: host, process ids, GPUs, rendezvous port).
-    #[schema(value_type = Object)]
+    /// Where the replicas ran (executor-specific: host, process ids, GPUs, rendezvous port);
+    /// null while the launch has not stored it yet.
+    #[schema(value_type = Option<Object>)]
     pub placement: Option<serde_json::Value>,
     /// Exit code per replica; null while running or when unknown (killed by a signal, lost).
     pub exit_codes: Vec<Option<i32>>,
