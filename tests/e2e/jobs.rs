@@ -230,3 +230,38 @@ async fn a_shell_line_given_as_the_command_fails_with_a_hint_and_is_not_restarte
     assert!(reason.contains("submit `sh -c 'echo hi && ls'`"), "{reason}");
     assert!(reason.contains("not restarted: the command was not found"), "{reason}");
 }
+
+/// Short ids: every command that takes a job id takes the first hex digits of one (at least 6),
+/// as `git` takes a commit's; an ambiguous or unknown prefix says which, and the API's
+/// `id_prefix` filter answers from the primary key's index.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_is_named_by_the_start_of_its_id() {
+    let env = TestEnv::start().await;
+    let first = env.submit(json!({"command": ["echo", "from the first"]})).await;
+    let second = env.submit(json!({"command": ["echo", "from the second"]})).await;
+    env.wait_state(&first, "succeeded", Duration::from_secs(30)).await;
+    env.wait_state(&second, "succeeded", Duration::from_secs(30)).await;
+    // UUIDv7: the first 12 hex digits are the submit time in ms, so 13 characters with the
+    // dash tell these two apart unless they came in the same millisecond (then more are needed).
+    let common = first.chars().zip(second.chars()).take_while(|(a, b)| a == b).count();
+    let short = &first[..(common + 1).max(13)];
+    let logs = env.yard(&env.admin_token, &["logs", short]);
+    assert!(logs.status.success(), "{}", stderr(&logs));
+    assert_eq!(stdout(&logs), "from the first\n");
+    let shown = env.yard(&env.admin_token, &["-o", "json", "jobs", "show", &first[..common.max(6)]]);
+    if common >= 6 {
+        assert!(!shown.status.success());
+        assert!(stderr(&shown).contains("is ambiguous"), "{}", stderr(&shown));
+    }
+    let unknown = env.yard(&env.admin_token, &["jobs", "show", "ffffff"]);
+    assert!(!unknown.status.success());
+    assert!(stderr(&unknown).contains("no job of your tenant has an id starting with ffffff"), "{}", stderr(&unknown));
+
+    let (status, page) = env.get(&format!("/api/v1/jobs?id_prefix={short}"), &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [first.as_str()]);
+    let (status, body) = env.get("/api/v1/jobs?id_prefix=01a", &env.admin_token).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["field"], "id_prefix", "{body}");
+}

@@ -43,6 +43,25 @@ impl Client {
         decode(self.send(self.request(Method::POST, path).json(body)).await?).await
     }
 
+    /// The job a full id or a short one (its first hex digits, at least 6) names, among the
+    /// caller's tenant's jobs: `yard logs 01a20b11` as well as the whole id. An ambiguous or
+    /// unknown prefix is an error that says which.
+    pub async fn job_id(&self, text: &str) -> anyhow::Result<uuid::Uuid> {
+        if let Ok(id) = uuid::Uuid::parse_str(text) {
+            return Ok(id);
+        }
+        let query = serde_urlencoded::to_string([("id_prefix", text), ("limit", "3")])?;
+        let page: trainyard_core::api::JobPage = self.get(&format!("/api/v1/jobs?{query}")).await?;
+        match page.items.as_slice() {
+            [job] => Ok(job.id),
+            [] => anyhow::bail!("no job of your tenant has an id starting with {text}"),
+            several => {
+                let ids: Vec<String> = several.iter().map(|j| j.id.to_string()).collect();
+                anyhow::bail!("{text} is ambiguous: it starts {} ...; give more of the id", ids.join(", "))
+            }
+        }
+    }
+
     /// PUT with a JSON body; the JSON answer decoded.
     pub async fn put_json<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
         decode(self.send(self.request(Method::PUT, path).json(body)).await?).await

@@ -432,6 +432,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output::print(out, &page, output::jobs_table)
         }
         Command::Jobs { command: JobsCommand::Show { id } } => {
+            let id = client.job_id(&id).await?;
             let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
             let attempts: Vec<JobAttempt> = client.get(&format!("/api/v1/jobs/{id}/attempts")).await?;
             let events: Vec<JobEvent> = client.get(&format!("/api/v1/jobs/{id}/events")).await?;
@@ -447,6 +448,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut query = vec![("replica", replica.to_string()), ("follow", follow.to_string())];
             query.extend(attempt.map(|a| ("attempt", a.to_string())));
             let query = serde_urlencoded::to_string(&query)?;
+            let id = client.job_id(&id).await?;
             let response = client.get_stream(&format!("/api/v1/jobs/{id}/logs?{query}")).await?;
             let mut body = response.bytes_stream();
             let mut stdout = std::io::stdout().lock();
@@ -457,6 +459,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Cancel { id } => {
+            let id = client.job_id(&id).await?;
             let job: Job = client.post(&format!("/api/v1/jobs/{id}/cancel"), &serde_json::json!({})).await?;
             output::print(out, &job, |job| {
                 if job.state == JobState::Cancelled {
@@ -508,6 +511,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output::print(out, &detail, |d| format!("published {}@{} ({})\n", d.name, d.version, d.digest))
         }
         Command::Metrics { id, name } => {
+            let id = client.job_id(&id).await?;
             let mut path = format!("/api/v1/jobs/{id}/metrics");
             if let Some(name) = &name {
                 path.push('?');
@@ -648,6 +652,7 @@ async fn wait(client: &Client, out: Output, id: &str, timeout: Option<Duration>)
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.enable_steady_tick(Duration::from_millis(120));
     let started = std::time::Instant::now();
+    let id = client.job_id(id).await?;
     let job = loop {
         let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
         if job.state.is_terminal() {

@@ -22,16 +22,16 @@ use crate::output;
 #[derive(Subcommand)]
 pub enum ArtifactsCommand {
     /// A job's artefacts: path, size, SHA-256, time.
-    Ls { job: uuid::Uuid },
+    Ls { job: String },
     /// Download one artefact (to its file name here, or --output-file; `-` for stdout).
     Get {
-        job: uuid::Uuid,
+        job: String,
         path: String,
         #[arg(short = 'O', long)]
         output_file: Option<PathBuf>,
     },
     /// Upload a file as the job's artefact PATH.
-    Put { job: uuid::Uuid, path: String, file: PathBuf },
+    Put { job: String, path: String, file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -101,6 +101,7 @@ fn progress_bar(len: u64, what: &str) -> ProgressBar {
 pub async fn artifacts(client: &Client, out: Output, command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
     match command {
         ArtifactsCommand::Ls { job } => {
+            let job = client.job_id(&job).await?;
             let list: Vec<Artifact> = client.get(&format!("/api/v1/jobs/{job}/artifacts")).await?;
             output::print(out, &list, |list| {
                 list.iter()
@@ -112,6 +113,7 @@ pub async fn artifacts(client: &Client, out: Output, command: ArtifactsCommand) 
             })
         }
         ArtifactsCommand::Get { job, path, output_file } => {
+            let job = client.job_id(&job).await?;
             let link: ArtifactLink = client.get(&artifact_api_path(job, &path)?).await?;
             let target = output_file.unwrap_or_else(|| PathBuf::from(path.rsplit('/').next().unwrap_or(&path)));
             download(client, &link, &target).await?;
@@ -121,6 +123,7 @@ pub async fn artifacts(client: &Client, out: Output, command: ArtifactsCommand) 
             Ok(ExitCode::SUCCESS)
         }
         ArtifactsCommand::Put { job, path, file } => {
+            let job = client.job_id(&job).await?;
             let handle = tokio::fs::File::open(&file).await.with_context(|| format!("opening {}", file.display()))?;
             let len = handle.metadata().await?.len();
             let bar = progress_bar(len, "uploading");

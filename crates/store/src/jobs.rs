@@ -21,6 +21,8 @@ pub struct JobFilter {
     pub template: Option<String>,
     /// Jobs older than this id (the previous page's last job).
     pub before: Option<Uuid>,
+    /// Only ids in this range, both ends included: the ids a short id (a prefix) can stand for.
+    pub id_range: Option<(Uuid, Uuid)>,
     pub limit: u32,
 }
 
@@ -203,6 +205,7 @@ impl Store {
                AND ($3::text IS NULL OR j.name = $3)
                AND ($4::uuid IS NULL OR j.id < $4)
                AND ($6::text IS NULL OR j.template_name = $6)
+               AND ($7::uuid IS NULL OR j.id BETWEEN $7 AND $8)
              ORDER BY j.id DESC
              LIMIT $5"
         ))
@@ -212,6 +215,8 @@ impl Store {
         .bind(filter.before)
         .bind(i64::from(limit) + 1)
         .bind(&filter.template)
+        .bind(filter.id_range.map(|(low, _)| low))
+        .bind(filter.id_range.map(|(_, high)| high))
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;

@@ -51,6 +51,9 @@ pub struct ListParams {
     pub cursor: Option<String>,
     /// Page size, 1 to 500 (default 50).
     pub limit: Option<u32>,
+    /// Only jobs whose id starts with these hex digits (at least 6; dashes ignored): what a
+    /// short id such as `01a20b11` stands for.
+    pub id_prefix: Option<String>,
 }
 
 /// List the tenant's jobs, newest first.
@@ -88,7 +91,20 @@ pub fn list_filter(params: ListParams) -> Result<JobFilter> {
     if !(1..=trainyard_store::jobs::MAX_PAGE).contains(&limit) {
         return Err(Error::invalid("limit", format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE)));
     }
-    Ok(JobFilter { state, name: params.name, template: params.template, before, limit })
+    let id_range = params.id_prefix.as_deref().map(id_range_of).transpose()?;
+    Ok(JobFilter { state, name: params.name, template: params.template, before, id_range, limit })
+}
+
+/// The ids a prefix stands for: from the prefix padded with `0` to it padded with `f`, so that the
+/// lookup walks the primary key's index rather than every id as text.
+pub fn id_range_of(prefix: &str) -> Result<(uuid::Uuid, uuid::Uuid)> {
+    let hex: String = prefix.chars().filter(|c| *c != '-').collect::<String>().to_ascii_lowercase();
+    if hex.len() < 6 || hex.len() > 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(Error::invalid("id_prefix", "6 to 32 hex digits of a job id (dashes allowed)"));
+    }
+    let pad = |with: char| format!("{hex}{}", with.to_string().repeat(32 - hex.len()));
+    let parse = |text: String| uuid::Uuid::parse_str(&text).map_err(|err| Error::internal(err.to_string()));
+    Ok((parse(pad('0'))?, parse(pad('f'))?))
 }
 
 /// One job.

@@ -85,6 +85,7 @@ impl Filter {
             template: some(&self.template),
             cursor: some(&self.cursor),
             limit: Some(PAGE_SIZE),
+            id_prefix: None,
         }
     }
 
