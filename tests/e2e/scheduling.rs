@@ -262,3 +262,46 @@ async fn jobs_that_can_never_fit_are_refused_with_the_capacity_named() {
     assert!(set.status.success());
     assert!(stderr(&set).contains("warning: no node of this cluster has GPUs of type b200"));
 }
+
+/// The queue: every waiting job a caller may see, in the scheduler's order with its reason and
+/// position; members see their tenant's and a count of the others', platform admins all.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_queue_shows_waiting_jobs_in_order_to_those_who_may_see_them() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "4", "--simulate-gpu-type", GPU]).await;
+    let admin = env.admin_token.clone();
+    for team in ["team-a", "team-b"] {
+        assert_eq!(env.post("/api/v1/admin/tenants", &admin, &json!({"name": team})).await.0, StatusCode::CREATED);
+        let quota = env.yard(&admin, &["admin", "quota", "set", team, GPU, "--nominal", "2"]);
+        assert!(quota.status.success(), "{}", stderr(&quota));
+    }
+    let alice = env.member("team-a", "alice", "member").await;
+    let bob = env.member("team-b", "bob", "member").await;
+    let running = gpu_job(&env, &alice, "alice-running", 2).await;
+    wait_running(&env, &alice, &running).await;
+    let waiting_a = gpu_job(&env, &alice, "alice-waits", 2).await;
+    let waiting_b = [gpu_job(&env, &bob, "bob-0", 2).await, gpu_job(&env, &bob, "bob-1", 2).await];
+    wait_running(&env, &bob, &waiting_b[0]).await;
+
+    let (status, queue) = env.get("/api/v1/queue", &alice).await;
+    assert_eq!(status, StatusCode::OK, "{queue}");
+    let items = queue["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "alice sees her own waiting job only: {queue}");
+    assert_eq!(items[0]["id"], waiting_a.as_str());
+    assert!(items[0]["schedule"]["reason"].as_str().unwrap().contains("quota"), "{queue}");
+    assert_eq!(queue["others_waiting"], 1, "bob's waiting job is counted, not shown");
+
+    let (_, all) = env.get("/api/v1/queue", &admin).await;
+    let names: Vec<&str> = all["items"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 2, "{all}");
+    assert!(names.contains(&"alice-waits") && names.contains(&"bob-1"), "{names:?}");
+    let positions: Vec<u64> =
+        all["items"].as_array().unwrap().iter().map(|j| j["schedule"]["cluster_position"].as_u64().unwrap()).collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "in the scheduler's order: {positions:?}");
+
+    let table = env.yard(&alice, &["queue"]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    assert!(text.contains("alice-waits") && text.contains(&waiting_a[..13]), "{text}");
+    assert!(text.contains("(and 1 waiting jobs of other tenants)"), "{text}");
+    assert!(!text.contains("bob-1"), "{text}");
+}

@@ -75,6 +75,9 @@ enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// The waiting jobs you may see, in the order the scheduler considers them: position, why
+    /// each waits and when it should start (platform admins see every tenant's).
+    Queue,
     /// Print a replica's log; `-f` follows it until the job ends.
     Logs {
         id: String,
@@ -443,6 +446,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let waiting = schedule.as_ref().map(output::schedule).unwrap_or_default();
                 format!("{}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
             })
+        }
+        Command::Queue => {
+            let queue: trainyard_core::api::Queue = client.get("/api/v1/queue").await?;
+            output::print(out, &queue, output::queue_table)
         }
         Command::Logs { id, replica, attempt, follow } => {
             let mut query = vec![("replica", replica.to_string()), ("follow", follow.to_string())];

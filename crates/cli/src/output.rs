@@ -50,6 +50,37 @@ pub fn jobs_table(page: &JobPage) -> String {
     text
 }
 
+/// The queue: position, short id, who, why, when. Empty: one line that says so.
+pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
+    let others = match queue.others_waiting {
+        0 => String::new(),
+        n => format!("(and {n} waiting jobs of other tenants)\n"),
+    };
+    if queue.items.is_empty() {
+        return format!("no job of yours is waiting\n{others}");
+    }
+    let mut t = table(&["POS", "ID", "NAME", "TENANT", "PRIORITY", "REASON", "EST. START"]);
+    for entry in &queue.items {
+        let s = &entry.schedule;
+        let id = entry.id.to_string();
+        t.add_row(vec![
+            if s.admitted_now {
+                "next".to_string()
+            } else {
+                s.cluster_position.map(|p| p.to_string()).unwrap_or_default()
+            },
+            // The first 13 characters (the submit time to the millisecond): what `yard logs` takes.
+            id[..13].to_string(),
+            entry.name.clone(),
+            entry.tenant.clone(),
+            entry.priority.to_string(),
+            s.reason.clone().unwrap_or_else(|| "starts at the next admission".into()),
+            s.estimated_start.map(when).unwrap_or_else(|| if s.admitted_now { "now".into() } else { "-".into() }),
+        ]);
+    }
+    format!("{t}\n{others}")
+}
+
 pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outputs: &serde_json::Value) -> String {
     let spec = &job.spec;
     let mut text = format!(

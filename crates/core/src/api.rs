@@ -394,6 +394,26 @@ pub struct Schedule {
     pub estimated_start: Option<DateTime<Utc>>,
 }
 
+/// One waiting job in the cluster's queue.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct QueueEntry {
+    pub id: Uuid,
+    pub name: String,
+    pub tenant: String,
+    pub priority: i32,
+    pub created_at: DateTime<Utc>,
+    /// Why it waits, where it stands, when it should start (as `GET /jobs/{id}/schedule`).
+    pub schedule: Schedule,
+}
+
+/// The waiting jobs the caller may see, in the order the scheduler considers them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Queue {
+    pub items: Vec<QueueEntry>,
+    /// Other tenants' waiting jobs, counted but not shown (platform admins see them all).
+    pub others_waiting: usize,
+}
+
 /// A registered dataset version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Dataset {

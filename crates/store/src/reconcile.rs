@@ -19,6 +19,8 @@ pub struct UnfinishedJob {
     pub tenant_id: Uuid,
     /// The tenant's name.
     pub tenant: String,
+    /// The job's own name.
+    pub name: String,
     pub state: JobState,
     pub reason: Option<String>,
     pub spec: JobSpec,
@@ -98,7 +100,8 @@ impl Store {
                      j.cancel_requested_at IS NOT NULL AS cancel_requested,
                      j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
                      j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
-                     a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at
+                     a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at,
+                     j.name AS job_name
               FROM jobs j
               JOIN tenants n ON n.id = j.tenant_id
               LEFT JOIN LATERAL (SELECT attempt, placement, ended_at FROM job_attempts
@@ -108,7 +111,8 @@ impl Store {
               WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
              UNION ALL
              (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
-                     false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL, NULL
+                     false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL, NULL,
+                     j.name
               FROM tenants t
               CROSS JOIN LATERAL (SELECT * FROM jobs q WHERE q.tenant_id = t.id AND q.state = 'queued'
                                   ORDER BY q.priority DESC, q.id LIMIT $1) j)",
@@ -548,6 +552,7 @@ fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<Unf
         id: row.try_get("id").map_err(column)?,
         tenant_id: row.try_get("tenant_id").map_err(column)?,
         tenant: row.try_get("tenant_name").map_err(column)?,
+        name: row.try_get("job_name").map_err(column)?,
         state: JobState::parse(&state).ok_or_else(|| format!("its state {state:?} is unknown"))?,
         reason: row.try_get("reason").map_err(column)?,
         spec,

@@ -35,6 +35,7 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/jobs/{id}/schedule", get(scheduling::job_schedule))
         .route("/api/v1/jobs/what-if", post(scheduling::job_what_if))
         .route("/api/v1/quota", get(scheduling::quota_get))
+        .route("/api/v1/queue", get(scheduling::queue_get))
         .route("/api/v1/datasets", get(datasets::datasets_list).post(datasets::dataset_register))
         .route("/api/v1/datasets/{name}/{version}", get(datasets::dataset_get))
         .route("/api/v1/admin/tenants/{tenant}", patch(scheduling::tenant_patch))
@@ -88,6 +89,7 @@ fn storage_routes() -> RouteTable {
         metrics::metrics_get,
         metrics::output_post,
         scheduling::quota_get,
+        scheduling::queue_get,
         datasets::dataset_register,
         datasets::datasets_list,
         datasets::dataset_get,

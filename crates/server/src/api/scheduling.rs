@@ -8,6 +8,17 @@ use crate::AppState;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, Auth, JobId};
 
+/// The waiting jobs you may see (your tenant's; all for platform admins), in the order the
+/// scheduler considers them, with reasons, positions and estimated starts.
+#[utoipa::path(get, path = "/api/v1/queue", tag = "scheduling", security(("bearer" = [])),
+    responses((status = 200, body = trainyard_core::api::Queue), (status = 401, body = ErrorBody)))]
+pub async fn queue_get(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+) -> ApiResult<Json<trainyard_core::api::Queue>> {
+    Ok(Json(state.app.queue(&caller).await?))
+}
+
 /// Your tenant's quotas and usage per GPU type: nominal, used, borrowed, lent.
 #[utoipa::path(get, path = "/api/v1/quota", tag = "scheduling", security(("bearer" = [])),
     responses((status = 200, body = QuotaReport), (status = 401, body = ErrorBody)))]

@@ -29,6 +29,36 @@ impl App {
         crate::scheduling::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default()).await
     }
 
+    /// The waiting jobs the caller may see (its tenant's; every tenant's for platform admins), in
+    /// the order the scheduler considers them, each with its reason, positions and estimate, from
+    /// the same shared board as a job's own schedule. Jobs deeper in their tenant's queue than a
+    /// cycle looks are not listed.
+    pub async fn queue(&self, caller: &Caller) -> Result<trainyard_core::api::Queue> {
+        caller.authorize(Action::ReadJobs)?;
+        let jobs = self.store.jobs_unfinished().await?.jobs;
+        let board = self.schedule.get(self.scheduling_snapshot()).await?;
+        let mut others_waiting = 0;
+        let mut items = Vec::new();
+        for job in jobs.iter().filter(|j| j.state == trainyard_core::job::JobState::Queued) {
+            let Some(standing) = board.standing(job.id) else { continue };
+            if job.tenant_id != caller.tenant_id && !caller.platform_admin {
+                others_waiting += 1;
+                continue;
+            }
+            items.push(trainyard_core::api::QueueEntry {
+                id: job.id,
+                name: job.name.clone(),
+                tenant: job.tenant.clone(),
+                priority: job.priority,
+                created_at: job.created_at,
+                schedule: schedule_of(standing.admitted_now, standing.pending.as_ref(), standing.estimated_start),
+            });
+        }
+        // Admitted by the next cycle first, then by position in the cluster's queue.
+        items.sort_by_key(|e| (!e.schedule.admitted_now, e.schedule.cluster_position.unwrap_or(0)));
+        Ok(trainyard_core::api::Queue { items, others_waiting })
+    }
+
     /// Why a queued job waits, where it stands, and when it should start.
     pub async fn job_schedule(&self, caller: &Caller, job_id: Uuid) -> Result<Option<Schedule>> {
         caller.authorize(Action::ReadJobs)?;
