@@ -254,7 +254,10 @@ impl KubernetesExecutor {
             let name = objects.job.name_any();
             tracing::warn!(%err, job = %request.job_id, attempt = request.attempt, "launch failed; removing what it applied");
             self.job_delete(&namespace, &name, Some(Duration::ZERO)).await;
-            self.relaunch.lock().expect("relaunch poisoned").insert((request.job_id, request.attempt));
+            self.relaunch
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert((request.job_id, request.attempt));
         }
         applied
     }
@@ -475,7 +478,7 @@ impl Executor for KubernetesExecutor {
         let job_ref = ObjectRef::new(&names::attempt_object(request.job_id, request.attempt))
             .within(&names::namespace(&self.config.namespace_prefix, &request.tenant, request.tenant_id));
         // A launch that failed and was cleaned up is made afresh, whatever the watch still shows.
-        let relaunch = self.relaunch.lock().expect("relaunch poisoned").remove(&key);
+        let relaunch = self.relaunch.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
         let known = !relaunch
             && (self.launched.lock().expect("launched poisoned").contains_key(&key)
                 || self.cache.jobs.get(&job_ref).is_some());

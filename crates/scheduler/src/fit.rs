@@ -42,6 +42,23 @@ pub fn bytes(amount: u64) -> String {
     format!("{} {unit}", text.strip_suffix(".0").unwrap_or(&text))
 }
 
+/// "No node of this cluster has GPUs of type X (its GPU types: ...)" when no node of `nodes` has
+/// GPUs of type `wanted`; `None` when one has (or no nodes are known). Said at submit and when
+/// a quota is set for such a type.
+pub fn missing_gpu_type(nodes: &[Node], wanted: &str) -> Option<String> {
+    let types: std::collections::BTreeSet<&str> =
+        nodes.iter().filter(|n| n.gpus > 0).filter_map(|n| n.gpu_type.as_deref()).collect();
+    if nodes.is_empty() || types.contains(wanted) {
+        return None;
+    }
+    let have = if types.is_empty() {
+        "no node has GPUs".to_string()
+    } else {
+        format!("its GPU types: {}", types.into_iter().collect::<Vec<_>>().join(", "))
+    };
+    Some(format!("no node of this cluster has GPUs of type {wanted} ({have})"))
+}
+
 /// How many replicas of `demand` one node holds when empty.
 fn replicas_on(node: &Node, demand: &Demand) -> u64 {
     let per = |have: u64, want: u64| have.checked_div(want).unwrap_or(u64::MAX);
@@ -64,23 +81,11 @@ pub fn never_fits(nodes: &[Node], demand: &Demand) -> Option<Unfit> {
         .filter(|n| !uses_gpus || n.gpus > 0)
         .collect();
     if typed.is_empty() {
-        let types: Vec<String> = nodes
-            .iter()
-            .filter_map(|n| n.gpu_type.clone().filter(|_| n.gpus > 0))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let have = if types.is_empty() {
-            "no node has GPUs".to_string()
-        } else {
-            format!("its GPU types: {}", types.join(", "))
-        };
         return Some(match &demand.gpu_type {
-            Some(wanted) => Unfit {
-                field: "resources.gpu_type",
-                message: format!("no node of this cluster has GPUs of type {wanted} ({have})"),
-            },
-            None => Unfit { field: "resources.gpus", message: format!("the job asks for GPUs and {have}") },
+            Some(wanted) => {
+                Unfit { field: "resources.gpu_type", message: missing_gpu_type(nodes, wanted).unwrap_or_default() }
+            }
+            None => Unfit { field: "resources.gpus", message: "the job asks for GPUs and no node has GPUs".into() },
         });
     }
     let largest = |f: fn(&Node) -> u64| typed.iter().map(|n| f(n)).max().unwrap_or(0);

@@ -274,7 +274,7 @@ impl Oidc {
             Error::Unavailable(format!(
                 "the identity provider {} could not be reached: {}",
                 self.issuer.as_str(),
-                chain(&err)
+                chain(err)
             ))
         })?;
         *kept = Some((metadata.clone(), Instant::now()));
@@ -333,7 +333,7 @@ impl Oidc {
             .set_pkce_verifier(PkceCodeVerifier::new(pkce_verifier.to_string()))
             .request_async(&self.http)
             .await
-            .map_err(|err| refused(format!("the identity provider refused the code: {}", chain(&err))))?;
+            .map_err(|err| refused(format!("the identity provider refused the code: {}", chain(err))))?;
         let raw = openidconnect::TokenResponse::id_token(&response)
             .ok_or_else(|| refused("the identity provider returned no ID token".into()))?
             .to_string();
@@ -347,10 +347,10 @@ impl Oidc {
                 let client = self.client(self.metadata(true).await?)?;
                 id_token
                     .claims(&client.id_token_verifier(), &nonce)
-                    .map_err(|err| refused(format!("the ID token did not verify: {}", chain(&err))))?
+                    .map_err(|err| refused(format!("the ID token did not verify: {}", chain(err))))?
                     .clone()
             }
-            Err(err) => return Err(refused(format!("the ID token did not verify: {}", chain(&err)))),
+            Err(err) => return Err(refused(format!("the ID token did not verify: {}", chain(err)))),
         };
         let name_hint = claims
             .preferred_username()
@@ -365,16 +365,9 @@ impl Oidc {
     }
 }
 
-/// An error with its causes, for a message a person can act on.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+/// An error with its causes, for a message a person can act on (anyhow's alternate form).
+fn chain(err: impl std::error::Error + Send + Sync + 'static) -> String {
+    format!("{:#}", anyhow::Error::new(err))
 }
 
 #[cfg(test)]

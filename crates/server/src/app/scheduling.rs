@@ -211,20 +211,10 @@ impl App {
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
         let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
-        let mut types: Vec<&str> = nodes.iter().filter(|n| n.gpus > 0).filter_map(|n| n.gpu_type.as_deref()).collect();
-        types.sort_unstable();
-        types.dedup();
-        let mut warnings = Vec::new();
-        if !nodes.is_empty() && !types.contains(&flavor) {
-            let have = if types.is_empty() {
-                "it has no GPUs".to_string()
-            } else {
-                format!("its GPU types: {}", types.join(", "))
-            };
-            warnings.push(format!(
-                "no node of this cluster has GPUs of type {flavor} ({have}): no job can use this quota until such nodes join"
-            ));
-        }
+        let warnings = trainyard_scheduler::fit::missing_gpu_type(&nodes, flavor)
+            .map(|missing| format!("{missing}: no job can use this quota until such nodes join"))
+            .into_iter()
+            .collect();
         Ok(trainyard_core::api::QuotaSetResult { warnings })
     }
 
