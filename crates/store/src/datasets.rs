@@ -1,6 +1,5 @@
 //! The dataset registry: named, immutable dataset versions per tenant.
 
-use sqlx::Row;
 use trainyard_core::api::Dataset;
 use trainyard_core::auth::Caller;
 use trainyard_core::{Error, Result};
@@ -54,21 +53,23 @@ impl Store {
 
     pub async fn datasets_list(&self, tenant_id: Uuid) -> Result<Vec<Dataset>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
-            "SELECT d.*, u.name AS created_by_name FROM datasets d JOIN users u ON u.id = d.created_by
+        let rows: Vec<DatasetRow> = sqlx::query_as(
+            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
+                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
              WHERE d.tenant_id = $1 ORDER BY d.name, d.created_at",
         )
         .bind(tenant_id)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        Ok(rows.iter().map(dataset_from_row).collect())
+        Ok(rows.into_iter().map(Dataset::from).collect())
     }
 
     pub async fn dataset_get(&self, tenant_id: Uuid, name: &str, version: &str) -> Result<Dataset> {
         // language=PostgreSQL
-        let row = sqlx::query(
-            "SELECT d.*, u.name AS created_by_name FROM datasets d JOIN users u ON u.id = d.created_by
+        let row: DatasetRow = sqlx::query_as(
+            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
+                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
              WHERE d.tenant_id = $1 AND d.name = $2 AND d.version = $3",
         )
         .bind(tenant_id)
@@ -78,21 +79,37 @@ impl Store {
         .await
         .map_err(db_error)?
         .ok_or_else(|| Error::not_found(trainyard_core::error::ObjectKind::Dataset))?;
-        Ok(dataset_from_row(&row))
+        Ok(row.into())
     }
 }
 
-fn dataset_from_row(row: &sqlx::postgres::PgRow) -> Dataset {
-    Dataset {
-        name: row.get("name"),
-        version: row.get("version"),
-        uri: row.get("uri"),
-        format: row.get("format"),
-        size_bytes: row.get("size_bytes"),
-        samples: row.get("samples"),
-        content_hash: row.get("content_hash"),
-        source_job: row.get("source_job"),
-        created_by: row.get("created_by_name"),
-        created_at: row.get("created_at"),
+#[derive(sqlx::FromRow)]
+struct DatasetRow {
+    name: String,
+    version: String,
+    uri: String,
+    format: String,
+    size_bytes: Option<i64>,
+    samples: Option<i64>,
+    content_hash: String,
+    source_job: Option<Uuid>,
+    created_by_name: String,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl From<DatasetRow> for Dataset {
+    fn from(row: DatasetRow) -> Dataset {
+        Dataset {
+            name: row.name,
+            version: row.version,
+            uri: row.uri,
+            format: row.format,
+            size_bytes: row.size_bytes,
+            samples: row.samples,
+            content_hash: row.content_hash,
+            source_job: row.source_job,
+            created_by: row.created_by_name,
+            created_at: row.created_at,
+        }
     }
 }

@@ -1,8 +1,7 @@
 //! Job queries made on behalf of a caller. Each takes the caller's tenant id and filters by it,
 //! so another tenant's job id finds nothing (and the API answers 404, leaking no existence).
 
-use sqlx::Row;
-use sqlx::postgres::PgRow;
+use chrono::{DateTime, Utc};
 use trainyard_core::api::{Job, JobAttempt, JobEvent, JobPage};
 use trainyard_core::auth::Caller;
 use trainyard_core::error::ObjectKind;
@@ -55,41 +54,73 @@ fn unreadable_spec() -> JobSpec {
     }
 }
 
-pub(crate) fn job_from_row(row: &PgRow) -> Result<Job> {
-    let state: String = row.get("state");
-    // A spec this version cannot read still shows its job (with the reason), never a 500 for the
-    // job or for the whole list it is in.
-    let stored: serde_json::Value = row.try_get("spec").map_err(Error::internal)?;
-    let (spec, spec_unreadable) = match serde_json::from_value::<JobSpec>(stored) {
-        Ok(spec) => (spec, None),
-        Err(err) => (unreadable_spec(), Some(format!("the stored spec does not decode: {err}"))),
-    };
-    Ok(Job {
-        id: row.get("id"),
-        tenant: row.get("tenant_name"),
-        name: row.get("name"),
-        state: JobState::parse(&state).ok_or_else(|| Error::internal(format!("unknown job state {state}")))?,
-        reason: row.get("reason"),
-        priority: row.get("priority"),
-        max_restarts: row.get("max_restarts"),
-        restart_count: row.get("restart_count"),
-        spec,
-        spec_unreadable,
-        idempotency_key: row.get("idempotency_key"),
-        created_by: row.get("created_by_name"),
-        created_at: row.get("created_at"),
-        updated_at: row.get("updated_at"),
-        started_at: row.get("started_at"),
-        finished_at: row.get("finished_at"),
-        cancel_requested_at: row.get("cancel_requested_at"),
-        params: row.get("params"),
-        datasets: row
-            .get::<Option<serde_json::Value>, _>("datasets")
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(Error::internal)?
-            .unwrap_or_default(),
-    })
+/// A job as `job_select!` reads it. Decoding is checked per column, so a column that does not
+/// match its type is an error for that read, never a panic.
+#[derive(sqlx::FromRow)]
+pub(crate) struct JobRow {
+    id: Uuid,
+    tenant_name: String,
+    name: String,
+    state: String,
+    reason: Option<String>,
+    priority: i32,
+    max_restarts: i32,
+    restart_count: i32,
+    spec: serde_json::Value,
+    idempotency_key: Option<String>,
+    created_by_name: String,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    cancel_requested_at: Option<DateTime<Utc>>,
+    request_hash: Option<Vec<u8>>,
+    params: Option<serde_json::Value>,
+    datasets: Option<serde_json::Value>,
+}
+
+impl TryFrom<JobRow> for Job {
+    type Error = Error;
+
+    fn try_from(row: JobRow) -> Result<Job> {
+        // A spec this version cannot read still shows its job (with the reason), never a 500 for
+        // the job or for the whole list it is in.
+        let (spec, spec_unreadable) = match serde_json::from_value::<JobSpec>(row.spec) {
+            Ok(spec) => (spec, None),
+            Err(err) => (unreadable_spec(), Some(format!("the stored spec does not decode: {err}"))),
+        };
+        Ok(Job {
+            id: row.id,
+            tenant: row.tenant_name,
+            name: row.name,
+            state: parse_state(&row.state)?,
+            reason: row.reason,
+            priority: row.priority,
+            max_restarts: row.max_restarts,
+            restart_count: row.restart_count,
+            spec,
+            spec_unreadable,
+            idempotency_key: row.idempotency_key,
+            created_by: row.created_by_name,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            started_at: row.started_at,
+            finished_at: row.finished_at,
+            cancel_requested_at: row.cancel_requested_at,
+            params: row.params,
+            datasets: row
+                .datasets
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(Error::internal)?
+                .unwrap_or_default(),
+        })
+    }
+}
+
+/// A job state as stored; an unknown one is the database's fault, not the caller's.
+pub(crate) fn parse_state(text: &str) -> Result<JobState> {
+    JobState::parse(text).ok_or_else(|| Error::internal(format!("unknown job state {text}")))
 }
 
 /// What a submit did.
@@ -115,14 +146,14 @@ impl Store {
         let template = job.spec.template.clone();
         let spec = serde_json::to_value(&job.spec).map_err(Error::internal)?;
         // language=PostgreSQL
-        let inserted = sqlx::query(
+        let inserted: Option<(Uuid, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
             "INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
                                idempotency_key, request_hash, created_by,
                                template_name, template_version, template_digest, params, expected_runtime_seconds,
                                datasets)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
              ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-             RETURNING id, state, created_at, updated_at",
+             RETURNING id, created_at, updated_at",
         )
         .bind(Uuid::now_v7())
         .bind(caller.tenant_id)
@@ -144,9 +175,9 @@ impl Store {
         .await
         .map_err(db_error)?;
 
-        if let Some(row) = inserted {
+        if let Some((id, created_at, updated_at)) = inserted {
             return Ok(Submitted::Created(Job {
-                id: row.get("id"),
+                id,
                 tenant: caller.tenant.clone(),
                 name: job.name,
                 state: JobState::Queued,
@@ -157,8 +188,8 @@ impl Store {
                 spec: job.spec,
                 idempotency_key: job.idempotency_key,
                 created_by: caller.user.clone(),
-                created_at: row.get("created_at"),
-                updated_at: row.get("updated_at"),
+                created_at,
+                updated_at,
                 started_at: None,
                 finished_at: None,
                 cancel_requested_at: None,
@@ -169,37 +200,36 @@ impl Store {
         }
         // Only a conflicting idempotency key makes the insert do nothing.
         let key = job.idempotency_key.as_deref().unwrap_or_default();
-        let row = sqlx::query(job_select!("WHERE j.tenant_id = $1 AND j.idempotency_key = $2"))
+        let row: JobRow = sqlx::query_as(job_select!("WHERE j.tenant_id = $1 AND j.idempotency_key = $2"))
             .bind(caller.tenant_id)
             .bind(key)
             .fetch_one(&self.pool)
             .await
             .map_err(db_error)?;
-        let earlier_hash: Option<Vec<u8>> = row.get("request_hash");
-        if earlier_hash.as_deref() != Some(request_hash) {
+        if row.request_hash.as_deref() != Some(request_hash) {
             return Err(Error::Conflict(format!(
                 "idempotency key {key:?} was already used for a different request; use a new key for a new job"
             )));
         }
-        Ok(Submitted::Replayed(job_from_row(&row)?))
+        Ok(Submitted::Replayed(row.try_into()?))
     }
 
     pub async fn job_get(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Job> {
-        let row = sqlx::query(job_select!("WHERE j.tenant_id = $1 AND j.id = $2"))
+        let row: JobRow = sqlx::query_as(job_select!("WHERE j.tenant_id = $1 AND j.id = $2"))
             .bind(tenant_id)
             .bind(job_id)
             .fetch_optional(&self.pool)
             .await
             .map_err(db_error)?
             .ok_or_else(|| Error::not_found(ObjectKind::Job))?;
-        job_from_row(&row)
+        row.try_into()
     }
 
     /// One page of the tenant's jobs, newest first. Keyset pagination on the time-ordered id, so
     /// a page costs the same however deep it is.
     pub async fn jobs_list(&self, tenant_id: Uuid, filter: &JobFilter) -> Result<JobPage> {
         let limit = filter.limit.clamp(1, MAX_PAGE);
-        let rows = sqlx::query(job_select!(
+        let rows: Vec<JobRow> = sqlx::query_as(job_select!(
             "WHERE j.tenant_id = $1
                AND ($2::text IS NULL OR j.state = $2)
                AND ($3::text IS NULL OR j.name = $3)
@@ -220,7 +250,7 @@ impl Store {
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        let mut items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        let mut items = rows.into_iter().map(Job::try_from).collect::<Result<Vec<_>>>()?;
         let next_cursor = if items.len() > limit as usize {
             items.truncate(limit as usize);
             items.last().map(|job| job.id.to_string())
@@ -263,7 +293,7 @@ impl Store {
 
     pub async fn job_events(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Vec<JobEvent>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        let rows: Vec<EventRow> = sqlx::query_as(
             "SELECT seq, from_state, to_state, actor, reason, at FROM job_events
              WHERE tenant_id = $1 AND job_id = $2 ORDER BY seq",
         )
@@ -276,20 +306,15 @@ impl Store {
         if rows.is_empty() {
             return Err(Error::not_found(ObjectKind::Job));
         }
-        rows.iter()
+        rows.into_iter()
             .map(|row| {
-                let state = |column: &str| -> Result<Option<JobState>> {
-                    let text: Option<String> = row.get(column);
-                    text.map(|s| JobState::parse(&s).ok_or_else(|| Error::internal(format!("unknown state {s}"))))
-                        .transpose()
-                };
                 Ok(JobEvent {
-                    seq: row.get("seq"),
-                    from_state: state("from_state")?,
-                    to_state: state("to_state")?.ok_or_else(|| Error::internal("event without a state"))?,
-                    actor: row.get("actor"),
-                    reason: row.get("reason"),
-                    at: row.get("at"),
+                    seq: row.seq,
+                    from_state: row.from_state.as_deref().map(parse_state).transpose()?,
+                    to_state: parse_state(&row.to_state)?,
+                    actor: row.actor,
+                    reason: row.reason,
+                    at: row.at,
                 })
             })
             .collect()
@@ -298,7 +323,7 @@ impl Store {
     pub async fn job_attempts(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Vec<JobAttempt>> {
         // The job row anchors the query so that "no attempts yet" and "no such job" differ.
         // language=PostgreSQL
-        let rows = sqlx::query(
+        let rows: Vec<AttemptRow> = sqlx::query_as(
             "SELECT a.attempt, a.placement, a.exit_codes, a.reason, a.image_digests, a.started_at, a.ended_at
              FROM jobs j LEFT JOIN job_attempts a ON a.job_id = j.id AND a.tenant_id = j.tenant_id
              WHERE j.tenant_id = $1 AND j.id = $2
@@ -312,23 +337,44 @@ impl Store {
         if rows.is_empty() {
             return Err(Error::not_found(ObjectKind::Job));
         }
+        // The left join gives one row without an attempt for a job that has none yet.
         Ok(rows
-            .iter()
+            .into_iter()
             .filter_map(|row| {
-                let attempt: Option<i32> = row.get("attempt");
-                let exit_codes: Vec<i32> = row.get::<Option<Vec<i32>>, _>("exit_codes").unwrap_or_default();
                 Some(JobAttempt {
-                    attempt: attempt?,
-                    placement: row.get("placement"),
-                    exit_codes: exit_codes.into_iter().map(from_stored_exit_code).collect(),
-                    reason: row.get("reason"),
-                    image_digests: row.get::<Option<Vec<String>>, _>("image_digests").unwrap_or_default(),
-                    started_at: row.get("started_at"),
-                    ended_at: row.get("ended_at"),
+                    attempt: row.attempt?,
+                    placement: row.placement,
+                    exit_codes: row.exit_codes.unwrap_or_default().into_iter().map(from_stored_exit_code).collect(),
+                    reason: row.reason,
+                    image_digests: row.image_digests.unwrap_or_default(),
+                    started_at: row.started_at?,
+                    ended_at: row.ended_at,
                 })
             })
             .collect())
     }
+}
+
+#[derive(sqlx::FromRow)]
+struct EventRow {
+    seq: i64,
+    from_state: Option<String>,
+    to_state: String,
+    actor: String,
+    reason: Option<String>,
+    at: DateTime<Utc>,
+}
+
+/// An attempt as the job-anchored left join reads it: every column nullable.
+#[derive(sqlx::FromRow)]
+struct AttemptRow {
+    attempt: Option<i32>,
+    placement: Option<serde_json::Value>,
+    exit_codes: Option<Vec<i32>>,
+    reason: Option<String>,
+    image_digests: Option<Vec<String>>,
+    started_at: Option<DateTime<Utc>>,
+    ended_at: Option<DateTime<Utc>>,
 }
 
 /// Exit codes are stored as integers with this marker for "unknown" (killed, lost, running),

@@ -1,6 +1,5 @@
 //! Job-scoped tokens and the metrics engines report with them.
 
-use sqlx::Row;
 use trainyard_core::api::{MetricPoint, MetricSeries};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
@@ -13,7 +12,7 @@ use crate::{Store, db_error};
 pub const JOB_TOKEN_PREFIX: &str = "tyj_";
 
 /// The job an engine's token stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
 pub struct JobCaller {
     pub job_id: Uuid,
     pub tenant_id: Uuid,
@@ -42,7 +41,7 @@ impl Store {
     /// The job a job token stands for, while its job has not ended.
     pub async fn job_token_authenticate(&self, secret: &str) -> Result<JobCaller> {
         // language=PostgreSQL
-        let row = sqlx::query(
+        sqlx::query_as(
             "SELECT t.job_id, t.tenant_id, t.attempt FROM job_tokens t JOIN jobs j ON j.id = t.job_id
              WHERE t.token_hash = $1 AND j.state <> ALL($2)",
         )
@@ -51,8 +50,7 @@ impl Store {
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?
-        .ok_or_else(|| Error::Unauthenticated("the job token is not valid, or its job has ended".into()))?;
-        Ok(JobCaller { job_id: row.get("job_id"), tenant_id: row.get("tenant_id"), attempt: row.get("attempt") })
+        .ok_or_else(|| Error::Unauthenticated("the job token is not valid, or its job has ended".into()))
     }
 
     /// Stores a batch of points in one statement.
@@ -91,7 +89,7 @@ impl Store {
             return Err(Error::not_found(ObjectKind::Job));
         }
         // language=PostgreSQL
-        let rows = sqlx::query(
+        let rows: Vec<(String, Vec<i64>, Vec<f64>)> = sqlx::query_as(
             "SELECT name, array_agg(step ORDER BY step, recorded_at) AS steps,
                     array_agg(value ORDER BY step, recorded_at) AS values
              FROM metrics WHERE job_id = $1 AND tenant_id = $2 AND ($3::text IS NULL OR name = $3)
@@ -103,10 +101,7 @@ impl Store {
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        Ok(rows
-            .iter()
-            .map(|row| MetricSeries { name: row.get("name"), steps: row.get("steps"), values: row.get("values") })
-            .collect())
+        Ok(rows.into_iter().map(|(name, steps, values)| MetricSeries { name, steps, values }).collect())
     }
 }
 
@@ -140,7 +135,8 @@ impl Store {
         job_id: Uuid,
     ) -> Result<std::collections::BTreeMap<String, serde_json::Value>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        // The left join gives one empty row for a job without outputs.
+        let rows: Vec<(Option<String>, Option<serde_json::Value>)> = sqlx::query_as(
             "SELECT o.name, o.value FROM jobs j LEFT JOIN job_outputs o ON o.job_id = j.id
              WHERE j.id = $1 AND j.tenant_id = $2",
         )
@@ -152,11 +148,6 @@ impl Store {
         if rows.is_empty() {
             return Err(Error::not_found(ObjectKind::Job));
         }
-        Ok(rows
-            .iter()
-            .filter_map(|row| {
-                Some((row.get::<Option<String>, _>("name")?, row.get::<Option<serde_json::Value>, _>("value")?))
-            })
-            .collect())
+        Ok(rows.into_iter().filter_map(|(name, value)| Some((name?, value?))).collect())
     }
 }

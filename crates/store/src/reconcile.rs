@@ -4,7 +4,7 @@
 //! finds nothing to change.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::{FromRow, Row};
 use trainyard_core::job::{JobSpec, JobState};
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
@@ -71,17 +71,18 @@ pub struct AttemptRecord {
 pub const QUEUE_WINDOW_PER_TENANT: i64 = 500;
 
 /// A tenant's scheduling policy and quotas, as stored.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, FromRow)]
 pub struct TenantPolicyRow {
     pub id: Uuid,
     pub name: String,
     pub cohort: Option<String>,
     pub weight: f64,
     pub preempt_lower_priority: bool,
+    #[sqlx(json)]
     pub quotas: Vec<QuotaRow>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct QuotaRow {
     pub flavor: String,
     pub nominal: i64,
@@ -188,7 +189,7 @@ impl Store {
     /// Every tenant's scheduling policy and quotas.
     pub async fn tenant_policies(&self) -> Result<Vec<TenantPolicyRow>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        sqlx::query_as(
             "SELECT t.id, t.name, t.cohort, t.weight, t.preempt_lower_priority,
                     coalesce(json_agg(json_build_object('flavor', q.flavor, 'nominal', q.nominal,
                              'borrowing_limit', q.borrowing_limit, 'lending_limit', q.lending_limit))
@@ -198,29 +199,7 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await
-        .map_err(db_error)?;
-        rows.iter()
-            .map(|row| {
-                let quotas: Vec<serde_json::Value> =
-                    serde_json::from_value(row.get("quotas")).map_err(Error::internal)?;
-                Ok(TenantPolicyRow {
-                    id: row.get("id"),
-                    name: row.get("name"),
-                    cohort: row.get("cohort"),
-                    weight: row.get("weight"),
-                    preempt_lower_priority: row.get("preempt_lower_priority"),
-                    quotas: quotas
-                        .iter()
-                        .map(|q| QuotaRow {
-                            flavor: q["flavor"].as_str().unwrap_or_default().to_string(),
-                            nominal: q["nominal"].as_i64().unwrap_or(0),
-                            borrowing_limit: q["borrowing_limit"].as_i64(),
-                            lending_limit: q["lending_limit"].as_i64(),
-                        })
-                        .collect(),
-                })
-            })
-            .collect()
+        .map_err(db_error)
     }
 
     /// Admits a still-queued job with the scheduler's placement. False when it moved meanwhile.
@@ -281,7 +260,7 @@ impl Store {
     /// have a higher priority. Zeros when it is not queued.
     pub async fn queued_ahead(&self, tenant_id: Uuid, job_id: Uuid) -> Result<(i64, i64)> {
         // language=PostgreSQL
-        let row = sqlx::query(
+        sqlx::query_as(
             "SELECT count(q.id) AS ahead, count(q.id) FILTER (WHERE q.priority > j.priority) AS higher
                FROM jobs j
                JOIN jobs q ON q.tenant_id = j.tenant_id AND q.state = 'queued'
@@ -292,8 +271,7 @@ impl Store {
         .bind(tenant_id)
         .fetch_one(&self.pool)
         .await
-        .map_err(db_error)?;
-        Ok((row.get("ahead"), row.get("higher")))
+        .map_err(db_error)
     }
 
     /// Sets the reasons of queued jobs (`ids[i]` gets `reasons[i]`) in one statement; jobs no
@@ -540,41 +518,61 @@ impl Leadership {
     }
 }
 
+/// One row of [`Store::jobs_unfinished`] as stored.
+#[derive(FromRow)]
+struct UnfinishedRow {
+    id: Uuid,
+    tenant_id: Uuid,
+    tenant_name: String,
+    job_name: String,
+    state: String,
+    reason: Option<String>,
+    spec: serde_json::Value,
+    priority: i32,
+    max_restarts: i32,
+    restart_count: i32,
+    cancel_requested: bool,
+    preempt_requested: bool,
+    created_at: DateTime<Utc>,
+    admitted_at: Option<DateTime<Utc>>,
+    flavor: Option<String>,
+    assigned_nodes: Option<Vec<String>>,
+    expected_runtime_seconds: Option<i32>,
+    attempt: Option<i32>,
+    placement: Option<serde_json::Value>,
+    attempt_ended: Option<bool>,
+    attempt_ended_at: Option<DateTime<Utc>>,
+}
+
 /// One row of [`Store::jobs_unfinished`], or what is wrong with it.
 fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<UnfinishedJob, String> {
-    let column = |err: sqlx::Error| err.to_string();
-    let state: String = row.try_get("state").map_err(column)?;
-    let spec: serde_json::Value = row.try_get("spec").map_err(column)?;
+    let row = UnfinishedRow::from_row(row).map_err(|err| err.to_string())?;
     let spec: JobSpec =
-        serde_json::from_value(spec).map_err(|err| format!("its stored spec does not decode: {err}"))?;
-    let attempt: Option<i32> = row.try_get("attempt").map_err(column)?;
+        serde_json::from_value(row.spec).map_err(|err| format!("its stored spec does not decode: {err}"))?;
     Ok(UnfinishedJob {
-        id: row.try_get("id").map_err(column)?,
-        tenant_id: row.try_get("tenant_id").map_err(column)?,
-        tenant: row.try_get("tenant_name").map_err(column)?,
-        name: row.try_get("job_name").map_err(column)?,
-        state: JobState::parse(&state).ok_or_else(|| format!("its state {state:?} is unknown"))?,
-        reason: row.try_get("reason").map_err(column)?,
+        id: row.id,
+        tenant_id: row.tenant_id,
+        tenant: row.tenant_name,
+        name: row.job_name,
+        state: JobState::parse(&row.state).ok_or_else(|| format!("its state {:?} is unknown", row.state))?,
+        reason: row.reason,
         spec,
-        priority: row.try_get("priority").map_err(column)?,
-        max_restarts: row.try_get("max_restarts").map_err(column)?,
-        restart_count: row.try_get("restart_count").map_err(column)?,
-        cancel_requested: row.try_get("cancel_requested").map_err(column)?,
-        preempt_requested: row.try_get("preempt_requested").map_err(column)?,
-        created_at: row.try_get("created_at").map_err(column)?,
-        admitted_at: row.try_get("admitted_at").map_err(column)?,
-        flavor: row.try_get("flavor").map_err(column)?,
-        assigned_nodes: row.try_get("assigned_nodes").map_err(column)?,
-        expected_runtime_seconds: row.try_get("expected_runtime_seconds").map_err(column)?,
-        attempt: match attempt {
-            Some(number) => Some(AttemptRecord {
-                number,
-                placement: row.try_get("placement").map_err(column)?,
-                ended: row.try_get::<Option<bool>, _>("attempt_ended").map_err(column)?.unwrap_or(false),
-                ended_at: row.try_get("attempt_ended_at").map_err(column)?,
-            }),
-            None => None,
-        },
+        priority: row.priority,
+        max_restarts: row.max_restarts,
+        restart_count: row.restart_count,
+        cancel_requested: row.cancel_requested,
+        preempt_requested: row.preempt_requested,
+        created_at: row.created_at,
+        admitted_at: row.admitted_at,
+        flavor: row.flavor,
+        assigned_nodes: row.assigned_nodes,
+        expected_runtime_seconds: row.expected_runtime_seconds,
+        attempt: row.attempt.map(|number| AttemptRecord {
+            number,
+            placement: row.placement,
+            ended: row.attempt_ended.unwrap_or(false),
+            ended_at: row.attempt_ended_at,
+        }),
     })
 }
 

@@ -6,7 +6,7 @@ use chrono::{DateTime, Duration, Utc};
 use trainyard_core::auth::Caller;
 use trainyard_core::{Error, Result};
 
-use crate::tenancy::{caller_select, token_hash};
+use crate::tenancy::{CallerRow, caller_select, token_hash};
 use crate::{Store, db_error};
 
 /// How long a session lasts at most; never longer than its token.
@@ -51,7 +51,7 @@ impl Store {
 
     /// The caller and CSRF value of a session cookie, checked against its token now.
     pub async fn session_authenticate(&self, secret: &str) -> Result<(Caller, String)> {
-        let row = sqlx::query(concat!(
+        let row: SessionRow = sqlx::query_as(concat!(
             caller_select!(", s.csrf"),
             " JOIN web_sessions s ON s.token_id = t.id WHERE s.secret_hash = $1 AND s.expires_at > now()"
         ))
@@ -60,8 +60,7 @@ impl Store {
         .await
         .map_err(db_error)?
         .ok_or_else(|| Error::Unauthenticated("the session has ended; sign in again".into()))?;
-        let csrf = sqlx::Row::get::<String, _>(&row, "csrf");
-        Ok((self.caller_from_row(&row).await?, csrf))
+        Ok((self.caller_from_row(row.caller).await?, row.csrf))
     }
 
     /// Ends a session, and the token single sign-on opened for it, if any. Ending one that is
@@ -100,4 +99,12 @@ pub(crate) async fn session_insert(
         .await
         .map_err(db_error)?;
     Ok(session)
+}
+
+/// A session's caller and its CSRF value.
+#[derive(sqlx::FromRow)]
+struct SessionRow {
+    #[sqlx(flatten)]
+    caller: CallerRow,
+    csrf: String,
 }

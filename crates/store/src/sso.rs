@@ -9,7 +9,7 @@ use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
 use crate::sessions::{SESSION_LIFETIME_HOURS, WebSession, session_insert};
-use crate::tenancy::{caller_select, token_generate, token_hash};
+use crate::tenancy::{CallerRow, caller_select, token_generate, token_hash};
 use crate::{Store, db_error};
 
 /// How long the browser may take at the identity provider before its sign-in is forgotten.
@@ -206,13 +206,13 @@ impl Store {
         .await
         .map_err(db_error)?;
         let session = session_insert(&mut tx, token_id, expires_at).await?;
-        let row = sqlx::query(concat!(caller_select!(), " WHERE t.id = $1"))
+        let row: CallerRow = sqlx::query_as(concat!(caller_select!(), " WHERE t.id = $1"))
             .bind(token_id)
             .fetch_one(&mut *tx)
             .await
             .map_err(db_error)?;
         tx.commit().await.map_err(db_error)?;
-        let caller = self.caller_from_row(&row).await?;
+        let caller = self.caller_from_row(row).await?;
         Ok((session, caller))
     }
 }

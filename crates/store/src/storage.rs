@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use trainyard_core::api::{AccessMode, StoragePolicy, StorageReport, Volume};
 use trainyard_core::auth::Caller;
 use trainyard_core::error::ObjectKind;
@@ -27,8 +26,9 @@ pub struct NewVolume<'a> {
 }
 
 /// A finished job whose logs or artefacts are older than its tenant keeps them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct RetentionDue {
+    #[sqlx(rename = "id")]
     pub job_id: Uuid,
     pub tenant_id: Uuid,
     pub logs: bool,
@@ -74,27 +74,28 @@ impl Store {
     /// The SHA-256 of each of a job's artefacts that came through the API, by path.
     pub async fn artifact_hashes(&self, tenant_id: Uuid, job_id: Uuid) -> Result<HashMap<String, String>> {
         // language=PostgreSQL
-        let rows = sqlx::query("SELECT path, sha256 FROM artifacts WHERE tenant_id = $1 AND job_id = $2")
-            .bind(tenant_id)
-            .bind(job_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_error)?;
-        Ok(rows.iter().map(|r| (r.get("path"), r.get("sha256"))).collect())
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT path, sha256 FROM artifacts WHERE tenant_id = $1 AND job_id = $2")
+                .bind(tenant_id)
+                .bind(job_id)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_error)?;
+        Ok(rows.into_iter().collect())
     }
 
     /// When retention removed this job's logs and artefacts, if it did.
     pub async fn job_storage_expiry(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Expiry> {
         // language=PostgreSQL
-        let row =
-            sqlx::query("SELECT logs_expired_at, artifacts_expired_at FROM jobs WHERE tenant_id = $1 AND id = $2")
+        let (logs, artifacts) =
+            sqlx::query_as("SELECT logs_expired_at, artifacts_expired_at FROM jobs WHERE tenant_id = $1 AND id = $2")
                 .bind(tenant_id)
                 .bind(job_id)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db_error)?
                 .ok_or_else(|| Error::not_found(ObjectKind::Job))?;
-        Ok(Expiry { logs: row.get("logs_expired_at"), artifacts: row.get("artifacts_expired_at") })
+        Ok(Expiry { logs, artifacts })
     }
 
     /// Replaces a tenant's storage policy (platform admins).
@@ -133,7 +134,7 @@ impl Store {
     /// The tenant's storage policy and what its volumes take.
     pub async fn storage_report(&self, tenant_id: Uuid) -> Result<StorageReport> {
         // language=PostgreSQL
-        let row = sqlx::query(
+        let row: StorageReportRow = sqlx::query_as(
             "SELECT t.name, t.log_retention_days, t.artifact_retention_days, t.storage_quota_bytes,
                     (SELECT count(*) FROM volumes v WHERE v.tenant_id = t.id) AS volumes,
                     (SELECT coalesce(sum(size_bytes), 0)::bigint FROM volumes v WHERE v.tenant_id = t.id) AS bytes
@@ -144,14 +145,14 @@ impl Store {
         .await
         .map_err(db_error)?;
         Ok(StorageReport {
-            tenant: row.get("name"),
+            tenant: row.name,
             policy: StoragePolicy {
-                log_retention_days: row.get::<Option<i32>, _>("log_retention_days").map(|d| d as u32),
-                artifact_retention_days: row.get::<Option<i32>, _>("artifact_retention_days").map(|d| d as u32),
-                storage_quota_bytes: row.get::<Option<i64>, _>("storage_quota_bytes").map(|b| b as u64),
+                log_retention_days: row.log_retention_days.map(|d| d as u32),
+                artifact_retention_days: row.artifact_retention_days.map(|d| d as u32),
+                storage_quota_bytes: row.storage_quota_bytes.map(|b| b as u64),
             },
-            volumes: row.get::<i64, _>("volumes") as u64,
-            volume_bytes: row.get::<i64, _>("bytes") as u64,
+            volumes: row.volumes as u64,
+            volume_bytes: row.bytes as u64,
         })
     }
 
@@ -219,21 +220,23 @@ impl Store {
 
     pub async fn volumes_list(&self, tenant_id: Uuid) -> Result<Vec<Volume>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
-            "SELECT v.*, u.name AS created_by_name FROM volumes v JOIN users u ON u.id = v.created_by
+        let rows: Vec<VolumeRow> = sqlx::query_as(
+            "SELECT v.name, v.size_bytes, v.access_mode, v.storage_class, v.path, u.name AS created_by_name, v.created_at
+             FROM volumes v JOIN users u ON u.id = v.created_by
              WHERE v.tenant_id = $1 ORDER BY v.name",
         )
         .bind(tenant_id)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        rows.iter().map(volume_from_row).collect()
+        rows.into_iter().map(Volume::try_from).collect()
     }
 
     pub async fn volume_get(&self, tenant_id: Uuid, name: &str) -> Result<Volume> {
         // language=PostgreSQL
-        let row = sqlx::query(
-            "SELECT v.*, u.name AS created_by_name FROM volumes v JOIN users u ON u.id = v.created_by
+        let row: VolumeRow = sqlx::query_as(
+            "SELECT v.name, v.size_bytes, v.access_mode, v.storage_class, v.path, u.name AS created_by_name, v.created_at
+             FROM volumes v JOIN users u ON u.id = v.created_by
              WHERE v.tenant_id = $1 AND v.name = $2",
         )
         .bind(tenant_id)
@@ -242,7 +245,7 @@ impl Store {
         .await
         .map_err(db_error)?
         .ok_or_else(|| Error::not_found(ObjectKind::Volume))?;
-        volume_from_row(&row)
+        row.try_into()
     }
 
     /// Removes a volume's record and returns it (its directory is the caller's to remove).
@@ -301,7 +304,7 @@ impl Store {
     /// kept as long as their tenant keeps them, counted from the job's end, at `now`.
     pub async fn retention_due(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<RetentionDue>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        sqlx::query_as(
             "SELECT j.id, j.tenant_id,
                     (j.logs_expired_at IS NULL AND t.log_retention_days IS NOT NULL
                      AND j.finished_at + make_interval(days => t.log_retention_days) <= $1) AS logs,
@@ -320,16 +323,7 @@ impl Store {
         .bind(limit)
         .fetch_all(&self.pool)
         .await
-        .map_err(db_error)?;
-        Ok(rows
-            .iter()
-            .map(|r| RetentionDue {
-                job_id: r.get("id"),
-                tenant_id: r.get("tenant_id"),
-                logs: r.get("logs"),
-                artifacts: r.get("artifacts"),
-            })
-            .collect())
+        .map_err(db_error)
     }
 
     /// Marks what retention removed of a job (after the objects are gone).
@@ -360,17 +354,42 @@ impl Store {
     }
 }
 
-fn volume_from_row(row: &sqlx::postgres::PgRow) -> Result<Volume> {
-    let mode: String = row.get("access_mode");
-    Ok(Volume {
-        name: row.get("name"),
-        size_bytes: row.get::<i64, _>("size_bytes") as u64,
-        access_mode: AccessMode::parse(&mode).ok_or_else(|| Error::internal(format!("access mode {mode}")))?,
-        storage_class: row.get("storage_class"),
-        path: row.get("path"),
-        created_by: row.get("created_by_name"),
-        created_at: row.get("created_at"),
-    })
+#[derive(sqlx::FromRow)]
+struct StorageReportRow {
+    name: String,
+    log_retention_days: Option<i32>,
+    artifact_retention_days: Option<i32>,
+    storage_quota_bytes: Option<i64>,
+    volumes: i64,
+    bytes: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct VolumeRow {
+    name: String,
+    size_bytes: i64,
+    access_mode: String,
+    storage_class: Option<String>,
+    path: String,
+    created_by_name: String,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<VolumeRow> for Volume {
+    type Error = Error;
+
+    fn try_from(row: VolumeRow) -> Result<Volume> {
+        Ok(Volume {
+            access_mode: AccessMode::parse(&row.access_mode)
+                .ok_or_else(|| Error::internal(format!("access mode {}", row.access_mode)))?,
+            name: row.name,
+            size_bytes: row.size_bytes as u64,
+            storage_class: row.storage_class,
+            path: row.path,
+            created_by: row.created_by_name,
+            created_at: row.created_at,
+        })
+    }
 }
 
 /// An ended attempt whose logs are not in the object store yet.
@@ -390,7 +409,7 @@ impl Store {
     /// `max_failures` times. Jobs whose logs retention already removed are left out.
     pub async fn attempts_unarchived(&self, max_failures: i32, limit: i64) -> Result<Vec<UnarchivedAttempt>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        let rows: Vec<(Uuid, Uuid, i32, Option<i32>, i32)> = sqlx::query_as(
             "SELECT j.tenant_id, a.job_id, a.attempt, (j.spec ->> 'replicas')::integer AS replicas,
                     a.logs_archive_failures
                FROM job_attempts a JOIN jobs j ON j.id = a.job_id
@@ -405,13 +424,13 @@ impl Store {
         .await
         .map_err(db_error)?;
         Ok(rows
-            .iter()
-            .map(|row| UnarchivedAttempt {
-                tenant_id: row.get("tenant_id"),
-                job_id: row.get("job_id"),
-                attempt: row.get("attempt"),
-                replicas: row.get::<Option<i32>, _>("replicas").unwrap_or(1).max(1) as u32,
-                failures: row.get("logs_archive_failures"),
+            .into_iter()
+            .map(|(tenant_id, job_id, attempt, replicas, failures)| UnarchivedAttempt {
+                tenant_id,
+                job_id,
+                attempt,
+                replicas: replicas.unwrap_or(1).max(1) as u32,
+                failures,
             })
             .collect())
     }

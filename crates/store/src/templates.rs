@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use trainyard_core::auth::Caller;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
@@ -25,7 +24,7 @@ pub struct StoredTemplate {
 }
 
 /// One row of a listing (no files).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TemplateVersionRow {
     pub name: String,
     pub version: String,
@@ -105,30 +104,20 @@ impl Store {
     /// Every version of every template of the tenant.
     pub async fn templates_list(&self, tenant_id: Uuid) -> Result<Vec<TemplateVersionRow>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        sqlx::query_as(
             "SELECT name, version, digest, description, created_at FROM templates
              WHERE tenant_id = $1 ORDER BY name, created_at",
         )
         .bind(tenant_id)
         .fetch_all(&self.pool)
         .await
-        .map_err(db_error)?;
-        Ok(rows
-            .iter()
-            .map(|row| TemplateVersionRow {
-                name: row.get("name"),
-                version: row.get("version"),
-                digest: row.get("digest"),
-                description: row.get("description"),
-                created_at: row.get("created_at"),
-            })
-            .collect())
+        .map_err(db_error)
     }
 
     /// One version with its files, or `None`.
     pub async fn template_get(&self, tenant_id: Uuid, name: &str, version: &str) -> Result<Option<StoredTemplate>> {
         // language=PostgreSQL
-        let Some(row) = sqlx::query(
+        let Some(row): Option<TemplateRow> = sqlx::query_as(
             "SELECT t.name, t.version, t.digest, t.description, t.manifest, u.name AS created_by, t.created_at
              FROM templates t JOIN users u ON u.id = t.created_by
              WHERE t.tenant_id = $1 AND t.name = $2 AND t.version = $3",
@@ -153,14 +142,26 @@ impl Store {
         .await
         .map_err(db_error)?;
         Ok(Some(StoredTemplate {
-            name: row.get("name"),
-            version: row.get("version"),
-            digest: row.get("digest"),
-            description: row.get("description"),
-            manifest: row.get("manifest"),
+            name: row.name,
+            version: row.version,
+            digest: row.digest,
+            description: row.description,
+            manifest: row.manifest,
             files: files.into_iter().collect(),
-            created_by: row.get("created_by"),
-            created_at: row.get("created_at"),
+            created_by: row.created_by,
+            created_at: row.created_at,
         }))
     }
+}
+
+/// A template version's row, without its files.
+#[derive(sqlx::FromRow)]
+struct TemplateRow {
+    name: String,
+    version: String,
+    digest: String,
+    description: String,
+    manifest: String,
+    created_by: String,
+    created_at: DateTime<Utc>,
 }

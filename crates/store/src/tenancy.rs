@@ -2,7 +2,6 @@
 
 use chrono::{DateTime, Duration, Utc};
 use sha2::{Digest, Sha256};
-use sqlx::Row;
 use trainyard_core::api::{MemberAdded, Tenant, TokenCreated, TokenInfo};
 use trainyard_core::auth::{Caller, Role};
 use trainyard_core::error::ObjectKind;
@@ -24,6 +23,11 @@ pub fn token_generate() -> String {
 /// What the database keeps of a token: its SHA-256.
 pub fn token_hash(secret: &str) -> Vec<u8> {
     Sha256::digest(secret.as_bytes()).to_vec()
+}
+
+/// A role as stored; an unknown one is the database's fault.
+fn parse_role(text: &str) -> Result<Role> {
+    Role::parse(text).ok_or_else(|| Error::internal(format!("unknown role {text}")))
 }
 
 /// The one answer for a token that does not authenticate, whatever the cause: telling "revoked"
@@ -54,6 +58,21 @@ macro_rules! caller_select {
 }
 pub(crate) use caller_select;
 
+/// The row [`caller_select!`] reads.
+#[derive(sqlx::FromRow)]
+pub(crate) struct CallerRow {
+    token_id: Uuid,
+    expires_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
+    last_used_at: Option<DateTime<Utc>>,
+    user_id: Uuid,
+    user_name: String,
+    platform_admin: bool,
+    tenant_id: Uuid,
+    tenant_name: String,
+    role: String,
+}
+
 impl Store {
     /// The caller a bearer token stands for, or `Unauthenticated` with the reason. The role comes
     /// from the membership now, not from when the token was made.
@@ -62,43 +81,37 @@ impl Store {
         if !secret.starts_with(TOKEN_PREFIX) {
             return Err(unauthenticated());
         }
-        let row = sqlx::query(concat!(caller_select!(), " WHERE t.token_hash = $1"))
+        let row: CallerRow = sqlx::query_as(concat!(caller_select!(), " WHERE t.token_hash = $1"))
             .bind(token_hash(secret))
             .fetch_optional(&self.pool)
             .await
             .map_err(db_error)?
             .ok_or_else(unauthenticated)?;
-        self.caller_from_row(&row).await
+        self.caller_from_row(row).await
     }
 
     /// The caller a token row stands for, after checking that the token is still good. Shared by
     /// bearer tokens and browser sessions, so a session is never worth more than its token.
-    pub(crate) async fn caller_from_row(&self, row: &sqlx::postgres::PgRow) -> Result<Caller> {
-        if row.get::<Option<DateTime<Utc>>, _>("revoked_at").is_some() {
+    pub(crate) async fn caller_from_row(&self, row: CallerRow) -> Result<Caller> {
+        if row.revoked_at.is_some() || row.expires_at.is_some_and(|at| at <= Utc::now()) {
             return Err(Error::Unauthenticated(TOKEN_NOT_VALID.into()));
         }
-        if row.get::<Option<DateTime<Utc>>, _>("expires_at").is_some_and(|at| at <= Utc::now()) {
-            return Err(Error::Unauthenticated(TOKEN_NOT_VALID.into()));
-        }
-        let token_id: Uuid = row.get("token_id");
-        let last_used: Option<DateTime<Utc>> = row.get("last_used_at");
-        if last_used.is_none_or(|at| Utc::now() - at > Duration::seconds(LAST_USED_GRANULARITY_SECS)) {
+        if row.last_used_at.is_none_or(|at| Utc::now() - at > Duration::seconds(LAST_USED_GRANULARITY_SECS)) {
             // language=PostgreSQL
             sqlx::query("UPDATE api_tokens SET last_used_at = now() WHERE id = $1")
-                .bind(token_id)
+                .bind(row.token_id)
                 .execute(&self.pool)
                 .await
                 .map_err(db_error)?;
         }
-        let role: String = row.get("role");
         Ok(Caller {
-            user_id: row.get("user_id"),
-            user: row.get("user_name"),
-            tenant_id: row.get("tenant_id"),
-            tenant: row.get("tenant_name"),
-            role: Role::parse(&role).ok_or_else(|| Error::internal(format!("unknown role {role}")))?,
-            platform_admin: row.get("platform_admin"),
-            token_id,
+            role: parse_role(&row.role)?,
+            user_id: row.user_id,
+            user: row.user_name,
+            tenant_id: row.tenant_id,
+            tenant: row.tenant_name,
+            platform_admin: row.platform_admin,
+            token_id: row.token_id,
         })
     }
 
@@ -116,7 +129,14 @@ impl Store {
     /// The caller's own tokens in its tenant, newest first.
     pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        let rows: Vec<(
+            Uuid,
+            String,
+            DateTime<Utc>,
+            Option<DateTime<Utc>>,
+            Option<DateTime<Utc>>,
+            Option<DateTime<Utc>>,
+        )> = sqlx::query_as(
             "SELECT t.id, t.name, t.created_at, t.expires_at, t.last_used_at, t.revoked_at
              FROM api_tokens t WHERE t.tenant_id = $1 AND t.user_id = $2
              ORDER BY t.created_at DESC",
@@ -128,15 +148,15 @@ impl Store {
         .map_err(db_error)?;
         Ok(rows
             .into_iter()
-            .map(|row| TokenInfo {
-                id: row.get("id"),
-                name: row.get("name"),
+            .map(|(id, name, created_at, expires_at, last_used_at, revoked_at)| TokenInfo {
+                id,
+                name,
                 user: caller.user.clone(),
                 tenant: caller.tenant.clone(),
-                created_at: row.get("created_at"),
-                expires_at: row.get("expires_at"),
-                last_used_at: row.get("last_used_at"),
-                revoked_at: row.get("revoked_at"),
+                created_at,
+                expires_at,
+                last_used_at,
+                revoked_at,
             })
             .collect())
     }
@@ -165,7 +185,7 @@ impl Store {
     /// Every membership: tenant name, user name and role, by tenant then user.
     pub async fn members_list(&self) -> Result<Vec<(String, String, Role)>> {
         // language=PostgreSQL
-        let rows = sqlx::query(
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
             "SELECT n.name AS tenant, u.name AS user_name, m.role
              FROM memberships m JOIN tenants n ON n.id = m.tenant_id JOIN users u ON u.id = m.user_id
              ORDER BY n.name, u.name",
@@ -173,43 +193,36 @@ impl Store {
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        rows.iter()
-            .map(|row| {
-                let role: String = row.get("role");
-                let role = Role::parse(&role).ok_or_else(|| Error::internal(format!("unknown role {role}")))?;
-                Ok((row.get("tenant"), row.get("user_name"), role))
-            })
-            .collect()
+        rows.into_iter().map(|(tenant, user, role)| Ok((tenant, user, parse_role(&role)?))).collect()
     }
 
     pub async fn tenant_create(&self, name: &str) -> Result<Tenant> {
         // language=PostgreSQL
-        let row = sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at")
-            .bind(Uuid::now_v7())
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|err| match violated_constraint(&err) {
-                Some("tenants_name_unique") => Error::Conflict(format!("a tenant named {name:?} already exists")),
-                Some("tenants_name_format") => Error::invalid(
-                    "name",
-                    "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
-                ),
-                _ => db_error(err),
-            })?;
-        Ok(Tenant { id: row.get("id"), name: row.get("name"), created_at: row.get("created_at") })
+        let (id, name, created_at) =
+            sqlx::query_as("INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at")
+                .bind(Uuid::now_v7())
+                .bind(name)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|err| match violated_constraint(&err) {
+                    Some("tenants_name_unique") => Error::Conflict(format!("a tenant named {name:?} already exists")),
+                    Some("tenants_name_format") => Error::invalid(
+                        "name",
+                        "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
+                    ),
+                    _ => db_error(err),
+                })?;
+        Ok(Tenant { id, name, created_at })
     }
 
     pub async fn tenants_list(&self) -> Result<Vec<Tenant>> {
         // language=PostgreSQL
-        let rows = sqlx::query("SELECT id, name, created_at FROM tenants ORDER BY name")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_error)?;
-        Ok(rows
-            .into_iter()
-            .map(|row| Tenant { id: row.get("id"), name: row.get("name"), created_at: row.get("created_at") })
-            .collect())
+        let rows: Vec<(Uuid, String, DateTime<Utc>)> =
+            sqlx::query_as("SELECT id, name, created_at FROM tenants ORDER BY name")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_error)?;
+        Ok(rows.into_iter().map(|(id, name, created_at)| Tenant { id, name, created_at }).collect())
     }
 
     /// Adds a user to a tenant with a role (or changes a member's role); all or nothing.
