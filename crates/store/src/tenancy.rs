@@ -25,6 +25,17 @@ pub fn token_hash(secret: &str) -> Vec<u8> {
     Sha256::digest(secret.as_bytes()).to_vec()
 }
 
+/// A token as [`Store::tokens_list`] reads it.
+#[derive(sqlx::FromRow)]
+struct TokenRow {
+    id: Uuid,
+    name: String,
+    created_at: DateTime<Utc>,
+    expires_at: Option<DateTime<Utc>>,
+    last_used_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
+}
+
 /// A role as stored; an unknown one is the database's fault.
 fn parse_role(text: &str) -> Result<Role> {
     Role::parse(text).ok_or_else(|| Error::internal(format!("unknown role {text}")))
@@ -129,14 +140,7 @@ impl Store {
     /// The caller's own tokens in its tenant, newest first.
     pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
         // language=PostgreSQL
-        let rows: Vec<(
-            Uuid,
-            String,
-            DateTime<Utc>,
-            Option<DateTime<Utc>>,
-            Option<DateTime<Utc>>,
-            Option<DateTime<Utc>>,
-        )> = sqlx::query_as(
+        let rows: Vec<TokenRow> = sqlx::query_as(
             "SELECT t.id, t.name, t.created_at, t.expires_at, t.last_used_at, t.revoked_at
              FROM api_tokens t WHERE t.tenant_id = $1 AND t.user_id = $2
              ORDER BY t.created_at DESC",
@@ -148,15 +152,15 @@ impl Store {
         .map_err(db_error)?;
         Ok(rows
             .into_iter()
-            .map(|(id, name, created_at, expires_at, last_used_at, revoked_at)| TokenInfo {
-                id,
-                name,
+            .map(|row| TokenInfo {
+                id: row.id,
+                name: row.name,
                 user: caller.user.clone(),
                 tenant: caller.tenant.clone(),
-                created_at,
-                expires_at,
-                last_used_at,
-                revoked_at,
+                created_at: row.created_at,
+                expires_at: row.expires_at,
+                last_used_at: row.last_used_at,
+                revoked_at: row.revoked_at,
             })
             .collect())
     }
