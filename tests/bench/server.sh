@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Sourced by the server benchmarks (api.sh, dashboard.sh): builds the release binaries, starts a
 # private Postgres and `trainyard serve` against a fresh database, and cleans both up on exit.
-# Extra flags for `trainyard serve` may be set beforehand in the array serve_args.
+# Extra flags for `trainyard serve` may be set beforehand in the array serve_args, and a binary to
+# run instead of this checkout's release build in `trainyard` (versions.sh compares two builds).
 # Sets: trainyard, work (a scratch folder), admin_url, db_url, url (the server), server_pid,
 # and exports TRAINYARD_TOKEN (the admin's token).
 source deploy/ensure-postgres
 command -v wrk >/dev/null || { echo "== installing wrk"; as_root apt-get install -y -qq wrk >/dev/null; }
-cargo build --release --locked --bins
-trainyard=target/release/trainyard
+if [ -z "${trainyard:-}" ]; then
+  cargo build --release --locked --bins
+  trainyard=target/release/trainyard
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-bench.XXXXXX")
 chmod 755 "$work"

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Two builds side by side in one run: BEFORE against AFTER (default HEAD), each built from a
+# scratch worktree (kept between runs, sharing this checkout's target folder so dependencies
+# compile once; uncommitted changes are not measured). For each build, alternately and ROUNDS
+# times: a fresh Postgres and server; submits at 16 clients (the jobs stay queued); the table
+# filled to 100,000 jobs; the first page of the job list at 1 and 16 clients; the dashboard's
+# jobs page and a job's page. Figures go to docs/PERFORMANCE.md.
+# Usage: tests/bench/versions.sh BEFORE [AFTER] [seconds per measurement, default 10] [rounds, default 2]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+before=$(git rev-parse --short "${1:?usage: tests/bench/versions.sh BEFORE [AFTER] [seconds] [rounds]}")
+after=$(git rev-parse --short "${2:-HEAD}")
+duration=${3:-10}
+rounds=${4:-2}
+bins=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-versions.XXXXXX")
+trap 'rm -rf "$bins"' EXIT
+target="$PWD/target"
+for rev in "$before" "$after"; do
+  # Kept between runs: cargo's fingerprints include the path, so a second run rebuilds nothing.
+  tree="${TMPDIR:-/tmp}/trainyard-rev-$rev"
+  [ -d "$tree" ] || git worktree add -f --detach "$tree" "$rev" >/dev/null
+  echo "== building $rev"
+  (cd "$tree" && CARGO_TARGET_DIR="$target" cargo build --release --locked --bins -q)
+  cp "$target/release/trainyard" "$bins/$rev"
+done
+
+measure() { # label, binary
+  local label=$1
+  (
+    trainyard=$2
+    serve_args=()
+    # Newer builds refuse a job that can never fit; the benchmark's jobs ask for 64 GPUs so that
+    # they stay queued, as if the cluster were about to grow.
+    "$trainyard" serve --help | grep -q -- --cluster-grows && serve_args+=(--cluster-grows)
+    source tests/bench/server.sh
+    wrk_row() { # what, then wrk's arguments
+      local what=$1; shift
+      wrk "$@" --latency | awk -v label="$label" -v what="$what" '
+        /50%/ {p50=$2} /99%/ {p99=$2} /Requests\/sec/ {rps=$2} /Non-2xx/ {bad=$NF}
+        END {printf "| %s | %s | %s | %s | %s |%s\n", what, label, rps, p50, p99, (bad ? " non-2xx: " bad : "")}'
+    }
+    wrk_row "submit, 16 clients" -t2 -c16 -d"${duration}s" -s tests/bench/submit.lua "$url/api/v1/jobs"
+    psql -q "$db_url" <<'SQL'
+INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by, template_name)
+SELECT gen_random_uuid(), t.id, 'filler-' || (n % 100), j.spec, 'bench', u.id, 'shell'
+FROM generate_series(1, 100000 - (SELECT count(*) FROM jobs)) n,
+     tenants t, users u, LATERAL (SELECT spec FROM jobs LIMIT 1) j;
+ANALYZE jobs;
+SQL
+    wrk_row "list, first 50, 1 client" -t1 -c1 -d"${duration}s" -s tests/bench/list.lua "$url/api/v1/jobs?limit=50"
+    wrk_row "list, first 50, 16 clients" -t1 -c16 -d"${duration}s" -s tests/bench/list.lua "$url/api/v1/jobs?limit=50"
+    login=$(curl -sf -c "$work/jar" "$url/login" | sed -n 's/.*name="csrf" value="\([0-9a-f]*\)".*/\1/p')
+    curl -sf -b "$work/jar" -c "$work/jar" -o /dev/null --data-urlencode "csrf=$login" \
+      --data-urlencode "token=$TRAINYARD_TOKEN" "$url/login"
+    cookie="Cookie: trainyard_session=$(awk '$6 == "trainyard_session" {print $7}' "$work/jar")"
+    job=$(psql -tA "$db_url" -c "SELECT id FROM jobs WHERE last_actor <> 'bench' LIMIT 1")
+    wrk_row "dashboard jobs page, 1 client" -t1 -c1 -d"${duration}s" -H "$cookie" "$url/jobs"
+    wrk_row "dashboard job page, 1 client" -t1 -c1 -d"${duration}s" -H "$cookie" "$url/jobs/$job"
+  ) 2>&1 | grep '^|'
+}
+
+echo
+echo "| measurement | build | requests/s | p50 | p99 |"
+echo "|---|---|---|---|---|"
+for round in $(seq "$rounds"); do
+  measure "before ($before)" "$bins/$before"
+  measure "after ($after)" "$bins/$after"
+done
