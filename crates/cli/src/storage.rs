@@ -185,8 +185,10 @@ pub async fn volumes(client: &Client, out: Output, command: VolumesCommand) -> a
                 list.iter()
                     .map(|v| {
                         let size = Memory(v.size_bytes);
+                        let pending =
+                            v.pending_reason.as_deref().map(|r| format!("\tnot ready: {r}")).unwrap_or_default();
                         format!(
-                            "{}\t{}\t{}\t{}\t{}\n",
+                            "{}\t{}\t{}\t{}\t{}{pending}\n",
                             v.name,
                             size,
                             v.access_mode.as_str(),

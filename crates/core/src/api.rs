@@ -533,6 +533,10 @@ pub struct Volume {
     pub path: String,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
+    /// Why jobs cannot use it yet, as the cluster says (a claim no storage can bind, and why);
+    /// absent when it is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reason: Option<String>,
 }
 
 /// Creates a volume. Its size counts against the tenant's storage quota.

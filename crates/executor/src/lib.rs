@@ -319,6 +319,13 @@ pub trait Executor: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Why a provisioned volume cannot be used yet (on Kubernetes: its claim is not bound, with
+    /// the cluster's last word on why), or `None` when it is ready. Executors that provision no
+    /// volumes of their own have nothing to wait for.
+    async fn volume_pending_reason(&self, _tenant_id: Uuid, _tenant: &str, _name: &str) -> Option<String> {
+        None
+    }
+
     /// Removes a volume and its data. Removing one that is gone is harmless.
     async fn volume_remove(&self, _tenant_id: Uuid, _tenant: &str, _name: &str) -> Result<(), ExecutorError> {
         Ok(())

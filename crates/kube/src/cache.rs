@@ -3,6 +3,10 @@
 //! In memory only; after a restart the watchers list everything again, which is how running
 //! attempts are adopted.
 //!
+//! Pods and Jobs are also indexed by attempt (their `trainyard.dev/job` and `trainyard.dev/attempt`
+//! labels), so that observing one attempt looks up its own objects instead of scanning every
+//! object in the cluster: its cost does not grow with the number of other jobs.
+//!
 //! The watchers wake the reconciler ([`trainyard_executor::Executor::changes`]) only when an
 //! object's status changes or an object goes away. Our own writes (applying a Job, which
 //! changes its spec and metadata) therefore wake nobody: no echo loop.
@@ -14,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -30,7 +34,65 @@ pub struct Cache {
     pub pods: Store<Pod>,
     pub jobs: Store<Job>,
     pub nodes: Store<Node>,
+    pods_by_attempt: Arc<AttemptIndex<Pod>>,
+    jobs_by_attempt: Arc<AttemptIndex<Job>>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// Which watched objects belong to each attempt, kept by the watcher beside its store.
+pub struct AttemptIndex<K: Resource<DynamicType = ()>> {
+    refs: Mutex<HashMap<(Uuid, i32), Vec<ObjectRef<K>>>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone> AttemptIndex<K> {
+    fn new() -> Self {
+        AttemptIndex { refs: Mutex::new(HashMap::new()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Uuid, i32), Vec<ObjectRef<K>>>> {
+        self.refs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes an object the watcher saw (objects without attempt labels are not indexed).
+    fn add(&self, object: &K) {
+        let Some(key) = names::attempt_of(object.labels()) else { return };
+        let reference = ObjectRef::from_obj(object);
+        let mut refs = self.lock();
+        let entry = refs.entry(key).or_default();
+        if !entry.contains(&reference) {
+            entry.push(reference);
+        }
+    }
+
+    /// Forgets an object that went away.
+    fn remove(&self, object: &K) {
+        let Some(key) = names::attempt_of(object.labels()) else { return };
+        let reference = ObjectRef::from_obj(object);
+        let mut refs = self.lock();
+        if let Some(entry) = refs.get_mut(&key) {
+            entry.retain(|r| *r != reference);
+            if entry.is_empty() {
+                refs.remove(&key);
+            }
+        }
+    }
+
+    /// After a relist: forgets what the store no longer holds (deleted while the watch was down).
+    fn prune(&self, store: &Store<K>) {
+        let mut refs = self.lock();
+        refs.retain(|_, entry| {
+            entry.retain(|r| store.get(r).is_some());
+            !entry.is_empty()
+        });
+    }
+
+    /// The attempt's objects as the store holds them now.
+    fn get(&self, store: &Store<K>, job_id: Uuid, attempt: i32) -> Vec<Arc<K>> {
+        let refs = self.lock();
+        refs.get(&(job_id, attempt))
+            .map(|entry| entry.iter().filter_map(|r| store.get(r)).collect())
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for Cache {
@@ -45,14 +107,30 @@ impl Cache {
     /// Starts the three watchers. They retry with backoff on errors, forever.
     pub fn start(client: &Client, changes: Arc<Notify>) -> Cache {
         let managed = watcher::Config::default().labels(MANAGED_SELECTOR);
-        let (pods, pods_task) =
-            watch(Api::<Pod>::all(client.clone()), managed.clone(), Arc::clone(&changes), |p| fingerprint(&p.status));
-        let (jobs, jobs_task) =
-            watch(Api::<Job>::all(client.clone()), managed, Arc::clone(&changes), |j| fingerprint(&j.status));
-        let (nodes, nodes_task) = watch(Api::<Node>::all(client.clone()), watcher::Config::default(), changes, |n| {
-            fingerprint(&(&n.spec, &n.status, &n.metadata.labels))
-        });
-        Cache { pods, jobs, nodes, tasks: vec![pods_task, jobs_task, nodes_task] }
+        let pods_by_attempt = Arc::new(AttemptIndex::new());
+        let jobs_by_attempt = Arc::new(AttemptIndex::new());
+        let (pods, pods_task) = watch(
+            Api::<Pod>::all(client.clone()),
+            managed.clone(),
+            Arc::clone(&changes),
+            |p| fingerprint(&p.status),
+            Some(Arc::clone(&pods_by_attempt)),
+        );
+        let (jobs, jobs_task) = watch(
+            Api::<Job>::all(client.clone()),
+            managed,
+            Arc::clone(&changes),
+            |j| fingerprint(&j.status),
+            Some(Arc::clone(&jobs_by_attempt)),
+        );
+        let (nodes, nodes_task) = watch(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            changes,
+            |n| fingerprint(&(&n.spec, &n.status, &n.metadata.labels)),
+            None,
+        );
+        Cache { pods, jobs, nodes, pods_by_attempt, jobs_by_attempt, tasks: vec![pods_task, jobs_task, nodes_task] }
     }
 
     /// Waits until the pod and Job watchers have listed once, so that an absent object really
@@ -69,16 +147,21 @@ impl Cache {
 
     /// The Job of an attempt, found by its labels wherever it lives.
     pub fn job_of(&self, job_id: Uuid, attempt: i32) -> Option<Arc<Job>> {
-        self.jobs.find(|job| names::attempt_of(job.labels()) == Some((job_id, attempt)))
+        self.jobs_by_attempt.get(&self.jobs, job_id, attempt).into_iter().next()
     }
 
     /// The pods of an attempt, with the rank each runs (its completion index).
     pub fn pods_of(&self, job_id: Uuid, attempt: i32) -> Vec<(u32, Arc<Pod>)> {
-        self.pods
-            .state_filter(|pod| names::attempt_of(pod.labels()) == Some((job_id, attempt)))
+        self.pods_by_attempt
+            .get(&self.pods, job_id, attempt)
             .into_iter()
             .filter_map(|pod| Some((rank_of(&pod)?, pod)))
             .collect()
+    }
+
+    /// Whether the node watcher holds a node of this name.
+    pub fn node_exists(&self, name: &str) -> bool {
+        self.nodes.get(&ObjectRef::new(name)).is_some()
     }
 }
 
@@ -87,34 +170,49 @@ pub fn rank_of(pod: &Pod) -> Option<u32> {
     pod.labels().get(COMPLETION_INDEX).or_else(|| pod.annotations().get(COMPLETION_INDEX))?.parse().ok()
 }
 
-/// Runs one reflector: keeps a store of every object the watcher sees, and notifies `changes`
-/// when the fingerprint `watched` takes of an object changes, or an object goes away.
+/// Runs one reflector: keeps a store of every object the watcher sees (and, given an index, which
+/// attempt each belongs to), and notifies `changes` when the fingerprint `watched` takes of an
+/// object changes, or an object goes away.
 fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
     changes: Arc<Notify>,
     watched: fn(&K) -> u64,
+    index: Option<Arc<AttemptIndex<K>>>,
 ) -> (Store<K>, JoinHandle<()>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
+    let reader = store.clone();
     let seen: Mutex<HashMap<String, u64>> = Mutex::new(HashMap::new());
     let task = tokio::spawn(async move {
+        // The reflector has applied each event to the store before it comes out here.
         let events = watcher(api, config).default_backoff().reflect(writer);
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
             let changed = match event {
                 Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    if let Some(index) = &index {
+                        index.add(&object);
+                    }
                     let hash = watched(&object);
                     let key = object.uid().unwrap_or_default();
                     seen.lock().expect("fingerprints poisoned").insert(key, hash) != Some(hash)
                 }
                 Ok(watcher::Event::Delete(object)) => {
+                    if let Some(index) = &index {
+                        index.remove(&object);
+                    }
                     seen.lock().expect("fingerprints poisoned").remove(&object.uid().unwrap_or_default());
                     true
                 }
-                Ok(watcher::Event::InitDone) => true,
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(index) = &index {
+                        index.prune(&reader);
+                    }
+                    true
+                }
                 Ok(watcher::Event::Init) => false,
                 Err(err) => {
                     tracing::warn!(%err, "kubernetes watch failed; retrying");

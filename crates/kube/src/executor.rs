@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use futures::TryFutureExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{DeleteParams, LogParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -270,8 +270,7 @@ impl KubernetesExecutor {
         let launched_recently =
             self.launched.lock().expect("launched poisoned").get(&key).is_some_and(|at| at.elapsed() < WATCH_LAG);
         let stopped = self.stopped.lock().expect("stopped poisoned").contains(&key);
-        let node_names: HashSet<String> = self.cache.nodes.state().iter().map(|n| n.name_any()).collect();
-        let node_exists = |name: &str| node_names.contains(name);
+        let node_exists = |name: &str| self.cache.node_exists(name);
         let ctx = Context {
             now: k8s_openapi::jiff::Timestamp::now(),
             patience: Patience {
@@ -415,6 +414,25 @@ fn without_pod(rank: u32, job: Option<&Job>, launched_recently: bool, stopped: b
     let mut lost = ReplicaDetail::from_status(rank, ReplicaStatus::Lost);
     lost.message = Some(if job_failed { "stopped because another replica failed" } else { "its pod vanished" }.into());
     lost
+}
+
+/// When an event last happened, by whichever field its reporter filled.
+fn event_time(event: &Event) -> Option<k8s_openapi::jiff::Timestamp> {
+    event
+        .last_timestamp
+        .as_ref()
+        .or(event.first_timestamp.as_ref())
+        .map(|t| t.0)
+        .or_else(|| event.event_time.as_ref().map(|t| t.0))
+        .or_else(|| event.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// What the API server said, without kube's wrapping.
+fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
 }
 
 /// One pod per rank: the newest, since an Indexed Job may have replaced one.
@@ -572,6 +590,39 @@ impl Executor for KubernetesExecutor {
         Ok(())
     }
 
+    /// A claim that is not bound yet: the newest event about it says why (no default storage
+    /// class, no volume big enough, a provisioner failing). `None` when bound, or when the
+    /// claim cannot be read (no answer is better than a wrong one on a listing).
+    async fn volume_pending_reason(&self, tenant_id: Uuid, tenant: &str, name: &str) -> Option<String> {
+        let namespace = names::namespace(&self.config.namespace_prefix, tenant, tenant_id);
+        let claim = names::volume_claim(name);
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let pvc = match claims.get_opt(&claim).await {
+            Ok(pvc) => pvc?,
+            Err(err) => {
+                tracing::debug!(%err, claim, "cannot read a volume's claim");
+                return None;
+            }
+        };
+        let phase = pvc.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+        if phase == "Bound" {
+            return None;
+        }
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let selector = format!("involvedObject.kind=PersistentVolumeClaim,involvedObject.name={claim}");
+        let newest = match events.list(&ListParams::default().fields(&selector)).await {
+            Ok(list) => list.items.into_iter().max_by_key(event_time).and_then(|e| e.message),
+            Err(err) => {
+                tracing::debug!(%err, claim, "cannot read the events of a volume's claim");
+                None
+            }
+        };
+        Some(match newest {
+            Some(message) => format!("its claim is {}: {message}", phase.to_lowercase()),
+            None => format!("its claim is {} and the cluster has not said why", phase.to_lowercase()),
+        })
+    }
+
     /// Deletes the volume's claim; the storage class's reclaim policy decides about the data.
     async fn volume_remove(&self, tenant_id: Uuid, tenant: &str, name: &str) -> Result<(), ExecutorError> {
         let namespace = names::namespace(&self.config.namespace_prefix, tenant, tenant_id);
@@ -611,7 +662,13 @@ impl Executor for KubernetesExecutor {
             Ok(stream) => Ok(Some(Box::new(stream.compat()))),
             // A pod still waiting for its container has no log yet.
             Err(kube::Error::Api(status)) if status.code == 400 || status.code == 404 => Ok(None),
-            Err(err) => Err(ExecutorError::Io(std::io::Error::other(err))),
+            // The API server could not reach the pod's node (no address, kubelet down, ...): say so
+            // rather than fail as if Trainyard had broken; the caller sees it as unavailable.
+            Err(err) => Err(ExecutorError::Unavailable(format!(
+                "Kubernetes cannot serve the log of pod {} now: {}",
+                pod.name_any(),
+                api_message(&err)
+            ))),
         }
     }
 

@@ -384,6 +384,42 @@ async fn logs_stream_from_the_pod_and_are_kept_when_the_attempt_is_released() {
 }
 
 #[tokio::test]
+async fn a_log_the_api_server_cannot_fetch_is_unavailable_and_names_the_pod() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    let pods: Vec<String> = (0..2).map(|r| fake.pod_create(NS, JOB_NAME, r, "gpu-1", running())).collect();
+    fake.log_unreachable(NS, &pods[1]);
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    match executor.log_reader(JOB, 1, 1).await {
+        Err(ExecutorError::Unavailable(message)) => {
+            assert!(message.contains(&pods[1]), "names the pod: {message}");
+            assert!(message.contains("no preferred addresses found"), "says what the API server said: {message}");
+        }
+        Err(other) => panic!("expected unavailable, got {other:?}"),
+        Ok(reader) => panic!("expected an error, got a reader: {}", reader.is_some()),
+    }
+}
+
+#[tokio::test]
+async fn an_attempt_sees_only_its_own_pods_among_many_and_forgets_deleted_ones() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    let pods: Vec<String> = (0..2).map(|r| fake.pod_create(NS, JOB_NAME, r, "gpu-1", running())).collect();
+    // Pods of 200 other attempts of the same job beside this attempt's two, all running.
+    let template = fake.get("pods", NS, &pods[1]).unwrap();
+    for other in 2..202 {
+        let mut pod = template.clone();
+        pod["metadata"]["name"] = json!(format!("{JOB_NAME}-other-{other}"));
+        pod["metadata"]["labels"]["trainyard.dev/attempt"] = json!(other.to_string());
+        fake.put("pods", pod);
+    }
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    fake.delete("pods", NS, &pods[1]);
+    let details = until(&executor, 2, |d| d[1].phase != ReplicaPhase::Running).await;
+    assert_eq!(details[0].phase, ReplicaPhase::Running, "rank 0 still runs: {details:#?}");
+}
+
+#[tokio::test]
 async fn the_inventory_follows_nodes_appearing_draining_and_vanishing() {
     let logs = tempfile::tempdir().unwrap();
     let fake = FakeApi::default();
@@ -512,6 +548,54 @@ async fn a_volume_without_a_class_gets_the_clusters_default_or_the_operators() {
     executor(&fake, with_class).await.volume_ensure(&volume).await.unwrap();
     let claim = fake.get("persistentvolumeclaims", NS, "vol-scratch").unwrap();
     assert_eq!(claim["spec"]["storageClassName"], "ceph-rbd");
+}
+
+/// A claim no storage binds says why, in the cluster's words (the newest event about it); a
+/// bound one has nothing to say.
+#[tokio::test]
+async fn a_claim_left_pending_shows_the_clusters_reason_until_it_is_bound() {
+    let logs = tempfile::tempdir().unwrap();
+    let volume = trainyard_executor::VolumeRequest {
+        tenant_id: TENANT,
+        tenant: "vision-team".into(),
+        name: "scratch".into(),
+        size_bytes: 1 << 30,
+        access_mode: "ReadWriteOnce".into(),
+        storage_class: None,
+    };
+    let fake = FakeApi::default();
+    let executor = executor(&fake, config(&logs)).await;
+    executor.volume_ensure(&volume).await.unwrap();
+    let event = |name: &str, at: &str, message: &str, claim: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": { "name": name, "namespace": NS },
+            "involvedObject": { "kind": "PersistentVolumeClaim", "name": claim, "namespace": NS },
+            "reason": "FailedBinding", "type": "Normal", "lastTimestamp": at, "message": message,
+        })
+    };
+    fake.put("events", event("e1", "2026-01-01T00:00:00Z", "waiting for first consumer", "vol-scratch"));
+    fake.put(
+        "events",
+        event(
+            "e2",
+            "2026-01-01T00:05:00Z",
+            "no persistent volumes available for this claim and no storage class is set",
+            "vol-scratch",
+        ),
+    );
+    fake.put("events", event("e3", "2026-01-01T00:09:00Z", "about another claim", "vol-other"));
+    let reason = executor.volume_pending_reason(TENANT, "vision-team", "scratch").await.expect("a reason");
+    assert_eq!(
+        reason,
+        "its claim is pending: no persistent volumes available for this claim and no storage class is set"
+    );
+
+    let mut claim = fake.get("persistentvolumeclaims", NS, "vol-scratch").unwrap();
+    claim["status"] = json!({ "phase": "Bound" });
+    fake.put("persistentvolumeclaims", claim);
+    assert_eq!(executor.volume_pending_reason(TENANT, "vision-team", "scratch").await, None);
+    assert_eq!(executor.volume_pending_reason(TENANT, "vision-team", "absent").await, None, "no claim, no reason");
 }
 
 /// A client for an `https` API server builds in a binary that links only this crate: no panic

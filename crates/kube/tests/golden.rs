@@ -8,6 +8,7 @@ mod support;
 
 use std::path::Path;
 
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret, Service, ServiceAccount};
@@ -70,6 +71,8 @@ fn check_document(document: &Value) -> Result<(), String> {
         "Deployment" => round_trips_as::<Deployment>(document),
         "ClusterRole" => round_trips_as::<ClusterRole>(document),
         "ClusterRoleBinding" => round_trips_as::<ClusterRoleBinding>(document),
+        "ValidatingAdmissionPolicy" => round_trips_as::<ValidatingAdmissionPolicy>(document),
+        "ValidatingAdmissionPolicyBinding" => round_trips_as::<ValidatingAdmissionPolicyBinding>(document),
         other => Err(format!("unexpected kind {other:?}")),
     }
 }
@@ -104,7 +107,17 @@ fn every_committed_manifest_is_the_kubernetes_type_its_kind_claims() {
             }
         }
     }
-    for kind in ["Namespace", "Job", "Secret", "Deployment", "ClusterRole", "ClusterRoleBinding", "Service"] {
+    for kind in [
+        "Namespace",
+        "Job",
+        "Secret",
+        "Deployment",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
         assert!(kinds.contains(kind), "no {kind} among the manifests");
     }
 }

@@ -113,6 +113,10 @@ enum Command {
         /// long, at most 5 minutes.
         #[arg(long, default_value_t = 10.0)]
         restart_backoff_seconds: f64,
+        /// Launches in flight at once in one pass (each is a few requests to the executor, e.g.
+        /// the Kubernetes API server): more start jobs faster, fewer spare a slow executor.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+        launch_concurrency: u16,
         /// Nodes may be added to the cluster (an autoscaler): queue a job larger than the cluster
         /// is today instead of refusing it at submit.
         #[arg(long)]
@@ -218,6 +222,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             lease_seconds,
             min_pass_interval_ms,
             restart_backoff_seconds,
+            launch_concurrency,
             cluster_grows,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
@@ -231,6 +236,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 lease: Duration::from_secs_f64(lease_seconds.clamp(0.5, 300.0)),
                 min_pass_interval: Duration::from_millis(min_pass_interval_ms),
                 restart_backoff: Duration::from_secs_f64(restart_backoff_seconds.clamp(0.0, 300.0)),
+                launch_concurrency: usize::from(launch_concurrency),
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;

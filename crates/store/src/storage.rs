@@ -388,6 +388,7 @@ impl TryFrom<VolumeRow> for Volume {
             path: row.path,
             created_by: row.created_by_name,
             created_at: row.created_at,
+            pending_reason: None,
         })
     }
 }

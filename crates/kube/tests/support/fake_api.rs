@@ -59,6 +59,8 @@ struct State {
     version: u64,
     requests: Vec<Recorded>,
     logs: BTreeMap<(String, String), String>,
+    /// Pods whose log the API server cannot fetch from the node (as for a node with no address).
+    logs_unreachable: std::collections::BTreeSet<(String, String)>,
     uids: u64,
     /// Status codes to answer the next writes (PATCH) with, in order, instead of applying them:
     /// an API server failing (5xx), overloaded (429) or refusing (4xx).
@@ -274,6 +276,11 @@ impl FakeApi {
     }
 
     /// A ready node with `gpus` GPUs of the given label value.
+    /// The pod's log answers 500 as a real API server does when it cannot reach the node.
+    pub fn log_unreachable(&self, namespace: &str, pod: &str) {
+        self.state.lock().unwrap().logs_unreachable.insert((namespace.into(), pod.into()));
+    }
+
     pub fn node_put(&self, name: &str, gpu_product: &str, gpus: u32) {
         self.put(
             "nodes",
@@ -332,6 +339,10 @@ impl FakeApi {
                 if self.get("pods", &namespace, name).is_none() {
                     return reply(StatusCode::NOT_FOUND, &status(404, "NotFound", format!("pod {name} not found")));
                 }
+                if self.state.lock().unwrap().logs_unreachable.contains(&(namespace.clone(), name.clone())) {
+                    let message = "no preferred addresses found; known addresses: []".to_string();
+                    return reply(StatusCode::INTERNAL_SERVER_ERROR, &status(500, "InternalError", message));
+                }
                 let text = self.state.lock().unwrap().logs.get(&(namespace, name.clone())).cloned().unwrap_or_default();
                 Response::builder().status(200).body(Full::new(Bytes::from(text)).boxed()).expect("response")
             }
@@ -342,7 +353,9 @@ impl FakeApi {
             (&Method::GET, None, None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
                 self.watch(target, query)
             }
-            (&Method::GET, None, None) => self.list_reply(&target, query.get("labelSelector")),
+            (&Method::GET, None, None) => {
+                self.list_reply(&target, query.get("labelSelector"), query.get("fieldSelector"))
+            }
             _ => reply(
                 StatusCode::METHOD_NOT_ALLOWED,
                 &status(405, "MethodNotAllowed", format!("{} {path}", parts.method)),
@@ -350,7 +363,7 @@ impl FakeApi {
         }
     }
 
-    fn list_reply(&self, target: &ParsedPath, selector: Option<&String>) -> Response<Body> {
+    fn list_reply(&self, target: &ParsedPath, selector: Option<&String>, fields: Option<&String>) -> Response<Body> {
         let state = self.state.lock().unwrap();
         let items: Vec<Value> = state
             .objects
@@ -359,6 +372,7 @@ impl FakeApi {
                 k.0 == target.plural
                     && target.namespace.as_ref().is_none_or(|ns| *ns == k.1)
                     && labels_match(o, selector)
+                    && fields_match(o, fields)
             })
             .map(|(_, o)| o.clone())
             .collect();
@@ -427,4 +441,14 @@ impl tower::Service<Request<kube::client::Body>> for FakeApi {
         let this = self.clone();
         Box::pin(async move { Ok(this.handle(request).await) })
     }
+}
+
+/// Field selectors of the form `a.b=value,c=value` (equality only), on any field path.
+fn fields_match(object: &Value, selector: Option<&String>) -> bool {
+    let Some(selector) = selector.filter(|s| !s.is_empty()) else { return true };
+    selector.split(',').all(|term| {
+        let Some((path, wanted)) = term.split_once('=') else { return false };
+        let found = path.split('.').try_fold(object, |value, key| value.get(key));
+        found.and_then(Value::as_str) == Some(wanted)
+    })
 }

@@ -58,9 +58,35 @@ pub async fn job_logs(
     let (sender, receiver) = mpsc::channel::<Chunk>(16);
     let follower =
         Follower { app: app.clone(), tenant_id: caller.tenant_id, request, sender, shutdown, mask: Default::default() };
-    tokio::spawn(follower.run());
+    // The first attempt's log is opened here, so that a log that cannot be read (its node is
+    // unreachable) is an error response, not a stream that ends with nothing in it.
+    let first = match follower.request.attempt {
+        Some(n) => Some(n),
+        None => follower.latest_attempt().await?,
+    };
+    let opened = match first {
+        Some(attempt) => Some((attempt, follower.open(attempt).await?)),
+        None => None,
+    };
+    tokio::spawn(follower.run(opened));
     Ok(ReceiverStream::new(receiver))
 }
+
+/// Why a follower stopped early.
+enum Stop {
+    /// The client went away or the server is shutting down: the stream just ends.
+    Gone,
+    /// Reading failed: the stream ends with an error.
+    Failed(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(err: Error) -> Stop {
+        Stop::Failed(err)
+    }
+}
+
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
 struct Follower {
     app: App,
@@ -82,26 +108,24 @@ enum Next {
 }
 
 impl Follower {
-    async fn run(self) {
-        match self.follow().await {
+    /// Follows the log from `opened` (the attempt read first and its reader, if any attempt exists).
+    async fn run(self, opened: Option<(i32, Option<Reader>)>) {
+        match self.follow(opened).await {
             Ok(()) => {
                 let rest = self.masked(|mask| mask.finish());
                 let _ = self.send(rest).await;
             }
-            // Shutdown or a departed client: the stream just ends.
-            Err(Error::Unavailable(_)) => {}
-            Err(err) => {
+            Err(Stop::Gone) => {}
+            Err(Stop::Failed(err)) => {
                 tracing::warn!(job = %self.request.job_id, %err, "log stream failed");
                 let _ = self.sender.send(Err(std::io::Error::other(err.to_string()))).await;
             }
         }
     }
 
-    async fn follow(&self) -> Result<()> {
-        let mut attempt = match self.request.attempt {
-            Some(n) => Some(n),
-            None => self.latest_attempt().await?,
-        };
+    async fn follow(&self, opened: Option<(i32, Option<Reader>)>) -> std::result::Result<(), Stop> {
+        let mut attempt = opened.as_ref().map(|(n, _)| *n);
+        let mut first = opened.map(|(_, reader)| reader);
         loop {
             let Some(current) = attempt else {
                 // Not launched yet: a follower waits for the first attempt, a reader is done.
@@ -115,7 +139,10 @@ impl Follower {
                 }
                 continue;
             };
-            let mut reader = self.open(current).await?;
+            let mut reader = match first.take() {
+                Some(reader) => reader,
+                None => self.open(current).await?,
+            };
             loop {
                 if let Some(reader) = reader.as_mut()
                     && self.forward(reader).await?
@@ -150,9 +177,12 @@ impl Follower {
         }
     }
 
-    async fn open(&self, attempt: i32) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>> {
+    async fn open(&self, attempt: i32) -> Result<Option<Reader>> {
         let (job_id, replica) = (self.request.job_id, self.request.replica);
-        if let Some(reader) = self.app.executor.log_reader(job_id, attempt, replica).await.map_err(Error::internal)? {
+        let live = self.app.executor.log_reader(job_id, attempt, replica).await.map_err(|err| {
+            Error::Unavailable(format!("cannot read the log of replica {replica} of attempt {attempt}: {err}"))
+        })?;
+        if let Some(reader) = live {
             return Ok(Some(reader));
         }
         let archived = self.app.log_archived(self.tenant_id, job_id, attempt, replica).await?;
@@ -160,7 +190,7 @@ impl Follower {
     }
 
     /// Sends what the reader has now. True when it sent something.
-    async fn forward(&self, reader: &mut (dyn AsyncRead + Send + Unpin)) -> Result<bool> {
+    async fn forward(&self, reader: &mut (dyn AsyncRead + Send + Unpin)) -> std::result::Result<bool, Stop> {
         let mut buffer = vec![0u8; 64 * 1024];
         let n = reader.read(&mut buffer).await.map_err(Error::internal)?;
         if n == 0 {
@@ -176,10 +206,9 @@ impl Follower {
     }
 
     /// Sends a chunk (nothing when it is empty).
-    async fn send(&self, chunk: Vec<u8>) -> Result<()> {
+    async fn send(&self, chunk: Vec<u8>) -> std::result::Result<(), Stop> {
         if !chunk.is_empty() && self.sender.send(Ok(Bytes::from(chunk))).await.is_err() {
-            // The client went away.
-            return Err(Error::Unavailable("the client disconnected".into()));
+            return Err(Stop::Gone); // the client went away
         }
         Ok(())
     }
@@ -200,13 +229,13 @@ impl Follower {
         Ok(attempts.last().map(|a| a.attempt))
     }
 
-    async fn pause(&self) -> Result<()> {
+    async fn pause(&self) -> std::result::Result<(), Stop> {
         let idle = self.masked(LogMask::flush_idle);
         self.send(idle).await?;
         tokio::select! {
             _ = tokio::time::sleep(FOLLOW_POLL) => Ok(()),
-            _ = self.shutdown.cancelled() => Err(Error::Unavailable("the server is shutting down".into())),
-            _ = self.sender.closed() => Err(Error::Unavailable("the client disconnected".into())),
+            _ = self.shutdown.cancelled() => Err(Stop::Gone),
+            _ = self.sender.closed() => Err(Stop::Gone),
         }
     }
 }

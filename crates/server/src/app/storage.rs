@@ -224,9 +224,18 @@ impl App {
         Ok(volume)
     }
 
+    /// The tenant's volumes, each with why it cannot be used yet when the executor says so.
     pub async fn volumes_list(&self, caller: &Caller) -> Result<Vec<Volume>> {
         caller.authorize(Action::ReadJobs)?;
-        self.store.volumes_list(caller.tenant_id).await
+        let mut volumes = self.store.volumes_list(caller.tenant_id).await?;
+        let reasons = futures::future::join_all(
+            volumes.iter().map(|v| self.executor.volume_pending_reason(caller.tenant_id, &caller.tenant, &v.name)),
+        )
+        .await;
+        for (volume, reason) in volumes.iter_mut().zip(reasons) {
+            volume.pending_reason = reason;
+        }
+        Ok(volumes)
     }
 
     /// Deletes a volume and everything in it.

@@ -9,13 +9,13 @@
 //!    cancelled, lost); stop the attempts of cancelled jobs and the rest of a failed gang;
 //! 2. admission: ask the scheduler which queued jobs fit, admit them, and keep each waiting
 //!    job's reason current;
-//! 3. launch admitted and restarting jobs, one attempt each.
+//! 3. launch admitted and restarting jobs, one attempt each, up to `launch_concurrency` at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
@@ -66,6 +66,8 @@ pub struct ReconcilerSettings {
     /// The wait before a failed job's first restart; each later one waits twice as long (see
     /// [`restart_delay`]).
     pub restart_backoff: Duration,
+    /// Launches in flight at once within a pass.
+    pub launch_concurrency: usize,
 }
 
 impl Default for ReconcilerSettings {
@@ -79,6 +81,7 @@ impl Default for ReconcilerSettings {
             lease: Duration::from_secs(3),
             min_pass_interval: Duration::from_millis(100),
             restart_backoff: Duration::from_secs(10),
+            launch_concurrency: 8,
             fault_panic_on_launch: std::env::var("TRAINYARD_FAULT_PANIC_ON_LAUNCH").ok().filter(|v| !v.is_empty()),
         }
     }
@@ -342,16 +345,29 @@ impl Reconciler {
             .iter()
             .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
             .filter(|j| j.state != JobState::Restarting || restart_due(j, backoff, now))
-            .chain(admitted.as_deref().unwrap_or_default().iter().copied());
+            .chain(admitted.as_deref().unwrap_or_default().iter().copied())
+            .filter(|j| !self.is_quarantined(j.id))
+            .collect::<Vec<&UnfinishedJob>>();
+        // Launches run side by side, a bounded number at once: each waits mostly on the executor
+        // (a few API requests) and on Postgres, and every step of one is a job's own, guarded and
+        // fenced as when they ran in turn.
+        // Futures made here, not in a stream's closure: that keeps the pass future `Send`.
+        let this: &Reconciler = self;
+        let launches: Vec<futures::future::BoxFuture<'_, (Uuid, Step<()>)>> = launchable
+            .iter()
+            .map(|job| {
+                let job: &UnfinishedJob = job;
+                async move { (job.id, guarded(this.launch(job)).await) }.boxed()
+            })
+            .collect();
+        let outcomes: Vec<(Uuid, Step<()>)> =
+            futures::stream::iter(launches).buffer_unordered(self.settings.launch_concurrency.max(1)).collect().await;
         let mut launched = false;
-        for job in launchable {
-            if self.is_quarantined(job.id) {
-                continue;
-            }
-            match guarded(self.launch(job)).await {
+        for (job_id, outcome) in outcomes {
+            match outcome {
                 Step::Done(()) => launched = true,
-                Step::Failed(err) => self.step_failed(job.id, "launch", err)?,
-                Step::Panicked(message) => self.job_panicked(job.id, "launching it", message).await,
+                Step::Failed(err) => self.step_failed(job_id, "launch", err)?,
+                Step::Panicked(message) => self.job_panicked(job_id, "launching it", message).await,
             }
         }
         if let Some(storage) = self.storage.as_mut() {

@@ -115,6 +115,7 @@ pub struct VolumeRow {
     pub storage_class: String,
     pub path: String,
     pub created: String,
+    pub pending_reason: Option<String>,
 }
 
 #[derive(Template)]
@@ -142,6 +143,7 @@ async fn volumes_page(state: &AppState, auth: &WebAuth, error: Option<String>) -
             storage_class: v.storage_class.unwrap_or_else(|| "(cluster default)".into()),
             path: v.path,
             created: when(&v.created_at),
+            pending_reason: v.pending_reason,
             name: v.name,
         })
         .collect();
