@@ -123,6 +123,14 @@ async fn upload(env: &TestEnv, job: &str, path: &str) {
     assert_eq!(response.status(), StatusCode::CREATED);
 }
 
+/// Debian's CPython 3.11 now and then raises "AST constructor recursion depth mismatch" inside
+/// `ast.parse` when hypothesis reads a lambda's source to describe a strategy: a fault of the
+/// fuzzer's interpreter, reported by schemathesis as a runtime error, not a finding about the API.
+/// A run that failed for that alone (no failure found) is run once more.
+fn interpreter_fault_only(output: &str) -> bool {
+    output.contains("AST constructor recursion depth mismatch") && !output.contains("= FAILURES =")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
     let st = schemathesis();
@@ -167,23 +175,30 @@ async fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
     for (who, token) in [("platform admin", env.admin_token.clone()), ("member", member)] {
         let config_file = env.dir.path().join(format!("schemathesis-{}.toml", who.replace(' ', "-")));
         std::fs::write(&config_file, config(&token, &job_token, &engine_job, &objects)).unwrap();
-        let ran = Command::new(&st)
-            .current_dir(env.dir.path())
-            .arg("--config-file")
-            .arg(&config_file)
-            .args(["run", &format!("{}/api/v1/openapi.json", env.server.url), "--url", &env.server.url])
-            // Invented tokens would only meet the failed-authentication throttle.
-            .args(["--generation-with-security-parameters", "false"])
-            .args([
-                "--checks",
-                "not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance",
-            ])
-            .args(["--phases", "examples,coverage,fuzzing,stateful"])
-            .args(["--max-examples", &FUZZ_EXAMPLES.to_string(), "--workers", "2", "--seed", "1"])
-            .args(["--request-timeout", "20", "--no-color", "--continue-on-failure"])
-            .args(["--suppress-health-check", "filter_too_much", "--generation-database", "none"])
-            .output()
-            .unwrap();
+        let run = || {
+            Command::new(&st)
+                .current_dir(env.dir.path())
+                .arg("--config-file")
+                .arg(&config_file)
+                .args(["run", &format!("{}/api/v1/openapi.json", env.server.url), "--url", &env.server.url])
+                // Invented tokens would only meet the failed-authentication throttle.
+                .args(["--generation-with-security-parameters", "false"])
+                .args([
+                    "--checks",
+                    "not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance",
+                ])
+                .args(["--phases", "examples,coverage,fuzzing,stateful"])
+                .args(["--max-examples", &FUZZ_EXAMPLES.to_string(), "--workers", "2", "--seed", "1"])
+                .args(["--request-timeout", "20", "--no-color", "--continue-on-failure"])
+                .args(["--suppress-health-check", "filter_too_much", "--generation-database", "none"])
+                .output()
+                .unwrap()
+        };
+        let mut ran = run();
+        if !ran.status.success() && interpreter_fault_only(&stdout(&ran)) {
+            println!("schemathesis as {who} hit the interpreter's ast fault (not the API's); running it again");
+            ran = run();
+        }
         let output = stdout(&ran);
         let summary: String =
             output.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
