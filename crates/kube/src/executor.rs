@@ -54,7 +54,7 @@ const CONTAINER: &str = "replica";
 pub enum KubeError {
     #[error("cannot reach Kubernetes: {0}")]
     Config(String),
-    #[error("Kubernetes refused {what}: {source}")]
+    #[error("Kubernetes refused {what}: {message}", message = api_message(.source))]
     Api {
         what: String,
         #[source]

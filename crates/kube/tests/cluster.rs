@@ -1,8 +1,11 @@
 //! The executor against a real Kubernetes API server, when `TRAINYARD_TEST_KUBECONFIG` names a
-//! kubeconfig for one (a throwaway cluster: the suite creates and deletes a tenant namespace).
-//! No kubelet is needed: the suite patches pod status itself, and creates the Job's pods itself
-//! when no Job controller does (an API server run alone, as with envtest). Without the variable
-//! every test prints that it was skipped and passes.
+//! kubeconfig for one (a throwaway cluster: the suite creates and deletes tenant namespaces).
+//! That identity plays the kubelet (it patches pod status) and checks what is left; the executor
+//! itself runs as `TRAINYARD_TEST_KUBECONFIG_EXECUTOR` when set: Trainyard's service account with
+//! `deploy/kubernetes/rbac.yaml` and `policy.yaml` applied, as an operator would install it.
+//! No kubelet is needed; the suite creates the Job's pods itself when no Job controller does (an
+//! API server run alone, as with envtest). Without the variable every test prints that it was
+//! skipped and passes.
 
 mod support;
 
@@ -19,16 +22,70 @@ use trainyard_kube::{KubernetesExecutor, names};
 use uuid::Uuid;
 
 const VARIABLE: &str = "TRAINYARD_TEST_KUBECONFIG";
+const EXECUTOR_VARIABLE: &str = "TRAINYARD_TEST_KUBECONFIG_EXECUTOR";
 
-async fn cluster_client() -> Option<Client> {
+/// The suite's two identities: the cluster's admin, and the one the executor runs as.
+struct Cluster {
+    admin: Client,
+    executor: Client,
+    /// Whether the executor runs as Trainyard's service account (not the admin).
+    as_service_account: bool,
+}
+
+async fn client_from(path: &std::ffi::OsStr) -> Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("the kubeconfig reads");
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("a usable kubeconfig");
+    trainyard_kube::client_for(config, &examples::config()).expect("a client")
+}
+
+async fn cluster() -> Option<Cluster> {
     let Some(path) = std::env::var_os(VARIABLE) else {
         println!("skipped: {VARIABLE} not set");
         return None;
     };
-    let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("the kubeconfig reads");
-    let config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("a usable kubeconfig");
-    Some(trainyard_kube::client_for(config, &examples::config()).expect("a client"))
+    let admin = client_from(&path).await;
+    let (executor, as_service_account) = match std::env::var_os(EXECUTOR_VARIABLE) {
+        Some(path) => (client_from(&path).await, true),
+        None => (admin.clone(), false),
+    };
+    Some(Cluster { admin, executor, as_service_account })
+}
+
+/// A fresh tenant's launch request (its own namespace) and that namespace's name.
+fn fresh_request(replicas: u32) -> (trainyard_executor::LaunchRequest, String) {
+    let mut request = examples::data_pack();
+    request.tenant_id = Uuid::new_v4();
+    request.tenant = format!("it-{}", &request.tenant_id.simple().to_string()[..8]);
+    request.job_id = Uuid::new_v4();
+    request.spec.replicas = replicas;
+    let namespace = names::namespace(&examples::config().namespace_prefix, &request.tenant, request.tenant_id);
+    (request, namespace)
+}
+
+async fn executor_for(cluster: &Cluster, logs: &tempfile::TempDir) -> KubernetesExecutor {
+    let mut config = examples::config();
+    config.log_dir = logs.path().to_path_buf();
+    let executor = KubernetesExecutor::with_client(cluster.executor.clone(), config);
+    executor.ready().await;
+    executor
+}
+
+async fn namespace_delete(cluster: &Cluster, namespace: &str) {
+    let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
+    let _ = namespaces.delete(namespace, &DeleteParams::background()).await;
+}
+
+/// Waits until the Job is gone or being deleted.
+async fn job_goes(cluster: &Cluster, namespace: &str, name: &str) {
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), namespace);
+    eventually(30, || async {
+        match jobs.get_opt(name).await.unwrap() {
+            None => Some(()),
+            Some(job) => job.metadata.deletion_timestamp.map(|_| ()),
+        }
+    })
+    .await;
 }
 
 /// Waits up to `seconds` for `check` to return something.
@@ -86,31 +143,22 @@ fn container(state: serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn an_attempt_runs_succeeds_and_is_cleaned_up_on_a_real_api_server() {
-    let Some(client) = cluster_client().await else { return };
+    let Some(cluster) = cluster().await else { return };
     let logs = tempfile::tempdir().unwrap();
-    let mut config = examples::config();
-    config.log_dir = logs.path().to_path_buf();
-    let executor = KubernetesExecutor::with_client(client.clone(), config.clone());
-    executor.ready().await;
-
-    let mut request = examples::data_pack();
-    request.tenant_id = Uuid::new_v4();
-    request.tenant = format!("it-{}", &request.tenant_id.simple().to_string()[..8]);
-    request.job_id = Uuid::new_v4();
-    request.spec.replicas = 2;
-    let namespace = names::namespace(&config.namespace_prefix, &request.tenant, request.tenant_id);
+    let executor = executor_for(&cluster, &logs).await;
+    let (request, namespace) = fresh_request(2);
     executor.launch(&request).await.expect("launch on a real API server");
     executor.launch(&request).await.expect("a repeated launch is harmless");
 
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
     let name = names::attempt_object(request.job_id, request.attempt);
     let job = jobs.get(&name).await.expect("the Job exists");
     let attempt = AttemptRef { job_id: request.job_id, attempt: request.attempt, replicas: 2, placement: None };
 
-    let pods = pods_of(&client, &namespace, &job, 2).await;
+    let pods = pods_of(&cluster.admin, &namespace, &job, 2).await;
     for pod in &pods {
         pod_status_set(
-            &client,
+            &cluster.admin,
             &namespace,
             pod,
             json!({ "phase": "Running", "containerStatuses": container(json!({ "running": {} })) }),
@@ -125,7 +173,7 @@ async fn an_attempt_runs_succeeds_and_is_cleaned_up_on_a_real_api_server() {
     for pod in &pods {
         let terminated = json!({ "terminated": { "exitCode": 0, "reason": "Completed" } });
         pod_status_set(
-            &client,
+            &cluster.admin,
             &namespace,
             pod,
             json!({ "phase": "Succeeded", "containerStatuses": container(terminated) }),
@@ -140,13 +188,185 @@ async fn an_attempt_runs_succeeds_and_is_cleaned_up_on_a_real_api_server() {
     assert!(details[0].image_digest.as_deref().unwrap().ends_with("2222"));
 
     executor.release(&attempt).await;
+    job_goes(&cluster, &namespace, &name).await;
+    namespace_delete(&cluster, &namespace).await;
+}
+
+/// A launch the API server refuses part-way (here an admission policy the cluster's admin put on
+/// the tenant's namespace refuses its ConfigMap, after the Job was made) removes what it applied
+/// at once, and the next launch of that attempt applies everything afresh.
+#[tokio::test]
+async fn a_launch_refused_part_way_leaves_nothing_behind() {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    let Some(cluster) = cluster().await else { return };
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let (first, namespace) = fresh_request(1);
+    executor.launch(&first).await.expect("the first launch makes the namespace");
+
+    let label = "trainyard.dev/test-refuse-configmaps";
+    let policy_name = format!("refuse-configmaps-{}", &first.tenant_id.simple().to_string()[..8]);
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(cluster.admin.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(cluster.admin.clone());
+    let policy = serde_json::from_value(json!({
+        "metadata": { "name": policy_name },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": { "resourceRules": [{ "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"] }] },
+            "validations": [{ "expression": format!("!(has(namespaceObject.metadata.labels) && '{label}' in namespaceObject.metadata.labels)"),
+                "message": "this namespace takes no ConfigMaps (test)" }],
+        },
+    }))
+    .unwrap();
+    policies.create(&PostParams::default(), &policy).await.expect("the policy is made");
+    let binding = serde_json::from_value(
+        json!({ "metadata": { "name": policy_name }, "spec": { "policyName": policy_name, "validationActions": ["Deny"] } }),
+    )
+    .unwrap();
+    bindings.create(&PostParams::default(), &binding).await.expect("the binding is made");
+    let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
+    let mark = json!({ "metadata": { "labels": { label: "true" } } });
+    namespaces.patch(&namespace, &PatchParams::default(), &Patch::Merge(&mark)).await.expect("labelled");
+    // Admission sees a new policy after a moment: wait until a dry-run ConfigMap is refused.
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(cluster.admin.clone(), &namespace);
+    let probe = serde_json::from_value(json!({ "metadata": { "name": "probe" } })).unwrap();
+    let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+    eventually(30, || async { config_maps.create(&dry_run, &probe).await.err().map(|_| ()) }).await;
+
+    let mut second = first.clone();
+    second.job_id = Uuid::new_v4();
+    let err = executor.launch(&second).await.expect_err("the ConfigMap is refused");
+    println!("refused as expected: {err}");
+    let name = names::attempt_object(second.job_id, second.attempt);
+    job_goes(&cluster, &namespace, &name).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), &namespace);
+    let selector = format!("{}={}", names::LABEL_JOB, second.job_id);
     eventually(30, || async {
-        match jobs.get_opt(&name).await.unwrap() {
-            None => Some(()),
-            Some(job) => job.metadata.deletion_timestamp.map(|_| ()),
-        }
+        let left = pods.list(&ListParams::default().labels(&selector)).await.unwrap().items;
+        left.iter().all(|p| p.metadata.deletion_timestamp.is_some()).then_some(())
     })
     .await;
-    let namespaces: Api<Namespace> = Api::all(client);
-    let _ = namespaces.delete(&namespace, &DeleteParams::background()).await;
+
+    let _ = bindings.delete(&policy_name, &DeleteParams::default()).await;
+    let _ = policies.delete(&policy_name, &DeleteParams::default()).await;
+    eventually(30, || async { executor.launch(&second).await.ok() }).await;
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
+    eventually(30, || async { jobs.get_opt(&name).await.unwrap().filter(|j| j.metadata.deletion_timestamp.is_none()) })
+        .await;
+    namespace_delete(&cluster, &namespace).await;
+}
+
+/// A new executor (a restarted control plane) finds the attempt by its labels, launches nothing,
+/// observes it, and stops it.
+#[tokio::test]
+async fn a_restarted_executor_adopts_the_attempt_and_can_stop_it() {
+    let Some(cluster) = cluster().await else { return };
+    let logs = tempfile::tempdir().unwrap();
+    let (request, namespace) = fresh_request(1);
+    let name = names::attempt_object(request.job_id, request.attempt);
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
+    {
+        let first = executor_for(&cluster, &logs).await;
+        first.launch(&request).await.expect("launch");
+    }
+    let uid = jobs.get(&name).await.unwrap().metadata.uid;
+    let job = jobs.get(&name).await.unwrap();
+    let pods = pods_of(&cluster.admin, &namespace, &job, 1).await;
+    pod_status_set(
+        &cluster.admin,
+        &namespace,
+        &pods[0],
+        json!({ "phase": "Running", "containerStatuses": container(json!({ "running": {} })) }),
+    )
+    .await;
+
+    let second = executor_for(&cluster, &logs).await;
+    second.launch(&request).await.expect("a launch of an adopted attempt");
+    assert_eq!(jobs.get(&name).await.unwrap().metadata.uid, uid, "the same Job, not a second one");
+    let attempt = AttemptRef { job_id: request.job_id, attempt: request.attempt, replicas: 1, placement: None };
+    eventually(10, || async {
+        let details = second.replica_details(&attempt).await;
+        (details[0].phase == ReplicaPhase::Running).then_some(())
+    })
+    .await;
+    second.terminate(&attempt, Duration::from_secs(1)).await;
+    job_goes(&cluster, &namespace, &name).await;
+    namespace_delete(&cluster, &namespace).await;
+}
+
+/// A claim no storage class can bind shows why, in the cluster's words.
+#[tokio::test]
+async fn a_volume_no_storage_binds_says_why() {
+    let Some(cluster) = cluster().await else { return };
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let (request, namespace) = fresh_request(1);
+    let volume = trainyard_executor::VolumeRequest {
+        tenant_id: request.tenant_id,
+        tenant: request.tenant.clone(),
+        name: "scratch".into(),
+        size_bytes: 1 << 30,
+        access_mode: "ReadWriteOnce".into(),
+        storage_class: None,
+    };
+    executor.volume_ensure(&volume).await.expect("the claim is applied");
+    let reason = eventually(30, || async {
+        let reason = executor.volume_pending_reason(request.tenant_id, &request.tenant, "scratch").await;
+        reason.filter(|r| !r.contains("has not said why"))
+    })
+    .await;
+    println!("pending reason: {reason}");
+    assert!(reason.starts_with("its claim is pending: "), "{reason}");
+    executor.volume_remove(request.tenant_id, &request.tenant, "scratch").await.unwrap();
+    namespace_delete(&cluster, &namespace).await;
+}
+
+/// With the shipped RBAC and admission policy, Trainyard's service account writes only in the
+/// namespaces it manages: not in `default`, not on a namespace it did not make, and never a
+/// namespace without the managed label or with a weaker Pod Security level.
+#[tokio::test]
+async fn the_service_account_cannot_write_outside_the_namespaces_it_manages() {
+    let Some(cluster) = cluster().await else { return };
+    if !cluster.as_service_account {
+        println!("skipped: {EXECUTOR_VARIABLE} not set (the executor runs as the admin)");
+        return;
+    }
+    let refused = |result: Result<serde_json::Value, kube::Error>| match result {
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => status.message,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(cluster.executor.clone(), "default");
+    let config_map =
+        serde_json::from_value(json!({ "metadata": { "name": "not-ours" }, "data": { "a": "b" } })).unwrap();
+    let message = refused(config_maps.create(&PostParams::default(), &config_map).await.map(|_| json!({})));
+    println!("ConfigMap in default: {message}");
+    assert!(message.contains("only in namespaces it manages"), "{message}");
+
+    let namespaces: Api<Namespace> = Api::all(cluster.executor.clone());
+    let relabel = json!({ "metadata": { "labels": { "app.kubernetes.io/managed-by": "trainyard",
+        "pod-security.kubernetes.io/enforce": "restricted" } } });
+    let message =
+        refused(namespaces.patch("default", &PatchParams::default(), &Patch::Merge(&relabel)).await.map(|_| json!({})));
+    println!("adopting default: {message}");
+    assert!(message.contains("not managed by Trainyard"), "{message}");
+
+    let unlabelled = serde_json::from_value(
+        json!({ "metadata": { "name": format!("it-free-{}", &Uuid::new_v4().simple().to_string()[..8]) } }),
+    )
+    .unwrap();
+    let message = refused(namespaces.create(&PostParams::default(), &unlabelled).await.map(|_| json!({})));
+    println!("an unlabelled namespace: {message}");
+    assert!(message.contains("must be labelled"), "{message}");
+
+    // Its own namespace, with Pod Security weakened: refused too.
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let (request, namespace) = fresh_request(1);
+    executor.launch(&request).await.expect("a launch in its own namespace");
+    let weaken = json!({ "metadata": { "labels": { "pod-security.kubernetes.io/enforce": "privileged" } } });
+    let message =
+        refused(namespaces.patch(&namespace, &PatchParams::default(), &Patch::Merge(&weaken)).await.map(|_| json!({})));
+    println!("weakening its own namespace: {message}");
+    namespace_delete(&cluster, &namespace).await;
 }
