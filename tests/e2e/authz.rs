@@ -47,6 +47,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /api/v1/jobs/what-if", "401 403 ok ok ok 401"),
     ("GET /api/v1/quota", "401 ok ok ok ok 401"),
     ("GET /api/v1/queue", "401 ok ok ok ok 401"),
+    ("GET /api/v1/nodes", "401 ok ok ok ok 401"),
     ("GET /api/v1/datasets", "401 ok ok ok ok 401"),
     ("POST /api/v1/datasets", "401 403 ok ok ok 401"),
     ("GET /api/v1/datasets/{name}/{version}", "401 ok ok 404 ok 401"),

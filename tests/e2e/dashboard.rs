@@ -125,7 +125,9 @@ async fn a_researcher_signs_in_submits_watches_and_signs_out_in_a_browser() {
     browser.screenshot("jobs", 1280).await;
     browser.screenshot("jobs", 390).await;
 
-    for (page, name) in [("/templates", "templates"), ("/quota", "quota"), ("/admin", "admin"), ("/tokens", "tokens")] {
+    for (page, name) in
+        [("/templates", "templates"), ("/queue", "queue"), ("/quota", "quota"), ("/admin", "admin"), ("/tokens", "tokens")]
+    {
         c.goto(&format!("{base}{page}")).await.unwrap();
         browser.wait_text("h1", Duration::from_secs(10), |t| !t.is_empty()).await;
         browser.screenshot(name, 1280).await;
@@ -155,7 +157,7 @@ async fn pages_show_a_member_nothing_of_another_tenant() {
     };
 
     let web = WebClient::signed_in(&env.server.url, &bob).await;
-    for page in ["/jobs", "/jobs/rows", "/templates", "/quota", "/tokens", &format!("/jobs/{bobs_job}")] {
+    for page in ["/jobs", "/jobs/rows", "/templates", "/queue", "/quota", "/tokens", &format!("/jobs/{bobs_job}")] {
         let (status, html) = web.get(page).await;
         assert_eq!(status, StatusCode::OK, "{page}");
         assert!(!html.contains("default-secret-job") && !html.contains(&secret_job), "{page} leaks the other tenant");

@@ -304,4 +304,27 @@ async fn the_queue_shows_waiting_jobs_in_order_to_those_who_may_see_them() {
     assert!(text.contains("alice-waits") && text.contains(&waiting_a[..13]), "{text}");
     assert!(text.contains("(and 1 waiting jobs of other tenants)"), "{text}");
     assert!(!text.contains("bob-1"), "{text}");
+
+    // The nodes those jobs hold: every tenant's running replicas counted, none named.
+    let (status, nodes) = env.get("/api/v1/nodes", &alice).await;
+    assert_eq!(status, StatusCode::OK, "{nodes}");
+    let node = &nodes["items"][0];
+    assert_eq!(nodes["items"].as_array().unwrap().len(), 1, "{nodes}");
+    assert_eq!(node["gpu_type"], GPU);
+    assert_eq!((node["gpus"].as_u64(), node["gpus_allocated"].as_u64()), (Some(4), Some(4)), "{nodes}");
+    assert_eq!(node["replicas"], 2, "alice's and bob's running jobs: {nodes}");
+    assert_eq!(node["cpu_millis_allocated"], 200);
+    assert_eq!(node["memory_bytes_allocated"], 128 << 20);
+    let table = env.yard(&alice, &["nodes"]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    assert!(text.contains("4/4") && text.contains("0 GPUs") && text.contains(GPU), "{text}");
+    assert!(!text.contains("alice-running") && !text.contains("bob-0"), "no job is named: {text}");
+
+    // The same on the dashboard's queue page.
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &alice).await;
+    let (status, html) = web.get("/queue").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("alice-waits") && !html.contains("bob-1"), "{html}");
+    assert!(html.contains("And 1 waiting jobs of other tenants") && html.contains("4 of 4"), "{html}");
 }

@@ -78,6 +78,8 @@ enum Command {
     /// The waiting jobs you may see, in the order the scheduler considers them: position, why
     /// each waits and when it should start (platform admins see every tenant's).
     Queue,
+    /// The nodes jobs run on: capacity, what unfinished jobs hold, what is free (like `sinfo`).
+    Nodes,
     /// Print a replica's log; `-f` follows it until the job ends.
     Logs {
         id: String,
@@ -446,6 +448,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let waiting = schedule.as_ref().map(output::schedule).unwrap_or_default();
                 format!("{}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
             })
+        }
+        Command::Nodes => {
+            let nodes: trainyard_core::api::Nodes = client.get("/api/v1/nodes").await?;
+            output::print(out, &nodes, output::nodes_table)
         }
         Command::Queue => {
             let queue: trainyard_core::api::Queue = client.get("/api/v1/queue").await?;

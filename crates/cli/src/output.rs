@@ -11,6 +11,7 @@ use trainyard_core::api::{
 };
 
 use crate::Output;
+use trainyard_core::resources::Memory;
 
 pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> String) -> anyhow::Result<ExitCode> {
     match out {
@@ -79,6 +80,30 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
         ]);
     }
     format!("{t}\n{others}")
+}
+
+/// Each node's GPUs, CPU and memory as "allocated/total", and what is free.
+pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
+    if nodes.items.is_empty() {
+        return "no nodes: the executor has not reported any yet\n".into();
+    }
+    let mut t = table(&["NODE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE"]);
+    for n in &nodes.items {
+        let cores = |millis: u64| format!("{:.1}", millis as f64 / 1000.0);
+        let free_gpus = n.gpus.saturating_sub(n.gpus_allocated);
+        let free_cpu = n.cpu_millis.saturating_sub(n.cpu_millis_allocated);
+        let free_memory = n.memory_bytes.saturating_sub(n.memory_bytes_allocated);
+        t.add_row(vec![
+            n.name.clone(),
+            n.gpu_type.clone().unwrap_or_else(|| "-".into()),
+            format!("{}/{}", n.gpus_allocated, n.gpus),
+            format!("{}/{}", cores(n.cpu_millis_allocated), cores(n.cpu_millis)),
+            format!("{}/{}", Memory(n.memory_bytes_allocated), Memory(n.memory_bytes)),
+            n.replicas.to_string(),
+            format!("{free_gpus} GPUs, {} CPUs, {}", cores(free_cpu), Memory(free_memory)),
+        ]);
+    }
+    format!("{t}\n")
 }
 
 pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outputs: &serde_json::Value) -> String {

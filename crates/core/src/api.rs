@@ -414,6 +414,28 @@ pub struct Queue {
     pub others_waiting: usize,
 }
 
+/// One node the scheduler places on: what it has, what running jobs hold of it, what is free.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NodeUsage {
+    pub name: String,
+    /// The type of its GPUs; absent for a node without GPUs.
+    pub gpu_type: Option<String>,
+    pub gpus: u32,
+    pub gpus_allocated: u32,
+    pub cpu_millis: u64,
+    pub cpu_millis_allocated: u64,
+    pub memory_bytes: u64,
+    pub memory_bytes_allocated: u64,
+    /// Replicas of unfinished jobs placed on it (every tenant's, counted, not named).
+    pub replicas: u32,
+}
+
+/// Every node the scheduler may place on, by name.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Nodes {
+    pub items: Vec<NodeUsage>,
+}
+
 /// A registered dataset version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Dataset {

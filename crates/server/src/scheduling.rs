@@ -111,6 +111,38 @@ pub fn demand_of_spec(spec: &trainyard_core::job::JobSpec) -> Demand {
     }
 }
 
+/// What the replicas of jobs holding capacity take of each node (by the node each replica was
+/// placed on), beside what the node has. Replicas placed on a node that is gone are not shown.
+pub fn node_usage(nodes: &[Node], jobs: &[UnfinishedJob]) -> Vec<trainyard_core::api::NodeUsage> {
+    let mut usage: Vec<trainyard_core::api::NodeUsage> = nodes
+        .iter()
+        .map(|n| trainyard_core::api::NodeUsage {
+            name: n.name.clone(),
+            gpu_type: n.gpu_type.clone(),
+            gpus: n.gpus,
+            gpus_allocated: 0,
+            cpu_millis: n.cpu_millis,
+            cpu_millis_allocated: 0,
+            memory_bytes: n.memory_bytes,
+            memory_bytes_allocated: 0,
+            replicas: 0,
+        })
+        .collect();
+    for job in jobs.iter().filter(|j| j.state.holds_capacity()) {
+        let demand = demand_of_spec(&job.spec);
+        for node in job.assigned_nodes.iter().flatten() {
+            if let Some(n) = usage.iter_mut().find(|n| n.name == *node) {
+                n.gpus_allocated += demand.gpus;
+                n.cpu_millis_allocated += demand.cpu_millis;
+                n.memory_bytes_allocated += demand.memory_bytes;
+                n.replicas += 1;
+            }
+        }
+    }
+    usage.sort_by(|a, b| a.name.cmp(&b.name));
+    usage
+}
+
 fn seconds(at: DateTime<Utc>) -> i64 {
     at.timestamp()
 }

@@ -36,6 +36,7 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/jobs/what-if", post(scheduling::job_what_if))
         .route("/api/v1/quota", get(scheduling::quota_get))
         .route("/api/v1/queue", get(scheduling::queue_get))
+        .route("/api/v1/nodes", get(scheduling::nodes_get))
         .route("/api/v1/datasets", get(datasets::datasets_list).post(datasets::dataset_register))
         .route("/api/v1/datasets/{name}/{version}", get(datasets::dataset_get))
         .route("/api/v1/admin/tenants/{tenant}", patch(scheduling::tenant_patch))
@@ -90,6 +91,7 @@ fn storage_routes() -> RouteTable {
         metrics::output_post,
         scheduling::quota_get,
         scheduling::queue_get,
+        scheduling::nodes_get,
         datasets::dataset_register,
         datasets::datasets_list,
         datasets::dataset_get,
@@ -125,7 +127,7 @@ fn storage_routes() -> RouteTable {
         (name = "metrics", description = "Metrics reported by jobs' engines"),
         (name = "datasets", description = "The dataset registry: named, immutable versions"),
         (name = "storage", description = "Artefacts with signed downloads, volumes, the storage policy"),
-        (name = "scheduling", description = "Quotas, queue positions, start estimates, what-if"),
+        (name = "scheduling", description = "Quotas, the queue, nodes, queue positions, start estimates, what-if"),
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "admin", description = "Tenants and members"),
         (name = "health", description = "Liveness and readiness"),

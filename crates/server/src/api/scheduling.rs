@@ -19,6 +19,16 @@ pub async fn queue_get(
     Ok(Json(state.app.queue(&caller).await?))
 }
 
+/// Every node the scheduler places on: capacity, what unfinished jobs hold of it, what is free.
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "scheduling", security(("bearer" = [])),
+    responses((status = 200, body = trainyard_core::api::Nodes), (status = 401, body = ErrorBody)))]
+pub async fn nodes_get(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+) -> ApiResult<Json<trainyard_core::api::Nodes>> {
+    Ok(Json(state.app.nodes_usage(&caller).await?))
+}
+
 /// Your tenant's quotas and usage per GPU type: nominal, used, borrowed, lent.
 #[utoipa::path(get, path = "/api/v1/quota", tag = "scheduling", security(("bearer" = [])),
     responses((status = 200, body = QuotaReport), (status = 401, body = ErrorBody)))]

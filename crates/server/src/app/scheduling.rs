@@ -59,6 +59,15 @@ impl App {
         Ok(trainyard_core::api::Queue { items, others_waiting })
     }
 
+    /// Every node the scheduler places on, with what unfinished jobs hold of it (any member may
+    /// see the cluster's use, as `sinfo` shows it; jobs are counted, not named).
+    pub async fn nodes_usage(&self, caller: &Caller) -> Result<trainyard_core::api::Nodes> {
+        caller.authorize(Action::ReadJobs)?;
+        let jobs = self.store.jobs_unfinished().await?.jobs;
+        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
+        Ok(trainyard_core::api::Nodes { items: crate::scheduling::node_usage(&nodes, &jobs) })
+    }
+
     /// Why a queued job waits, where it stands, and when it should start.
     pub async fn job_schedule(&self, caller: &Caller, job_id: Uuid) -> Result<Option<Schedule>> {
         caller.authorize(Action::ReadJobs)?;

@@ -74,6 +74,95 @@ pub async fn quota(State(state): State<AppState>, auth: WebAuth) -> WebResult<Re
     }))
 }
 
+pub struct QueueRow {
+    pub position: String,
+    pub id: String,
+    pub name: String,
+    pub tenant: String,
+    pub priority: i32,
+    pub reason: String,
+    pub estimate: String,
+}
+
+pub struct NodeRow2 {
+    pub name: String,
+    pub gpu_type: String,
+    pub gpus: String,
+    pub cpus: String,
+    pub memory: String,
+    pub replicas: u32,
+    /// Allocated GPUs as a share of the node's (or of its CPU, for a node without GPUs), in %.
+    pub used_pct: u64,
+}
+
+#[derive(Template)]
+#[template(path = "queue.html")]
+struct QueuePage {
+    nav: Nav,
+    queue: Vec<QueueRow>,
+    others_waiting: usize,
+    nodes: Vec<NodeRow2>,
+}
+
+/// The waiting jobs the caller may see, in the scheduler's order, and the nodes with what is in use.
+pub async fn queue(State(state): State<AppState>, auth: WebAuth) -> WebResult<Response> {
+    let waiting = state.app.queue(&auth.caller).await?;
+    let nodes = state.app.nodes_usage(&auth.caller).await?;
+    let queue = waiting
+        .items
+        .into_iter()
+        .map(|entry| {
+            let s = entry.schedule;
+            QueueRow {
+                position: if s.admitted_now {
+                    "next".into()
+                } else {
+                    s.cluster_position.map(|p| p.to_string()).unwrap_or_default()
+                },
+                id: entry.id.to_string(),
+                name: entry.name,
+                tenant: entry.tenant,
+                priority: entry.priority,
+                reason: s.reason.unwrap_or_else(|| "starts at the next admission".into()),
+                estimate: match (s.estimated_start, s.admitted_now) {
+                    (Some(at), _) => super::when(&at),
+                    (None, true) => "now".into(),
+                    (None, false) => "—".into(),
+                },
+            }
+        })
+        .collect();
+    let cores = |millis: u64| format!("{:.1}", millis as f64 / 1000.0);
+    let nodes = nodes
+        .items
+        .into_iter()
+        .map(|n| NodeRow2 {
+            gpu_type: n.gpu_type.unwrap_or_else(|| "—".into()),
+            gpus: format!("{} of {}", n.gpus_allocated, n.gpus),
+            cpus: format!("{} of {}", cores(n.cpu_millis_allocated), cores(n.cpu_millis)),
+            memory: format!(
+                "{} of {}",
+                trainyard_core::resources::Memory(n.memory_bytes_allocated),
+                trainyard_core::resources::Memory(n.memory_bytes)
+            ),
+            replicas: n.replicas,
+            used_pct: if n.gpus > 0 {
+                u64::from(n.gpus_allocated) * 100 / u64::from(n.gpus)
+            } else {
+                (n.cpu_millis_allocated * 100).checked_div(n.cpu_millis).unwrap_or(0)
+            }
+            .min(100),
+            name: n.name,
+        })
+        .collect();
+    Ok(render(&QueuePage {
+        nav: Nav::new(&auth, "queue"),
+        queue,
+        others_waiting: waiting.others_waiting,
+        nodes,
+    }))
+}
+
 pub struct TokenRow {
     pub id: String,
     pub name: String,

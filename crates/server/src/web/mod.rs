@@ -56,6 +56,7 @@ pub fn routes() -> RouteTable {
         .route("/templates", get(submit::templates))
         .route("/templates/{name}", get(submit::template))
         .route("/quota", get(admin::quota))
+        .route("/queue", get(admin::queue))
         .route("/tokens", get(admin::tokens).post(admin::token_create))
         .route("/tokens/{id}/revoke", post(admin::token_revoke))
         .route("/admin", get(admin::admin))

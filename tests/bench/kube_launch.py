@@ -1,0 +1,138 @@
+"""Launch rate of the Kubernetes executor through the whole control plane, against a real API server.
+
+Driven by tests/bench/kube_launch.sh. Submits N one-replica jobs to a running Trainyard (its
+executor pointed at the API server), watches Jobs appear on the API server, and reports Jobs
+created per second and submit -> Job latency. Then, as the peer, replays the same four applies
+per job (Job, Service, ConfigMap, Secret) from a minimal client with 1 and with 8 in flight:
+the ceiling any control plane could reach against this API server on this machine.
+
+Usage: kube_launch.py trainyard|peer ...  (see kube_launch.sh)
+"""
+
+import json
+import ssl
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import yaml
+
+CTX = ssl._create_unverified_context()
+
+
+def kubeconfig(path):
+    """The server URL and bearer token of a token kubeconfig."""
+    config = yaml.safe_load(open(path))
+    server = config["clusters"][0]["cluster"]["server"]
+    token = config["users"][0]["user"]["token"]
+    return server, token
+
+
+def call(method, url, token, body=None, content_type="application/json"):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        request.add_header("Content-Type", content_type)
+    with urllib.request.urlopen(request, context=CTX, timeout=60) as response:
+        return json.loads(response.read() or b"null")
+
+
+def nodes(server, token, count):
+    """Stand-in nodes (no kubelet): enough CPU and memory for every job."""
+    for i in range(count):
+        name = f"bench-node-{i}"
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        try:
+            call("POST", f"{server}/api/v1/nodes", token, node)
+        except urllib.error.HTTPError as err:
+            if err.code != 409:
+                raise
+        status = {"status": {"capacity": {"cpu": "512", "memory": "2048Gi", "pods": "1000"},
+                             "allocatable": {"cpu": "512", "memory": "2048Gi", "pods": "1000"},
+                             "conditions": [{"type": "Ready", "status": "True", "reason": "Bench",
+                                             "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+        call("PATCH", f"{server}/api/v1/nodes/{name}/status", token, status, "application/merge-patch+json")
+        # The API server taints a new node not-ready until a node controller sees its kubelet;
+        # none runs here.
+        call("PATCH", f"{server}/api/v1/nodes/{name}", token, {"spec": {"taints": None}}, "application/merge-patch+json")
+
+
+class JobWatch(threading.Thread):
+    """Records when each Trainyard Job is first seen on the API server, by its job label."""
+
+    def __init__(self, server, token):
+        super().__init__(daemon=True)
+        self.server, self.token = server, token
+        self.seen = {}
+
+    def run(self):
+        url = (f"{self.server}/apis/batch/v1/jobs?watch=true&labelSelector="
+               "app.kubernetes.io%2Fmanaged-by%3Dtrainyard&allowWatchBookmarks=false")
+        request = urllib.request.Request(url)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, context=CTX, timeout=3600) as response:
+            for line in response:
+                event = json.loads(line)
+                if event["type"] == "ADDED":
+                    job = event["object"]["metadata"]["labels"].get("trainyard.dev/job")
+                    self.seen.setdefault(job, time.monotonic())
+
+
+def percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+def clear(server, token):
+    """Deletes every Trainyard Job (and with them their pods and objects) left by an earlier run."""
+    jobs = call("GET", f"{server}/apis/batch/v1/jobs?labelSelector=app.kubernetes.io%2Fmanaged-by%3Dtrainyard", token)
+    for job in jobs["items"]:
+        meta = job["metadata"]
+        try:
+            call("DELETE", f"{server}/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}"
+                 "?propagationPolicy=Background", token)
+        except urllib.error.HTTPError:
+            pass
+
+
+def trainyard(api, token, admin_kubeconfig, jobs, clients):
+    server, admin = kubeconfig(admin_kubeconfig)
+    clear(server, admin)
+    nodes(server, admin, 3)
+    watch = JobWatch(server, admin)
+    watch.start()
+    time.sleep(1)
+    body = {"command": ["true"], "resources": {"cpu": 1, "memory": "1Gi"}}
+    submitted = {}
+
+    def submit(i):
+        start = time.monotonic()
+        job = call("POST", f"{api}/api/v1/jobs", token, {**body, "name": f"bench-{i}"})
+        submitted[job["id"]] = start
+
+    began = time.monotonic()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(submit, range(jobs)))
+    submit_seconds = time.monotonic() - began
+    deadline = time.monotonic() + 600
+    while len(watch.seen) < jobs and time.monotonic() < deadline:
+        time.sleep(0.2)
+    created = [watch.seen[j] for j in submitted if j in watch.seen]
+    latencies = [watch.seen[j] - submitted[j] for j in submitted if j in watch.seen]
+    span = max(created) - min(created)
+    print(json.dumps({
+        "jobs": jobs, "submitted_in_s": round(submit_seconds, 2), "jobs_created": len(created),
+        "jobs_per_s": round(len(created) / span, 1) if span else None,
+        "submit_to_job_p50_s": round(percentile(latencies, 50), 2),
+        "submit_to_job_p99_s": round(percentile(latencies, 99), 2),
+        "first_to_last_s": round(span, 2),
+    }))
+
+
+if __name__ == "__main__":
+    _, _, api, token, admin_kubeconfig, jobs, clients = sys.argv
+    trainyard(api, token, admin_kubeconfig, int(jobs), int(clients))
