@@ -2,11 +2,10 @@
 
 Driven by tests/bench/kube_launch.sh. Submits N one-replica jobs to a running Trainyard (its
 executor pointed at the API server), watches Jobs appear on the API server, and reports Jobs
-created per second and submit -> Job latency. Then, as the peer, replays the same four applies
-per job (Job, Service, ConfigMap, Secret) from a minimal client with 1 and with 8 in flight:
-the ceiling any control plane could reach against this API server on this machine.
+created per second and submit -> Job latency. The peer (the same applies from a minimal client)
+is crates/kube/examples/launch_peer.rs.
 
-Usage: kube_launch.py trainyard|peer ...  (see kube_launch.sh)
+Usage: kube_launch.py trainyard API_URL TOKEN ADMIN_KUBECONFIG JOBS CLIENTS  (see kube_launch.sh)
 """
 
 import json

@@ -125,9 +125,13 @@ async fn a_researcher_signs_in_submits_watches_and_signs_out_in_a_browser() {
     browser.screenshot("jobs", 1280).await;
     browser.screenshot("jobs", 390).await;
 
-    for (page, name) in
-        [("/templates", "templates"), ("/queue", "queue"), ("/quota", "quota"), ("/admin", "admin"), ("/tokens", "tokens")]
-    {
+    for (page, name) in [
+        ("/templates", "templates"),
+        ("/queue", "queue"),
+        ("/quota", "quota"),
+        ("/admin", "admin"),
+        ("/tokens", "tokens"),
+    ] {
         c.goto(&format!("{base}{page}")).await.unwrap();
         browser.wait_text("h1", Duration::from_secs(10), |t| !t.is_empty()).await;
         browser.screenshot(name, 1280).await;

@@ -18,7 +18,8 @@ use serde_json::json;
 async fn client(path: &str) -> Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("a kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("usable");
-    trainyard_kube::client_for(config, &trainyard_kube::KubeConfig::new("peer", std::env::temp_dir())).expect("a client")
+    trainyard_kube::client_for(config, &trainyard_kube::KubeConfig::new("peer", std::env::temp_dir()))
+        .expect("a client")
 }
 
 /// An object as it would be applied: no server-set fields, a new name, owned by `owner`.

@@ -39,9 +39,12 @@ pub struct Cache {
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// The objects of each attempt (job id, attempt number), by their keys in the store.
+type ByAttempt<K> = HashMap<(Uuid, i32), Vec<ObjectRef<K>>>;
+
 /// Which watched objects belong to each attempt, kept by the watcher beside its store.
 pub struct AttemptIndex<K: Resource<DynamicType = ()>> {
-    refs: Mutex<HashMap<(Uuid, i32), Vec<ObjectRef<K>>>>,
+    refs: Mutex<ByAttempt<K>>,
 }
 
 impl<K: Resource<DynamicType = ()> + Clone> AttemptIndex<K> {
@@ -49,7 +52,7 @@ impl<K: Resource<DynamicType = ()> + Clone> AttemptIndex<K> {
         AttemptIndex { refs: Mutex::new(HashMap::new()) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Uuid, i32), Vec<ObjectRef<K>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByAttempt<K>> {
         self.refs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 

@@ -523,20 +523,25 @@ async fn a_volume_is_a_claim_in_the_tenants_namespace_mounted_where_the_job_was_
     executor.volume_remove(TENANT, "vision-team", "checkpoints").await.expect("removing a gone volume is harmless");
 }
 
-/// A volume that names no storage class asks for none, so that the cluster's default class
-/// provisions it (a class the cluster lacks would leave the claim Pending forever); the
-/// operator's `--kube-storage-class` fills in when set.
-#[tokio::test]
-async fn a_volume_without_a_class_gets_the_clusters_default_or_the_operators() {
-    let logs = tempfile::tempdir().unwrap();
-    let volume = trainyard_executor::VolumeRequest {
+/// A 1 GiB volume `scratch` of the example tenant that names no storage class.
+fn scratch_volume() -> trainyard_executor::VolumeRequest {
+    trainyard_executor::VolumeRequest {
         tenant_id: TENANT,
         tenant: "vision-team".into(),
         name: "scratch".into(),
         size_bytes: 1 << 30,
         access_mode: "ReadWriteOnce".into(),
         storage_class: None,
-    };
+    }
+}
+
+/// A volume that names no storage class asks for none, so that the cluster's default class
+/// provisions it (a class the cluster lacks would leave the claim Pending forever); the
+/// operator's `--kube-storage-class` fills in when set.
+#[tokio::test]
+async fn a_volume_without_a_class_gets_the_clusters_default_or_the_operators() {
+    let logs = tempfile::tempdir().unwrap();
+    let volume = scratch_volume();
     let fake = FakeApi::default();
     executor(&fake, config(&logs)).await.volume_ensure(&volume).await.unwrap();
     let claim = fake.get("persistentvolumeclaims", NS, "vol-scratch").unwrap();
@@ -555,14 +560,7 @@ async fn a_volume_without_a_class_gets_the_clusters_default_or_the_operators() {
 #[tokio::test]
 async fn a_claim_left_pending_shows_the_clusters_reason_until_it_is_bound() {
     let logs = tempfile::tempdir().unwrap();
-    let volume = trainyard_executor::VolumeRequest {
-        tenant_id: TENANT,
-        tenant: "vision-team".into(),
-        name: "scratch".into(),
-        size_bytes: 1 << 30,
-        access_mode: "ReadWriteOnce".into(),
-        storage_class: None,
-    };
+    let volume = scratch_volume();
     let fake = FakeApi::default();
     let executor = executor(&fake, config(&logs)).await;
     executor.volume_ensure(&volume).await.unwrap();

@@ -155,12 +155,7 @@ pub async fn queue(State(state): State<AppState>, auth: WebAuth) -> WebResult<Re
             name: n.name,
         })
         .collect();
-    Ok(render(&QueuePage {
-        nav: Nav::new(&auth, "queue"),
-        queue,
-        others_waiting: waiting.others_waiting,
-        nodes,
-    }))
+    Ok(render(&QueuePage { nav: Nav::new(&auth, "queue"), queue, others_waiting: waiting.others_waiting, nodes }))
 }
 
 pub struct TokenRow {
