@@ -105,6 +105,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /templates", "login ok ok ok ok login"),
     ("GET /templates/{name}", "login ok ok ok ok login"),
     ("GET /quota", "login ok ok ok ok login"),
+    ("GET /queue", "login ok ok ok ok login"),
     ("GET /tokens", "login ok ok ok ok login"),
     ("POST /tokens", "login ok ok ok ok login"),
     ("POST /tokens/{id}/revoke", "login 404 404 404 ok login"),

@@ -299,3 +299,81 @@ async fn an_admin_sets_a_quota_in_the_admin_page_and_the_quota_page_draws_its_us
     let cancel = env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
     assert_eq!(cancel.0, StatusCode::OK);
 }
+
+/// Four charts (a loss in the thousands, a learning rate around 0.001, an accuracy, a
+/// throughput) at 1280 and 390 px: every chart's canvas lies inside its card, the x axis reaches
+/// the last step, and hovering a chart shows the value under the cursor in its legend.
+#[tokio::test(flavor = "multi_thread")]
+async fn metric_charts_fit_their_cards_reach_the_last_step_and_show_values_on_hover() {
+    let Some(browser) = browser_or_skip("chart browser test").await else { return };
+    let env = TestEnv::start().await;
+    let script_path = env.dir.path().join("post_four.py");
+    let script = r#"
+import json, os, urllib.request
+points = []
+for s in range(200):
+    points += [{'step': s, 'name': 'loss', 'value': 15000.0 - 60 * s},
+               {'step': s, 'name': 'lr', 'value': 0.001 + 0.00001 * s},
+               {'step': s, 'name': 'accuracy', 'value': s / 200.0},
+               {'step': s, 'name': 'samples_per_s', 'value': 120000.0 + 10 * s}]
+url = os.environ['TRAINYARD_URL'] + '/api/v1/jobs/' + os.environ['TRAINYARD_JOB_ID'] + '/metrics'
+headers = {'Authorization': 'Bearer ' + os.environ['TRAINYARD_TOKEN'], 'Content-Type': 'application/json'}
+urllib.request.urlopen(urllib.request.Request(url, data=json.dumps({'points': points}).encode(), method='POST', headers=headers)).read()
+"#;
+    std::fs::write(&script_path, script).unwrap();
+    let job = env.submit(json!({"name": "four-charts", "command": ["python3", script_path.to_str().unwrap()]})).await;
+    env.wait_state(&job, "succeeded", Duration::from_secs(30)).await;
+
+    let c = &browser.client;
+    let base = &env.server.url;
+    c.goto(&format!("{base}/login")).await.unwrap();
+    c.find(Locator::Id("token")).await.unwrap().send_keys(&env.admin_token).await.unwrap();
+    c.find(Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser.wait_text("#who", Duration::from_secs(10), |t| t.contains("admin")).await;
+    c.goto(&format!("{base}/jobs/{job}")).await.unwrap();
+    for metric in ["loss", "lr", "accuracy", "samples_per_s"] {
+        let css = format!("figure[data-metric={metric}][data-points='200'] canvas");
+        c.wait().at_most(Duration::from_secs(15)).for_element(Locator::Css(&css)).await.unwrap();
+    }
+
+    let measure = "const out = [];\n\
+        for (const box of document.querySelectorAll('figure.chart')) {\n\
+          const card = box.getBoundingClientRect();\n\
+          const canvas = box.querySelector('canvas').getBoundingClientRect();\n\
+          out.push({ metric: box.dataset.metric, card: [card.left, card.right], canvas: [canvas.left, canvas.right],\n\
+                     xMax: box.plot.scales.x.max, lastStep: box.series.steps.at(-1) });\n\
+        }\n\
+        return out;";
+    for width in [1280, 390] {
+        c.set_window_size(width, 900).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let charts = c.execute(measure, vec![]).await.unwrap();
+        let charts = charts.as_array().unwrap();
+        assert_eq!(charts.len(), 4, "{charts:?}");
+        for chart in charts {
+            let (card, canvas) = (&chart["card"], &chart["canvas"]);
+            let (card_left, card_right) = (card[0].as_f64().unwrap(), card[1].as_f64().unwrap());
+            let (left, right) = (canvas[0].as_f64().unwrap(), canvas[1].as_f64().unwrap());
+            assert!(
+                left >= card_left - 0.5 && right <= card_right + 0.5,
+                "at {width} px the chart leaves its card: {chart}"
+            );
+            assert!(right - left > (card_right - card_left) * 0.8, "at {width} px the chart uses its card: {chart}");
+            assert!(chart["xMax"].as_f64() >= chart["lastStep"].as_f64(), "the last step is shown: {chart}");
+        }
+        c.execute("document.getElementById('metrics-h').scrollIntoView(); return 1;", vec![]).await.unwrap();
+        browser.screenshot("charts", width).await;
+    }
+
+    // Hover the middle of the loss chart: its legend shows the value there.
+    let hover = "const box = document.querySelector('figure[data-metric=loss]');\n\
+        const over = box.querySelector('.u-over');\n\
+        const r = over.getBoundingClientRect();\n\
+        over.dispatchEvent(new MouseEvent('mousemove', { clientX: r.left + r.width / 2, clientY: r.top + r.height / 2, bubbles: true }));\n\
+        return box.querySelector('.u-legend .u-series:nth-child(2) .u-value').textContent;";
+    let value = c.execute(hover, vec![]).await.unwrap();
+    let value = value.as_str().unwrap_or_default().replace(',', "");
+    let number: f64 = value.trim().parse().unwrap_or_else(|_| panic!("the legend shows a value on hover: {value:?}"));
+    assert!((3000.0..=15000.0).contains(&number), "a loss value from the middle of the run: {number}");
+    browser.close().await;
+}
