@@ -376,6 +376,11 @@ async fn signed_links_work_until_expiry_and_refuse_tampering(backend: Backend) {
     // Before expiry, with no credentials: the bytes.
     let response = http.get(url.clone()).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
+    if matches!(backend, Backend::Local) {
+        // Saved under its own name, not `download`.
+        let disposition = response.headers()["content-disposition"].to_str().unwrap().to_string();
+        assert_eq!(disposition, "attachment; filename=\"step 1.pt\"");
+    }
     assert_eq!(response.bytes().await.unwrap().to_vec(), content);
 
     // Any change to what was signed is refused.

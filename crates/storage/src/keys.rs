@@ -51,9 +51,15 @@ pub fn artifact_path_of(tenant_id: Uuid, job_id: Uuid, key: &Path) -> Option<Str
     // never hold escapes of their own (see `relative_path`), so decoding is unambiguous.
     let parts: Vec<String> = key
         .prefix_match(&artifacts_prefix(tenant_id, job_id))?
-        .map(|p| percent_encoding::percent_decode_str(p.as_ref()).decode_utf8_lossy().into_owned())
+        .map(|p| decoded(p.as_ref()))
         .collect();
     if parts.is_empty() { None } else { Some(parts.join("/")) }
+}
+
+/// A key part as the user wrote it (parts are stored percent-encoded where a character is not
+/// allowed in a key).
+pub fn decoded(part: &str) -> String {
+    percent_encoding::percent_decode_str(part).decode_utf8_lossy().into_owned()
 }
 
 /// The tenant a key belongs to, when it is under `tenants/<id>/`.

@@ -101,14 +101,15 @@ pub async fn artifact_download(
     State(state): State<AppState>,
     ApiQuery(params): ApiQuery<DownloadParams>,
 ) -> ApiResult<Response> {
-    let (size, stream) = state.app.artifact_download(&params.key, params.expires, &params.sig).await?;
+    let (size, name, stream) = state.app.artifact_download(&params.key, params.expires, &params.sig).await?;
+    // Saved under the artefact's own name (a header carries ASCII only: others become `_`).
+    let ascii: String = name.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '_' }).collect();
+    let file = axum_extra::response::Attachment::new(Body::from_stream(stream))
+        .filename(ascii)
+        .content_type("application/octet-stream");
     Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (header::CONTENT_LENGTH, size.to_string()),
-            (header::CACHE_CONTROL, "private, no-store".to_string()),
-        ],
-        Body::from_stream(stream),
+        [(header::CONTENT_LENGTH, size.to_string()), (header::CACHE_CONTROL, "private, no-store".to_string())],
+        file,
     )
         .into_response())
 }

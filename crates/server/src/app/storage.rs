@@ -150,7 +150,7 @@ impl App {
         key: &str,
         expires: i64,
         sig: &str,
-    ) -> Result<(u64, BoxStream<'static, std::result::Result<Bytes, std::io::Error>>)> {
+    ) -> Result<(u64, String, BoxStream<'static, std::result::Result<Bytes, std::io::Error>>)> {
         let signer = self.storage.signer();
         signer
             .verify(key, expires, sig, chrono::Utc::now().timestamp())
@@ -167,7 +167,9 @@ impl App {
             .await
             .map_err(storage_error)?
             .ok_or_else(|| Error::not_found(ObjectKind::Artifact))?;
-        Ok((size, stream.map_err(std::io::Error::other).boxed()))
+        // The file's own name, as its uploader gave it (parts are stored percent-encoded).
+        let name = key.parts().last().map(|p| keys::decoded(p.as_ref())).unwrap_or_else(|| "artifact".into());
+        Ok((size, name, stream.map_err(std::io::Error::other).boxed()))
     }
 
     /// Creates a named volume (a directory under the data directory) within the tenant's
