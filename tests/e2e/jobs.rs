@@ -57,7 +57,18 @@ async fn two_replica_job_from_the_cli_succeeds_and_logs_both_ranks() {
     assert_eq!(events[1].1, "scheduler");
 
     let listed = env.yard(&token, &["jobs", "ls"]);
-    assert!(stdout(&listed).contains("ranks") && stdout(&listed).contains("succeeded"), "{}", stdout(&listed));
+    let text = stdout(&listed);
+    assert!(text.contains("ranks") && text.contains("succeeded"), "{text}");
+    assert!(text.contains(&id[..13]) && !text.contains(&id), "short ids, as every id argument takes: {text}");
+    assert!(text.contains("admin"), "who submitted it: {text}");
+
+    // Filters: a substring of the name (any case), the submitter, the template.
+    let found = stdout(&env.yard(&token, &["jobs", "ls", "--search", "RAN", "--user", "admin"]));
+    assert!(found.contains(&id[..13]), "{found}");
+    let none = stdout(&env.yard(&token, &["jobs", "ls", "--user", "nobody"]));
+    assert_eq!(none, "no jobs match\n");
+    let none = stdout(&env.yard(&token, &["jobs", "ls", "--search", "xyz"]));
+    assert_eq!(none, "no jobs match\n");
 }
 
 #[tokio::test(flavor = "multi_thread")]

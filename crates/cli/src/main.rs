@@ -234,10 +234,22 @@ enum TemplatesCommand {
 enum JobsCommand {
     /// The tenant's jobs, newest first.
     Ls {
+        /// Only jobs in this state (queued, running, succeeded, failed, ...).
         #[arg(long)]
         state: Option<String>,
+        /// Only jobs with exactly this name.
         #[arg(long)]
         name: Option<String>,
+        /// Only jobs whose name contains this text, ignoring case.
+        #[arg(long)]
+        search: Option<String>,
+        /// Only jobs this user submitted.
+        #[arg(long)]
+        user: Option<String>,
+        /// Only jobs from this template.
+        #[arg(long)]
+        template: Option<String>,
+        /// How many jobs per page.
         #[arg(long, default_value_t = 50)]
         limit: u32,
         /// Continue from a previous page's cursor.
@@ -427,10 +439,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let job: Job = client.post("/api/v1/jobs", &submission).await?;
             output::print(out, &job, |job| format!("{}\n", job.id))
         }
-        Command::Jobs { command: JobsCommand::Ls { state, name, limit, cursor } } => {
+        Command::Jobs { command: JobsCommand::Ls { state, name, search, user, template, limit, cursor } } => {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(state.map(|v| ("state", v)));
             query.extend(name.map(|v| ("name", v)));
+            query.extend(search.map(|v| ("search", v)));
+            query.extend(user.map(|v| ("user", v)));
+            query.extend(template.map(|v| ("template", v)));
             query.extend(cursor.map(|v| ("cursor", v)));
             let query = serde_urlencoded::to_string(&query)?;
             let page: JobPage = client.get(&format!("/api/v1/jobs?{query}")).await?;

@@ -27,20 +27,39 @@ fn table(header: &[&str]) -> Table {
     table
 }
 
+/// A duration as people read it: 42s, 3m05s, 2h04m, 3d02h.
+pub fn elapsed(duration: chrono::TimeDelta) -> String {
+    let s = duration.num_seconds().max(0);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
 fn when(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S").to_string()
 }
 
+/// Jobs as `squeue` shows them: a short id (what every id argument takes), who, how long.
 pub fn jobs_table(page: &JobPage) -> String {
-    let mut t = table(&["ID", "NAME", "STATE", "REPLICAS", "GPUS", "SUBMITTED", "REASON"]);
+    if page.items.is_empty() {
+        return "no jobs match\n".into();
+    }
+    let mut t = table(&["ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ELAPSED", "REASON"]);
+    let now = Utc::now();
     for job in &page.items {
+        let id = job.id.to_string();
         t.add_row(vec![
-            job.id.to_string(),
+            // The first 13 characters (the submit time to the millisecond): what `yard logs` takes.
+            id[..13].to_string(),
             job.name.clone(),
+            job.created_by.clone(),
             job.state.to_string(),
-            job.spec.replicas.to_string(),
             (job.spec.resources.gpus * job.spec.replicas).to_string(),
             when(job.created_at),
+            job.started_at.map(|start| elapsed(job.finished_at.unwrap_or(now) - start)).unwrap_or_else(|| "-".into()),
             job.reason.clone().unwrap_or_default(),
         ]);
     }
@@ -345,7 +364,18 @@ fn bar(used: u64, total: u64, width: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::sparkline;
+    use super::{elapsed, sparkline};
+
+    #[test]
+    fn elapsed_time_reads_like_squeue() {
+        let secs = chrono::TimeDelta::seconds;
+        assert_eq!(elapsed(secs(0)), "0s");
+        assert_eq!(elapsed(secs(59)), "59s");
+        assert_eq!(elapsed(secs(185)), "3m05s");
+        assert_eq!(elapsed(secs(2 * 3600 + 4 * 60 + 59)), "2h04m");
+        assert_eq!(elapsed(secs(3 * 86400 + 2 * 3600)), "3d02h");
+        assert_eq!(elapsed(secs(-5)), "0s", "a clock step back is not negative time");
+    }
 
     #[test]
     fn sparkline_follows_the_trend() {

@@ -49,10 +49,8 @@ pub fn artifact_key(tenant_id: Uuid, job_id: Uuid, path: &RelPath) -> Path {
 pub fn artifact_path_of(tenant_id: Uuid, job_id: Uuid, key: &Path) -> Option<String> {
     // Parts are stored percent-encoded where a character is not allowed in a key; user paths
     // never hold escapes of their own (see `relative_path`), so decoding is unambiguous.
-    let parts: Vec<String> = key
-        .prefix_match(&artifacts_prefix(tenant_id, job_id))?
-        .map(|p| decoded(p.as_ref()))
-        .collect();
+    let parts: Vec<String> =
+        key.prefix_match(&artifacts_prefix(tenant_id, job_id))?.map(|p| decoded(p.as_ref())).collect();
     if parts.is_empty() { None } else { Some(parts.join("/")) }
 }
 

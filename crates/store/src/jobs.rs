@@ -22,6 +22,10 @@ pub struct JobFilter {
     pub before: Option<Uuid>,
     /// Only ids in this range, both ends included: the ids a short id (a prefix) can stand for.
     pub id_range: Option<(Uuid, Uuid)>,
+    /// Only jobs submitted by this user (by name).
+    pub user: Option<String>,
+    /// Only jobs whose name contains this text, ignoring case.
+    pub name_contains: Option<String>,
     pub limit: u32,
 }
 
@@ -236,6 +240,8 @@ impl Store {
                AND ($4::uuid IS NULL OR j.id < $4)
                AND ($6::text IS NULL OR j.template_name = $6)
                AND ($7::uuid IS NULL OR j.id BETWEEN $7 AND $8)
+               AND ($9::text IS NULL OR u.name = $9)
+               AND ($10::text IS NULL OR strpos(lower(j.name), lower($10)) > 0)
              ORDER BY j.id DESC
              LIMIT $5"
         ))
@@ -247,6 +253,8 @@ impl Store {
         .bind(&filter.template)
         .bind(filter.id_range.map(|(low, _)| low))
         .bind(filter.id_range.map(|(_, high)| high))
+        .bind(&filter.user)
+        .bind(&filter.name_contains)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;

@@ -47,6 +47,10 @@ pub struct ListParams {
     pub name: Option<String>,
     /// Only jobs from this template.
     pub template: Option<String>,
+    /// Only jobs submitted by this user.
+    pub user: Option<String>,
+    /// Only jobs whose name contains this text (ignoring case).
+    pub search: Option<String>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
     /// Page size, 1 to 500 (default 50).
@@ -92,7 +96,16 @@ pub fn list_filter(params: ListParams) -> Result<JobFilter> {
         return Err(Error::invalid("limit", format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE)));
     }
     let id_range = params.id_prefix.as_deref().map(id_range_of).transpose()?;
-    Ok(JobFilter { state, name: params.name, template: params.template, before, id_range, limit })
+    Ok(JobFilter {
+        state,
+        name: params.name,
+        template: params.template,
+        before,
+        id_range,
+        user: params.user,
+        name_contains: params.search.filter(|s| !s.is_empty()),
+        limit,
+    })
 }
 
 /// The ids a prefix stands for: from the prefix padded with `0` to it padded with `f`, so that the

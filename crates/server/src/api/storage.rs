@@ -107,10 +107,7 @@ pub async fn artifact_download(
     let file = axum_extra::response::Attachment::new(Body::from_stream(stream))
         .filename(ascii)
         .content_type("application/octet-stream");
-    Ok((
-        [(header::CONTENT_LENGTH, size.to_string()), (header::CACHE_CONTROL, "private, no-store".to_string())],
-        file,
-    )
+    Ok(([(header::CONTENT_LENGTH, size.to_string()), (header::CACHE_CONTROL, "private, no-store".to_string())], file)
         .into_response())
 }
 

@@ -81,7 +81,10 @@ impl Filter {
         let some = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_string());
         ListParams {
             state: some(&self.state),
-            name: some(&self.name),
+            // The page's name box searches: any job whose name contains the text.
+            name: None,
+            search: some(&self.name),
+            user: None,
             template: some(&self.template),
             cursor: some(&self.cursor),
             limit: Some(PAGE_SIZE),
