@@ -276,3 +276,48 @@ async fn a_job_is_named_by_the_start_of_its_id() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["field"], "id_prefix", "{body}");
 }
+
+/// `yard submit -- python3 train.py` from a folder holding train.py: the folder ships with the
+/// job (what .yardignore names stays out), every replica starts in a copy of it, the job records
+/// the archive's digest, and submitting the same folder again ships the same digest.
+#[tokio::test(flavor = "multi_thread")]
+async fn yard_submit_ships_the_folder_it_runs_in_and_the_job_records_its_digest() {
+    let env = TestEnv::start().await;
+    let token = env.admin_token.clone();
+    let project = env.dir.path().join("project");
+    std::fs::create_dir_all(project.join("conf")).unwrap();
+    std::fs::create_dir_all(project.join("data")).unwrap();
+    std::fs::write(project.join("train.py"), "import os\nprint('lr from conf:', open('conf/lr.txt').read().strip())\nprint('data shipped:', os.path.exists('data'))\n").unwrap();
+    std::fs::write(project.join("conf/lr.txt"), "0.001\n").unwrap();
+    std::fs::write(project.join("data/huge.bin"), vec![0u8; 4096]).unwrap();
+    std::fs::write(project.join(".yardignore"), "data/\n").unwrap();
+
+    let submitted = env.yard_in(
+        &project,
+        &token,
+        &["submit", "--name", "shipped", "--replicas", "2", "--cpu", "0.25", "--", "python3", "train.py"],
+    );
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let id = stdout(&submitted).trim().to_string();
+    assert!(stderr(&submitted).contains("code: 3 files"), "what was shipped is said: {}", stderr(&submitted));
+    env.wait_state(&id, "succeeded", Duration::from_secs(60)).await;
+    for replica in ["0", "1"] {
+        let log = stdout(&env.yard(&token, &["logs", &id, "--replica", replica]));
+        assert!(log.contains("lr from conf: 0.001") && log.contains("data shipped: False"), "replica {replica}: {log}");
+    }
+    let (_, job) = env.get(&format!("/api/v1/jobs/{id}"), &token).await;
+    let digest = job["spec"]["code"]["digest"].as_str().expect("the job records its code").to_string();
+    assert!(digest.starts_with("sha256:") && job["spec"]["code"]["size_bytes"].as_u64() > Some(0), "{job}");
+
+    // The same folder again: the same digest. Another tenant cannot name it.
+    let again = env.yard_in(&project, &token, &["submit", "--", "python3", "train.py"]);
+    let (_, second) = env.get(&format!("/api/v1/jobs/{}", stdout(&again).trim()), &token).await;
+    assert_eq!(second["spec"]["code"]["digest"], digest.as_str());
+    let (status, _) = env.post("/api/v1/admin/tenants", &token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let bob = env.member("team-b", "bob", "member").await;
+    let (status, body) =
+        env.post("/api/v1/jobs", &bob, &json!({"command": ["python3", "train.py"], "code": digest})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "code", "{body}");
+}

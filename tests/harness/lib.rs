@@ -325,8 +325,17 @@ impl TestEnv {
     }
 
     /// Runs the real `yard` binary against this server with `token`.
+    /// `yard` run in an empty folder of the test's own (so `yard submit` ships no files).
     pub fn yard(&self, token: &str, args: &[&str]) -> Output {
+        let cwd = self.dir.path().join("yard-cwd");
+        std::fs::create_dir_all(&cwd).expect("the folder yard runs in");
+        self.yard_in(&cwd, token, args)
+    }
+
+    /// `yard` run in `dir` (what `yard submit` ships as the job's code).
+    pub fn yard_in(&self, dir: &Path, token: &str, args: &[&str]) -> Output {
         Command::new(bin("yard"))
+            .current_dir(dir)
             .args(args)
             .env("HOME", self.dir.path())
             .env_remove("XDG_CONFIG_HOME")

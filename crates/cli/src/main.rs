@@ -2,6 +2,7 @@
 //! the server's message and exit non-zero.
 
 mod client;
+mod code;
 mod config;
 mod output;
 mod storage;
@@ -182,6 +183,13 @@ struct SubmitArgs {
     /// Exit status: 0 it would start now, 3 it would wait, 1 it never could (or another error).
     #[arg(long)]
     what_if: bool,
+    /// The folder whose files every replica starts in (packed as git would see it: .gitignore and
+    /// .yardignore honoured; at most 32 MiB).
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    code: std::path::PathBuf,
+    /// Ship no code: replicas start in an empty folder (the program is on the image or the machine).
+    #[arg(long, conflicts_with = "code")]
+    no_code: bool,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -435,7 +443,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             what_if_answer(out, &schedule)
         }
         Command::Submit(args) => {
-            let submission = submission_of(args)?;
+            let ship = (!args.no_code).then(|| args.code.clone());
+            let mut submission = submission_of(args)?;
+            if let Some(dir) = ship {
+                submission.code = Some(code_upload(&client, &dir).await?);
+            }
             let job: Job = client.post("/api/v1/jobs", &submission).await?;
             output::print(out, &job, |job| format!("{}\n", job.id))
         }
@@ -672,7 +684,30 @@ fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
         priority: args.priority,
         max_restarts: args.max_restarts,
         idempotency_key: args.idempotency_key,
+        code: None,
     })
+}
+
+/// Packs `dir`, uploads it (once per content: the server keeps it by digest) and returns its
+/// digest, saying on stderr what was shipped.
+async fn code_upload(client: &Client, dir: &std::path::Path) -> anyhow::Result<String> {
+    let mut packed = code::pack(dir)?;
+    let size = packed.archive.len() as u64;
+    let body = reqwest::Body::from(std::mem::take(&mut packed.archive));
+    let uploaded: trainyard_core::api::CodeUploaded =
+        client.put_body(&format!("/api/v1/code/{}", packed.digest), body, size).await?;
+    let shown = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    eprintln!(
+        "code: {} files, {} from {} ({}); --no-code ships none",
+        packed.files,
+        Memory(uploaded.size_bytes),
+        shown.display(),
+        &uploaded.digest[..19]
+    );
+    for skipped in &packed.skipped {
+        eprintln!("code: left out {skipped} (only plain files are shipped)");
+    }
+    Ok(uploaded.digest)
 }
 
 /// Polls the job with a spinner until it ends.

@@ -144,6 +144,12 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outpu
         submitted = when(job.created_at),
         by = job.created_by,
     );
+    if let Some(code) = &spec.code {
+        text.push_str(&format!("code:      {} ({})\n", code.digest, Memory(code.size_bytes)));
+    }
+    if let Some(t) = &spec.template {
+        text.push_str(&format!("template:  {} {} ({})\n", t.name, t.version, t.digest));
+    }
     if !attempts.is_empty() {
         let mut t = table(&["ATTEMPT", "STARTED", "ENDED", "EXIT CODES", "REASON"]);
         for a in attempts {

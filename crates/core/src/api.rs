@@ -414,6 +414,18 @@ pub struct Queue {
     pub others_waiting: usize,
 }
 
+/// An uploaded code archive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CodeUploaded {
+    /// `sha256:<hex>`: what a job's `code` names.
+    pub digest: String,
+    pub size_bytes: u64,
+    /// Files in it.
+    pub files: usize,
+    /// False when the tenant had uploaded the same archive before (nothing was stored again).
+    pub created: bool,
+}
+
 /// One node the scheduler places on: what it has, what running jobs hold of it, what is free.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct NodeUsage {

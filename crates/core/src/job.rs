@@ -61,6 +61,10 @@ pub struct JobSubmission {
     /// A retried submit with the same key returns the first job instead of creating another.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Code to run with: the digest (`sha256:<hex>`) of a tar archive uploaded to the tenant
+    /// with `PUT /api/v1/code/{digest}`, unpacked as every replica's working directory.
+    #[serde(default)]
+    pub code: Option<String>,
 }
 
 fn one() -> u32 {
@@ -83,6 +87,23 @@ pub struct JobSpec {
     /// that path; a cluster executor mounts each volume's claim there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// The code shipped with the job, unpacked into every replica's working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<CodeRef>,
+}
+
+/// Code shipped with a job: a tar archive in the tenant's storage, by content.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+pub struct CodeRef {
+    /// `sha256:<hex>` of the archive's bytes.
+    pub digest: String,
+    pub size_bytes: u64,
+}
+
+/// Whether `text` is a content digest as Trainyard writes them: `sha256:` and 64 lowercase hex.
+pub fn is_sha256_digest(text: &str) -> bool {
+    text.strip_prefix("sha256:")
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
 /// A shared volume as a job uses it.
@@ -178,6 +199,11 @@ impl JobSubmission {
                 format!("must be between {} and {}", PRIORITY_RANGE.start(), PRIORITY_RANGE.end()),
             ));
         }
+        if let Some(code) = &self.code
+            && !is_sha256_digest(code)
+        {
+            return Err(Error::invalid("code", "must be the digest of an uploaded archive: sha256: and 64 hex digits"));
+        }
         if self.max_restarts > MAX_RESTARTS {
             return Err(Error::invalid("max_restarts", format!("must be at most {MAX_RESTARTS}")));
         }
@@ -199,6 +225,8 @@ impl JobSubmission {
                 replicas: self.replicas,
                 template: None,
                 volumes: Vec::new(),
+                // The archive's size is filled in where its upload is found.
+                code: self.code.map(|digest| CodeRef { digest, size_bytes: 0 }),
             },
             priority: self.priority,
             max_restarts: self.max_restarts,

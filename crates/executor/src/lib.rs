@@ -58,6 +58,18 @@ pub struct LaunchRequest {
     pub files: BTreeMap<String, Vec<u8>>,
     /// Variables for this attempt only, never stored with the spec (the job token, the API URL).
     pub env: BTreeMap<String, String>,
+    /// The code shipped with the job (`spec.code`, unpacked): every replica's working directory
+    /// starts with these files.
+    pub code: Vec<CodeFile>,
+}
+
+/// One file of the code shipped with a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeFile {
+    /// Relative, `/`-separated, no `..`.
+    pub path: String,
+    pub executable: bool,
+    pub content: Vec<u8>,
 }
 
 /// An attempt the executor launched before, as recorded in Postgres. Enough to find its

@@ -34,7 +34,9 @@ pub enum ManifestError {
     FileName(String),
     #[error("template files {0:?} and {1:?} map to the same ConfigMap key")]
     FileCollision(String, String),
-    #[error("the template's files take {0} bytes, more than a ConfigMap holds ({MAX_TEMPLATE_BYTES})")]
+    #[error(
+        "the template's files and the job's code take {0} bytes, more than a ConfigMap holds ({MAX_TEMPLATE_BYTES}); ship bigger code in the image or a volume"
+    )]
     FilesTooLarge(usize),
 }
 
@@ -158,7 +160,7 @@ pub fn attempt_objects(
                 "ports": [{ "name": "rendezvous", "port": config.master_port, "protocol": "TCP" }],
             },
         })),
-        config_map: template_config_map(&ns, &name, &labels, &request.files)?,
+        config_map: template_config_map(&ns, &name, &labels, &request.files, &request.code)?,
         secret: secret(&ns, &name, &labels, &request.env),
     })
 }
@@ -221,23 +223,53 @@ fn config_map_key(path: &str) -> Result<String, ManifestError> {
     Ok(path.replace('/', "__"))
 }
 
+/// The ConfigMap key of the job's code, packed as one tar archive (see [`code_archive`]).
+const CODE_KEY: &str = "trainyard-code.tar";
+/// Where the init container finds the code archive.
+const CODE_MOUNT: &str = "/trainyard-code";
+
+/// The job's code as one tar archive, deterministic (sorted as given, no times or owners): an
+/// init container unpacks it into the working directory, modes kept.
+fn code_archive(code: &[trainyard_executor::CodeFile]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for file in code {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(file.content.len() as u64);
+        header.set_mode(if file.executable { 0o755 } else { 0o644 });
+        header.set_mtime(0);
+        header.set_cksum();
+        // Paths were checked at upload (relative, no '..'); writing to memory cannot fail.
+        let _ = builder.append_data(&mut header, &file.path, file.content.as_slice());
+    }
+    builder.into_inner().unwrap_or_default()
+}
+
 fn template_config_map(
     ns: &str,
     name: &str,
     labels: &BTreeMap<String, String>,
     files: &BTreeMap<String, Vec<u8>>,
+    code: &[trainyard_executor::CodeFile],
 ) -> Result<ConfigMap, ManifestError> {
-    let total: usize = files.iter().map(|(path, content)| path.len() + content.len()).sum();
+    let code = (!code.is_empty()).then(|| code_archive(code));
+    let total: usize = files.iter().map(|(path, content)| path.len() + content.len()).sum::<usize>()
+        + code.as_ref().map_or(0, Vec::len);
     if total > MAX_TEMPLATE_BYTES {
         return Err(ManifestError::FilesTooLarge(total));
     }
     let mut data = BTreeMap::new();
     let mut binary_data = BTreeMap::new();
+    if let Some(code) = code {
+        binary_data.insert(CODE_KEY.to_string(), ByteString(code));
+    }
     let mut seen: BTreeMap<String, &str> = BTreeMap::new();
     for (path, content) in files {
         let key = config_map_key(path)?;
         if let Some(other) = seen.insert(key.clone(), path) {
             return Err(ManifestError::FileCollision(other.into(), path.clone()));
+        }
+        if key == CODE_KEY {
+            return Err(ManifestError::FileCollision("the job's code".into(), path.clone()));
         }
         match std::str::from_utf8(content) {
             Ok(text) => data.insert(key, text.to_string()),
@@ -315,7 +347,31 @@ fn job(
             json!({ "name": pod_name, "persistentVolumeClaim": { "claimName": names::volume_claim(&volume.name) } }),
         );
     }
-    typed(json!({
+    let container_security = json!({
+        "allowPrivilegeEscalation": false,
+        "capabilities": { "drop": ["ALL"] },
+        "runAsNonRoot": true,
+        "seccompProfile": { "type": "RuntimeDefault" },
+    });
+    // The job's code, when it shipped any: unpacked into the working directory before the
+    // replica starts, by the same image (which must have `tar`).
+    let mut init_containers = Vec::new();
+    if !request.code.is_empty() {
+        volumes.push(json!({ "name": "code", "configMap": { "name": name, "items": [{ "key": CODE_KEY, "path": "code.tar" }] } }));
+        init_containers.push(json!({
+            "name": "code",
+            "image": config.image,
+            "imagePullPolicy": config.image_pull_policy,
+            "command": ["tar", "-x", "-f", format!("{CODE_MOUNT}/code.tar"), "-C", workdir],
+            "resources": { "requests": limits, "limits": limits },
+            "securityContext": container_security,
+            "volumeMounts": [
+                { "name": "workspace", "mountPath": workdir },
+                { "name": "code", "mountPath": CODE_MOUNT, "readOnly": true },
+            ],
+        }));
+    }
+    let mut job: Job = typed(json!({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": metadata(name, Some(ns), labels),
         "spec": {
@@ -355,19 +411,20 @@ fn job(
                         "env": replica_env(config, request, ns),
                         "envFrom": [{ "secretRef": { "name": name } }],
                         "resources": { "requests": limits, "limits": limits },
-                        "securityContext": {
-                            "allowPrivilegeEscalation": false,
-                            "capabilities": { "drop": ["ALL"] },
-                            "runAsNonRoot": true,
-                            "seccompProfile": { "type": "RuntimeDefault" },
-                        },
+                        "securityContext": container_security,
                         "volumeMounts": mounts,
                     }],
                     "volumes": volumes,
                 },
             },
         },
-    }))
+    }));
+    if !init_containers.is_empty()
+        && let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut())
+    {
+        pod.init_containers = Some(typed(json!(init_containers)));
+    }
+    job
 }
 
 /// Where each ConfigMap key lands under `template/`: back at its original path.

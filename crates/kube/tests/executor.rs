@@ -127,6 +127,51 @@ async fn launching_a_two_replica_gpu_job_applies_exactly_the_golden_objects() {
     assert!(secret["data"]["TRAINYARD_TOKEN"].is_string(), "the token is in the attempt's Secret");
 }
 
+/// Code shipped with a job reaches the working directory: one tar archive in the attempt's
+/// ConfigMap, unpacked by an init container of the same image before the replica starts.
+#[tokio::test]
+async fn a_jobs_code_is_unpacked_into_the_working_directory_before_the_replica_starts() {
+    use base64::Engine;
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let executor = executor(&fake, config(&logs)).await;
+    let mut request = examples::shell();
+    request.code = vec![
+        trainyard_executor::CodeFile { path: "train.py".into(), executable: false, content: b"print('hi')\n".to_vec() },
+        trainyard_executor::CodeFile { path: "bin/run.sh".into(), executable: true, content: b"#!/bin/sh\n".to_vec() },
+    ];
+    executor.launch(&request).await.unwrap();
+    let name = trainyard_kube::names::attempt_object(request.job_id, request.attempt);
+
+    let config_map = fake.get("configmaps", NS, &name).unwrap();
+    let archive = base64::engine::general_purpose::STANDARD
+        .decode(config_map["binaryData"]["trainyard-code.tar"].as_str().expect("the code archive"))
+        .unwrap();
+    let mut unpacked = Vec::new();
+    for entry in tar::Archive::new(archive.as_slice()).entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let mut content = String::new();
+        std::io::Read::read_to_string(&mut entry, &mut content).unwrap();
+        let mode = entry.header().mode().unwrap();
+        unpacked.push((entry.path().unwrap().display().to_string(), mode, content));
+    }
+    assert_eq!(
+        unpacked,
+        [
+            ("train.py".to_string(), 0o644, "print('hi')\n".to_string()),
+            ("bin/run.sh".to_string(), 0o755, "#!/bin/sh\n".to_string())
+        ]
+    );
+
+    let job = fake.get("jobs", NS, &name).unwrap();
+    let pod = &job["spec"]["template"]["spec"];
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["command"], json!(["tar", "-x", "-f", "/trainyard-code/code.tar", "-C", "/workspace"]));
+    assert_eq!(init["image"], pod["containers"][0]["image"], "the job's own image unpacks it");
+    assert_eq!(pod["containers"][0]["workingDir"], "/workspace");
+    assert!(pod["volumes"].as_array().unwrap().iter().any(|v| v["name"] == "code"), "{pod}");
+}
+
 /// An API server that fails (503) or is overloaded (429) says nothing about the job: the launch
 /// reports the executor unavailable, which the control plane retries without charging the job;
 /// one that refuses the request (422) fails the launch. A retried launch then goes through.

@@ -32,6 +32,11 @@ pub fn log_key(tenant_id: Uuid, job_id: Uuid, attempt: i32, replica: u32) -> Pat
 }
 
 /// A job's artefacts.
+/// A code archive of the tenant, by the hex of its SHA-256 (content-addressed: one per content).
+pub fn code_key(tenant_id: Uuid, sha256_hex: &str) -> Path {
+    tenant_prefix(tenant_id).join("code").join(format!("{sha256_hex}.tar"))
+}
+
 pub fn artifacts_prefix(tenant_id: Uuid, job_id: Uuid) -> Path {
     job_prefix(tenant_id, job_id).join("artifacts")
 }

@@ -55,6 +55,7 @@ fn unreadable_spec() -> JobSpec {
         replicas: 0,
         template: None,
         volumes: Vec::new(),
+        code: None,
     }
 }
 

@@ -70,6 +70,7 @@ impl Template {
             priority: 0,
             max_restarts: 0,
             idempotency_key: None,
+            code: None,
         }
         .validate()?;
         let mut spec = valid.spec;

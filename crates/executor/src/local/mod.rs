@@ -223,6 +223,7 @@ impl LocalExecutor {
     ) -> Result<ReplicaPlacement, ExecutorError> {
         let workdir = self.replica_workdir(request.job_id, rank);
         std::fs::create_dir_all(&workdir)?;
+        deliver_code(&workdir, &request.code)?;
         deliver_files(&workdir, &request.files)?;
         let user = self.tenant_user(request.tenant_id)?;
         if let Some(user) = &user {
@@ -322,6 +323,24 @@ impl LocalExecutor {
             isolation: String::new(),
         })
     }
+}
+
+/// Writes the job's code into a replica's working directory, each file as shipped (executable
+/// or not), over what an earlier attempt left there; what the job wrote itself stays (its
+/// checkpoints, for a resume).
+fn deliver_code(workdir: &Path, code: &[crate::CodeFile]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for file in code {
+        // Paths were checked when the archive was uploaded: relative, no '..'.
+        let target = workdir.join(&file.path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&target, &file.content)?;
+        let mode = if file.executable { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
 }
 
 /// Writes the template's files under `template/` in a replica's working directory, replacing

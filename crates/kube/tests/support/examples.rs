@@ -52,6 +52,7 @@ fn request(spec: JobSpec, files: BTreeMap<String, Vec<u8>>) -> LaunchRequest {
         spec,
         files,
         env: secrets(),
+        code: Vec::new(),
     }
 }
 
@@ -69,6 +70,7 @@ pub fn shell() -> LaunchRequest {
             resources: Resources { cpu: Cpu(1000), memory: Memory(1 << 30), gpus: 0, gpu_type: None },
             replicas: 1,
             volumes: Vec::new(),
+            code: None,
             template: template("shell"),
         },
         BTreeMap::new(),
@@ -102,6 +104,7 @@ pub fn data_pack() -> LaunchRequest {
             resources: Resources { cpu: Cpu(4000), memory: Memory(2 << 30), gpus: 0, gpu_type: None },
             replicas: 4,
             volumes: Vec::new(),
+            code: None,
             template: template("data-pack"),
         },
         BTreeMap::new(),
@@ -158,6 +161,7 @@ pub fn pytorch_ddp() -> LaunchRequest {
             },
             replicas: 2,
             volumes: vec![VolumeMount { name: "checkpoints".into(), path: "/volumes/checkpoints".into() }],
+            code: None,
             template: template("pytorch-ddp"),
         },
         files,

@@ -165,3 +165,29 @@ pub async fn job_attempts(
 ) -> ApiResult<Json<Vec<JobAttempt>>> {
     Ok(Json(state.app.job_attempts(&caller, id).await?))
 }
+
+/// Upload code to run jobs with: a tar archive (plain files and folders, at most 32 MiB), stored
+/// under its SHA-256. Name it in a submit's `code`; `yard submit` packs and uploads the folder it
+/// runs in.
+#[utoipa::path(put, path = "/api/v1/code/{digest}", tag = "jobs",
+    params(("digest" = String, Path, description = "sha256: and the archive's SHA-256 in hex")),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Stored", body = trainyard_core::api::CodeUploaded),
+        (status = 200, description = "The tenant had it already", body = trainyard_core::api::CodeUploaded),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 413, description = "Over 32 MiB", body = ErrorBody),
+        (status = 422, description = "Not the digest of these bytes, or not an archive of plain files", body = ErrorBody),
+    ))]
+pub async fn code_upload(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    axum::extract::Path(digest): axum::extract::Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<trainyard_core::api::CodeUploaded>)> {
+    let uploaded = state.app.code_upload(&caller, &digest, body).await?;
+    let status = if uploaded.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(uploaded)))
+}

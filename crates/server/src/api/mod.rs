@@ -26,6 +26,10 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/me", get(tokens::me))
         .route("/api/v1/jobs", post(jobs::job_submit).get(jobs::jobs_list))
         .route("/api/v1/jobs/{id}", get(jobs::job_get))
+        .route(
+            "/api/v1/code/{digest}",
+            put(jobs::code_upload).layer(DefaultBodyLimit::max(crate::app::code::MAX_CODE_BYTES)),
+        )
         .route("/api/v1/jobs/{id}/cancel", post(jobs::job_cancel))
         .route("/api/v1/jobs/{id}/events", get(jobs::job_events))
         .route("/api/v1/jobs/{id}/attempts", get(jobs::job_attempts))
@@ -84,6 +88,7 @@ fn storage_routes() -> RouteTable {
         jobs::job_get,
         jobs::job_cancel,
         jobs::job_events,
+        jobs::code_upload,
         jobs::job_attempts,
         logs::job_logs,
         metrics::metrics_post,

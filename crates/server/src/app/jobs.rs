@@ -23,7 +23,10 @@ impl App {
         // The request as given, canonically encoded: a replay with the same idempotency key
         // must be the same request.
         let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
-        let valid = submission.validate()?;
+        let mut valid = submission.validate()?;
+        if let Some(code) = valid.spec.code.as_mut() {
+            code.size_bytes = self.code_size(caller.tenant_id, &code.digest).await?;
+        }
         self.fits_cluster(&valid.spec)?;
         let submitted = self.store.job_submit(caller, valid, None, &request_hash).await?;
         if matches!(submitted, Submitted::Created(_)) {

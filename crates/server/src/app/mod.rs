@@ -13,6 +13,7 @@
 //! - [`storage`]: artefacts, volumes, the storage policy;
 //! - [`throttle`]: failed authentication, throttled per client and per token.
 
+pub mod code;
 pub mod datasets;
 pub mod jobs;
 pub mod log_mask;

@@ -139,6 +139,7 @@ impl App {
             priority: run.priority,
             max_restarts: run.max_restarts,
             idempotency_key: run.idempotency_key.clone(),
+            code: None,
         }
         .validate()?;
         valid.spec.template = spec.template;

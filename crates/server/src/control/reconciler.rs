@@ -102,6 +102,8 @@ pub struct Reconciler {
     collected: Option<Instant>,
     /// Archives ended attempts' logs and sweeps by retention (see [`crate::storage`]).
     storage: Option<crate::control::archiving::StorageLoop>,
+    /// Where jobs' code archives are read from at launch.
+    code_storage: Option<Arc<crate::storage::Storage>>,
     /// How the loop is doing, for `/readyz`.
     health: Arc<LoopHealth>,
     /// Jobs whose handling panicked: left alone until the instant, for a back-off that doubles
@@ -206,6 +208,7 @@ impl Reconciler {
             stopping: HashMap::new(),
             collected: None,
             storage: None,
+            code_storage: None,
             health,
             quarantined: HashMap::new(),
             reported_unhandled: HashSet::new(),
@@ -215,6 +218,7 @@ impl Reconciler {
 
     /// Archives logs to this store when attempts end, and sweeps it by the tenants' retention.
     pub fn with_storage(mut self, storage: Arc<crate::storage::Storage>) -> Self {
+        self.code_storage = Some(Arc::clone(&storage));
         self.storage = Some(crate::control::archiving::StorageLoop::new(storage));
         self
     }
@@ -644,6 +648,19 @@ impl Reconciler {
                 .map_err(|e| LaunchFailure::of_control_plane(e, "reading the template's files"))?,
             None => Default::default(),
         };
+        let code = match (&job.spec.code, &self.code_storage) {
+            (None, _) => Vec::new(),
+            (Some(code), Some(storage)) => {
+                use crate::app::code::{CodeUnavailable, code_files};
+                code_files(storage, job.tenant_id, &code.digest).await.map_err(|problem| match problem {
+                    CodeUnavailable::Store(why) => LaunchFailure::ControlPlane(why),
+                    CodeUnavailable::Archive(why) => LaunchFailure::Job(why),
+                })?
+            }
+            (Some(_), None) => {
+                return Err(LaunchFailure::Job("this server has no storage to read the job's code from".into()));
+            }
+        };
         // A resumed launch makes another token for the same attempt: the replicas started before
         // keep theirs, and all of them die with the attempt.
         let token = self
@@ -662,6 +679,7 @@ impl Reconciler {
             spec: job.spec.clone(),
             files,
             env,
+            code,
         };
         self.executor.launch(&request).await.map_err(|e| match e {
             ExecutorError::Unavailable(_) => LaunchFailure::ControlPlane(e.to_string()),

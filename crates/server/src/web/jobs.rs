@@ -276,6 +276,7 @@ struct JobPage {
     created: String,
     created_by: String,
     template: Option<trainyard_core::job::TemplateRef>,
+    code: Option<trainyard_core::job::CodeRef>,
     params: Vec<(String, String)>,
     datasets: Vec<String>,
     outputs: Vec<(String, String)>,
@@ -323,6 +324,7 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         created: when(&job.created_at),
         created_by: job.created_by.clone(),
         template: job.spec.template.clone(),
+        code: job.spec.code.clone(),
         params,
         datasets: job.datasets.iter().map(|d| format!("{}@{} ({})", d.name, d.version, d.content_hash)).collect(),
         outputs: outputs.iter().map(|(k, v)| (k.clone(), compact(v))).collect(),
@@ -446,6 +448,8 @@ pub async fn rerun(
         priority: job.priority,
         max_restarts: job.max_restarts.max(0) as u32,
         idempotency_key: None,
+        // The same code, by its digest: the archive is still in the tenant's storage.
+        code: job.spec.code.as_ref().map(|c| c.digest.clone()),
     };
     let job = match state.app.job_submit(&auth.caller, submission).await? {
         Submitted::Created(job) | Submitted::Replayed(job) => job,
