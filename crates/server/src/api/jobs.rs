@@ -171,7 +171,7 @@ pub async fn job_attempts(
 /// runs in.
 #[utoipa::path(put, path = "/api/v1/code/{digest}", tag = "jobs",
     params(("digest" = String, Path, description = "sha256: and the archive's SHA-256 in hex")),
-    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The tar archive"),
     security(("bearer" = [])),
     responses(
         (status = 201, description = "Stored", body = trainyard_core::api::CodeUploaded),
