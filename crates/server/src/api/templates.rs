@@ -100,7 +100,7 @@ pub async fn template_run(
         (false, false) => RunMode::Submit,
     };
     Ok(match state.app.template_run(&caller, &name, run, mode).await? {
-        TemplateRunOutcome::DryRun(dry) => (StatusCode::OK, Json(dry)).into_response(),
+        TemplateRunOutcome::DryRun(dry) => (StatusCode::OK, Json(*dry)).into_response(),
         TemplateRunOutcome::WhatIf(schedule) => (StatusCode::OK, Json(schedule)).into_response(),
         TemplateRunOutcome::Submitted(submitted) => match *submitted {
             Submitted::Created(job) => (StatusCode::CREATED, Json(job)).into_response(),

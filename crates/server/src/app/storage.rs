@@ -168,7 +168,7 @@ impl App {
             .map_err(storage_error)?
             .ok_or_else(|| Error::not_found(ObjectKind::Artifact))?;
         // The file's own name, as its uploader gave it (parts are stored percent-encoded).
-        let name = key.parts().last().map(|p| keys::decoded(p.as_ref())).unwrap_or_else(|| "artifact".into());
+        let name = key.parts().next_back().map(|p| keys::decoded(p.as_ref())).unwrap_or_else(|| "artifact".into());
         Ok((size, name, stream.map_err(std::io::Error::other).boxed()))
     }
 

@@ -15,7 +15,7 @@ use super::App;
 
 /// What a template run did.
 pub enum TemplateRunOutcome {
-    DryRun(DryRun),
+    DryRun(Box<DryRun>),
     WhatIf(Schedule),
     Submitted(Box<Submitted>),
 }
@@ -154,7 +154,7 @@ impl App {
         }
         if mode == RunMode::DryRun {
             let values = serde_json::to_value(&values).map_err(Error::internal)?;
-            return Ok(TemplateRunOutcome::DryRun(DryRun { name: valid.name, values, spec: valid.spec }));
+            return Ok(TemplateRunOutcome::DryRun(Box::new(DryRun { name: valid.name, values, spec: valid.spec })));
         }
         let params = serde_json::Value::Object(run.params);
         let submitted = self.store.job_submit(caller, valid, Some(&params), &request_hash).await?;
