@@ -253,3 +253,33 @@ async fn tokens_a_job_prints_are_masked_for_every_reader_of_its_logs() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(text, log);
 }
+
+/// Every admin token lost: whoever holds the database mints a new one for a platform admin
+/// (`trainyard admin-token`), never for anyone else.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_admin_token_is_replaced_from_the_database_for_platform_admins_only() {
+    let env = TestEnv::start().await;
+    let minted = std::process::Command::new(trainyard_tests::bin("trainyard"))
+        .args(["admin-token", "--user", "admin"])
+        .env("TRAINYARD_DATABASE_URL", &env.db.url)
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{}", trainyard_tests::stderr(&minted));
+    let token = String::from_utf8(minted.stdout).unwrap().trim().to_string();
+    let (status, me) = env.get("/api/v1/me", &token).await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(me["user"], "admin");
+
+    env.member("default", "alice", "member").await;
+    let refused = std::process::Command::new(trainyard_tests::bin("trainyard"))
+        .args(["admin-token", "--user", "alice"])
+        .env("TRAINYARD_DATABASE_URL", &env.db.url)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        trainyard_tests::stderr(&refused).contains("no platform admin named \"alice\""),
+        "{}",
+        trainyard_tests::stderr(&refused)
+    );
+}

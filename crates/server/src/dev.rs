@@ -28,6 +28,8 @@ pub struct DevOptions {
     pub local: LocalExecutorArgs,
     pub storage: StorageArgs,
     pub oidc: crate::oidc::OidcArgs,
+    /// Print a new token for the platform admin at start (when the first one is lost).
+    pub new_admin_token: bool,
 }
 
 /// Settings of the local executor, shared by `trainyard dev` and `trainyard serve`.
@@ -85,6 +87,10 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
     let store = Store::connect(&postgres.url("trainyard"), 16).await.context("connecting to the private Postgres")?;
     store.migrate().await.context("running migrations")?;
     let first_token = store.bootstrap(DEFAULT_TENANT, DEFAULT_ADMIN).await?;
+    let new_token = match (&first_token, options.new_admin_token) {
+        (None, true) => Some(store.admin_token_mint(DEFAULT_ADMIN, "recovery").await?),
+        _ => None,
+    };
     let listener = TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("listening on {} (is another trainyard running?)", options.listen))?;
@@ -112,9 +118,16 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
             println!("  admin token (shown once, keep it): {}", token.token);
             println!("  sign in:    yard login --url {url} --token {}", token.token);
         }
-        None => println!(
-            "  sign in with the admin token printed at the first start: yard login --url {url} --token <token>"
-        ),
+        None => match new_token {
+            Some(token) => {
+                println!("  new admin token (30 days, shown once): {}", token.token);
+                println!("  sign in:    yard login --url {url} --token {}", token.token);
+            }
+            None => println!(
+                "  sign in with the admin token printed at the first start: yard login --url {url} --token <token>\n  \
+                 (lost it? start with --new-admin-token for another)"
+            ),
+        },
     }
     println!("  stop:       Ctrl-C (jobs keep running and are picked up at the next start)");
     println!();

@@ -60,6 +60,9 @@ enum Command {
         storage: StorageArgs,
         #[command(flatten)]
         oidc: OidcArgs,
+        /// Print a new token for the platform admin at start (when the first one is lost).
+        #[arg(long)]
+        new_admin_token: bool,
     },
     /// Production mode: Postgres by URL; applies pending migrations first.
     Serve {
@@ -136,6 +139,17 @@ enum Command {
         #[arg(long, default_value = dev::DEFAULT_ADMIN)]
         admin: String,
     },
+    /// A new API token for a platform admin, printed once (30 days): the way back in when every
+    /// admin token is lost. Needs the database, which is trusted with everything already.
+    AdminToken {
+        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
+        database_url: DatabaseUrl,
+        #[arg(long, default_value = dev::DEFAULT_ADMIN)]
+        user: String,
+        /// The token's name, as `yard tokens ls` shows it.
+        #[arg(long, default_value = "recovery")]
+        name: String,
+    },
     /// Prints the OpenAPI document of the REST API.
     Openapi,
     /// Lists every route path the server serves (the authorization coverage test walks them).
@@ -202,8 +216,8 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Dev { data_dir, listen, local, storage, oidc } => {
-            dev::run(DevOptions { data_dir, listen, local, storage, oidc }).await
+        Command::Dev { data_dir, listen, local, storage, oidc, new_admin_token } => {
+            dev::run(DevOptions { data_dir, listen, local, storage, oidc, new_admin_token }).await
         }
         Command::Serve {
             database_url,
@@ -266,6 +280,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 Some(token) => println!("{}", token.token),
                 None => anyhow::bail!("the database has users already; bootstrap is only for an empty one"),
             }
+            Ok(())
+        }
+        Command::AdminToken { database_url, user, name } => {
+            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
+            store.migrate().await.context("running migrations")?;
+            println!("{}", store.admin_token_mint(&user, &name).await?.token);
             Ok(())
         }
         Command::Openapi => {

@@ -369,6 +369,31 @@ impl Store {
     }
 }
 
+impl Store {
+    /// A new token for a platform admin, in their first tenant by name: the way back in when
+    /// every admin token is lost. Only for whoever can reach the database (who can do anything
+    /// already); the API never mints a token in another user's name.
+    pub async fn admin_token_mint(&self, user: &str, name: &str) -> Result<TokenCreated> {
+        // language=PostgreSQL
+        let found: Option<(Uuid, Uuid)> = sqlx::query_as(
+            "SELECT u.id, m.tenant_id FROM users u
+               JOIN memberships m ON m.user_id = u.id JOIN tenants t ON t.id = m.tenant_id
+              WHERE u.name = $1 AND u.platform_admin ORDER BY t.name LIMIT 1",
+        )
+        .bind(user)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        let (user_id, tenant_id) = found.ok_or_else(|| {
+            Error::invalid(
+                "user",
+                format!("no platform admin named {user:?} with a tenant; other users get tokens from an admin"),
+            )
+        })?;
+        token_create_in(&self.pool, tenant_id, user_id, name, Some(30)).await
+    }
+}
+
 async fn token_create_in<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     tenant_id: Uuid,
