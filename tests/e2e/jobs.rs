@@ -321,3 +321,30 @@ async fn yard_submit_ships_the_folder_it_runs_in_and_the_job_records_its_digest(
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["field"], "code", "{body}");
 }
+
+/// `--time` is Slurm's time limit: an attempt that runs that long is stopped and the job fails
+/// without a restart, saying why; start estimates assume it takes that long.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_past_its_time_limit_is_stopped_and_fails_without_a_restart() {
+    let env = TestEnv::start().await;
+    let token = env.admin_token.clone();
+    let refused = env.yard(&token, &["submit", "--time", "forever", "--", "sleep", "60"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("--time"), "{}", stderr(&refused));
+
+    let submitted = env.yard(&token, &["submit", "--time", "2s", "--max-restarts", "2", "--", "sleep", "60"]);
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let id = stdout(&submitted).trim().to_string();
+    let started = Instant::now();
+    let job = env.wait_job(&id, Duration::from_secs(30), |j| j["state"] == "failed").await;
+    assert!(started.elapsed() < Duration::from_secs(20), "stopped near its limit, not at the end of its sleep");
+    assert_eq!(job["reason"], "stopped at its time limit of 2s (not restarted)", "{job}");
+    assert_eq!(job["restart_count"], 0, "a time limit is not a failure to retry");
+    assert_eq!(job["spec"]["time_limit_seconds"], 2);
+    let expected: Option<i32> = sqlx::query_scalar("SELECT expected_runtime_seconds FROM jobs WHERE id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(expected, Some(2), "estimates assume the limit");
+}

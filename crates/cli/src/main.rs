@@ -173,6 +173,10 @@ struct SubmitArgs {
     /// Relaunches after a failed attempt.
     #[arg(long, default_value_t = 0)]
     max_restarts: u32,
+    /// Stop the job when an attempt has run this long, without restarting it (like Slurm's
+    /// --time); start estimates assume it takes this long: 90m, 2h, 1d 12h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_time_limit)]
+    time: Option<u32>,
     /// Environment variables, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -685,7 +689,18 @@ fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
         max_restarts: args.max_restarts,
         idempotency_key: args.idempotency_key,
         code: None,
+        time_limit_seconds: args.time,
     })
+}
+
+/// `--time`: a duration as people write it (90m, 2h, 1d 12h), in whole seconds.
+fn parse_time_limit(text: &str) -> Result<u32, String> {
+    let duration = humantime::parse_duration(text).map_err(|err| format!("{err}; for example 90m, 2h or 1d 12h"))?;
+    let seconds = duration.as_secs();
+    if seconds == 0 || seconds > u64::from(trainyard_core::job::MAX_TIME_LIMIT_SECONDS) {
+        return Err("must be at least a second and at most 30 days".into());
+    }
+    Ok(seconds as u32)
 }
 
 /// Packs `dir`, uploads it (once per content: the server keeps it by digest) and returns its

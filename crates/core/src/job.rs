@@ -27,6 +27,9 @@ pub const RESERVED_ENV_PREFIX: &str = "TRAINYARD_";
 /// directory.
 pub const TEMPLATE_FILES_DIR: &str = "template";
 
+/// The longest time limit a job may ask for: 30 days.
+pub const MAX_TIME_LIMIT_SECONDS: u32 = 30 * 86_400;
+
 /// A job as submitted. Unknown fields are rejected so that a typo never goes unnoticed.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +68,11 @@ pub struct JobSubmission {
     /// with `PUT /api/v1/code/{digest}`, unpacked as every replica's working directory.
     #[serde(default)]
     pub code: Option<String>,
+    /// Stop the job when an attempt has run this many seconds, without restarting it (Slurm's
+    /// `--time`); also what start estimates assume it takes. 1 to 30 days' worth.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub time_limit_seconds: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -90,6 +98,9 @@ pub struct JobSpec {
     /// The code shipped with the job, unpacked into every replica's working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<CodeRef>,
+    /// An attempt that runs this many seconds is stopped and the job fails (no restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_seconds: Option<u32>,
 }
 
 /// Code shipped with a job: a tar archive in the tenant's storage, by content.
@@ -204,6 +215,14 @@ impl JobSubmission {
         {
             return Err(Error::invalid("code", "must be the digest of an uploaded archive: sha256: and 64 hex digits"));
         }
+        if let Some(limit) = self.time_limit_seconds
+            && !(1..=MAX_TIME_LIMIT_SECONDS).contains(&limit)
+        {
+            return Err(Error::invalid(
+                "time_limit_seconds",
+                format!("must be 1 to {MAX_TIME_LIMIT_SECONDS} (30 days)"),
+            ));
+        }
         if self.max_restarts > MAX_RESTARTS {
             return Err(Error::invalid("max_restarts", format!("must be at most {MAX_RESTARTS}")));
         }
@@ -227,11 +246,13 @@ impl JobSubmission {
                 volumes: Vec::new(),
                 // The archive's size is filled in where its upload is found.
                 code: self.code.map(|digest| CodeRef { digest, size_bytes: 0 }),
+                time_limit_seconds: self.time_limit_seconds,
             },
             priority: self.priority,
             max_restarts: self.max_restarts,
             idempotency_key: self.idempotency_key,
-            expected_runtime_seconds: None,
+            // The most it may take is the best guess of what it takes.
+            expected_runtime_seconds: self.time_limit_seconds,
             datasets: Vec::new(),
         })
     }

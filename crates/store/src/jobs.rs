@@ -56,6 +56,7 @@ fn unreadable_spec() -> JobSpec {
         template: None,
         volumes: Vec::new(),
         code: None,
+        time_limit_seconds: None,
     }
 }
 

@@ -62,6 +62,8 @@ pub struct AttemptRecord {
     pub number: i32,
     pub placement: Option<serde_json::Value>,
     pub ended: bool,
+    /// When it began (a time limit counts from here).
+    pub started_at: Option<DateTime<Utc>>,
     /// When it ended (a restart waits its back-off from here).
     pub ended_at: Option<DateTime<Utc>>,
 }
@@ -102,10 +104,10 @@ impl Store {
                      j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
                      j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
                      a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at,
-                     j.name AS job_name
+                     j.name AS job_name, a.started_at AS attempt_started_at
               FROM jobs j
               JOIN tenants n ON n.id = j.tenant_id
-              LEFT JOIN LATERAL (SELECT attempt, placement, ended_at FROM job_attempts
+              LEFT JOIN LATERAL (SELECT attempt, placement, started_at, ended_at FROM job_attempts
                                  WHERE job_id = j.id ORDER BY attempt DESC LIMIT 1) a ON true
               -- JobState::holds_capacity, as a literal: the planner matches it to the partial
               -- index jobs_unfinished, which a bound array would not (a test pins the two).
@@ -113,7 +115,7 @@ impl Store {
              UNION ALL
              (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
                      false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL, NULL,
-                     j.name
+                     j.name, NULL
               FROM tenants t
               CROSS JOIN LATERAL (SELECT * FROM jobs q WHERE q.tenant_id = t.id AND q.state = 'queued'
                                   ORDER BY q.priority DESC, q.id LIMIT $1) j)",
@@ -542,6 +544,7 @@ struct UnfinishedRow {
     placement: Option<serde_json::Value>,
     attempt_ended: Option<bool>,
     attempt_ended_at: Option<DateTime<Utc>>,
+    attempt_started_at: Option<DateTime<Utc>>,
 }
 
 /// One row of [`Store::jobs_unfinished`], or what is wrong with it.
@@ -571,6 +574,7 @@ fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<Unf
             number,
             placement: row.placement,
             ended: row.attempt_ended.unwrap_or(false),
+            started_at: row.attempt_started_at,
             ended_at: row.attempt_ended_at,
         }),
     })

@@ -71,6 +71,7 @@ impl Template {
             max_restarts: 0,
             idempotency_key: None,
             code: None,
+            time_limit_seconds: None,
         }
         .validate()?;
         let mut spec = valid.spec;

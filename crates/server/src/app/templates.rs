@@ -140,6 +140,7 @@ impl App {
             max_restarts: run.max_restarts,
             idempotency_key: run.idempotency_key.clone(),
             code: None,
+            time_limit_seconds: None,
         }
         .validate()?;
         valid.spec.template = spec.template;

@@ -17,6 +17,8 @@ pub const REASON_LOST: &str = "lost";
 pub struct JobFacts {
     pub cancel_requested: bool,
     pub preempt_requested: bool,
+    /// The attempt has run as long as the job's time limit (in seconds) allows.
+    pub time_limit_reached: Option<u32>,
     pub restart_count: i32,
     pub max_restarts: i32,
 }
@@ -49,6 +51,8 @@ pub enum Verdict {
 pub enum EndCause {
     Cancelled,
     Preempted,
+    /// Stopped at its time limit (seconds): the job fails, with no restart.
+    TimedOut(u32),
     Failed(Failure),
     Succeeded,
 }
@@ -137,7 +141,7 @@ pub fn failure_of(statuses: &[ReplicaStatus], external: Option<String>) -> Optio
 pub fn attempt_verdict(job: JobFacts, statuses: &[ReplicaStatus], pending: bool, external: Option<String>) -> Verdict {
     let running = statuses.contains(&ReplicaStatus::Running);
     let failure = failure_of(statuses, external);
-    let stopping = job.cancel_requested || job.preempt_requested;
+    let stopping = job.cancel_requested || job.preempt_requested || job.time_limit_reached.is_some();
     if running {
         return if stopping || failure.is_some() { Verdict::Stop } else { Verdict::Running { all_started: !pending } };
     }
@@ -146,6 +150,11 @@ pub fn attempt_verdict(job: JobFacts, statuses: &[ReplicaStatus], pending: bool,
     } else if job.preempt_requested {
         // Back to the queue; the next attempt resumes from the job's last checkpoint.
         (JobState::Queued, EndCause::Preempted)
+    } else if let Some(limit) = job.time_limit_reached
+        && (failure.is_some() || statuses.iter().any(|s| *s != ReplicaStatus::Exited(0)))
+    {
+        // Stopped at its limit (its replicas then exit by the signal): it ran out of time.
+        (JobState::Failed, EndCause::TimedOut(limit))
     } else if let Some(failure) = failure {
         (state_after_failure(job.restart_count, job.max_restarts), EndCause::Failed(failure))
     } else {
@@ -159,8 +168,13 @@ mod tests {
     use super::*;
     use ReplicaStatus::{Exited, Lost, Running};
 
-    const FRESH: JobFacts =
-        JobFacts { cancel_requested: false, preempt_requested: false, restart_count: 0, max_restarts: 2 };
+    const FRESH: JobFacts = JobFacts {
+        cancel_requested: false,
+        preempt_requested: false,
+        time_limit_reached: None,
+        restart_count: 0,
+        max_restarts: 2,
+    };
 
     fn ended(to: JobState, cause: EndCause) -> Verdict {
         Verdict::Ended { to, cause }
@@ -172,11 +186,29 @@ mod tests {
         let no_restarts_left = JobFacts { restart_count: 2, ..FRESH };
         let cancel = JobFacts { cancel_requested: true, ..FRESH };
         let preempt = JobFacts { preempt_requested: true, ..FRESH };
+        let out_of_time = JobFacts { time_limit_reached: Some(60), ..FRESH };
         // name, job, replica statuses, a replica pending, the cluster's verdict, expected
         type Row = (&'static str, JobFacts, Vec<ReplicaStatus>, bool, Option<&'static str>, Verdict);
         let rows: Vec<Row> = vec![
             ("all running", FRESH, vec![Running, Running], false, None, Verdict::Running { all_started: true }),
             ("one still pending", FRESH, vec![Running, Running], true, None, Verdict::Running { all_started: false }),
+            ("time limit reached, replicas run", out_of_time, vec![Running, Running], false, None, Verdict::Stop),
+            (
+                "time limit reached, replicas stopped",
+                out_of_time,
+                vec![Exited(143), Exited(143)],
+                false,
+                None,
+                ended(JobState::Failed, EndCause::TimedOut(60)),
+            ),
+            (
+                "time limit reached as every replica succeeded",
+                out_of_time,
+                vec![Exited(0), Exited(0)],
+                false,
+                None,
+                ended(JobState::Succeeded, EndCause::Succeeded),
+            ),
             (
                 "all exited 0",
                 FRESH,

@@ -494,9 +494,15 @@ impl Reconciler {
         // ...) explains the failure better than the exit codes of the replicas stopped after it.
         let pending = details.iter().any(|d| d.phase == ReplicaPhase::Pending);
         let external = details.iter().find(|d| d.has_external_cause()).and_then(ReplicaDetail::failure_sentence);
+        let time_limit_reached = job.spec.time_limit_seconds.filter(|limit| {
+            record
+                .started_at
+                .is_some_and(|started| chrono::Utc::now() - started >= chrono::TimeDelta::seconds(i64::from(*limit)))
+        });
         let facts = JobFacts {
             cancel_requested: job.cancel_requested,
             preempt_requested: job.preempt_requested,
+            time_limit_reached,
             restart_count: job.restart_count,
             max_restarts: job.max_restarts,
         };
@@ -525,6 +531,10 @@ impl Reconciler {
         let reason = match cause {
             EndCause::Cancelled => job.reason.clone().unwrap_or_else(|| "cancelled".into()),
             EndCause::Preempted => job.reason.clone().unwrap_or_else(|| "preempted".into()),
+            EndCause::TimedOut(limit) => format!(
+                "stopped at its time limit of {} (not restarted)",
+                humantime::format_duration(std::time::Duration::from_secs(u64::from(limit)))
+            ),
             EndCause::Succeeded => "every replica exited with code 0".to_string(),
             EndCause::Failed(Failure::External(sentence)) => sentence,
             EndCause::Failed(Failure::Lost { .. }) => REASON_LOST.to_string(),

@@ -450,6 +450,7 @@ pub async fn rerun(
         idempotency_key: None,
         // The same code, by its digest: the archive is still in the tenant's storage.
         code: job.spec.code.as_ref().map(|c| c.digest.clone()),
+        time_limit_seconds: job.spec.time_limit_seconds,
     };
     let job = match state.app.job_submit(&auth.caller, submission).await? {
         Submitted::Created(job) | Submitted::Replayed(job) => job,
