@@ -100,6 +100,13 @@ async fn a_packed_dataset_is_registered_and_jobs_record_the_exact_version_they_u
     assert!(!again.status.success());
     assert!(stderr(&again).contains("registered with other content"), "{}", stderr(&again));
     assert!(env.yard(&token, &["datasets", "register", "photos@2", "--from-job", &second]).status.success());
+    let listed = stdout(&env.yard(&token, &["datasets", "ls"]));
+    assert!(
+        listed.contains("DATASET") && listed.contains("photos@1") && listed.contains("photos@2"),
+        "a table: {listed}"
+    );
+    let shown = stdout(&env.yard(&token, &["datasets", "show", "photos@1"]));
+    assert!(shown.contains("samples:      20") && shown.contains(dataset["content_hash"].as_str().unwrap()), "{shown}");
 
     // A template with a dataset parameter: the job gets the dataset's path and records it.
     let manifest = "name: count\nversion: 1.0.0\ndescription: Count a dataset's shards.\nparameters:\n  data: {type: dataset, required: true}\ncommand: [ls, \"{{ data }}\"]\n";

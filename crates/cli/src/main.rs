@@ -566,18 +566,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Datasets { command: DatasetsCommand::Ls } => {
             let list: Vec<Dataset> = client.get("/api/v1/datasets").await?;
-            output::print(out, &list, |list| {
-                list.iter()
-                    .map(|d| {
-                        format!("{}@{}\t{}\t{}\t{}\n", d.name, d.version, d.samples.unwrap_or(0), d.content_hash, d.uri)
-                    })
-                    .collect()
-            })
+            output::print(out, &list, |list| output::datasets_table(list))
         }
         Command::Datasets { command: DatasetsCommand::Show { dataset } } => {
             let (name, version) = split_dataset(&dataset)?;
             let d: Dataset = client.get(&format!("/api/v1/datasets/{name}/{version}")).await?;
-            output::print(out, &d, |d| format!("{}\n", serde_json::to_string_pretty(d).unwrap_or_default()))
+            output::print(out, &d, output::dataset_detail)
         }
         Command::Datasets { command: DatasetsCommand::Register { dataset, from_job, uri, content_hash, format } } => {
             let (name, version) = split_dataset(&dataset)?;

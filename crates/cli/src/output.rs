@@ -101,6 +101,43 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
     format!("{t}\n{others}")
 }
 
+/// The tenant's datasets, one version a row (the content hash cut to what tells them apart).
+pub fn datasets_table(list: &[trainyard_core::api::Dataset]) -> String {
+    if list.is_empty() {
+        return "no datasets yet: `yard datasets register NAME@VERSION --from-job ID`\n".into();
+    }
+    let mut t = table(&["DATASET", "SAMPLES", "SIZE", "CONTENT HASH", "URI", "REGISTERED"]);
+    for d in list {
+        t.add_row(vec![
+            format!("{}@{}", d.name, d.version),
+            d.samples.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+            d.size_bytes.map(|b| Memory(b.max(0) as u64).to_string()).unwrap_or_else(|| "-".into()),
+            d.content_hash.chars().take(19).collect(),
+            d.uri.clone(),
+            when(d.created_at),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+/// One dataset version, a field a line.
+pub fn dataset_detail(d: &trainyard_core::api::Dataset) -> String {
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    format!(
+        "dataset:      {}@{}\nuri:          {}\nformat:       {}\nsamples:      {}\nsize:         {}\ncontent hash: {}\nfrom job:     {}\nregistered:   {} by {}\n",
+        d.name,
+        d.version,
+        d.uri,
+        d.format,
+        or_dash(d.samples.map(|s| s.to_string())),
+        or_dash(d.size_bytes.map(|b| Memory(b.max(0) as u64).to_string())),
+        d.content_hash,
+        or_dash(d.source_job.map(|j| j.to_string())),
+        when(d.created_at),
+        d.created_by
+    )
+}
+
 /// Each node's GPUs, CPU and memory as "allocated/total", and what is free.
 pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
     if nodes.items.is_empty() {
