@@ -219,6 +219,22 @@ async fn a_viewer_gets_no_buttons_and_form_posts_need_role_and_csrf() {
     assert_eq!(status, StatusCode::SEE_OTHER);
     env.wait_state(&id, "cancelled", Duration::from_secs(30)).await;
 
+    // The submit form takes the number of restarts; a bad one is refused next to its field.
+    let (_, form) = admin.get("/submit/shell").await;
+    assert!(form.contains("id=\"f-max-restarts\""), "the form has a restarts field");
+    let form_csrf = csrf_of(&form);
+    let fields = |restarts: &'static str| {
+        [("csrf", form_csrf.clone()), ("p.command", "true".into()), ("max_restarts", restarts.into())]
+    };
+    let (status, page) =
+        admin.post_form("/submit/shell", &fields("many").each_ref().map(|(k, v)| (*k, v.as_str()))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(page.contains("max_restarts: must be a whole number"), "{page}");
+    let (status, _) = admin.post_form("/submit/shell", &fields("2").each_ref().map(|(k, v)| (*k, v.as_str()))).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (_, jobs) = env.get("/api/v1/jobs?limit=1", &env.admin_token).await;
+    assert_eq!(jobs["items"][0]["max_restarts"], 2, "{jobs}");
+
     // Another session's CSRF value is worth nothing in this one; and sign-in itself is
     // protected by a double-submit cookie.
     assert_eq!(admin.post_form("/logout", &[("csrf", &csrf)]).await.0, StatusCode::FORBIDDEN);

@@ -104,6 +104,7 @@ struct SubmitPage {
     description: String,
     name: String,
     priority: String,
+    max_restarts: String,
     idempotency_key: String,
     fields: Vec<Field>,
     datasets: Vec<String>,
@@ -143,6 +144,7 @@ async fn form_page(
         description: template.manifest.description.clone(),
         name: String::new(),
         priority: "0".into(),
+        max_restarts: "0".into(),
         idempotency_key: format!("web-{}", trainyard_store::sessions::random_hex()),
         fields,
         datasets,
@@ -229,6 +231,11 @@ async fn posted_run(
         Ok(priority) => run.priority = priority,
         Err(_) => return Ok(Err(Error::invalid("priority", "must be a whole number"))),
     }
+    let restarts = form.get("max_restarts").map(|p| p.trim()).filter(|p| !p.is_empty()).unwrap_or("0");
+    match restarts.parse::<u32>() {
+        Ok(restarts) => run.max_restarts = restarts,
+        Err(_) => return Ok(Err(Error::invalid("max_restarts", "must be a whole number, 0 or more"))),
+    }
     Ok(Ok(run))
 }
 
@@ -252,6 +259,7 @@ pub async fn submit(
             let mut page = form_page(&state, &auth, &template, &posted.params).await?;
             page.name = form.get("name").cloned().unwrap_or_default();
             page.priority = form.get("priority").cloned().unwrap_or_default();
+            page.max_restarts = form.get("max_restarts").cloned().unwrap_or_default();
             page.idempotency_key = form.get("idempotency_key").cloned().unwrap_or_default();
             let param = field.strip_prefix("params.").map(|p| p.split(['.', '[']).next().unwrap_or(p));
             match param.and_then(|p| page.fields.iter_mut().find(|f| f.name == p)) {
