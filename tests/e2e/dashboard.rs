@@ -124,6 +124,12 @@ async fn a_researcher_signs_in_submits_watches_and_signs_out_in_a_browser() {
     assert!(page_was_not_reloaded(&browser).await, "the list updated in place");
     browser.screenshot("jobs", 1280).await;
     browser.screenshot("jobs", 390).await;
+    // On a phone the list fits: name, state and reason, no sideways scrolling.
+    let widths = c
+        .execute("const w = document.querySelector('.table-wrap'); return [w.scrollWidth, w.clientWidth];", vec![])
+        .await
+        .unwrap();
+    assert!(widths[0].as_f64() <= widths[1].as_f64(), "the jobs list scrolls sideways at 390 px: {widths}");
 
     for (page, name) in [
         ("/templates", "templates"),
