@@ -44,7 +44,7 @@ impl QuotaBar {
             used: usage.used,
             borrowed: usage.borrowed,
             lent: usage.lent,
-            borrowing_limit: usage.borrowing_limit.map(|l| l.to_string()).unwrap_or_else(|| "no limit".into()),
+            borrowing_limit: usage.borrowing_limit.map(|l| l.to_string()).unwrap_or_else(|| "none set".into()),
             own_pct: pct(own),
             borrowed_pct: pct(usage.borrowed),
             lent_pct: pct(lent),
