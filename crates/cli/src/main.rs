@@ -154,6 +154,7 @@ struct SubmitArgs {
     /// A name for the job (default: the program's name).
     #[arg(long)]
     name: Option<String>,
+    /// How many replicas run together, all or none (each gets RANK and WORLD_SIZE).
     #[arg(long, default_value_t = 1)]
     replicas: u32,
     /// GPUs per replica.
@@ -168,6 +169,7 @@ struct SubmitArgs {
     /// Memory per replica (4Gi, 512Mi).
     #[arg(long, default_value = "1Gi")]
     memory: String,
+    /// Higher runs first within your tenant (-1000 to 1000); may preempt lower priorities.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
     /// Relaunches after a failed attempt.
@@ -281,13 +283,18 @@ enum DatasetsCommand {
     },
     /// Register NAME@VERSION from a data-pack job (--from-job) or by description.
     Register {
+        /// NAME@VERSION; a version, once registered, never changes.
         dataset: String,
+        /// The data-pack job that wrote it: its location, size and content hash come from there.
         #[arg(long)]
         from_job: Option<uuid::Uuid>,
+        /// Where it is (a path on shared storage, an object-store URL), when not from a job.
         #[arg(long)]
         uri: Option<String>,
+        /// Its content hash (sha256:...), when not from a job.
         #[arg(long)]
         content_hash: Option<String>,
+        /// Its format, when not from a job (data-pack writes trainyard-shards-v1).
         #[arg(long)]
         format: Option<String>,
     },
@@ -341,7 +348,9 @@ enum AdminQuotaCommand {
     /// Set a tenant's quota for one GPU type.
     Set {
         tenant: String,
+        /// The GPU type, as nodes report it (e.g. nvidia-h100-80gb).
         flavor: String,
+        /// GPUs the tenant is guaranteed, reclaimed from borrowers when it needs them.
         #[arg(long)]
         nominal: u64,
         /// How many more it may borrow from its cohort (default: no limit).
