@@ -348,3 +348,30 @@ async fn a_job_past_its_time_limit_is_stopped_and_fails_without_a_restart() {
         .unwrap();
     assert_eq!(expected, Some(2), "estimates assume the limit");
 }
+
+/// `yard diff A B` shows only what differs between two runs (here one variable), in a table or
+/// as JSON; a run compared with itself has no differences.
+#[tokio::test(flavor = "multi_thread")]
+async fn yard_diff_shows_only_what_differs_between_two_runs() {
+    let env = TestEnv::start().await;
+    let token = env.admin_token.clone();
+    let submit = |lr: &'static str| {
+        let out = env.yard(&token, &["submit", "--name", "sweep", "-e", lr, "--", "sh", "-c", "echo $LR"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).trim().to_string()
+    };
+    let (a, b) = (submit("LR=0.1"), submit("LR=0.01"));
+    for id in [&a, &b] {
+        env.wait_state(id, "succeeded", Duration::from_secs(30)).await;
+    }
+    let table = stdout(&env.yard(&token, &["diff", &a[..13], &b[..13]]));
+    assert!(table.contains("spec.env.LR") && table.contains("0.1") && table.contains("0.01"), "{table}");
+    assert!(table.contains("1 fields differ"), "only the variable differs: {table}");
+
+    let json = env.yard(&token, &["diff", &a, &b, "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["differences"], json!([{"field": "spec.env.LR", "a": "0.1", "b": "0.01"}]), "{json}");
+
+    let itself = stdout(&env.yard(&token, &["diff", &a, &a]));
+    assert!(itself.starts_with("no differences"), "{itself}");
+}

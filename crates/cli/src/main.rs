@@ -4,6 +4,7 @@
 mod client;
 mod code;
 mod config;
+mod diff;
 mod output;
 mod storage;
 mod templates;
@@ -81,6 +82,15 @@ enum Command {
     Queue,
     /// The nodes jobs run on: capacity, what unfinished jobs hold, what is free (like `sinfo`).
     Nodes,
+    /// What differs between two runs: spec, template, code, parameters, datasets, outcome,
+    /// outputs and metrics; only the differences unless --all (ids and times then too).
+    Diff {
+        a: String,
+        b: String,
+        /// Also the fields that are the same (and ids and times).
+        #[arg(long)]
+        all: bool,
+    },
     /// Print a replica's log; `-f` follows it until the job ends.
     Logs {
         id: String,
@@ -488,6 +498,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let waiting = schedule.as_ref().map(output::schedule).unwrap_or_default();
                 format!("{}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
             })
+        }
+        Command::Diff { a, b, all } => {
+            let client = &client;
+            let fetch = |text: String| async move {
+                let id = client.job_id(&text).await?;
+                anyhow::Ok(diff::Run {
+                    job: client.get(&format!("/api/v1/jobs/{id}")).await?,
+                    attempts: client.get(&format!("/api/v1/jobs/{id}/attempts")).await?,
+                    outputs: client.get(&format!("/api/v1/jobs/{id}/outputs")).await?,
+                    metrics: client.get(&format!("/api/v1/jobs/{id}/metrics")).await?,
+                })
+            };
+            let (a, b) = (fetch(a).await?, fetch(b).await?);
+            let comparison = diff::compare(&a, &b, all);
+            let rows = if all { Some((diff::fields(&a, true), diff::fields(&b, true))) } else { None };
+            output::print(out, &comparison, |c| output::diff_table(c, rows.as_ref()))
         }
         Command::Nodes => {
             let nodes: trainyard_core::api::Nodes = client.get("/api/v1/nodes").await?;

@@ -101,6 +101,40 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
     format!("{t}\n{others}")
 }
 
+/// Two runs side by side: the fields that differ (every field with --all).
+pub fn diff_table(
+    c: &crate::diff::Comparison,
+    all: Option<&(
+        std::collections::BTreeMap<String, serde_json::Value>,
+        std::collections::BTreeMap<String, serde_json::Value>,
+    )>,
+) -> String {
+    let show = |v: Option<&serde_json::Value>| match v {
+        None => "(absent)".to_string(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    };
+    let mut t = table(&["FIELD", &format!("A {}", &c.a[..13]), &format!("B {}", &c.b[..13])]);
+    match all {
+        Some((a, b)) => {
+            let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for name in names {
+                let marker = if a.get(name) == b.get(name) { " " } else { "*" };
+                t.add_row(vec![format!("{marker} {name}"), show(a.get(name)), show(b.get(name))]);
+            }
+        }
+        None if c.differences.is_empty() => {
+            return format!("no differences ({} fields the same; ids and times not compared)\n", c.same);
+        }
+        None => {
+            for d in &c.differences {
+                t.add_row(vec![d.field.clone(), show(d.a.as_ref()), show(d.b.as_ref())]);
+            }
+        }
+    }
+    format!("{t}\n{} fields differ, {} the same\n", c.differences.len(), c.same)
+}
+
 /// The tenant's datasets, one version a row (the content hash cut to what tells them apart).
 pub fn datasets_table(list: &[trainyard_core::api::Dataset]) -> String {
     if list.is_empty() {
