@@ -9,6 +9,9 @@ use serde::Serialize;
 use serde_json::Value;
 use trainyard_core::api::{Job, JobAttempt, JobMetrics};
 
+/// A run's fields by name.
+pub type Fields = BTreeMap<String, Value>;
+
 /// One field as the two runs have it (`None`: the run has no such field).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Difference {
@@ -36,7 +39,7 @@ pub struct Run {
 }
 
 /// The fields of a run, flattened (`spec.env.LR`, `params.lr`, `metrics.loss.last`, ...).
-pub fn fields(run: &Run, all: bool) -> BTreeMap<String, Value> {
+pub fn fields(run: &Run, all: bool) -> Fields {
     let mut out = BTreeMap::new();
     let job = &run.job;
     flatten("spec", &serde_json::to_value(&job.spec).unwrap_or(Value::Null), &mut out);

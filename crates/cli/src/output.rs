@@ -102,13 +102,7 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
 }
 
 /// Two runs side by side: the fields that differ (every field with --all).
-pub fn diff_table(
-    c: &crate::diff::Comparison,
-    all: Option<&(
-        std::collections::BTreeMap<String, serde_json::Value>,
-        std::collections::BTreeMap<String, serde_json::Value>,
-    )>,
-) -> String {
+pub fn diff_table(c: &crate::diff::Comparison, all: Option<&(crate::diff::Fields, crate::diff::Fields)>) -> String {
     let show = |v: Option<&serde_json::Value>| match v {
         None => "(absent)".to_string(),
         Some(serde_json::Value::String(s)) => s.clone(),
