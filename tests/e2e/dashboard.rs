@@ -235,7 +235,10 @@ async fn a_viewer_gets_no_buttons_and_form_posts_need_role_and_csrf() {
     let (status, page) =
         admin.post_form("/submit/shell", &fields("many").each_ref().map(|(k, v)| (*k, v.as_str()))).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(page.contains("max_restarts: must be a whole number"), "{page}");
+    assert!(
+        page.contains("id=\"f-max-restarts-error\" role=\"alert\">must be a whole number"),
+        "the message next to its field: {page}"
+    );
     let (status, _) = admin.post_form("/submit/shell", &fields("2").each_ref().map(|(k, v)| (*k, v.as_str()))).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     let (_, jobs) = env.get("/api/v1/jobs?limit=1", &env.admin_token).await;

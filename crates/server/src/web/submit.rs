@@ -108,8 +108,12 @@ struct SubmitPage {
     idempotency_key: String,
     fields: Vec<Field>,
     datasets: Vec<String>,
-    /// An error that names no parameter (the job's name, its priority, the template).
+    /// An error that names no field of the form (the template itself).
     error: Option<String>,
+    /// Errors of the job-level fields, shown next to each.
+    name_error: Option<String>,
+    priority_error: Option<String>,
+    max_restarts_error: Option<String>,
 }
 
 #[derive(Template)]
@@ -149,6 +153,9 @@ async fn form_page(
         fields,
         datasets,
         error: None,
+        name_error: None,
+        priority_error: None,
+        max_restarts_error: None,
     })
 }
 
@@ -262,9 +269,12 @@ pub async fn submit(
             page.max_restarts = form.get("max_restarts").cloned().unwrap_or_default();
             page.idempotency_key = form.get("idempotency_key").cloned().unwrap_or_default();
             let param = field.strip_prefix("params.").map(|p| p.split(['.', '[']).next().unwrap_or(p));
-            match param.and_then(|p| page.fields.iter_mut().find(|f| f.name == p)) {
-                Some(input) => input.error = Some(message),
-                None => page.error = Some(format!("{field}: {message}")),
+            match (param.and_then(|p| page.fields.iter_mut().find(|f| f.name == p)), field.as_str()) {
+                (Some(input), _) => input.error = Some(message),
+                (None, "name") => page.name_error = Some(message),
+                (None, "priority") => page.priority_error = Some(message),
+                (None, "max_restarts") => page.max_restarts_error = Some(message),
+                (None, _) => page.error = Some(format!("{field}: {message}")),
             }
             let mut response = render(&page);
             *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
