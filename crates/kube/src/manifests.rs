@@ -38,6 +38,8 @@ pub enum ManifestError {
         "the template's files and the job's code take {0} bytes, more than a ConfigMap holds ({MAX_TEMPLATE_BYTES}); ship bigger code in the image or a volume"
     )]
     FilesTooLarge(usize),
+    #[error("the job's code cannot be packed for the pod: {0}")]
+    Code(String),
 }
 
 /// What a tenant's namespace holds before any of its jobs runs.
@@ -230,7 +232,7 @@ const CODE_MOUNT: &str = "/trainyard-code";
 
 /// The job's code as one tar archive, deterministic (sorted as given, no times or owners): an
 /// init container unpacks it into the working directory, modes kept.
-fn code_archive(code: &[trainyard_executor::CodeFile]) -> Vec<u8> {
+fn code_archive(code: &[trainyard_executor::CodeFile]) -> Result<Vec<u8>, ManifestError> {
     let mut builder = tar::Builder::new(Vec::new());
     for file in code {
         let mut header = tar::Header::new_ustar();
@@ -238,10 +240,12 @@ fn code_archive(code: &[trainyard_executor::CodeFile]) -> Vec<u8> {
         header.set_mode(if file.executable { 0o755 } else { 0o644 });
         header.set_mtime(0);
         header.set_cksum();
-        // Paths were checked at upload (relative, no '..'); writing to memory cannot fail.
-        let _ = builder.append_data(&mut header, &file.path, file.content.as_slice());
+        // Paths were checked at upload (relative, no '..'); long ones get the GNU extension.
+        builder
+            .append_data(&mut header, &file.path, file.content.as_slice())
+            .map_err(|err| ManifestError::Code(format!("{}: {err}", file.path)))?;
     }
-    builder.into_inner().unwrap_or_default()
+    builder.into_inner().map_err(|err| ManifestError::Code(err.to_string()))
 }
 
 fn template_config_map(
@@ -251,7 +255,7 @@ fn template_config_map(
     files: &BTreeMap<String, Vec<u8>>,
     code: &[trainyard_executor::CodeFile],
 ) -> Result<ConfigMap, ManifestError> {
-    let code = (!code.is_empty()).then(|| code_archive(code));
+    let code = if code.is_empty() { None } else { Some(code_archive(code)?) };
     let total: usize = files.iter().map(|(path, content)| path.len() + content.len()).sum::<usize>()
         + code.as_ref().map_or(0, Vec::len);
     if total > MAX_TEMPLATE_BYTES {

@@ -139,6 +139,12 @@ async fn a_jobs_code_is_unpacked_into_the_working_directory_before_the_replica_s
     request.code = vec![
         trainyard_executor::CodeFile { path: "train.py".into(), executable: false, content: b"print('hi')\n".to_vec() },
         trainyard_executor::CodeFile { path: "bin/run.sh".into(), executable: true, content: b"#!/bin/sh\n".to_vec() },
+        // Longer than a ustar header's 100-byte name field.
+        trainyard_executor::CodeFile {
+            path: format!("{}x.py", "deep/".repeat(30)),
+            executable: false,
+            content: b"x".to_vec(),
+        },
     ];
     executor.launch(&request).await.unwrap();
     let name = trainyard_kube::names::attempt_object(request.job_id, request.attempt);
@@ -159,7 +165,8 @@ async fn a_jobs_code_is_unpacked_into_the_working_directory_before_the_replica_s
         unpacked,
         [
             ("train.py".to_string(), 0o644, "print('hi')\n".to_string()),
-            ("bin/run.sh".to_string(), 0o755, "#!/bin/sh\n".to_string())
+            ("bin/run.sh".to_string(), 0o755, "#!/bin/sh\n".to_string()),
+            (format!("{}x.py", "deep/".repeat(30)), 0o644, "x".to_string()),
         ]
     );
 

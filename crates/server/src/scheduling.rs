@@ -128,10 +128,14 @@ pub fn node_usage(nodes: &[Node], jobs: &[UnfinishedJob]) -> Vec<trainyard_core:
             replicas: 0,
         })
         .collect();
+    usage.sort_by(|a, b| a.name.cmp(&b.name));
+    // By name, so that a cluster of thousands of nodes is one pass over the replicas.
+    let index: std::collections::HashMap<String, usize> =
+        usage.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
     for job in jobs.iter().filter(|j| j.state.holds_capacity()) {
         let demand = demand_of_spec(&job.spec);
         for node in job.assigned_nodes.iter().flatten() {
-            if let Some(n) = usage.iter_mut().find(|n| n.name == *node) {
+            if let Some(n) = index.get(node).map(|&i| &mut usage[i]) {
                 n.gpus_allocated += demand.gpus;
                 n.cpu_millis_allocated += demand.cpu_millis;
                 n.memory_bytes_allocated += demand.memory_bytes;
@@ -139,7 +143,6 @@ pub fn node_usage(nodes: &[Node], jobs: &[UnfinishedJob]) -> Vec<trainyard_core:
             }
         }
     }
-    usage.sort_by(|a, b| a.name.cmp(&b.name));
     usage
 }
 

@@ -84,7 +84,7 @@ pub struct QueueRow {
     pub estimate: String,
 }
 
-pub struct NodeRow2 {
+pub struct NodeUsageRow {
     pub name: String,
     pub gpu_type: String,
     pub gpus: String,
@@ -101,7 +101,7 @@ struct QueuePage {
     nav: Nav,
     queue: Vec<QueueRow>,
     others_waiting: usize,
-    nodes: Vec<NodeRow2>,
+    nodes: Vec<NodeUsageRow>,
 }
 
 /// The waiting jobs the caller may see, in the scheduler's order, and the nodes with what is in use.
@@ -136,7 +136,7 @@ pub async fn queue(State(state): State<AppState>, auth: WebAuth) -> WebResult<Re
     let nodes = nodes
         .items
         .into_iter()
-        .map(|n| NodeRow2 {
+        .map(|n| NodeUsageRow {
             gpu_type: n.gpu_type.unwrap_or_else(|| "—".into()),
             gpus: format!("{} of {}", n.gpus_allocated, n.gpus),
             cpus: format!("{} of {}", cores(n.cpu_millis_allocated), cores(n.cpu_millis)),
