@@ -320,6 +320,32 @@ async fn yard_submit_ships_the_folder_it_runs_in_and_the_job_records_its_digest(
         env.post("/api/v1/jobs", &bob, &json!({"command": ["python3", "train.py"], "code": digest})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["field"], "code", "{body}");
+
+    // An archive over the limit is refused with the API's own error, and nothing is stored.
+    let huge = reqwest::Client::new()
+        .put(format!("{}/api/v1/code/sha256:{}", env.server.url, "0".repeat(64)))
+        .bearer_auth(&token)
+        .header("content-type", "application/octet-stream")
+        .body(vec![0u8; 33 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: serde_json::Value = huge.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+    // A wrong digest for the bytes names the digest.
+    let (status, body) = {
+        let response = reqwest::Client::new()
+            .put(format!("{}/api/v1/code/sha256:{}", env.server.url, "0".repeat(64)))
+            .bearer_auth(&token)
+            .body(vec![0u8; 1024])
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.json::<serde_json::Value>().await.unwrap())
+    };
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "digest", "{body}");
 }
 
 /// `--time` is Slurm's time limit: an attempt that runs that long is stopped and the job fails

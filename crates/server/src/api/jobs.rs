@@ -185,8 +185,14 @@ pub async fn code_upload(
     State(state): State<AppState>,
     Auth(caller): Auth,
     axum::extract::Path(digest): axum::extract::Path<String>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<trainyard_core::api::CodeUploaded>)> {
+    // Read here rather than by an extractor, so that an archive over the limit gets the API's
+    // own JSON error.
+    let max = crate::app::code::MAX_CODE_BYTES;
+    let body = axum::body::to_bytes(body, max).await.map_err(|_| {
+        crate::error::ApiError::PayloadTooLarge(format!("the archive is over the limit of {} MiB", max >> 20))
+    })?;
     let uploaded = state.app.code_upload(&caller, &digest, body).await?;
     let status = if uploaded.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(uploaded)))

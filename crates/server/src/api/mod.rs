@@ -28,7 +28,8 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/jobs/{id}", get(jobs::job_get))
         .route(
             "/api/v1/code/{digest}",
-            put(jobs::code_upload).layer(DefaultBodyLimit::max(crate::app::code::MAX_CODE_BYTES)),
+            // The handler reads the body up to the archive limit itself.
+            put(jobs::code_upload).layer(DefaultBodyLimit::disable()),
         )
         .route("/api/v1/jobs/{id}/cancel", post(jobs::job_cancel))
         .route("/api/v1/jobs/{id}/events", get(jobs::job_events))
