@@ -30,6 +30,8 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /healthz", "ok ok ok ok ok ok"),
     ("GET /readyz", "ok ok ok ok ok ok"),
     ("GET /api/v1/openapi.json", "ok ok ok ok ok ok"),
+    // Prometheus: the metrics token (not given here) or a platform admin.
+    ("GET /metrics", "401 403 403 403 ok 401"),
     // REST API.
     ("GET /api/v1/me", "401 ok ok ok ok 401"),
     ("GET /api/v1/jobs", "401 ok ok ok ok 401"),
@@ -47,6 +49,9 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /api/v1/jobs/{id}/schedule", "401 ok ok 404 ok 401"),
     ("POST /api/v1/jobs/what-if", "401 403 ok ok ok 401"),
     ("GET /api/v1/quota", "401 ok ok ok ok 401"),
+    // Operations: the audit log for admins (a tenant admin sees their tenant's), usage for all.
+    ("GET /api/v1/audit", "401 403 403 ok ok 401"),
+    ("GET /api/v1/usage", "401 ok ok ok ok 401"),
     ("GET /api/v1/queue", "401 ok ok ok ok 401"),
     ("GET /api/v1/nodes", "401 ok ok ok ok 401"),
     ("GET /api/v1/datasets", "401 ok ok ok ok 401"),
@@ -255,7 +260,7 @@ impl World {
         let path = self.path_for(route, caller).await;
         let url = format!("{}{path}", self.env.server.url);
         let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        let response = if route.starts_with("/api/") || route == "/healthz" || route == "/readyz" {
+        let response = if route.starts_with("/api/") || ["/healthz", "/readyz", "/metrics"].contains(&route) {
             let mut request = client.request(method.clone(), &url);
             if let Some(token) = &self.tokens[caller] {
                 request = request.bearer_auth(token);

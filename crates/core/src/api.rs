@@ -613,3 +613,81 @@ pub struct StorageReport {
     pub volumes: u64,
     pub volume_bytes: u64,
 }
+
+/// One entry of the audit log: who changed what (or tried to), and how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AuditEntry {
+    /// Increases with every entry; `before` pages with it.
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    /// The tenant the change concerns; absent for platform-wide changes (creating a tenant).
+    pub tenant: Option<String>,
+    /// `user:<name>`, or `local:<command>` for the server's admin commands.
+    pub actor: String,
+    /// `token:<id>` or `session:<token id>`: the credential used, never its secret.
+    pub credential: Option<String>,
+    /// What was done, e.g. `job.submit`, `quota.set`, `token.revoke`.
+    pub action: String,
+    /// What it was done to, e.g. `job:<id>`, `tenant:<name>`.
+    pub target: String,
+    /// `ok`, or why it was refused: `denied` (role or tenant), `invalid` (bad input),
+    /// `conflict`, `error`.
+    pub outcome: String,
+    /// The refusal's message, for refused calls.
+    pub detail: Option<String>,
+    /// The client's address, when the server knew it.
+    pub source: Option<String>,
+}
+
+/// A page of the audit log, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditPage {
+    pub items: Vec<AuditEntry>,
+    /// Pass as `before` for the next (older) page; absent on the last page.
+    pub next_before: Option<i64>,
+}
+
+/// Resources held over time, for one group of a usage report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageRow {
+    /// The group's keys, by the `by` asked for (`tenant`, `user`, `gpu_type`, `template`); a
+    /// key not asked for is absent, a job with no GPU type or template has `-`.
+    pub tenant: Option<String>,
+    pub user: Option<String>,
+    pub gpu_type: Option<String>,
+    pub template: Option<String>,
+    /// GPUs held x hours, within the window.
+    pub gpu_hours: f64,
+    /// CPU cores held x hours, within the window.
+    pub cpu_hours: f64,
+    /// Attempts that overlap the window.
+    pub attempts: i64,
+    /// GPU-hours decayed by age with the report's half-life (Slurm's fair-share usage): an hour
+    /// one half-life ago counts half. Over all time, not clipped to the window.
+    pub decayed_gpu_hours: f64,
+    /// GPU-hours the engines report using (`gpu_utilization` metric) over GPU-hours held, when
+    /// the jobs in the group reported it.
+    pub efficiency: Option<f64>,
+}
+
+/// A usage report: GPU- and CPU-hours per group in a window, and per day per tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UsageReport {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub by: Vec<String>,
+    pub half_life_hours: f64,
+    pub rows: Vec<UsageRow>,
+    /// GPU-hours per tenant per bucket (`bucket_seconds` long, the first starting at `from`),
+    /// for the chart.
+    pub series: Vec<UsageSeries>,
+    pub bucket_seconds: i64,
+}
+
+/// One tenant's GPU-hours per bucket of a usage report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageSeries {
+    pub tenant: String,
+    /// GPU-hours in each bucket, in order.
+    pub gpu_hours: Vec<f64>,
+}

@@ -105,6 +105,10 @@ pub struct Caller {
     pub role: Role,
     pub platform_admin: bool,
     pub token_id: uuid::Uuid,
+    /// Signed in to the dashboard (a session on the token), rather than calling with the token.
+    pub session: bool,
+    /// The client's address, when the server knows it (for the audit log).
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl Caller {
@@ -119,5 +123,10 @@ impl Caller {
     /// How this caller appears in job events.
     pub fn actor(&self) -> String {
         format!("user:{}", self.user)
+    }
+
+    /// The credential this caller used, as the audit log names it (never its secret).
+    pub fn credential(&self) -> String {
+        format!("{}:{}", if self.session { "session" } else { "token" }, self.token_id)
     }
 }

@@ -18,6 +18,7 @@ pub mod estimate;
 pub mod fit;
 pub mod model;
 mod state;
+pub mod usage;
 
 pub use cycle::{CycleOptions, admission_cycle, run_cycle};
 pub use decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};

@@ -105,7 +105,12 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
             *by_type.entry(gpu.gpu_type).or_default() += 1;
         }
         for (gpu_type, count) in by_type {
-            store.quota_set(DEFAULT_TENANT, &gpu_type, count, None, None).await?;
+            let audit = trainyard_store::audit::Audit::local(
+                "dev",
+                "quota.set",
+                format!("tenant:{DEFAULT_TENANT}/quota:{gpu_type}"),
+            );
+            store.quota_set(DEFAULT_TENANT, &gpu_type, count, None, None, &audit).await?;
         }
     }
 

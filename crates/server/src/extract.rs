@@ -167,7 +167,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
     }
 }
 
-fn client_ip(parts: &Parts) -> Option<std::net::IpAddr> {
+pub(crate) fn client_ip(parts: &Parts) -> Option<std::net::IpAddr> {
     parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0.ip())
 }
 

@@ -18,6 +18,7 @@ pub mod control;
 pub mod dev;
 pub mod error;
 pub mod extract;
+pub mod monitoring;
 pub mod oidc;
 pub mod routes;
 pub mod scheduling;
@@ -60,9 +61,11 @@ pub struct AppState {
 /// The HTTP application: API, health checks, landing page.
 pub fn app(state: AppState) -> Router {
     let (routes, _) = routes::table().into_parts();
-    let routes = edge_input_checks(routes).fallback(|| async {
-        ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })
-    });
+    let routes = edge_input_checks(routes)
+        .fallback(|| async {
+            ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })
+        })
+        .layer(axum::middleware::from_fn_with_state(state.app.monitoring(), monitoring::track_requests));
     edge_limits_and_headers(routes)
         .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
             axum::response::IntoResponse::into_response(ApiError::Domain(trainyard_core::Error::internal(
@@ -121,6 +124,7 @@ impl Server {
         let storage = Arc::new(storage);
         let board = Arc::new(crate::control::board::ScheduleBoard::new(settings.schedule_max_age));
         let health = Arc::new(crate::control::health::LoopHealth::new(settings.ready_max_pass_age));
+        let monitoring = Arc::new(monitoring::Monitoring::new());
         let app = App::new(AppParts {
             store: store.clone(),
             executor: Arc::clone(&executor),
@@ -130,15 +134,24 @@ impl Server {
             storage: Arc::clone(&storage),
             health: Arc::clone(&health),
             oidc: None,
+            monitoring: Arc::clone(&monitoring),
         });
-        let reconciler =
-            Reconciler::new(store.clone(), executor, templates, wake, board, health, settings).with_storage(storage);
+        let reconciler = Reconciler::new(store.clone(), executor, templates, wake, board, health, settings)
+            .with_storage(storage)
+            .with_monitoring(monitoring);
         Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler, store })
     }
 
     /// Queues jobs larger than today's cluster instead of refusing them (an autoscaled cluster).
     pub fn with_cluster_grows(mut self, grows: bool) -> Server {
         self.state.app.cluster_grows_set(grows);
+        self
+    }
+
+    /// Lets Prometheus scrape `/metrics` with this bearer token (platform admins' API tokens
+    /// are accepted too).
+    pub fn with_metrics_token(mut self, token: Option<String>) -> Server {
+        self.state.app.metrics_token_set(token);
         self
     }
 

@@ -124,6 +124,10 @@ enum Command {
         /// is today instead of refusing it at submit.
         #[arg(long)]
         cluster_grows: bool,
+        /// A file holding the bearer token Prometheus scrapes `/metrics` with. Without it (or
+        /// when the file is missing) only platform admins' API tokens read the metrics.
+        #[arg(long, env = "TRAINYARD_METRICS_TOKEN_FILE")]
+        metrics_token_file: Option<PathBuf>,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -214,6 +218,21 @@ fn main() -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli.command))
 }
 
+/// The metrics token from its file: none when no file is named or the file is absent (an
+/// optional Secret not created), an error when it is there but empty or unreadable.
+fn metrics_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    let Some(file) = file else { return Ok(None) };
+    match std::fs::read_to_string(file) {
+        Ok(text) if text.trim().len() >= 16 => Ok(Some(text.trim().to_string())),
+        Ok(_) => anyhow::bail!("the metrics token in {} must be at least 16 characters", file.display()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!(file = %file.display(), "no metrics token file; only platform admins may read /metrics");
+            Ok(None)
+        }
+        Err(err) => Err(anyhow::Error::new(err).context(format!("reading the metrics token {}", file.display()))),
+    }
+}
+
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Dev { data_dir, listen, local, storage, oidc, new_admin_token } => {
@@ -238,6 +257,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             restart_backoff_seconds,
             launch_concurrency,
             cluster_grows,
+            metrics_token_file,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
@@ -260,7 +280,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 ExecutorKind::Kubernetes => cluster::kube_server(store, &data_dir, &kube, &storage, settings).await?,
             }
             .with_oidc(oidc)
-            .with_cluster_grows(cluster_grows);
+            .with_cluster_grows(cluster_grows)
+            .with_metrics_token(metrics_token(metrics_token_file.as_deref())?);
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.
             println!("trainyard: listening on http://{}", listener.local_addr()?);

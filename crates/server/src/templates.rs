@@ -137,7 +137,12 @@ impl Templates {
     }
 
     /// Checks an uploaded bundle completely, then publishes it for the caller's tenant.
-    pub async fn publish(&self, caller: &Caller, upload: TemplateUpload) -> Result<(TemplateDetail, Published)> {
+    pub async fn publish(
+        &self,
+        caller: &Caller,
+        upload: TemplateUpload,
+        audit: &trainyard_store::audit::Audit,
+    ) -> Result<(TemplateDetail, Published)> {
         let mut files = BTreeMap::new();
         for (path, encoded) in upload.files {
             let content = base64::engine::general_purpose::STANDARD
@@ -160,7 +165,14 @@ impl Templates {
             created_by: caller.user.clone(),
             created_at: chrono::Utc::now(),
         };
-        let published = self.store.template_publish(caller, &stored).await?;
+        let published = self
+            .store
+            .template_publish(
+                caller,
+                &stored,
+                &audit.clone().target(format!("template:{}@{}", stored.name, stored.version)),
+            )
+            .await?;
         let (_, detail) = self.resolve(caller.tenant_id, template.name(), Some(&stored.version)).await?;
         Ok((detail, published))
     }

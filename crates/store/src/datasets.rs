@@ -5,13 +5,15 @@ use trainyard_core::auth::Caller;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
+use crate::audit::{self, Audit, Outcome};
 use crate::templates::Published;
 use crate::{Store, db_error, violated_constraint};
 
 impl Store {
     /// Registers a version; the same content again is harmless, other content under a
     /// registered version is a conflict.
-    pub async fn dataset_register(&self, caller: &Caller, d: &Dataset) -> Result<Published> {
+    pub async fn dataset_register(&self, caller: &Caller, d: &Dataset, audit: &Audit) -> Result<Published> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         let inserted = sqlx::query(
             "INSERT INTO datasets (tenant_id, name, version, uri, format, size_bytes, samples, content_hash,
@@ -29,7 +31,7 @@ impl Store {
         .bind(&d.content_hash)
         .bind(d.source_job)
         .bind(caller.user_id)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(|err| match violated_constraint(&err) {
             Some("datasets_name_format") => Error::invalid("name", "1 to 128 letters, digits, '.', '_' or '-'"),
@@ -38,10 +40,15 @@ impl Store {
         })?
         .rows_affected();
         if inserted == 1 {
+            audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
+            tx.commit().await.map_err(db_error)?;
             return Ok(Published::Created);
         }
+        drop(tx);
         let existing = self.dataset_get(caller.tenant_id, &d.name, &d.version).await?;
         if existing.content_hash == d.content_hash && existing.uri == d.uri {
+            audit::append(&self.pool, audit, Outcome::Ok, Some("unchanged: registered before with this content"))
+                .await?;
             Ok(Published::Unchanged)
         } else {
             Err(Error::Conflict(format!(

@@ -9,6 +9,7 @@ use trainyard_core::job::{JobSpec, JobState, ValidSubmission};
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
+use crate::audit::{self, Audit, Outcome};
 use crate::{Store, db_error};
 
 /// Filters and paging of a job listing.
@@ -148,18 +149,26 @@ impl Store {
         job: ValidSubmission,
         params: Option<&serde_json::Value>,
         request_hash: &[u8],
+        audit: &Audit,
     ) -> Result<Submitted> {
         let template = job.spec.template.clone();
         let spec = serde_json::to_value(&job.spec).map_err(Error::internal)?;
         // language=PostgreSQL
+        // The job and its audit entry in one statement (one round trip, one transaction).
+        // language=PostgreSQL
         let inserted: Option<(Uuid, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-            "INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
-                               idempotency_key, request_hash, created_by,
-                               template_name, template_version, template_digest, params, expected_runtime_seconds,
-                               datasets)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-             ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-             RETURNING id, created_at, updated_at",
+            "WITH job AS (
+                 INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
+                                   idempotency_key, request_hash, created_by,
+                                   template_name, template_version, template_digest, params, expected_runtime_seconds,
+                                   datasets)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+                 RETURNING id, created_at, updated_at),
+             audited AS (
+                 INSERT INTO audit_log (tenant_id, tenant, actor, user_id, credential, action, target, outcome, source)
+                 SELECT $2, $17, $7, $10, $18, $19, 'job:' || job.id, 'ok', $20::inet FROM job)
+             SELECT id, created_at, updated_at FROM job",
         )
         .bind(Uuid::now_v7())
         .bind(caller.tenant_id)
@@ -177,6 +186,10 @@ impl Store {
         .bind(params)
         .bind(job.expected_runtime_seconds.map(|s| s as i32))
         .bind((!job.datasets.is_empty()).then(|| serde_json::to_value(&job.datasets).expect("serialises")))
+        .bind(&audit.tenant)
+        .bind(&audit.credential)
+        .bind(audit.action)
+        .bind(audit.source.map(|ip| ip.to_string()))
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?;
@@ -273,8 +286,9 @@ impl Store {
     /// Cancels a job. A job that has not launched is cancelled at once; a launched one is marked
     /// and the reconciler stops its processes, then records `cancelled`. Cancelling a cancelled
     /// job is harmless; cancelling a finished one is a conflict.
-    pub async fn job_cancel(&self, caller: &Caller, job_id: Uuid) -> Result<Job> {
+    pub async fn job_cancel(&self, caller: &Caller, job_id: Uuid, audit: &Audit) -> Result<Job> {
         let reason = format!("cancelled by {}", caller.actor());
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // One statement decides and writes, so a racing admission cannot slip between.
         // language=PostgreSQL
         let changed = sqlx::query(
@@ -291,13 +305,20 @@ impl Store {
         .bind(&reason)
         .bind(caller.actor())
         .bind(JobState::names_where(JobState::is_terminal))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await
         .map_err(db_error)?;
+        if changed.is_some() {
+            audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
+            tx.commit().await.map_err(db_error)?;
+            return self.job_get(caller.tenant_id, job_id).await;
+        }
+        drop(tx);
         let job = self.job_get(caller.tenant_id, job_id).await?;
-        if changed.is_none() && job.state != JobState::Cancelled {
+        if job.state != JobState::Cancelled {
             return Err(Error::Conflict(format!("the job has already {}; there is nothing to cancel", job.state)));
         }
+        audit::append(&self.pool, audit, Outcome::Ok, Some("unchanged: cancelled before")).await?;
         Ok(job)
     }
 

@@ -15,6 +15,7 @@
 
 #![deny(clippy::unwrap_used)]
 
+pub mod audit;
 pub mod datasets;
 pub mod embedded;
 pub mod jobs;
@@ -25,6 +26,7 @@ pub mod sso;
 pub mod storage;
 pub mod templates;
 pub mod tenancy;
+pub mod usage;
 
 use std::time::Duration;
 

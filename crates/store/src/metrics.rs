@@ -12,11 +12,13 @@ use crate::{Store, db_error};
 pub const JOB_TOKEN_PREFIX: &str = "tyj_";
 
 /// The job an engine's token stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct JobCaller {
     pub job_id: Uuid,
     pub tenant_id: Uuid,
     pub attempt: i32,
+    /// The tenant's name.
+    pub tenant: String,
 }
 
 impl Store {
@@ -42,7 +44,8 @@ impl Store {
     pub async fn job_token_authenticate(&self, secret: &str) -> Result<JobCaller> {
         // language=PostgreSQL
         sqlx::query_as(
-            "SELECT t.job_id, t.tenant_id, t.attempt FROM job_tokens t JOIN jobs j ON j.id = t.job_id
+            "SELECT t.job_id, t.tenant_id, t.attempt, n.name AS tenant
+             FROM job_tokens t JOIN jobs j ON j.id = t.job_id JOIN tenants n ON n.id = t.tenant_id
              WHERE t.token_hash = $1 AND j.state <> ALL($2)",
         )
         .bind(token_hash(secret))

@@ -295,9 +295,10 @@ impl Store {
         Ok(())
     }
 
-    /// Moves an admitted or restarting job to `starting` and opens its next attempt, in one
-    /// transaction. Returns the attempt number, or `None` when the job was no longer launchable.
-    pub async fn attempt_begin(&self, job_id: Uuid, actor: &str) -> Result<Option<i32>> {
+    /// Moves an admitted or restarting job to `starting` and opens its next attempt and its row
+    /// of the usage ledger (what it holds, from now), in one transaction. Returns the attempt
+    /// number, or `None` when the job was no longer launchable.
+    pub async fn attempt_begin(&self, job_id: Uuid, actor: &str, held: Held) -> Result<Option<i32>> {
         let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         let tenant_id: Option<Uuid> = sqlx::query_scalar(
@@ -324,6 +325,21 @@ impl Store {
         .bind(job_id)
         .bind(tenant_id)
         .fetch_one(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO usage_ledger (job_id, attempt, tenant_id, user_id, template, gpu_type, gpus, cpu_millis,
+                                       memory_bytes, started_at)
+             SELECT j.id, a.attempt, j.tenant_id, j.created_by, j.template_name, j.flavor, $3, $4, $5, a.started_at
+             FROM jobs j JOIN job_attempts a ON a.job_id = j.id AND a.attempt = $2 WHERE j.id = $1",
+        )
+        .bind(job_id)
+        .bind(attempt)
+        .bind(i32::try_from(held.gpus).unwrap_or(i32::MAX))
+        .bind(i64::try_from(held.cpu_millis).unwrap_or(i64::MAX))
+        .bind(i64::try_from(held.memory_bytes).unwrap_or(i64::MAX))
+        .execute(&mut *tx)
         .await
         .map_err(db_error)?;
         tx.commit().await.map_err(db_error)?;
@@ -382,6 +398,18 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
+        // The usage ledger's row ends when the attempt does.
+        // language=PostgreSQL
+        sqlx::query(
+            "UPDATE usage_ledger l SET ended_at = a.ended_at FROM job_attempts a
+             WHERE l.job_id = $1 AND l.attempt = $2 AND a.job_id = l.job_id AND a.attempt = l.attempt
+               AND l.ended_at IS NULL",
+        )
+        .bind(end.job_id)
+        .bind(end.attempt)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
         // The attempt's engine token dies with it.
         // language=PostgreSQL
         sqlx::query("DELETE FROM job_tokens WHERE job_id = $1 AND attempt = $2")
@@ -412,6 +440,26 @@ impl Store {
             == 1;
         tx.commit().await.map_err(db_error)?;
         Ok(moved)
+    }
+}
+
+/// What an attempt holds, all replicas together: its row of the usage ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    pub gpus: u64,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+impl Held {
+    /// What a job with this spec holds while it runs.
+    pub fn of(spec: &trainyard_core::job::JobSpec) -> Held {
+        let replicas = u64::from(spec.replicas);
+        Held {
+            gpus: u64::from(spec.resources.gpus) * replicas,
+            cpu_millis: spec.resources.cpu.millis() * replicas,
+            memory_bytes: spec.resources.memory.bytes() * replicas,
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use chrono::{DateTime, Duration, Utc};
 use trainyard_core::auth::Caller;
 use trainyard_core::{Error, Result};
 
+use crate::audit::{self, Audit, Outcome};
 use crate::tenancy::{CallerRow, caller_select, token_hash};
 use crate::{Store, db_error};
 
@@ -31,8 +32,9 @@ pub fn random_hex() -> String {
 
 impl Store {
     /// Opens a session for the holder of an API token, or says why the token is refused.
-    pub async fn session_open(&self, token: &str) -> Result<(WebSession, Caller)> {
-        let caller = self.token_authenticate(token).await?;
+    pub async fn session_open(&self, token: &str, source: Option<std::net::IpAddr>) -> Result<(WebSession, Caller)> {
+        let mut caller = self.token_authenticate(token).await?;
+        caller.source = source;
         // language=PostgreSQL
         let token_expires: Option<DateTime<Utc>> =
             sqlx::query_scalar("SELECT expires_at FROM api_tokens WHERE id = $1")
@@ -44,8 +46,12 @@ impl Store {
         if let Some(token_expires) = token_expires {
             expires_at = expires_at.min(token_expires);
         }
-        let mut conn = self.pool.acquire().await.map_err(db_error)?;
-        let session = session_insert(&mut conn, caller.token_id, expires_at).await?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let session = session_insert(&mut tx, caller.token_id, expires_at).await?;
+        let audit = Audit::by(&caller, "session.open", format!("user:{}", caller.user));
+        audit::append(&mut *tx, &audit, Outcome::Ok, Some("API token")).await?;
+        tx.commit().await.map_err(db_error)?;
+        caller.session = true;
         Ok((session, caller))
     }
 
@@ -60,19 +66,28 @@ impl Store {
         .await
         .map_err(db_error)?
         .ok_or_else(|| Error::Unauthenticated("the session has ended; sign in again".into()))?;
-        Ok((self.caller_from_row(row.caller).await?, row.csrf))
+        let mut caller = self.caller_from_row(row.caller).await?;
+        caller.session = true;
+        Ok((caller, row.csrf))
     }
 
     /// Ends a session, and the token single sign-on opened for it, if any. Ending one that is
     /// gone already is harmless.
-    pub async fn session_close(&self, secret: &str) -> Result<()> {
+    pub async fn session_close(&self, secret: &str, source: Option<std::net::IpAddr>) -> Result<()> {
+        // One statement ends the session, revokes its single sign-on token and records it.
         // language=PostgreSQL
         sqlx::query(
-            "WITH ended AS (DELETE FROM web_sessions WHERE secret_hash = $1 RETURNING token_id)
-             UPDATE api_tokens SET revoked_at = now()
-             WHERE id IN (SELECT token_id FROM ended) AND session_only AND revoked_at IS NULL",
+            "WITH ended AS (DELETE FROM web_sessions WHERE secret_hash = $1 RETURNING token_id),
+                  revoked AS (UPDATE api_tokens SET revoked_at = now()
+                              WHERE id IN (SELECT token_id FROM ended) AND session_only AND revoked_at IS NULL)
+             INSERT INTO audit_log (tenant_id, tenant, actor, user_id, credential, action, target, outcome, source)
+             SELECT t.tenant_id, n.name, 'user:' || u.name, u.id, 'session:' || t.id, 'session.close',
+                    'user:' || u.name, 'ok', $2::inet
+             FROM ended e JOIN api_tokens t ON t.id = e.token_id JOIN users u ON u.id = t.user_id
+                  JOIN tenants n ON n.id = t.tenant_id",
         )
         .bind(token_hash(secret))
+        .bind(source.map(|ip| ip.to_string()))
         .execute(&self.pool)
         .await
         .map_err(db_error)?;

@@ -38,6 +38,8 @@ pub struct SsoSignIn<'a> {
     pub mapped_tenants: &'a [String],
     /// The memberships the identity's groups grant now (a subset of `mapped_tenants`).
     pub grants: &'a [(String, Role)],
+    /// The browser's address, for the audit log.
+    pub source: Option<std::net::IpAddr>,
     /// The tenant asked for; otherwise the first of the user's tenants by name.
     pub tenant: Option<&'a str>,
 }
@@ -211,8 +213,20 @@ impl Store {
             .fetch_one(&mut *tx)
             .await
             .map_err(db_error)?;
+        let audit = crate::audit::Audit {
+            tenant_id: Some(row.tenant_id),
+            tenant: Some(row.tenant_name.clone()),
+            actor: format!("user:{}", row.user_name),
+            user_id: Some(row.user_id),
+            credential: Some(format!("session:{token_id}")),
+            action: "session.open",
+            target: format!("user:{}", row.user_name),
+            source: sign_in.source,
+        };
+        crate::audit::append(&mut *tx, &audit, crate::audit::Outcome::Ok, Some("single sign-on")).await?;
         tx.commit().await.map_err(db_error)?;
-        let caller = self.caller_from_row(row).await?;
+        let mut caller = self.caller_from_row(row).await?;
+        caller.session = true;
         Ok((session, caller))
     }
 }

@@ -13,6 +13,7 @@ use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
+use crate::audit::{self, Audit, Outcome};
 use crate::{Store, db_error, violated_constraint};
 
 /// A volume to create, checked by the caller except for the quota and name uniqueness.
@@ -99,7 +100,7 @@ impl Store {
     }
 
     /// Replaces a tenant's storage policy (platform admins).
-    pub async fn storage_policy_set(&self, tenant: &str, policy: &StoragePolicy) -> Result<()> {
+    pub async fn storage_policy_set(&self, tenant: &str, policy: &StoragePolicy, audit: &Audit) -> Result<()> {
         let days = |field: &str, value: Option<u32>| match value {
             Some(d) if d == 0 || d > DAYS_MAX => {
                 Err(Error::invalid(field, format!("1 to {DAYS_MAX} days, or null to keep forever")))
@@ -113,21 +114,22 @@ impl Store {
             .map(i64::try_from)
             .transpose()
             .map_err(|_| Error::invalid("storage_quota_bytes", "too large"))?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
-        let result = sqlx::query(
+        let tenant_id: Uuid = sqlx::query_scalar(
             "UPDATE tenants SET log_retention_days = $2, artifact_retention_days = $3, storage_quota_bytes = $4
-             WHERE name = $1",
+             WHERE name = $1 RETURNING id",
         )
         .bind(tenant)
         .bind(logs)
         .bind(artifacts)
         .bind(quota)
-        .execute(&self.pool)
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(db_error)?;
-        if result.rows_affected() == 0 {
-            return Err(Error::not_found(ObjectKind::Tenant));
-        }
+        .map_err(db_error)?
+        .ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        audit::append(&mut *tx, &audit.clone().on_tenant(Some(tenant_id), tenant), Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)?;
         Ok(())
     }
 
@@ -158,7 +160,7 @@ impl Store {
 
     /// Records a volume, within the tenant's storage quota. The tenant's row is locked while the
     /// sum is taken, so two concurrent creations cannot both squeeze under the quota.
-    pub async fn volume_create(&self, caller: &Caller, volume: &NewVolume<'_>) -> Result<Volume> {
+    pub async fn volume_create(&self, caller: &Caller, volume: &NewVolume<'_>, audit: &Audit) -> Result<Volume> {
         let size = i64::try_from(volume.size_bytes).map_err(|_| Error::invalid("size", "too large"))?;
         let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
@@ -214,6 +216,7 @@ impl Store {
         if inserted == 0 {
             return Err(Error::Conflict(format!("a volume named {} exists in this tenant", volume.name)));
         }
+        audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
         tx.commit().await.map_err(db_error)?;
         self.volume_get(caller.tenant_id, volume.name).await
     }
@@ -251,7 +254,7 @@ impl Store {
     /// Removes a volume's record and returns it (its directory is the caller's to remove).
     /// Refused while an unfinished job of the tenant mounts it (queued ones included: they
     /// would start without their data), naming a few of them; the volume stays as it was.
-    pub async fn volume_delete(&self, tenant_id: Uuid, name: &str) -> Result<Volume> {
+    pub async fn volume_delete(&self, tenant_id: Uuid, name: &str, audit: &Audit) -> Result<Volume> {
         let volume = self.volume_get(tenant_id, name).await?;
         let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
@@ -296,6 +299,7 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(db_error)?;
+        audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(volume)
     }

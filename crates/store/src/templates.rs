@@ -8,6 +8,7 @@ use trainyard_core::auth::Caller;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
+use crate::audit::{self, Audit, Outcome};
 use crate::{Store, db_error};
 
 /// A stored template version: what was uploaded.
@@ -44,7 +45,7 @@ pub enum Published {
 impl Store {
     /// Publishes a version, all or nothing. The same content again is harmless; other content
     /// under a published (name, version) is a conflict.
-    pub async fn template_publish(&self, caller: &Caller, t: &StoredTemplate) -> Result<Published> {
+    pub async fn template_publish(&self, caller: &Caller, t: &StoredTemplate, audit: &Audit) -> Result<Published> {
         let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         let inserted = sqlx::query(
@@ -74,6 +75,9 @@ impl Store {
                     .await
                     .map_err(db_error)?;
             return if digest == t.digest {
+                audit::append(&mut *tx, audit, Outcome::Ok, Some("unchanged: published before with this content"))
+                    .await?;
+                tx.commit().await.map_err(db_error)?;
                 Ok(Published::Unchanged)
             } else {
                 Err(Error::Conflict(format!(
@@ -97,6 +101,7 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
+        audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(Published::Created)
     }

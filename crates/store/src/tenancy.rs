@@ -8,6 +8,7 @@ use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
+use crate::audit::{self, Audit, Outcome};
 use crate::{Store, db_error, violated_constraint};
 
 /// Tokens start with this, so that they are recognisable in a leaked file or a secret scanner.
@@ -76,11 +77,11 @@ pub(crate) struct CallerRow {
     expires_at: Option<DateTime<Utc>>,
     revoked_at: Option<DateTime<Utc>>,
     last_used_at: Option<DateTime<Utc>>,
-    user_id: Uuid,
-    user_name: String,
+    pub(crate) user_id: Uuid,
+    pub(crate) user_name: String,
     platform_admin: bool,
-    tenant_id: Uuid,
-    tenant_name: String,
+    pub(crate) tenant_id: Uuid,
+    pub(crate) tenant_name: String,
     role: String,
 }
 
@@ -123,6 +124,8 @@ impl Store {
             tenant: row.tenant_name,
             platform_admin: row.platform_admin,
             token_id: row.token_id,
+            session: false,
+            source: None,
         })
     }
 
@@ -133,8 +136,14 @@ impl Store {
         user_id: Uuid,
         name: &str,
         expires_in_days: Option<u32>,
+        audit: &Audit,
     ) -> Result<TokenCreated> {
-        token_create_in(&self.pool, tenant_id, user_id, name, expires_in_days).await
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let created = token_create_in(&mut *tx, tenant_id, user_id, name, expires_in_days).await?;
+        let audit = audit.clone().target(format!("token:{}", created.id));
+        audit::append(&mut *tx, &audit, Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(created)
     }
 
     /// The caller's own tokens in its tenant, newest first.
@@ -167,7 +176,8 @@ impl Store {
 
     /// Revokes one of the caller's tokens (a tenant admin may revoke any token of the tenant).
     /// Revoking twice is harmless.
-    pub async fn token_revoke(&self, caller: &Caller, token_id: Uuid) -> Result<()> {
+    pub async fn token_revoke(&self, caller: &Caller, token_id: Uuid, audit: &Audit) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         let result = sqlx::query(
             "UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
@@ -177,12 +187,14 @@ impl Store {
         .bind(caller.tenant_id)
         .bind(caller.user_id)
         .bind(caller.role == Role::Admin)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(db_error)?;
         if result.rows_affected() == 0 {
             return Err(Error::not_found(ObjectKind::Token));
         }
+        audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)?;
         Ok(())
     }
 
@@ -200,13 +212,14 @@ impl Store {
         rows.into_iter().map(|(tenant, user, role)| Ok((tenant, user, parse_role(&role)?))).collect()
     }
 
-    pub async fn tenant_create(&self, name: &str) -> Result<Tenant> {
+    pub async fn tenant_create(&self, name: &str, audit: &Audit) -> Result<Tenant> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         let (id, name, created_at) =
             sqlx::query_as("INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at")
                 .bind(Uuid::now_v7())
                 .bind(name)
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *tx)
                 .await
                 .map_err(|err| match violated_constraint(&err) {
                     Some("tenants_name_unique") => Error::Conflict(format!("a tenant named {name:?} already exists")),
@@ -216,6 +229,8 @@ impl Store {
                     ),
                     _ => db_error(err),
                 })?;
+        audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)?;
         Ok(Tenant { id, name, created_at })
     }
 
@@ -244,6 +259,7 @@ impl Store {
         may_add_existing_users: bool,
         token_name: &str,
         expires_in_days: Option<u32>,
+        audit: &Audit,
     ) -> Result<MemberAdded> {
         let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
@@ -303,6 +319,9 @@ impl Store {
         } else {
             None
         };
+        let detail = format!("role {}{}", role.as_str(), if user_created { ", new user invited" } else { "" });
+        audit::append(&mut *tx, &audit.clone().on_tenant(Some(tenant_id), tenant_name), Outcome::Ok, Some(&detail))
+            .await?;
         tx.commit().await.map_err(db_error)?;
         Ok(MemberAdded { user: user_name.to_string(), tenant: tenant_name.to_string(), role, user_created, token })
     }
@@ -364,6 +383,9 @@ impl Store {
             .await
             .map_err(db_error)?;
         let token = token_create_in(&mut *tx, tenant_id, user_id, "bootstrap", None).await?;
+        let audit =
+            Audit::local("serve", "platform.bootstrap", format!("user:{admin}")).on_tenant(Some(tenant_id), tenant);
+        audit::append(&mut *tx, &audit, Outcome::Ok, Some("first tenant, platform admin and token")).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(Some(token))
     }
@@ -375,8 +397,8 @@ impl Store {
     /// already); the API never mints a token in another user's name.
     pub async fn admin_token_mint(&self, user: &str, name: &str) -> Result<TokenCreated> {
         // language=PostgreSQL
-        let found: Option<(Uuid, Uuid)> = sqlx::query_as(
-            "SELECT u.id, m.tenant_id FROM users u
+        let found: Option<(Uuid, Uuid, String)> = sqlx::query_as(
+            "SELECT u.id, m.tenant_id, t.name FROM users u
                JOIN memberships m ON m.user_id = u.id JOIN tenants t ON t.id = m.tenant_id
               WHERE u.name = $1 AND u.platform_admin ORDER BY t.name LIMIT 1",
         )
@@ -384,13 +406,20 @@ impl Store {
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?;
-        let (user_id, tenant_id) = found.ok_or_else(|| {
+        let (user_id, tenant_id, tenant) = found.ok_or_else(|| {
             Error::invalid(
                 "user",
                 format!("no platform admin named {user:?} with a tenant; other users get tokens from an admin"),
             )
         })?;
-        token_create_in(&self.pool, tenant_id, user_id, name, Some(30)).await
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let created = token_create_in(&mut *tx, tenant_id, user_id, name, Some(30)).await?;
+        let audit = Audit::local("admin-token", "token.create", format!("token:{}", created.id))
+            .on_tenant(Some(tenant_id), &tenant)
+            .for_user(user_id, user);
+        audit::append(&mut *tx, &audit, Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(created)
     }
 }
 
@@ -436,34 +465,44 @@ impl Store {
         nominal: u64,
         borrowing_limit: Option<u64>,
         lending_limit: Option<u64>,
+        audit: &Audit,
     ) -> Result<()> {
         let as_db = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
-        let result = sqlx::query(
+        let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "INSERT INTO quotas (tenant_id, flavor, nominal, borrowing_limit, lending_limit)
              SELECT id, $2, $3, $4, $5 FROM tenants WHERE name = $1
              ON CONFLICT (tenant_id, flavor) DO UPDATE SET nominal = EXCLUDED.nominal,
-                 borrowing_limit = EXCLUDED.borrowing_limit, lending_limit = EXCLUDED.lending_limit, updated_at = now()",
+                 borrowing_limit = EXCLUDED.borrowing_limit, lending_limit = EXCLUDED.lending_limit, updated_at = now()
+             RETURNING tenant_id",
         )
         .bind(tenant)
         .bind(flavor)
         .bind(as_db(nominal))
         .bind(borrowing_limit.map(as_db))
         .bind(lending_limit.map(as_db))
-        .execute(&self.pool)
+        .fetch_optional(&mut *tx)
         .await
         .map_err(|err| match violated_constraint(&err) {
-            Some("quotas_flavor_format") => {
-                Error::invalid("flavor", "a GPU type is lowercase letters, digits, '.', '_' or '-', e.g. nvidia-h100-80gb")
-            }
+            Some("quotas_flavor_format") => Error::invalid(
+                "flavor",
+                "a GPU type is lowercase letters, digits, '.', '_' or '-', e.g. nvidia-h100-80gb",
+            ),
             Some("quotas_nominal_range") => Error::invalid("nominal", "must be between 0 and 1000000"),
             Some("quotas_borrowing_range") => Error::invalid("borrowing_limit", "must be between 0 and 1000000"),
             Some("quotas_lending_range") => Error::invalid("lending_limit", "must be between 0 and 1000000"),
             _ => db_error(err),
         })?;
-        if result.rows_affected() == 0 {
-            return Err(Error::not_found(ObjectKind::Tenant));
-        }
+        let tenant_id = tenant_id.ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        let limit = |v: Option<u64>| v.map_or("none".to_string(), |v| v.to_string());
+        let detail = format!(
+            "nominal {nominal}, borrowing limit {}, lending limit {}",
+            limit(borrowing_limit),
+            limit(lending_limit)
+        );
+        audit::append(&mut *tx, &audit.clone().on_tenant(Some(tenant_id), tenant), Outcome::Ok, Some(&detail)).await?;
+        tx.commit().await.map_err(db_error)?;
         Ok(())
     }
 
@@ -475,20 +514,22 @@ impl Store {
         cohort: Option<&str>,
         weight: Option<f64>,
         preempt_lower_priority: Option<bool>,
+        audit: &Audit,
     ) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
-        let result = sqlx::query(
+        let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "UPDATE tenants SET
                  cohort = CASE WHEN $2::text IS NULL THEN cohort ELSE nullif($2, '') END,
                  weight = coalesce($3, weight),
                  preempt_lower_priority = coalesce($4, preempt_lower_priority)
-             WHERE name = $1",
+             WHERE name = $1 RETURNING id",
         )
         .bind(tenant)
         .bind(cohort)
         .bind(weight)
         .bind(preempt_lower_priority)
-        .execute(&self.pool)
+        .fetch_optional(&mut *tx)
         .await
         .map_err(|err| match violated_constraint(&err) {
             Some("tenants_cohort_format") => {
@@ -497,9 +538,9 @@ impl Store {
             Some("tenants_weight_positive") => Error::invalid("weight", "must be more than 0 and at most 1000"),
             _ => db_error(err),
         })?;
-        if result.rows_affected() == 0 {
-            return Err(Error::not_found(ObjectKind::Tenant));
-        }
+        let tenant_id = tenant_id.ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        audit::append(&mut *tx, &audit.clone().on_tenant(Some(tenant_id), tenant), Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)?;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! The REST API under `/api/v1`: routes, handlers and the OpenAPI document generated from them.
 //! Handlers are thin: extract, call one [`App`](crate::app::App) operation, shape the response.
 
+mod accounting;
 mod admin;
 mod datasets;
 mod health;
@@ -23,6 +24,9 @@ pub fn routes() -> RouteTable {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/api/v1/openapi.json", get(health::openapi_json))
+        .route("/metrics", get(accounting::metrics))
+        .route("/api/v1/audit", get(accounting::audit_get))
+        .route("/api/v1/usage", get(accounting::usage_get))
         .route("/api/v1/me", get(tokens::me))
         .route("/api/v1/jobs", post(jobs::job_submit).get(jobs::jobs_list))
         .route("/api/v1/jobs/{id}", get(jobs::job_get))
@@ -83,6 +87,9 @@ fn storage_routes() -> RouteTable {
     paths(
         health::healthz,
         health::readyz,
+        accounting::metrics,
+        accounting::audit_get,
+        accounting::usage_get,
         tokens::me,
         jobs::job_submit,
         jobs::jobs_list,

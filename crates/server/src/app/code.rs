@@ -26,6 +26,16 @@ impl App {
     /// that every entry is a plain file or folder at a relative path. Uploading the same archive
     /// again stores nothing and answers the same.
     pub async fn code_upload(&self, caller: &Caller, digest: &str, body: Bytes) -> Result<CodeUploaded> {
+        let audit = trainyard_store::audit::Audit::by(caller, "code.upload", format!("code:{digest}"));
+        let uploaded = self.audited(&audit, self.code_upload_checked(caller, digest, body)).await?;
+        // The archive lives in the object store, outside any transaction: recorded once stored.
+        if uploaded.created {
+            self.store.audit_done(&audit).await?;
+        }
+        Ok(uploaded)
+    }
+
+    async fn code_upload_checked(&self, caller: &Caller, digest: &str, body: Bytes) -> Result<CodeUploaded> {
         caller.authorize(Action::WriteJobs)?;
         if !is_sha256_digest(digest) {
             return Err(Error::invalid("digest", "must be sha256: and the 64 hex digits of the archive's SHA-256"));

@@ -4,6 +4,7 @@
 use trainyard_core::api::{Dataset, DatasetRegister};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::{Error, Result};
+use trainyard_store::audit::Audit;
 use trainyard_store::templates::Published;
 
 use super::App;
@@ -11,6 +12,16 @@ use super::App;
 impl App {
     /// Registers a dataset version, described in full or taken from a data-pack job's output.
     pub async fn dataset_register(&self, caller: &Caller, request: DatasetRegister) -> Result<(Dataset, bool)> {
+        let audit = Audit::by(caller, "dataset.register", format!("dataset:{}@{}", request.name, request.version));
+        self.audited(&audit, self.dataset_register_checked(caller, request, &audit)).await
+    }
+
+    async fn dataset_register_checked(
+        &self,
+        caller: &Caller,
+        request: DatasetRegister,
+        audit: &Audit,
+    ) -> Result<(Dataset, bool)> {
         caller.authorize(Action::WriteJobs)?;
         if let Err(message) = trainyard_core::names::DatasetRef::new(&request.name, &request.version) {
             let field = if message.contains("dataset name") { "name" } else { "version" };
@@ -61,7 +72,7 @@ impl App {
                 "a dataset version needs its content hash (data-pack records one)",
             ));
         }
-        let published = self.store.dataset_register(caller, &dataset).await?;
+        let published = self.store.dataset_register(caller, &dataset, audit).await?;
         let stored = self.store.dataset_get(caller.tenant_id, &dataset.name, &dataset.version).await?;
         Ok((stored, published == Published::Created))
     }

@@ -7,6 +7,7 @@ use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::job::JobSubmission;
 use trainyard_core::{Error, Result};
+use trainyard_store::audit::Audit;
 use trainyard_store::jobs::{JobFilter, Submitted};
 use trainyard_store::metrics::JobCaller;
 
@@ -19,20 +20,25 @@ pub const MAX_METRIC_POINTS: usize = 50_000;
 
 impl App {
     pub async fn job_submit(&self, caller: &Caller, submission: JobSubmission) -> Result<Submitted> {
-        caller.authorize(Action::WriteJobs)?;
-        // The request as given, canonically encoded: a replay with the same idempotency key
-        // must be the same request.
-        let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
-        let mut valid = submission.validate()?;
-        if let Some(code) = valid.spec.code.as_mut() {
-            code.size_bytes = self.code_size(caller.tenant_id, &code.digest).await?;
-        }
-        self.fits_cluster(&valid.spec)?;
-        let submitted = self.store.job_submit(caller, valid, None, &request_hash).await?;
-        if matches!(submitted, Submitted::Created(_)) {
-            self.scheduling_changed();
-        }
-        Ok(submitted)
+        let audit =
+            Audit::by(caller, "job.submit", format!("job:{}", submission.name.as_deref().unwrap_or("(unnamed)")));
+        self.audited(&audit, async {
+            caller.authorize(Action::WriteJobs)?;
+            // The request as given, canonically encoded: a replay with the same idempotency key
+            // must be the same request.
+            let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
+            let mut valid = submission.validate()?;
+            if let Some(code) = valid.spec.code.as_mut() {
+                code.size_bytes = self.code_size(caller.tenant_id, &code.digest).await?;
+            }
+            self.fits_cluster(&valid.spec)?;
+            let submitted = self.store.job_submit(caller, valid, None, &request_hash, &audit).await?;
+            if matches!(submitted, Submitted::Created(_)) {
+                self.scheduling_changed();
+            }
+            Ok(submitted)
+        })
+        .await
     }
 
     pub async fn jobs_list(&self, caller: &Caller, filter: &JobFilter) -> Result<JobPage> {
@@ -48,12 +54,20 @@ impl App {
     pub async fn job_cancel(&self, caller: &Caller, job_id: Uuid) -> Result<Job> {
         // Reading first keeps "no such job" (404) ahead of "not allowed" (403) for viewers, so
         // a viewer learns nothing new either way.
-        caller.authorize(Action::ReadJobs)?;
-        self.store.job_get(caller.tenant_id, job_id).await?;
-        caller.authorize(Action::WriteJobs)?;
-        let job = self.store.job_cancel(caller, job_id).await?;
-        self.scheduling_changed();
-        Ok(job)
+        let audit = Audit::by(caller, "job.cancel", format!("job:{job_id}"));
+        self.audited(&audit, async {
+            caller.authorize(Action::ReadJobs)?;
+            let before = self.store.job_get(caller.tenant_id, job_id).await?;
+            caller.authorize(Action::WriteJobs)?;
+            let job = self.store.job_cancel(caller, job_id, &audit).await?;
+            // A job that never launched ends here; a launched one when the reconciler stops it.
+            if before.state != job.state && job.state.is_terminal() {
+                self.monitoring.job_finished(&caller.tenant, job.state.as_str());
+            }
+            self.scheduling_changed();
+            Ok(job)
+        })
+        .await
     }
 
     pub async fn job_events(&self, caller: &Caller, job_id: Uuid) -> Result<Vec<JobEvent>> {
@@ -91,7 +105,13 @@ impl App {
                 return Err(Error::invalid(format!("points[{i}].value"), "must be a finite number"));
             }
         }
-        self.store.metrics_insert(caller, &batch.points).await
+        let stored = self.store.metrics_insert(caller, &batch.points).await?;
+        // The input-stall share engines report feeds the operators' histogram too.
+        let labels = crate::monitoring::TenantLabel { tenant: caller.tenant.clone() };
+        for point in batch.points.iter().filter(|p| p.name == "input_stall_share") {
+            self.monitoring.input_stall_share.get_or_create(&labels).observe(point.value.clamp(0.0, 1.0));
+        }
+        Ok(stored)
     }
 
     pub async fn job_output_set(&self, caller: &JobCaller, job_id: Uuid, output: JobOutput) -> Result<()> {

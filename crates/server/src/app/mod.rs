@@ -13,6 +13,7 @@
 //! - [`storage`]: artefacts, volumes, the storage policy;
 //! - [`throttle`]: failed authentication, throttled per client and per token.
 
+pub mod accounting;
 pub mod code;
 pub mod datasets;
 pub mod jobs;
@@ -28,14 +29,17 @@ pub mod throttle;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
+use trainyard_core::Result;
 use trainyard_executor::Executor;
 use trainyard_store::Store;
+use trainyard_store::audit::Audit;
 
 pub use jobs::MAX_METRIC_POINTS;
 pub use templates::{RunMode, TemplateRunOutcome};
 
 use crate::control::board::ScheduleBoard;
 use crate::control::health::{LoopHealth, Readiness};
+use crate::monitoring::Monitoring;
 use crate::storage::Storage;
 use crate::templates::Templates;
 
@@ -61,6 +65,10 @@ pub struct App {
     /// Nodes may be added (an autoscaled cluster): a job larger than today's cluster is queued,
     /// not refused.
     cluster_grows: bool,
+    /// The server's own metrics (see [`crate::monitoring`]).
+    monitoring: Arc<Monitoring>,
+    /// The bearer token Prometheus scrapes `/metrics` with, when the operator set one.
+    metrics_token: Option<Arc<str>>,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -73,11 +81,13 @@ pub struct AppParts {
     pub storage: Arc<Storage>,
     pub health: Arc<LoopHealth>,
     pub oidc: Option<Arc<crate::oidc::Oidc>>,
+    pub monitoring: Arc<Monitoring>,
 }
 
 impl App {
     pub fn new(parts: AppParts) -> App {
-        let AppParts { store, executor, reconciler_wake, schedule, templates, storage, health, oidc } = parts;
+        let AppParts { store, executor, reconciler_wake, schedule, templates, storage, health, oidc, monitoring } =
+            parts;
         App {
             store,
             executor,
@@ -89,6 +99,8 @@ impl App {
             throttle: Default::default(),
             oidc,
             cluster_grows: false,
+            monitoring,
+            metrics_token: None,
         }
     }
 
@@ -97,6 +109,19 @@ impl App {
     fn scheduling_changed(&self) {
         self.schedule.changed();
         self.reconciler_wake.notify_one();
+    }
+
+    /// Runs one audited change. The store appends the audit entry in the transaction of the
+    /// change itself; a refusal (by the checks here or by the store) changed nothing and is
+    /// appended on its own, with its outcome and message.
+    async fn audited<T>(&self, audit: &Audit, change: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let result = change.await;
+        if let Err(error) = &result
+            && let Err(failed) = self.store.audit_refusal(audit, error).await
+        {
+            tracing::warn!(action = audit.action, target = %audit.target, "could not record a refusal in the audit log: {failed}");
+        }
+        result
     }
 
     /// Whether this server is ready to serve, and how its control loop is doing.

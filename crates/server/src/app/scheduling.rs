@@ -6,6 +6,7 @@ use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::job::JobSubmission;
 use trainyard_core::{Error, Result};
+use trainyard_store::audit::Audit;
 
 use uuid::Uuid;
 
@@ -215,8 +216,14 @@ impl App {
         flavor: &str,
         quota: QuotaSet,
     ) -> Result<trainyard_core::api::QuotaSetResult> {
-        caller.require_platform_admin()?;
-        self.store.quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit).await?;
+        let audit = Audit::by(caller, "quota.set", format!("tenant:{tenant}/quota:{flavor}"));
+        self.audited(&audit, async {
+            caller.require_platform_admin()?;
+            self.store
+                .quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit, &audit)
+                .await
+        })
+        .await?;
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
         let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
@@ -243,13 +250,23 @@ impl App {
     }
 
     pub async fn tenant_policy_set(&self, caller: &Caller, tenant: &str, update: TenantPolicyUpdate) -> Result<()> {
-        caller.require_platform_admin()?;
-        if update.weight.is_some_and(|w| !w.is_finite()) {
-            return Err(Error::invalid("weight", "must be a number"));
-        }
-        self.store
-            .tenant_policy_set(tenant, update.cohort.as_deref(), update.weight, update.preempt_lower_priority)
-            .await?;
+        let audit = Audit::by(caller, "tenant.policy", format!("tenant:{tenant}"));
+        self.audited(&audit, async {
+            caller.require_platform_admin()?;
+            if update.weight.is_some_and(|w| !w.is_finite()) {
+                return Err(Error::invalid("weight", "must be a number"));
+            }
+            self.store
+                .tenant_policy_set(
+                    tenant,
+                    update.cohort.as_deref(),
+                    update.weight,
+                    update.preempt_lower_priority,
+                    &audit,
+                )
+                .await
+        })
+        .await?;
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
         Ok(())

@@ -78,6 +78,7 @@ impl App {
                     platform_admin: grants.platform_admin,
                     mapped_tenants: &mapped_tenants,
                     grants: &roles,
+                    source: client,
                     tenant: pending.tenant.as_deref(),
                 })
                 .await

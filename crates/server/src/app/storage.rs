@@ -14,6 +14,7 @@ use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
 use trainyard_storage::{Key, keys};
+use trainyard_store::audit::Audit;
 use trainyard_store::storage::NewVolume;
 use uuid::Uuid;
 
@@ -45,6 +46,28 @@ impl App {
     /// Stores an upload at the job's artefact `path`, streaming (multipart when large), and
     /// records its SHA-256. A failed upload leaves nothing behind.
     pub async fn artifact_upload<S, E>(
+        &self,
+        uploader: &Uploader,
+        job_id: Uuid,
+        path: &str,
+        body: S,
+    ) -> Result<ArtifactUploaded>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        if let Uploader::User(caller) = uploader {
+            // A member's upload is a change to audit; an engine's (with its job token) is the
+            // job's own output, like its metrics.
+            let audit = Audit::by(caller, "artifact.upload", format!("job:{job_id}/artifact:{path}"));
+            let uploaded = self.audited(&audit, self.artifact_upload_checked(uploader, job_id, path, body)).await?;
+            self.store.audit_done(&audit).await?;
+            return Ok(uploaded);
+        }
+        self.artifact_upload_checked(uploader, job_id, path, body).await
+    }
+
+    async fn artifact_upload_checked<S, E>(
         &self,
         uploader: &Uploader,
         job_id: Uuid,
@@ -175,6 +198,11 @@ impl App {
     /// Creates a named volume (a directory under the data directory) within the tenant's
     /// storage quota. A directory that cannot be made removes the record again.
     pub async fn volume_create(&self, caller: &Caller, request: VolumeCreate) -> Result<Volume> {
+        let audit = Audit::by(caller, "volume.create", format!("volume:{}", request.name));
+        self.audited(&audit, self.volume_create_checked(caller, request, &audit)).await
+    }
+
+    async fn volume_create_checked(&self, caller: &Caller, request: VolumeCreate, audit: &Audit) -> Result<Volume> {
         caller.authorize(Action::WriteJobs)?;
         // None: the cluster's default class (the operator may name one, `--kube-storage-class`).
         let storage_class = request.storage_class.as_deref();
@@ -195,6 +223,7 @@ impl App {
                     storage_class,
                     path: &path,
                 },
+                audit,
             )
             .await?;
         let provisioned = match mounted {
@@ -220,7 +249,8 @@ impl App {
         };
         if let Err(cause) = provisioned {
             // Nothing half-made stays behind: the record goes with the failed provisioning.
-            self.store.volume_delete(caller.tenant_id, &request.name).await?;
+            let undo = Audit::by(caller, "volume.delete", format!("volume:{}", request.name));
+            self.store.volume_delete(caller.tenant_id, &request.name, &undo).await?;
             return Err(Error::internal(cause));
         }
         Ok(volume)
@@ -242,8 +272,13 @@ impl App {
 
     /// Deletes a volume and everything in it.
     pub async fn volume_delete(&self, caller: &Caller, name: &str) -> Result<()> {
-        caller.authorize(Action::WriteJobs)?;
-        let volume = self.store.volume_delete(caller.tenant_id, name).await?;
+        let audit = Audit::by(caller, "volume.delete", format!("volume:{name}"));
+        let volume = self
+            .audited(&audit, async {
+                caller.authorize(Action::WriteJobs)?;
+                self.store.volume_delete(caller.tenant_id, name, &audit).await
+            })
+            .await?;
         if let Err(err) = self.executor.volume_remove(caller.tenant_id, &caller.tenant, &volume.name).await {
             tracing::warn!(%err, volume = %volume.name, "removing a deleted volume from the executor");
         }
@@ -267,8 +302,12 @@ impl App {
     }
 
     pub async fn storage_policy_set(&self, caller: &Caller, tenant: &str, policy: &StoragePolicy) -> Result<()> {
-        caller.require_platform_admin()?;
-        self.store.storage_policy_set(tenant, policy).await
+        let audit = Audit::by(caller, "storage.policy", format!("tenant:{tenant}"));
+        self.audited(&audit, async {
+            caller.require_platform_admin()?;
+            self.store.storage_policy_set(tenant, policy, &audit).await
+        })
+        .await
     }
 
     /// An archived log, when the executor no longer has the file: what the follower reads.

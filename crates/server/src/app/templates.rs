@@ -8,6 +8,7 @@ use trainyard_core::api::{DryRun, Schedule, TemplateDetail, TemplateRun, Templat
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::job::JobSubmission;
 use trainyard_core::{Error, Result};
+use trainyard_store::audit::Audit;
 use trainyard_store::jobs::Submitted;
 use trainyard_store::templates::Published;
 
@@ -52,6 +53,20 @@ impl App {
         template: &str,
         run: TemplateRun,
         mode: RunMode,
+    ) -> Result<TemplateRunOutcome> {
+        let audit = Audit::by(caller, "job.submit", format!("template:{template}"));
+        let run = self.template_run_checked(caller, template, run, mode, &audit);
+        // Only a submit changes anything; a dry run or what-if is not audited.
+        if mode == RunMode::Submit { self.audited(&audit, run).await } else { run.await }
+    }
+
+    async fn template_run_checked(
+        &self,
+        caller: &Caller,
+        template: &str,
+        run: TemplateRun,
+        mode: RunMode,
+        audit: &Audit,
     ) -> Result<TemplateRunOutcome> {
         caller.authorize(Action::WriteJobs)?;
         let request_hash = {
@@ -158,7 +173,7 @@ impl App {
             return Ok(TemplateRunOutcome::DryRun(Box::new(DryRun { name: valid.name, values, spec: valid.spec })));
         }
         let params = serde_json::Value::Object(run.params);
-        let submitted = self.store.job_submit(caller, valid, Some(&params), &request_hash).await?;
+        let submitted = self.store.job_submit(caller, valid, Some(&params), &request_hash, audit).await?;
         if matches!(submitted, Submitted::Created(_)) {
             self.scheduling_changed();
         }
@@ -180,8 +195,12 @@ impl App {
         caller: &Caller,
         upload: TemplateUpload,
     ) -> Result<(TemplateDetail, Published)> {
-        caller.authorize(Action::WriteJobs)?;
-        self.templates.publish(caller, upload).await
+        let audit = Audit::by(caller, "template.publish", "template");
+        self.audited(&audit, async {
+            caller.authorize(Action::WriteJobs)?;
+            self.templates.publish(caller, upload, &audit).await
+        })
+        .await
     }
 }
 

@@ -3,6 +3,7 @@
 use trainyard_core::api::{MemberAdd, MemberAdded, Tenant, TokenCreated, TokenInfo};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::{Error, Result};
+use trainyard_store::audit::Audit;
 use trainyard_store::metrics::JobCaller;
 
 use uuid::Uuid;
@@ -15,7 +16,9 @@ impl App {
     /// The caller an API token stands for (`Authorization: Bearer tyd_...`), presented by
     /// `client`. Failures are throttled (see [`super::throttle`]).
     pub async fn token_authenticate(&self, token: &str, client: Option<IpAddr>) -> Result<Caller> {
-        self.throttled(token, client, self.store.token_authenticate(token)).await
+        let mut caller = self.throttled(token, client, self.store.token_authenticate(token)).await?;
+        caller.source = client;
+        Ok(caller)
     }
 
     /// The job a job token stands for (`tyj_...`, in a replica's `TRAINYARD_TOKEN`).
@@ -29,7 +32,7 @@ impl App {
         token: &str,
         client: Option<IpAddr>,
     ) -> Result<(trainyard_store::sessions::WebSession, Caller)> {
-        self.throttled(token, client, self.store.session_open(token)).await
+        self.throttled(token, client, self.store.session_open(token, client)).await
     }
 
     /// Runs an authentication unless the client or token is throttled, and counts its failure.
@@ -48,12 +51,15 @@ impl App {
     }
 
     /// The caller of a dashboard session and its CSRF value.
-    pub async fn session_authenticate(&self, secret: &str) -> Result<(Caller, String)> {
-        self.store.session_authenticate(secret).await
+    pub async fn session_authenticate(&self, secret: &str, client: Option<IpAddr>) -> Result<(Caller, String)> {
+        let (mut caller, csrf) = self.store.session_authenticate(secret).await?;
+        caller.source = client;
+        Ok((caller, csrf))
     }
 
-    pub async fn session_close(&self, secret: &str) -> Result<()> {
-        self.store.session_close(secret).await
+    /// Ends a dashboard session (recorded in the audit log with the session's user).
+    pub async fn session_close(&self, secret: &str, client: Option<IpAddr>) -> Result<()> {
+        self.store.session_close(secret, client).await
     }
 
     /// A new token for the caller's own user, in the caller's tenant or (with `tenant`) in
@@ -65,8 +71,23 @@ impl App {
         expires_in_days: Option<u32>,
         tenant: Option<&str>,
     ) -> Result<TokenCreated> {
-        caller.authorize(Action::ManageOwnTokens)?;
-        let tenant_id = match tenant {
+        let audit = Audit::by(caller, "token.create", "token");
+        self.audited(&audit, async {
+            caller.authorize(Action::ManageOwnTokens)?;
+            let tenant_id = self.token_tenant(caller, tenant).await?;
+            let audit = match tenant {
+                Some(name) if tenant_id != caller.tenant_id => audit.clone().on_tenant(Some(tenant_id), name),
+                _ => audit.clone(),
+            };
+            self.store.token_create(tenant_id, caller.user_id, name, expires_in_days, &audit).await
+        })
+        .await
+    }
+
+    /// The tenant a new token of the caller's is for: the caller's, or another the user is a
+    /// member of.
+    async fn token_tenant(&self, caller: &Caller, tenant: Option<&str>) -> Result<Uuid> {
+        Ok(match tenant {
             None => caller.tenant_id,
             Some(tenant) if tenant == caller.tenant => caller.tenant_id,
             Some(tenant) => self.store.membership_tenant(caller.user_id, tenant).await.map_err(|err| match err {
@@ -75,8 +96,7 @@ impl App {
                 }
                 other => other,
             })?,
-        };
-        self.store.token_create(tenant_id, caller.user_id, name, expires_in_days).await
+        })
     }
 
     pub async fn tokens_list(&self, caller: &Caller) -> Result<Vec<TokenInfo>> {
@@ -85,14 +105,22 @@ impl App {
     }
 
     pub async fn token_revoke(&self, caller: &Caller, token_id: Uuid) -> Result<()> {
-        caller.authorize(Action::ManageOwnTokens)?;
-        self.store.token_revoke(caller, token_id).await
+        let audit = Audit::by(caller, "token.revoke", format!("token:{token_id}"));
+        self.audited(&audit, async {
+            caller.authorize(Action::ManageOwnTokens)?;
+            self.store.token_revoke(caller, token_id, &audit).await
+        })
+        .await
     }
 
     pub async fn tenant_create(&self, caller: &Caller, name: &str) -> Result<Tenant> {
-        caller.require_platform_admin()?;
-        trainyard_core::names::TenantName::parse(name).map_err(|message| Error::invalid("name", message))?;
-        self.store.tenant_create(name).await
+        let audit = Audit::by(caller, "tenant.create", format!("tenant:{name}")).platform_wide();
+        self.audited(&audit, async {
+            caller.require_platform_admin()?;
+            trainyard_core::names::TenantName::parse(name).map_err(|message| Error::invalid("name", message))?;
+            self.store.tenant_create(name, &audit).await
+        })
+        .await
     }
 
     pub async fn tenants_list(&self, caller: &Caller) -> Result<Vec<Tenant>> {
@@ -116,19 +144,24 @@ impl App {
     /// own tenant and change its members' roles. Either gets a token only for a user the call
     /// creates (an invitation), never for an existing user.
     pub async fn member_add(&self, caller: &Caller, tenant: &str, member: MemberAdd) -> Result<MemberAdded> {
-        if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {
-            return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
-        }
-        let may_add_existing_users = caller.platform_admin;
-        self.store
-            .member_add(
-                tenant,
-                &member.user,
-                member.role,
-                may_add_existing_users,
-                &member.token_name,
-                member.expires_in_days,
-            )
-            .await
+        let audit = Audit::by(caller, "member.add", format!("tenant:{tenant}/user:{}", member.user));
+        self.audited(&audit, async {
+            if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {
+                return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
+            }
+            let may_add_existing_users = caller.platform_admin;
+            self.store
+                .member_add(
+                    tenant,
+                    &member.user,
+                    member.role,
+                    may_add_existing_users,
+                    &member.token_name,
+                    member.expires_in_days,
+                    &audit,
+                )
+                .await
+        })
+        .await
     }
 }

@@ -35,11 +35,18 @@ pub struct StorageLoop {
     /// The archiver's current round, while one runs, and when the last one started.
     archiving: Option<tokio::task::JoinHandle<()>>,
     archive_started: Option<std::time::Instant>,
+    monitoring: Option<Arc<crate::monitoring::Monitoring>>,
 }
 
 impl StorageLoop {
     pub fn new(storage: std::sync::Arc<Storage>) -> StorageLoop {
-        StorageLoop { storage, swept: None, archiving: None, archive_started: None }
+        StorageLoop { storage, swept: None, archiving: None, archive_started: None, monitoring: None }
+    }
+
+    /// Reports the archiving backlog in these metrics.
+    pub fn with_monitoring(mut self, monitoring: Arc<crate::monitoring::Monitoring>) -> StorageLoop {
+        self.monitoring = Some(monitoring);
+        self
     }
 
     /// Starts an archiving round in the background ([`archive_round`]) when attempts have just
@@ -55,9 +62,19 @@ impl StorageLoop {
         }
         self.archive_started = Some(std::time::Instant::now());
         let (storage, store, executor) = (Arc::clone(&self.storage), store.clone(), Arc::clone(executor));
+        let monitoring = self.monitoring.clone();
         self.archiving = Some(tokio::spawn(async move {
             if let Err(err) = archive_round(&store, &storage, &*executor).await {
                 tracing::warn!(%err, "archiving logs failed; retrying at the next round");
+            }
+            if let Some(monitoring) = monitoring {
+                // What is left after the round: attempts whose archiving failed and waits a retry.
+                match store.attempts_unarchived(ARCHIVE_MAX_FAILURES, ARCHIVE_BATCH).await {
+                    Ok(due) => {
+                        monitoring.log_archive_backlog.set(due.len() as i64);
+                    }
+                    Err(err) => tracing::debug!(%err, "cannot count the archiving backlog"),
+                }
             }
         }));
     }

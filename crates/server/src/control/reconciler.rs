@@ -25,13 +25,16 @@ use trainyard_executor::{
 };
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
-use trainyard_store::reconcile::{AttemptEnd, Leadership, Unfinished, UnfinishedJob, UnhandledJob};
+use trainyard_store::reconcile::{
+    AttemptEnd, Held, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
+};
 
 use crate::control::health::{LoopHealth, panic_message};
 use crate::control::outcome::{
     EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, deterministic_failure, exit_description,
     restart_delay, shell_hint, state_after_failure,
 };
+use crate::monitoring::{Monitoring, TenantGpu, TenantReason};
 use crate::scheduling;
 use crate::templates::Templates;
 use uuid::Uuid;
@@ -41,6 +44,8 @@ const ACTOR_RECONCILER: &str = "reconciler";
 
 /// How often the executor is asked to remove leftovers of attempts that are not live.
 const GARBAGE_COLLECT_EVERY: Duration = Duration::from_secs(60);
+/// How often the quotas behind the quota gauges are read again.
+const QUOTA_GAUGES_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct ReconcilerSettings {
@@ -114,6 +119,13 @@ pub struct Reconciler {
     /// Launches interrupted by a control-plane error, with the error: noted on the job once the
     /// launch goes through (the database may be what was away).
     interrupted: std::sync::Mutex<HashMap<Uuid, String>>,
+    /// The metrics the loop feeds (see [`crate::monitoring`]).
+    monitoring: Arc<Monitoring>,
+    /// The tenants' quotas as last read for the quota gauges, and when (read every
+    /// [`QUOTA_GAUGES_EVERY`]).
+    quota_policies: Option<(Instant, Vec<TenantPolicyRow>)>,
+    /// When the GPU-hours counter was last advanced.
+    gpu_hours_lap: Option<Instant>,
 }
 
 /// This server's leadership while it leads: the lease, and the task renewing it every quarter
@@ -213,7 +225,17 @@ impl Reconciler {
             quarantined: HashMap::new(),
             reported_unhandled: HashSet::new(),
             interrupted: std::sync::Mutex::new(HashMap::new()),
+            monitoring: Arc::new(Monitoring::new()),
+            quota_policies: None,
+            gpu_hours_lap: None,
         }
+    }
+
+    /// Feeds these metrics (the server's, exported on `/metrics`) rather than a private set.
+    pub fn with_monitoring(mut self, monitoring: Arc<Monitoring>) -> Self {
+        self.storage = self.storage.map(|s| s.with_monitoring(Arc::clone(&monitoring)));
+        self.monitoring = monitoring;
+        self
     }
 
     /// Archives logs to this store when attempts end, and sweeps it by the tenants' retention.
@@ -245,6 +267,7 @@ impl Reconciler {
                 match self.store.leadership_try(holder, self.settings.lease).await {
                     Ok(Some(lease)) => {
                         tracing::info!(epoch = lease.epoch(), "leading the control loops");
+                        self.monitoring.leader.set(1);
                         leading = Some(Leading::start(lease, self.settings.lease));
                     }
                     Ok(None) => tracing::debug!("another server leads; standing by"),
@@ -255,6 +278,7 @@ impl Reconciler {
                 if current.is_lost() || self.store.control_epoch() != current.lease.epoch() {
                     tracing::warn!(epoch = current.lease.epoch(), "lost leadership (the lease expired or was taken)");
                     self.health.leading(false);
+                    self.monitoring.leader.set(0);
                     leading = None;
                 } else {
                     self.health.leading(true);
@@ -266,9 +290,13 @@ impl Reconciler {
                     {
                         tokio::time::sleep(wait).await;
                     }
-                    last_pass = Some(Instant::now());
+                    let started = Instant::now();
+                    last_pass = Some(started);
                     match guarded(self.pass()).await {
-                        Step::Done(()) => backoff = Duration::ZERO,
+                        Step::Done(()) => {
+                            backoff = Duration::ZERO;
+                            self.monitoring.pass_completed(started.elapsed());
+                        }
                         Step::Failed(trainyard_core::Error::Fenced(err)) => {
                             tracing::warn!(%err, "a write was refused: this server no longer leads");
                             current.lease.lost();
@@ -304,6 +332,7 @@ impl Reconciler {
     pub async fn pass(&mut self) -> Result<()> {
         let Unfinished { jobs, unhandled } = self.store.jobs_unfinished().await?;
         self.report_unhandled(&unhandled).await;
+        self.gauges_update(&jobs).await;
         // A quarantined job's count is kept while it is unfinished, so its back-off keeps doubling.
         let live: HashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
         self.quarantined.retain(|id, _| live.contains(id));
@@ -333,6 +362,9 @@ impl Reconciler {
             {
                 Ok(_) => {
                     ended.insert(job.id);
+                    if to.is_terminal() {
+                        self.monitoring.job_finished(&job.tenant, to.as_str());
+                    }
                 }
                 Err(err) => self.step_failed(job.id, "end between attempts", err)?,
             }
@@ -390,6 +422,51 @@ impl Reconciler {
         let skipped = self.quarantined.keys().filter(|id| self.is_quarantined(**id)).count();
         self.health.pass_completed(unhandled.len() + skipped);
         Ok(())
+    }
+
+    /// Sets the gauges that describe the unfinished jobs (by state, quota use per tenant and GPU
+    /// type) and advances the GPU-hours counter, from what the pass read anyway (the quotas are
+    /// read again every [`QUOTA_GAUGES_EVERY`]).
+    async fn gauges_update(&mut self, jobs: &[UnfinishedJob]) {
+        if self.quota_policies.as_ref().is_none_or(|(at, _)| at.elapsed() >= QUOTA_GAUGES_EVERY) {
+            match self.store.tenant_policies().await {
+                Ok(policies) => self.quota_policies = Some((Instant::now(), policies)),
+                Err(err) => tracing::debug!(%err, "cannot read quotas for the quota gauges"),
+            }
+        }
+        let policies = self.quota_policies.as_ref().map(|(_, p)| p.as_slice()).unwrap_or_default();
+        let gauges = crate::monitoring::job_gauges(jobs, policies);
+        Monitoring::gauges_set(&self.monitoring.jobs, gauges.by_state);
+        Monitoring::gauges_set(&self.monitoring.quota_nominal, gauges.nominal);
+        Monitoring::gauges_set(&self.monitoring.quota_used, gauges.used);
+        Monitoring::gauges_set(&self.monitoring.quota_borrowed, gauges.borrowed);
+        Monitoring::gauges_set(&self.monitoring.quota_lent, gauges.lent);
+        let now = Instant::now();
+        let seconds = self.gpu_hours_lap.replace(now).map_or(0.0, |at| (now - at).as_secs_f64());
+        for (labels, gpus) in gauges.running_gpus {
+            crate::monitoring::add_hours(
+                &self.monitoring.gpu_hours.get_or_create(&labels),
+                gpus as f64 * seconds / 3600.0,
+            );
+        }
+    }
+
+    /// Records an admission cycle: its duration, every job it considered, and why the waiting
+    /// ones wait (by reason class).
+    fn cycle_observed(&self, took: Duration, result: &trainyard_scheduler::CycleResult, jobs: &[UnfinishedJob]) {
+        let m = &self.monitoring;
+        m.admission_cycle_duration.observe(took.as_secs_f64());
+        let result_label = |r: &str| crate::monitoring::ResultLabel { result: r.into() };
+        m.admission_attempts.get_or_create(&result_label("success")).inc_by(result.admissions.len() as u64);
+        m.admission_attempts.get_or_create(&result_label("inadmissible")).inc_by(result.pending.len() as u64);
+        let tenant_of: HashMap<Uuid, &str> = jobs.iter().map(|j| (j.id, j.tenant.as_str())).collect();
+        let mut pending: std::collections::BTreeMap<TenantReason, i64> = Default::default();
+        for p in &result.pending {
+            let tenant = tenant_of.get(&p.job).copied().unwrap_or("unknown").to_string();
+            let reason = crate::monitoring::reason_class(&p.reason).to_string();
+            *pending.entry(TenantReason { tenant, reason }).or_default() += 1;
+        }
+        Monitoring::gauges_set(&m.pending_jobs, pending);
     }
 
     /// A job's step failed: logged and retried next pass; a refused (fenced) write is counted
@@ -523,6 +600,10 @@ impl Reconciler {
                     self.store
                         .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
                         .await?;
+                    if let Some(admitted_at) = job.admitted_at {
+                        let waited = (chrono::Utc::now() - admitted_at).num_milliseconds().max(0) as f64 / 1000.0;
+                        self.monitoring.launch_time.get_or_create(&labels_of(job)).observe(waited);
+                    }
                 }
                 return Ok(false);
             }
@@ -579,6 +660,9 @@ impl Reconciler {
             })
             .await?;
         self.stopping.remove(&(job.id, record.number));
+        if to.is_terminal() {
+            self.monitoring.job_finished(&job.tenant, to.as_str());
+        }
         tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
         Ok(true)
     }
@@ -601,28 +685,42 @@ impl Reconciler {
     /// admitted in this pass.
     async fn admit<'a>(&self, jobs: &'a [UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<&'a UnfinishedJob>> {
         if !jobs.iter().any(|j| j.state == JobState::Queued) {
+            self.monitoring.pending_jobs.clear();
             return Ok(Vec::new());
         }
         let snapshot = scheduling::snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
         // CPU-bound (tens of milliseconds at a queue of 100,000): off the async workers.
+        let cycle_started = Instant::now();
         let result = tokio::task::spawn_blocking(move || admission_cycle(&snapshot))
             .await
             .map_err(|err| trainyard_core::Error::internal(format!("running the admission cycle: {err}")))?;
+        self.cycle_observed(cycle_started.elapsed(), &result, jobs);
         let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, j)).collect();
         let mut admitted = Vec::new();
         for admission in &result.admissions {
             if self.store.job_admit(admission.job, admission.flavor.as_deref(), &admission.nodes).await? {
-                admitted.push(by_id[&admission.job]);
+                let job = by_id[&admission.job];
+                admitted.push(job);
+                let waited = (chrono::Utc::now() - job.created_at).num_milliseconds().max(0) as f64 / 1000.0;
+                let labels = TenantGpu {
+                    tenant: job.tenant.clone(),
+                    gpu_type: admission.flavor.clone().unwrap_or_else(|| "none".into()),
+                };
+                self.monitoring.admission_wait.get_or_create(&labels).observe(waited);
             }
         }
         for preemption in &result.preemptions {
-            let why = match preemption.kind {
-                PreemptionKind::Reclaim => "to return borrowed quota to its owner",
-                PreemptionKind::LowerPriority => "for a higher-priority job of the same tenant",
+            let (why, class) = match preemption.kind {
+                PreemptionKind::Reclaim => ("to return borrowed quota to its owner", "reclaim"),
+                PreemptionKind::LowerPriority => ("for a higher-priority job of the same tenant", "priority"),
             };
             let reason = format!("preempted {why} (job {})", preemption.for_job);
             if self.store.job_preempt(preemption.victim, &reason).await? {
                 tracing::info!(victim = %preemption.victim, for_job = %preemption.for_job, ?preemption.kind, "preempting");
+                if let Some(victim) = by_id.get(&preemption.victim) {
+                    let labels = TenantReason { tenant: victim.tenant.clone(), reason: class.into() };
+                    self.monitoring.preempted_jobs.get_or_create(&labels).inc();
+                }
             }
         }
         if !admitted.is_empty() || !result.preemptions.is_empty() {
@@ -704,7 +802,7 @@ impl Reconciler {
         {
             panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
         }
-        let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR).await? else {
+        let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, Held::of(&job.spec)).await? else {
             return Ok(()); // cancelled or moved meanwhile
         };
         self.launch_started(job, attempt).await
@@ -733,6 +831,7 @@ impl Reconciler {
                 tracing::info!(job = %job.id, attempt, "attempt launched");
             }
             Err(LaunchFailure::ControlPlane(error)) => {
+                self.monitoring.executor_error("launch");
                 tracing::warn!(job = %job.id, attempt, %error, "launch interrupted by a control-plane error; retrying");
                 self.interrupted
                     .lock()
@@ -744,6 +843,7 @@ impl Reconciler {
                 let _ = self.store.job_note(job.id, &note, ACTOR_RECONCILER).await;
             }
             Err(LaunchFailure::Job(reason)) => {
+                self.monitoring.executor_error("launch");
                 let to = state_after_failure(job.restart_count, job.max_restarts);
                 tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
                 self.store
@@ -794,4 +894,9 @@ fn image_digests(details: &[ReplicaDetail]) -> Vec<String> {
 fn restart_due(job: &UnfinishedJob, base: Duration, now: chrono::DateTime<chrono::Utc>) -> bool {
     let Some(ended_at) = job.attempt.as_ref().and_then(|a| a.ended_at) else { return true };
     chrono::Duration::from_std(restart_delay(base, job.restart_count)).is_ok_and(|delay| ended_at + delay <= now)
+}
+
+/// The tenant and GPU type a job's metrics are labelled with.
+fn labels_of(job: &UnfinishedJob) -> TenantGpu {
+    TenantGpu { tenant: job.tenant.clone(), gpu_type: job.flavor.clone().unwrap_or_else(|| "none".into()) }
 }

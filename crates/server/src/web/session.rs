@@ -42,7 +42,7 @@ impl FromRequestParts<AppState> for WebAuth {
             .get(SESSION_COOKIE)
             .map(|c| c.value().to_string())
             .ok_or_else(|| Error::Unauthenticated("sign in first".into()))?;
-        let (caller, csrf) = state.app.session_authenticate(&secret).await?;
+        let (caller, csrf) = state.app.session_authenticate(&secret, crate::extract::client_ip(parts)).await?;
         // For the form extractor that follows: the value this session's forms must carry.
         parts.extensions.insert(SessionCsrf(csrf.clone()));
         Ok(WebAuth { caller, csrf })
@@ -234,12 +234,12 @@ pub async fn sso_callback(
 
 pub async fn logout(
     State(state): State<AppState>,
-    _auth: WebAuth,
+    auth: WebAuth,
     jar: CookieJar,
     CsrfForm(_form): CsrfForm,
 ) -> Result<Response, WebError> {
     if let Some(secret) = jar.get(SESSION_COOKIE).map(|c| c.value().to_string()) {
-        state.app.session_close(&secret).await?;
+        state.app.session_close(&secret, auth.caller.source).await?;
     }
     let jar = jar.remove(Cookie::build(SESSION_COOKIE).path("/"));
     Ok((jar, Redirect::to("/login")).into_response())
