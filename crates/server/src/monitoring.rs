@@ -400,6 +400,63 @@ mod tests {
         assert!(text.contains("# TYPE trainyard_reconciler_last_success_timestamp_seconds gauge"), "{text}");
     }
 
+    fn job(tenant: &str, state: trainyard_core::job::JobState, gpus: u32) -> trainyard_store::reconcile::UnfinishedJob {
+        let spec = serde_json::from_value(serde_json::json!({
+            "command": ["x"], "args": [], "env": {}, "replicas": 1, "resources": {"gpus": gpus}
+        }))
+        .expect("a spec");
+        trainyard_store::reconcile::UnfinishedJob {
+            id: uuid::Uuid::now_v7(),
+            tenant_id: uuid::Uuid::nil(),
+            tenant: tenant.into(),
+            name: "j".into(),
+            state,
+            reason: None,
+            spec,
+            priority: 0,
+            max_restarts: 0,
+            restart_count: 0,
+            cancel_requested: false,
+            preempt_requested: false,
+            created_at: chrono::Utc::now(),
+            admitted_at: None,
+            flavor: Some("h100".into()),
+            assigned_nodes: None,
+            expected_runtime_seconds: None,
+            attempt: None,
+        }
+    }
+
+    fn tenant(name: &str, nominal: i64) -> trainyard_store::reconcile::TenantPolicyRow {
+        trainyard_store::reconcile::TenantPolicyRow {
+            id: uuid::Uuid::now_v7(),
+            name: name.into(),
+            cohort: Some("c".into()),
+            weight: 1.0,
+            preempt_lower_priority: false,
+            quotas: vec![trainyard_store::reconcile::QuotaRow {
+                flavor: "h100".into(),
+                nominal,
+                borrowing_limit: None,
+                lending_limit: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn quota_gauges_show_borrowing_and_who_lent_it() {
+        use trainyard_core::job::JobState::*;
+        // a (nominal 4) runs 6: borrows 2, which b (nominal 4, idle) lends.
+        let jobs = [job("a", Running, 4), job("a", Starting, 2), job("b", Queued, 1)];
+        let g = job_gauges(&jobs, &[tenant("a", 4), tenant("b", 4)]);
+        let at = |t: &str| TenantGpu { tenant: t.into(), gpu_type: "h100".into() };
+        assert_eq!((g.used[&at("a")], g.borrowed[&at("a")], g.lent[&at("a")]), (6, 2, 0));
+        assert_eq!((g.used[&at("b")], g.borrowed[&at("b")], g.lent[&at("b")]), (0, 0, 2));
+        assert_eq!(g.nominal[&at("b")], 4);
+        assert_eq!(g.running_gpus[&at("a")], 6);
+        assert_eq!(g.by_state[&TenantState { tenant: "b".into(), state: "queued".into() }], 1);
+    }
+
     #[test]
     fn gauges_set_drops_label_sets_that_are_gone() {
         let m = Monitoring::new();

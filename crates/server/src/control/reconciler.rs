@@ -45,7 +45,7 @@ const ACTOR_RECONCILER: &str = "reconciler";
 /// How often the executor is asked to remove leftovers of attempts that are not live.
 const GARBAGE_COLLECT_EVERY: Duration = Duration::from_secs(60);
 /// How often the quotas behind the quota gauges are read again.
-const QUOTA_GAUGES_EVERY: Duration = Duration::from_secs(10);
+const QUOTA_GAUGES_EVERY: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct ReconcilerSettings {
