@@ -79,6 +79,9 @@ const EXPECTED: &[(&str, &str)] = &[
     ("DELETE /api/v1/volumes/{name}", "401 403 ok 404 ok 401"),
     ("GET /api/v1/storage", "401 ok ok ok ok 401"),
     ("PUT /api/v1/admin/tenants/{tenant}/storage", "401 403 403 403 ok 401"),
+    // Run records: read by the job's tenant; completed by the job's engine with its token only.
+    ("GET /api/v1/jobs/{id}/record", "401 ok ok 404 ok 401"),
+    ("POST /api/v1/jobs/{id}/record", "401 401 401 401 401 ok"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),
@@ -112,6 +115,10 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /templates/{name}", "login ok ok ok ok login"),
     ("GET /quota", "login ok ok ok ok login"),
     ("GET /queue", "login ok ok ok ok login"),
+    // Usage for everyone signed in (their tenant's, every tenant's for platform admins); the
+    // audit log for admins (a tenant admin reads their own tenant's).
+    ("GET /usage", "login ok ok ok ok login"),
+    ("GET /audit", "login 403 403 ok ok login"),
     ("GET /tokens", "login ok ok ok ok login"),
     ("POST /tokens", "login ok ok ok ok login"),
     ("POST /tokens/{id}/revoke", "login 404 404 404 ok login"),

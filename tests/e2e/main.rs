@@ -12,6 +12,7 @@ mod fuzz;
 mod input;
 mod jobs;
 mod operations;
+mod records;
 mod recovery;
 mod scheduling;
 mod schema;

@@ -128,7 +128,20 @@ async fn every_change_is_audited_once_with_its_actor_and_outcome_and_the_log_can
     assert_eq!(actions, ["job.cancel", "job.submit"], "{page}");
     let source = &page["items"][0]["source"];
     assert_eq!(source, "127.0.0.1", "the client's address is recorded: {page}");
+    // `yard audit`: the same entries as a table; a member is refused with the server's reason.
+    let out = env.yard(&admin, &["audit", "--action", "job.", "--actor", "ann"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    let rows: Vec<&str> = table.lines().filter(|l| l.contains("job.")).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(rows[0].contains("job.cancel") && rows[1].contains("job.submit") && rows[1].contains(&job), "{table}");
+    let out = env.yard(&ann, &["audit"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("admin"), "{}", stderr(&out));
 }
+
+/// An attempt as the test reads it: tenant, user, GPUs, start, end.
+type AttemptRange = (String, String, i32, DateTime<Utc>, DateTime<Utc>);
 
 /// GPU-hours per tenant and user from the ledger equal the sum of the attempts' time ranges,
 /// clipped to the window asked for, across a server crash in the middle of an attempt.
@@ -156,7 +169,7 @@ async fn usage_is_the_sum_of_attempt_ranges_clipped_to_the_window_across_a_crash
     let ended = Utc::now() + chrono::Duration::seconds(1);
 
     // The truth: each attempt's range times its GPUs, from job_attempts.
-    let attempts: Vec<(String, String, i32, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+    let attempts: Vec<AttemptRange> = sqlx::query_as(
         "SELECT n.name, u.name, ((j.spec->'resources'->>'gpus')::int * (j.spec->>'replicas')::int),
                 a.started_at, a.ended_at
          FROM job_attempts a JOIN jobs j ON j.id = a.job_id JOIN tenants n ON n.id = j.tenant_id
@@ -207,6 +220,42 @@ async fn usage_is_the_sum_of_attempt_ranges_clipped_to_the_window_across_a_crash
     let expected = truth(mid, ended);
     assert!(close(&clipped, &expected), "usage {clipped:?}\ntruth {expected:?}");
     assert!(clipped[&("beta".to_string(), "bea".to_string())] < whole[&("beta".to_string(), "bea".to_string())]);
+
+    // `yard usage`: CSV and JSON say the same, number for number.
+    let (from, to) = ((started - chrono::Duration::seconds(5)).to_rfc3339(), ended.to_rfc3339());
+    let args = |format: &'static str| {
+        ["usage", "--by", "tenant,user", "--from", &from, "--to", &to, "-o", format].map(str::to_string)
+    };
+    let json_out = env.yard(&env.admin_token, &args("json").iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(json_out.status.success(), "{}", stderr(&json_out));
+    let csv_out = env.yard(&env.admin_token, &args("csv").iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(csv_out.status.success(), "{}", stderr(&csv_out));
+    let json_report: Value = serde_json::from_str(&stdout(&json_out)).unwrap();
+    let csv_text = stdout(&csv_out);
+    let mut lines = csv_text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let csv_rows: Vec<BTreeMap<&str, &str>> =
+        lines.map(|l| header.iter().copied().zip(l.split(',')).collect()).collect();
+    let json_rows = json_report["rows"].as_array().unwrap();
+    assert_eq!(csv_rows.len(), json_rows.len(), "{csv_text}");
+    for row in json_rows {
+        let csv =
+            csv_rows.iter().find(|c| c["tenant"] == row["tenant"] && c["user"] == row["user"]).expect("the same row");
+        for number in ["gpu_hours", "cpu_hours", "decayed_gpu_hours"] {
+            assert_eq!(csv[number].parse::<f64>().unwrap(), row[number].as_f64().unwrap(), "{number} in {csv_text}");
+        }
+        assert_eq!(csv["attempts"].parse::<i64>().unwrap(), row["attempts"].as_i64().unwrap());
+    }
+    let by_user: BTreeMap<(String, String), f64> = json_rows
+        .iter()
+        .map(|r| {
+            (
+                (r["tenant"].as_str().unwrap().into(), r["user"].as_str().unwrap().into()),
+                r["gpu_hours"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(close(&by_user, &whole), "the CLI's report is the API's: {by_user:?}");
 
     // A member sees their tenant only; the chart has one series per tenant for the admin.
     let (_, mine) = env.get("/api/v1/usage", &ann).await;

@@ -118,6 +118,8 @@ async fn the_example_trains_on_two_replicas_and_its_loss_falls() {
     assert!(loss.len() >= 3, "{metrics}");
     assert!(loss.last().unwrap() < &(loss[0] * 0.5), "the loss falls by a clear margin: {loss:?}");
     assert!(!series("samples_per_second").is_empty() && !series("input_stall_seconds").is_empty());
+    let shares = series("input_stall_share");
+    assert!(!shares.is_empty() && shares.iter().all(|v| (0.0..=1.0).contains(v)), "input_stall_share: {shares:?}");
     assert!(checkpoint_step(&env, id).is_some_and(|s| s > 0), "a checkpoint exists");
 }
 

@@ -1,4 +1,5 @@
-// Trainyard dashboard: live log tails (server-sent events) and metrics charts (uPlot).
+// Trainyard dashboard: live log tails (server-sent events), and line charts (uPlot) of a job's
+// metrics and of the usage page's GPU-hours.
 // Everything else is server-rendered and refreshed with htmx attributes in the views.
 "use strict";
 
@@ -36,13 +37,11 @@ function startLogs() {
   }
 }
 
-// Metrics: one chart per series, refreshed every few seconds while the job runs. Each chart is
-// sized to its own card and follows it when the page is resized; its legend shows the values
-// under the cursor; drag to zoom (double-click to reset); per chart, a log scale and smoothing
-// (an exponential moving average, as TensorBoard and W&B draw it, the raw series kept faint).
-const METRICS_REFRESH_MS = 3000;
+// Line charts (uPlot): named series over one shared x axis, steps or times (Unix seconds), each
+// series in its own colour. A chart is sized to its card and follows it when the page is resized;
+// its legend names the series and shows the values under the cursor; drag to zoom (double-click
+// to reset). Used by a job's metrics and by the usage page.
 const CHART_HEIGHT = 220;
-const STROKE = "#0a58ca";
 
 // Tick labels with as many decimals as the tick spacing needs (0.001, 0.0015, ... not 0.001 x5),
 // thousands separated, very large or small values in exponent form.
@@ -63,6 +62,53 @@ function axisWidth(u, values) {
   return Math.ceil(longest * 7.5 + 16);
 }
 
+function chartWidth(box) {
+  return Math.max(200, box.clientWidth - 16);
+}
+
+// The card's width follows the page; the chart follows the card.
+function followCardWidth(box) {
+  if (box.followsWidth) return;
+  box.followsWidth = true;
+  new ResizeObserver(() => {
+    if (box.plot && box.plot.width !== chartWidth(box)) box.plot.setSize({ width: chartWidth(box), height: CHART_HEIGHT });
+  }).observe(box);
+}
+
+// (Re)draws the chart of a card from `chart`: { x, xLabel, time, yLabel, yLog, steps, series:
+// [{ label, values, stroke, width, value }] } (`value` formats a series' legend value, when
+// given; `steps` holds each value until the next x, for amounts per interval).
+function lineChart(box, chart) {
+  const series = chart.series.map((s) => {
+    const line = { label: s.label, stroke: s.stroke, width: s.width || 2 };
+    if (s.value) line.value = s.value;
+    if (chart.steps) line.paths = uPlot.paths.stepped({ align: 1 });
+    return line;
+  });
+  const xAxis = chart.time ? {} : { values: tickLabels };
+  if (chart.xLabel) xAxis.label = chart.xLabel;
+  const yAxis = { values: tickLabels, size: axisWidth };
+  if (chart.yLabel) yAxis.label = chart.yLabel;
+  const options = {
+    width: chartWidth(box),
+    height: CHART_HEIGHT,
+    scales: { x: { time: Boolean(chart.time) }, y: chart.yLog ? { distr: 3 } : {} },
+    series: [{ label: chart.xLabel || (chart.time ? "time" : "x") }, ...series],
+    axes: [xAxis, yAxis],
+    cursor: { drag: { x: true, y: false } },
+  };
+  if (box.plot) box.plot.destroy();
+  box.plot = new uPlot(options, [chart.x, ...chart.series.map((s) => s.values)], box.querySelector(".plot"));
+  followCardWidth(box);
+  return box.plot;
+}
+
+// Metrics: one chart per metric, refreshed every few seconds while the job runs; per chart, a
+// log scale and smoothing (an exponential moving average, as TensorBoard and W&B draw it, the
+// raw series kept faint).
+const METRICS_REFRESH_MS = 3000;
+const STROKE = "#0a58ca";
+
 function smoothed(values, weight) {
   let last = null;
   return values.map((v) => {
@@ -72,32 +118,21 @@ function smoothed(values, weight) {
   });
 }
 
-function chartWidth(box) {
-  return Math.max(200, box.clientWidth - 16);
-}
-
-// (Re)draws a card's chart from its data and its controls.
+// (Re)draws a metric's chart from its data and its controls.
 function plotChart(box) {
-  const { name, values } = box.series;
+  const { name, steps, values } = box.series;
   const log = box.querySelector("input[name=log]").checked;
   const weight = Number(box.querySelector("input[name=smoothing]").value);
   const positive = values.every((v) => v > 0);
   box.querySelector("input[name=log]").disabled = !positive;
-  const series = [{ label: "step" }, { label: name, stroke: STROKE, width: 2 }];
-  if (weight > 0) {
-    series[1] = { label: name + " (raw)", stroke: STROKE + "40", width: 1 };
-    series.push({ label: name + " (smoothed)", stroke: STROKE, width: 2 });
-  }
-  const options = {
-    width: chartWidth(box),
-    height: CHART_HEIGHT,
-    scales: { x: { time: false }, y: log && positive ? { distr: 3 } : {} },
-    series,
-    axes: [{ label: "step", values: tickLabels }, { values: tickLabels, size: axisWidth }],
-    cursor: { drag: { x: true, y: false } },
-  };
-  if (box.plot) box.plot.destroy();
-  box.plot = new uPlot(options, chartData(box), box.querySelector(".plot"));
+  const series =
+    weight > 0
+      ? [
+          { label: name + " (raw)", values, stroke: STROKE + "40", width: 1 },
+          { label: name + " (smoothed)", values: smoothed(values, weight), stroke: STROKE },
+        ]
+      : [{ label: name, values, stroke: STROKE }];
+  lineChart(box, { x: steps, xLabel: "step", series, yLog: log && positive });
 }
 
 // The chart's columns: steps, values, and the smoothed values when smoothing is on.
@@ -124,10 +159,6 @@ function chartCard(container, s, id) {
   box.append(title, controls, plot);
   container.append(box);
   for (const input of controls.querySelectorAll("input")) input.addEventListener("input", () => plotChart(box));
-  // The card's width follows the grid; the chart follows the card.
-  new ResizeObserver(() => {
-    if (box.plot && box.plot.width !== chartWidth(box)) box.plot.setSize({ width: chartWidth(box), height: CHART_HEIGHT });
-  }).observe(box);
   return box;
 }
 
@@ -158,8 +189,35 @@ async function refreshMetrics(container) {
   }
 }
 
+// Usage: GPU-hours per bucket, one line per tenant, from the JSON the page carries in
+// `data-usage`: { from, bucket_seconds, series: [{ tenant, gpu_hours }] }.
+const TENANT_COLOURS = ["#0a58ca", "#bc4c00", "#116329", "#8250df", "#a40e26", "#1b7c83", "#7d4e00", "#57606a"];
+
+function drawUsage(box) {
+  const usage = JSON.parse(box.dataset.usage);
+  const buckets = usage.series.length ? usage.series[0].gpu_hours.length : 0;
+  // Each bucket's amount is drawn across the bucket: from its start to the next one's, the last
+  // to the end of the window.
+  const x = Array.from({ length: buckets + 1 }, (_, i) => usage.from + i * usage.bucket_seconds);
+  const series = usage.series.map((s, i) => ({
+    label: s.tenant,
+    values: [...s.gpu_hours, s.gpu_hours.at(-1)],
+    stroke: TENANT_COLOURS[i % TENANT_COLOURS.length],
+    value: (u, v) => (v == null ? "—" : v.toLocaleString("en-US", { maximumFractionDigits: 4 }) + " GPU-h"),
+  }));
+  const plot = lineChart(box, { x, time: true, steps: true, yLabel: "GPU-hours", series });
+  // Each line's legend entry names its tenant (the first entry is the time under the cursor).
+  const entries = plot.root.querySelectorAll(".u-legend .u-series");
+  usage.series.forEach((s, i) => {
+    if (entries[i + 1]) entries[i + 1].dataset.tenant = s.tenant;
+  });
+  box.dataset.series = String(usage.series.length);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   startLogs();
   const charts = document.querySelector("[data-metrics]");
   if (charts && window.uPlot) refreshMetrics(charts);
+  const usage = document.getElementById("usage-chart");
+  if (usage && window.uPlot) drawUsage(usage);
 });

@@ -1,11 +1,13 @@
 //! `yard`: the Trainyard command line. Tables for people, `-o json` for scripts; errors print
 //! the server's message and exit non-zero.
 
+mod accounting;
 mod client;
 mod code;
 mod config;
 mod diff;
 mod output;
+mod record;
 mod storage;
 mod templates;
 
@@ -37,7 +39,7 @@ use crate::config::Config;
                   `yard login` (saved under your config directory). Shell completions: `yard completions bash`."
 )]
 struct Cli {
-    /// Output format.
+    /// Output format (csv: `yard usage` only).
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
     #[command(subcommand)]
@@ -48,6 +50,7 @@ struct Cli {
 enum Output {
     Table,
     Json,
+    Csv,
 }
 
 #[derive(Subcommand)]
@@ -127,6 +130,9 @@ enum Command {
     },
     /// Your tenant's GPU quotas and usage: nominal, used, borrowed, lent.
     Quota,
+    /// GPU- and CPU-hours held in a window, per tenant, user, GPU type or template:
+    /// `yard usage --from 7d --by tenant,user -o csv`.
+    Usage(accounting::UsageArgs),
     /// The dataset registry: named, immutable dataset versions.
     Datasets {
         #[command(subcommand)]
@@ -152,6 +158,9 @@ enum Command {
         #[command(subcommand)]
         command: TokensCommand,
     },
+    /// The audit log, newest first: who changed what, or tried to (tenant admins see their
+    /// tenant's, platform admins every tenant's).
+    Audit(accounting::AuditArgs),
     /// Tenants and members (admins).
     Admin {
         #[command(subcommand)]
@@ -281,7 +290,13 @@ enum JobsCommand {
         cursor: Option<String>,
     },
     /// One job: spec, attempts and state history.
-    Show { id: String },
+    Show {
+        id: String,
+        /// Its run record instead: what exactly each attempt ran (template, parameters, spec
+        /// hash, code, data, every package, hardware, seeds, Trainyard's version).
+        #[arg(long)]
+        record: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -415,6 +430,9 @@ fn what_if_answer(out: Output, schedule: &Schedule) -> anyhow::Result<ExitCode> 
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = cli.output;
+    if out == Output::Csv && !matches!(cli.command, Command::Usage(_)) {
+        bail!("-o csv is for `yard usage`; this command prints a table, or JSON with -o json");
+    }
     if let Command::Login { url, token } = &cli.command {
         let config = Config { url: url.trim_end_matches('/').to_string(), token: token.clone() };
         let me: Me = Client::new(config.clone())?.get("/api/v1/me").await?;
@@ -486,7 +504,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let page: JobPage = client.get(&format!("/api/v1/jobs?{query}")).await?;
             output::print(out, &page, output::jobs_table)
         }
-        Command::Jobs { command: JobsCommand::Show { id } } => {
+        Command::Jobs { command: JobsCommand::Show { id, record: true } } => {
+            let id = client.job_id(&id).await?;
+            let records: trainyard_core::record::JobRunRecords =
+                client.get(&format!("/api/v1/jobs/{id}/record")).await?;
+            output::print(out, &records, record::render)
+        }
+        Command::Jobs { command: JobsCommand::Show { id, record: false } } => {
             let id = client.job_id(&id).await?;
             let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
             let attempts: Vec<JobAttempt> = client.get(&format!("/api/v1/jobs/{id}/attempts")).await?;
@@ -630,6 +654,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
             output::print(out, &report, output::quota)
         }
+        Command::Usage(args) => accounting::usage(&client, out, args).await,
+        Command::Audit(args) => accounting::audit(&client, out, args).await,
         Command::Admin {
             command: AdminCommand::Quota { command: AdminQuotaCommand::Set { tenant, flavor, nominal, borrow, lend } },
         } => {

@@ -4,10 +4,11 @@ use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
 use comfy_table::presets::UTF8_BORDERS_ONLY;
-use comfy_table::{ContentArrangement, Table};
+use comfy_table::{CellAlignment, ContentArrangement, Row, Table};
 use serde::Serialize;
 use trainyard_core::api::{
-    Job, JobAttempt, JobEvent, JobMetrics, JobPage, QuotaReport, Schedule, TemplateDetail, TemplateSummary, TokenInfo,
+    AuditPage, Job, JobAttempt, JobEvent, JobMetrics, JobPage, QuotaReport, Schedule, TemplateDetail, TemplateSummary,
+    TokenInfo, UsageReport, UsageRow,
 };
 
 use crate::Output;
@@ -16,7 +17,8 @@ use trainyard_core::resources::Memory;
 pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> String) -> anyhow::Result<ExitCode> {
     match out {
         Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        Output::Table => print!("{}", human(value)),
+        // `-o csv` is refused before any command but `yard usage` (which writes its own) runs.
+        Output::Table | Output::Csv => print!("{}", human(value)),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -433,9 +435,313 @@ fn bar(used: u64, total: u64, width: usize) -> String {
     format!("{}{}", "█".repeat(filled.min(width)), "░".repeat(width - filled.min(width)))
 }
 
+/// The window of a usage report, then its rows (see [`usage_grid`]).
+pub fn usage_table(report: &UsageReport) -> String {
+    let minute = |at: DateTime<Utc>| at.format("%Y-%m-%d %H:%M UTC");
+    let window = format!("usage from {} to {}\n", minute(report.from), minute(report.to));
+    if report.rows.is_empty() {
+        return format!("{window}no usage in this window\n");
+    }
+    format!("{window}{}\n", usage_grid(report))
+}
+
+/// A column per key grouped by, in the order asked, then the hours; most GPU-hours first, a
+/// total when there are several rows, efficiency only when some group reported it.
+fn usage_grid(report: &UsageReport) -> Table {
+    let rows = usage_rows_by_gpu_hours(report);
+    let efficiency = rows.iter().any(|r| r.efficiency.is_some());
+    let mut header: Vec<String> = report.by.iter().map(|key| key.replace(['-', '_'], " ").to_uppercase()).collect();
+    header.extend(["GPU-HOURS".into(), "CPU-HOURS".into(), "ATTEMPTS".into()]);
+    header.push(format!("DECAYED GPU-H ({} half-life)", half_life(report.half_life_hours)));
+    if efficiency {
+        header.push("EFFICIENCY".into());
+    }
+    let mut t = table(&header.iter().map(String::as_str).collect::<Vec<_>>());
+    let hours = |h: f64| format!("{h:.2}");
+    for row in &rows {
+        let mut cells: Vec<String> =
+            report.by.iter().map(|key| usage_key(row, key).unwrap_or("-").to_string()).collect();
+        cells.extend([hours(row.gpu_hours), hours(row.cpu_hours), row.attempts.to_string()]);
+        cells.push(hours(row.decayed_gpu_hours));
+        if efficiency {
+            cells.push(row.efficiency.map(|e| format!("{:.1}%", e * 100.0)).unwrap_or_default());
+        }
+        t.add_row(cells);
+    }
+    if rows.len() > 1 {
+        // Efficiency has no total: the rows do not say how many of their hours reported it.
+        let mut cells: Vec<String> = report.by.iter().map(|_| String::new()).collect();
+        if let Some(first) = cells.first_mut() {
+            *first = "TOTAL".into();
+        }
+        cells.push(hours(rows.iter().map(|r| r.gpu_hours).sum()));
+        cells.push(hours(rows.iter().map(|r| r.cpu_hours).sum()));
+        cells.push(rows.iter().map(|r| r.attempts).sum::<i64>().to_string());
+        cells.push(hours(rows.iter().map(|r| r.decayed_gpu_hours).sum()));
+        t.add_row(cells);
+    }
+    for index in report.by.len()..header.len() {
+        if let Some(column) = t.column_mut(index) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+/// A usage report as CSV: the keys grouped by, then the figures at full precision, written as
+/// `-o json` writes them; most GPU-hours first; no efficiency is an empty cell.
+pub fn usage_csv(report: &UsageReport) -> String {
+    let mut header: Vec<String> = report.by.iter().map(|key| key.replace('-', "_")).collect();
+    header.extend(["gpu_hours", "cpu_hours", "attempts", "decayed_gpu_hours", "efficiency"].map(String::from));
+    let mut text = csv_record(&header);
+    let number = |n: f64| serde_json::to_string(&n).unwrap_or_default();
+    for row in usage_rows_by_gpu_hours(report) {
+        let mut cells: Vec<String> =
+            report.by.iter().map(|key| usage_key(row, key).unwrap_or_default().to_string()).collect();
+        cells.extend([number(row.gpu_hours), number(row.cpu_hours), row.attempts.to_string()]);
+        cells.push(number(row.decayed_gpu_hours));
+        cells.push(row.efficiency.map(number).unwrap_or_default());
+        text.push_str(&csv_record(&cells));
+    }
+    text
+}
+
+/// One CSV line (RFC 4180): a field holding a comma, a quote or a line break is quoted, its
+/// quotes doubled.
+fn csv_record(fields: &[String]) -> String {
+    let quoted: Vec<String> = fields
+        .iter()
+        .map(|field| {
+            if field.contains([',', '"', '\n', '\r']) {
+                format!("\"{}\"", field.replace('"', "\"\""))
+            } else {
+                field.clone()
+            }
+        })
+        .collect();
+    format!("{}\n", quoted.join(","))
+}
+
+fn usage_rows_by_gpu_hours(report: &UsageReport) -> Vec<&UsageRow> {
+    let mut rows: Vec<&UsageRow> = report.rows.iter().collect();
+    rows.sort_by(|a, b| b.gpu_hours.total_cmp(&a.gpu_hours));
+    rows
+}
+
+/// A row's value for a key of the report's `by`.
+fn usage_key<'a>(row: &'a UsageRow, key: &str) -> Option<&'a str> {
+    match key {
+        "tenant" => row.tenant.as_deref(),
+        "user" => row.user.as_deref(),
+        "gpu-type" | "gpu_type" => row.gpu_type.as_deref(),
+        "template" => row.template.as_deref(),
+        _ => None,
+    }
+}
+
+/// A half-life in hours as people say it: 7d, 12h, 1.5h.
+fn half_life(hours: f64) -> String {
+    if hours >= 24.0 && hours % 24.0 == 0.0 { format!("{}d", hours / 24.0) } else { format!("{hours}h") }
+}
+
+/// The audit log, newest first (see [`audit_grid`]), and whether older entries are left.
+pub fn audit_table(page: &AuditPage) -> String {
+    if page.items.is_empty() {
+        return "no audit entries match\n".into();
+    }
+    let mut text = format!("{}\n", audit_grid(page));
+    if page.next_before.is_some() {
+        text.push_str("older entries left: raise --limit, or narrow with --since, --actor, --action\n");
+    }
+    text
+}
+
+/// An entry a row, at most two lines high: a long refusal message is cut to fit (`-o json` has
+/// it whole).
+fn audit_grid(page: &AuditPage) -> Table {
+    let mut t = table(&["TIME", "TENANT", "ACTOR", "ACTION", "TARGET", "OUTCOME", "SOURCE", "DETAIL"]);
+    for entry in &page.items {
+        let mut row = Row::from(vec![
+            when(entry.at),
+            entry.tenant.clone().unwrap_or_else(|| "-".into()),
+            entry.actor.clone(),
+            entry.action.clone(),
+            entry.target.clone(),
+            entry.outcome.clone(),
+            entry.source.clone().unwrap_or_default(),
+            entry.detail.clone().unwrap_or_default(),
+        ]);
+        row.max_height(2);
+        t.add_row(row);
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{elapsed, sparkline};
+    use chrono::{TimeZone, Utc};
+    use comfy_table::Table;
+    use trainyard_core::api::{AuditEntry, AuditPage, UsageReport, UsageRow};
+
+    use super::{audit_grid, audit_table, elapsed, sparkline, usage_csv, usage_grid, usage_table};
+
+    fn usage_row(user: &str, tenant: &str, gpu_hours: f64, efficiency: Option<f64>) -> UsageRow {
+        UsageRow {
+            tenant: Some(tenant.into()),
+            user: Some(user.into()),
+            gpu_type: None,
+            template: None,
+            gpu_hours,
+            cpu_hours: gpu_hours * 8.0,
+            attempts: 2,
+            decayed_gpu_hours: gpu_hours * 0.4,
+            efficiency,
+        }
+    }
+
+    fn usage_report(by: &[&str], rows: Vec<UsageRow>) -> UsageReport {
+        UsageReport {
+            from: Utc.with_ymd_and_hms(2026, 10, 25, 0, 0, 0).unwrap(),
+            to: Utc.with_ymd_and_hms(2026, 11, 24, 4, 50, 13).unwrap(),
+            by: by.iter().map(|k| k.to_string()).collect(),
+            half_life_hours: 168.0,
+            rows,
+            series: Vec::new(),
+            bucket_seconds: 86_400,
+        }
+    }
+
+    /// The table's lines as a terminal `width` wide shows them.
+    fn lines(mut table: Table, width: u16) -> Vec<String> {
+        table.set_width(width);
+        table.lines().collect()
+    }
+
+    fn line_with<'a>(lines: &'a [String], text: &str) -> &'a str {
+        lines.iter().find(|l| l.contains(text)).unwrap_or_else(|| panic!("no line with {text}: {lines:#?}"))
+    }
+
+    #[test]
+    fn usage_table_groups_in_the_order_asked_most_gpu_hours_first_with_a_total() {
+        // The server sends the groups in key order.
+        let rows = vec![
+            usage_row("alice", "ml", 1.5, None),
+            usage_row("bob", "ml", 10.25, None),
+            usage_row("carol", "vision", 3.0, None),
+        ];
+        let report = usage_report(&["user", "tenant"], rows);
+        let text = usage_table(&report);
+        assert!(text.starts_with("usage from 2026-10-25 00:00 UTC to 2026-11-24 04:50 UTC\n"), "{text}");
+
+        let lines = lines(usage_grid(&report), 200);
+        let header = line_with(&lines, "GPU-HOURS");
+        let at = |name: &str| header.find(name).unwrap_or_else(|| panic!("no {name} in {header}"));
+        assert!(at("USER") < at("TENANT") && at("TENANT") < at("GPU-HOURS"), "{header}");
+        assert!(at("CPU-HOURS") < at("ATTEMPTS") && at("ATTEMPTS") < at("DECAYED GPU-H (7d half-life)"), "{header}");
+        assert!(!header.contains("EFFICIENCY"), "no group reported efficiency: {header}");
+
+        let order: Vec<usize> = ["bob", "carol", "alice", "TOTAL"]
+            .iter()
+            .map(|name| lines.iter().position(|l| l.contains(name)).unwrap())
+            .collect();
+        assert!(order.is_sorted(), "most GPU-hours first, the total last: {lines:#?}");
+        assert!(line_with(&lines, "bob").contains("10.25") && line_with(&lines, "alice").contains("1.50"));
+        let total = line_with(&lines, "TOTAL");
+        for figure in ["14.75", "118.00", "6", "5.90"] {
+            assert!(total.contains(figure), "{figure} in {total}");
+        }
+    }
+
+    #[test]
+    fn usage_table_shows_efficiency_only_when_a_group_reported_it_and_one_row_has_no_total() {
+        let mut report = usage_report(&["tenant"], vec![usage_row("alice", "ml", 2.0, None)]);
+        report.half_life_hours = 12.0;
+        let lines = lines(usage_grid(&report), 200);
+        assert!(!lines.iter().any(|l| l.contains("TOTAL") || l.contains("EFFICIENCY")), "{lines:#?}");
+        assert!(line_with(&lines, "GPU-HOURS").contains("DECAYED GPU-H (12h half-life)"));
+
+        let rows = vec![usage_row("alice", "ml", 2.0, Some(0.875)), usage_row("bob", "vision", 1.0, None)];
+        let report = usage_report(&["tenant"], rows);
+        let lines = super::tests::lines(usage_grid(&report), 200);
+        assert!(line_with(&lines, "GPU-HOURS").contains("EFFICIENCY"));
+        assert!(line_with(&lines, "ml").contains("87.5%"));
+        assert!(!line_with(&lines, "vision").contains('%'), "no figure for a group that reported none");
+
+        let empty = usage_report(&["tenant"], Vec::new());
+        assert!(usage_table(&empty).ends_with("no usage in this window\n"));
+    }
+
+    #[test]
+    fn usage_csv_quotes_what_needs_it_and_writes_the_numbers_json_writes() {
+        let mut sweep = usage_row("alice", "ml", 0.1 + 0.2, Some(2.0 / 3.0));
+        sweep.template = Some("sweep, \"big\"".into());
+        sweep.gpu_type = Some("nvidia-h100-80gb".into());
+        let mut shell = usage_row("bob", "ml", 1.0 / 3.0, None);
+        shell.template = Some("shell".into());
+        shell.gpu_type = Some("-".into());
+        let report = usage_report(&["template", "gpu-type"], vec![sweep, shell]);
+        let csv = usage_csv(&report);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], "template,gpu_type,gpu_hours,cpu_hours,attempts,decayed_gpu_hours,efficiency");
+
+        let json = serde_json::to_value(&report).unwrap();
+        let figures = |i: usize| {
+            let row = &json["rows"][i];
+            ["gpu_hours", "cpu_hours", "attempts", "decayed_gpu_hours"].map(|k| row[k].to_string()).join(",")
+        };
+        assert_eq!(lines[1], format!("shell,-,{},", figures(1)), "no efficiency is an empty cell");
+        let efficiency = json["rows"][0]["efficiency"].to_string();
+        assert_eq!(lines[2], format!("\"sweep, \"\"big\"\"\",nvidia-h100-80gb,{},{efficiency}", figures(0)));
+        assert!(lines[2].contains(",0.30000000000000004,") && efficiency == "0.6666666666666666", "{}", lines[2]);
+        assert_eq!(lines.len(), 3);
+    }
+
+    fn audit_entry(seq: i64, hour: u32, tenant: Option<&str>, outcome: &str, detail: Option<&str>) -> AuditEntry {
+        AuditEntry {
+            seq,
+            at: Utc.with_ymd_and_hms(2026, 11, 24, hour, 5, 9).unwrap(),
+            tenant: tenant.map(str::to_string),
+            actor: "user:alice".into(),
+            credential: Some("token:7".into()),
+            action: "quota.set".into(),
+            target: "tenant:ml".into(),
+            outcome: outcome.into(),
+            detail: detail.map(str::to_string),
+            source: Some("10.0.0.7".into()),
+        }
+    }
+
+    #[test]
+    fn audit_table_lists_newest_first_and_cuts_a_long_detail() {
+        let long = "a tenant admin reads only their own tenant's audit log; ".repeat(6);
+        let page = AuditPage {
+            items: vec![audit_entry(42, 10, None, "ok", None), audit_entry(41, 9, Some("ml"), "denied", Some(&long))],
+            next_before: None,
+        };
+        let lines = lines(audit_grid(&page), 200);
+        let header = line_with(&lines, "TIME");
+        let columns = ["TIME", "TENANT", "ACTOR", "ACTION", "TARGET", "OUTCOME", "SOURCE", "DETAIL"];
+        let at: Vec<usize> = columns.iter().map(|c| header.find(c).unwrap()).collect();
+        assert!(at.is_sorted(), "{header}");
+        let newest = lines.iter().position(|l| l.contains("2026-11-24 10:05:09")).unwrap();
+        let older = lines.iter().position(|l| l.contains("2026-11-24 09:05:09")).unwrap();
+        assert!(newest < older, "newest first: {lines:#?}");
+        assert!(lines[newest].contains(" - ") && lines[newest].contains("ok"), "no tenant: {}", lines[newest]);
+        assert!(lines[older].contains("ml") && lines[older].contains("denied") && lines[older].contains("10.0.0.7"));
+
+        // A 336-character refusal in a 120-column terminal: two lines, cut, not eight.
+        let narrow = super::tests::lines(audit_grid(&page), 120);
+        assert!(narrow.iter().all(|l| l.chars().count() <= 120), "{narrow:#?}");
+        let rows = narrow.len() - 4; // top border, header, its rule, bottom border
+        assert_eq!(rows, 1 + 2, "{narrow:#?}");
+        assert!(narrow.iter().any(|l| l.contains('…')), "marked where it is cut: {narrow:#?}");
+
+        assert!(!audit_table(&page).contains("older entries"));
+        let more = AuditPage { next_before: Some(41), ..page };
+        assert!(audit_table(&more).contains("older entries left"));
+        let none = AuditPage { items: Vec::new(), next_before: None };
+        assert_eq!(audit_table(&none), "no audit entries match\n");
+    }
 
     #[test]
     fn elapsed_time_reads_like_squeue() {

@@ -6,12 +6,14 @@
 //! - [`resources`]: per-replica resource requests (cpu, memory, GPUs) and their parsing.
 //! - [`job`]: the job spec a user submits, its validation, and the job state machine.
 //! - [`api`]: request and response bodies of the REST API, shared by the server and the CLI.
+//! - [`record`]: the run record of an attempt (what exactly ran), its canonical JSON and hashes.
 
 pub mod api;
 pub mod auth;
 pub mod error;
 pub mod job;
 pub mod names;
+pub mod record;
 pub mod resources;
 
 pub use error::{Error, Result};

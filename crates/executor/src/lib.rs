@@ -253,6 +253,12 @@ pub trait Executor: Send + Sync + 'static {
     /// What jobs can use in total.
     fn inventory(&self) -> Inventory;
 
+    /// The image every replica runs, for backends that run images (the run record names it);
+    /// `None` for backends that run the host's programs.
+    fn image(&self) -> Option<String> {
+        None
+    }
+
     /// Starts every replica of an attempt and returns its placement (stored in Postgres).
     /// Launching the same attempt twice never starts a second set of replicas: the local
     /// backend refuses it with an error, the Kubernetes backend finds the attempt's Job and

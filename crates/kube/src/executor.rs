@@ -480,6 +480,10 @@ impl Executor for KubernetesExecutor {
         "kubernetes"
     }
 
+    fn image(&self) -> Option<String> {
+        Some(self.config.image.clone())
+    }
+
     fn inventory(&self) -> Inventory {
         inventory::total(&self.nodes().unwrap_or_default())
     }

@@ -116,7 +116,7 @@ impl FromRequestParts<AppState> for Auth {
         let token = bearer_token(parts)?;
         if token.starts_with(JOB_TOKEN_PREFIX) {
             return Err(Error::Unauthenticated(
-                "a job token can only post metrics, outputs and artefacts for its own job".into(),
+                "a job token can only post metrics, outputs, artefacts and the run record of its own job".into(),
             )
             .into());
         }
@@ -133,7 +133,10 @@ impl FromRequestParts<AppState> for JobAuth {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer_token(parts)?;
         if !token.starts_with(JOB_TOKEN_PREFIX) {
-            return Err(Error::Unauthenticated("metrics are posted by a job's engine with its job token".into()).into());
+            return Err(Error::Unauthenticated(
+                "metrics, outputs and run records are posted by a job's engine with its job token".into(),
+            )
+            .into());
         }
         Ok(JobAuth(state.app.job_token_authenticate(token, client_ip(parts)).await?))
     }

@@ -21,6 +21,7 @@ pub mod embedded;
 pub mod jobs;
 pub mod metrics;
 pub mod reconcile;
+pub mod records;
 pub mod sessions;
 pub mod sso;
 pub mod storage;

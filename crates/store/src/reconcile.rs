@@ -6,6 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row};
 use trainyard_core::job::{JobSpec, JobState};
+use trainyard_core::record::ServerRecord;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
@@ -354,6 +355,31 @@ impl Store {
         .bind(job_id)
         .bind(attempt)
         .bind(placement)
+        .bind(self.control_epoch())
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Writes the server's part of an attempt's run record, before its replicas start: `server`
+    /// with the job's parameters and datasets taken from its row in the same statement. Once
+    /// written it stays as it is: a resumed launch of the same attempt finds it and changes
+    /// nothing (and the table's trigger refuses any change but the engine's part arriving).
+    pub async fn run_record_begin(&self, job_id: Uuid, attempt: i32, server: &ServerRecord) -> Result<()> {
+        let server = serde_json::to_value(server).map_err(Error::internal)?;
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO run_records (job_id, attempt, tenant_id, server)
+             SELECT a.job_id, a.attempt, a.tenant_id,
+                    $3::jsonb || jsonb_build_object('params', j.params, 'datasets', coalesce(j.datasets, '[]'::jsonb))
+             FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+             WHERE a.job_id = $1 AND a.attempt = $2 AND (SELECT control_fence($4))
+             ON CONFLICT (job_id, attempt) DO NOTHING",
+        )
+        .bind(job_id)
+        .bind(attempt)
+        .bind(&server)
         .bind(self.control_epoch())
         .execute(&self.pool)
         .await

@@ -254,13 +254,12 @@ impl Store {
     pub async fn member_add(
         &self,
         tenant_name: &str,
-        user_name: &str,
-        role: Role,
+        member: &trainyard_core::api::MemberAdd,
         may_add_existing_users: bool,
-        token_name: &str,
-        expires_in_days: Option<u32>,
         audit: &Audit,
     ) -> Result<MemberAdded> {
+        let (user_name, role) = (member.user.as_str(), member.role);
+        let (token_name, expires_in_days) = (member.token_name.as_str(), member.expires_in_days);
         let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         let tenant_id: Uuid = sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1")

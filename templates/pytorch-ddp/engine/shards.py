@@ -50,6 +50,24 @@ def epoch_shard_order(shards, seed, epoch):
     return assign_shards(shards, 0, 1, seed, epoch)
 
 
+def rank_share(shard_samples, rank, world_size, seed, epoch):
+    """The samples `rank` is given in `epoch` (before its block shuffle and the drop of what
+    does not fill a step), as (shard position, first index, end index) pieces in the epoch's
+    order: its contiguous share [rank * n, (rank + 1) * n) of the epoch's sequence, with
+    n = sum(shard_samples) // world_size (step 2 of the module's rule). Needs only the shards'
+    sample counts."""
+    per_rank = sum(shard_samples) // world_size
+    first, end = rank * per_rank, (rank + 1) * per_rank
+    pieces, start = [], 0
+    for shard in epoch_shard_order(len(shard_samples), seed, epoch):
+        stop = start + shard_samples[shard]
+        low, high = max(first, start), min(end, stop)
+        if low < high:
+            pieces.append((shard, low - start, high - start))
+        start = stop
+    return pieces
+
+
 class EpochPlan:
     """Which sample (shard position, index in the shard) `rank` trains on at each position of an
     epoch. Needs only the shards' sample counts: no data is read."""

@@ -5,7 +5,8 @@ TRAINYARD_TOKEN and TRAINYARD_JOB_ID are set; without them it trains and reports
 
 Device and backend: placement.py (NCCL on the process's own GPU, gloo on CPU). Seeds: seeds.py
 (each rank its own, restored per rank on resume). Data order: shards.py (equal batches per rank,
-each sample at most once per epoch, resumable at any step). Checkpoints: checkpoints.py.
+each sample at most once per epoch, resumable at any step). Checkpoints: checkpoints.py. The run
+record (packages, hardware, seeds, data): record.py, posted by rank 0 before the first step.
 
 Exactly once: a checkpoint holds every rank's position in the epoch (epoch, samples consumed, and
 the description of its sample order) and generator states; a resumed run continues each rank
@@ -35,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checkpoints  # noqa: E402
 import placement  # noqa: E402
+import record  # noqa: E402
 import seeds  # noqa: E402
 import shards  # noqa: E402
 
@@ -162,6 +164,23 @@ def caused_by_a_peer(error):
         s in text for s in ("Connection closed by peer", "Connection reset by peer", "Timed out waiting"))
 
 
+def record_run(args, world, per_replica, backend, device, plan):
+    """Completes this attempt's run record with what only the engine knows (record.py): rank 0,
+    once, before the first step. Failing to record is reported and never stops training."""
+    module = args.user_module or os.path.join(os.path.dirname(os.path.abspath(__file__)), "example.py")
+    run = {"seed": args.seed, "deterministic": args.deterministic == "true", "world_size": world,
+           "replicas": world // max(1, per_replica), "processes_per_replica": per_replica, "backend": backend,
+           "device_type": device.type, "data_path": args.data, "content_hash": plan.content,
+           "shard_samples": plan.shard_samples, "user_module": args.user_module,
+           "user_module_sha256": record.file_sha256(module), "user_repo": args.user_repo,
+           "user_commit": args.user_commit}
+    try:
+        record.post(record.build(record.gather(), run))
+    except Exception as err:  # noqa: BLE001 - the record must never stop training
+        detail = err.read().decode(errors="replace") if hasattr(err, "read") else ""
+        print(f"trainyard: could not complete the run record: {err} {detail}".strip(), flush=True)
+
+
 def resume_state(directory, rank, device):
     """Rank 0 loads the latest checkpoint (None on a first start) and every rank gets it; a
     checkpoint that cannot be loaded fails every rank with the same message."""
@@ -207,6 +226,8 @@ def main():
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     dataset = shards.ShardDataset(args.data, user.decode, rank, world, args.seed, args.batch_size, args.shuffle_block)
+    if rank == 0:
+        record_run(args, world, local_world, backend, device, dataset.plan)
     epoch_steps = steps_per_epoch(dataset.plan.samples_per_rank, args.batch_size, args.grad_accum)
     if epoch_steps == 0:
         raise EngineError(f"{args.data} holds {dataset.plan.samples_total} samples, too few for one step of {world} "
@@ -310,8 +331,12 @@ def main():
                 # This process's steps over its own time: a resumed run starts counting afresh.
                 samples = (step - resumed_at) * args.batch_size * args.grad_accum * world
                 samples_per_second = samples / (time.monotonic() - started)
+                # The share of this process's time spent waiting for data (operators see it
+                # per tenant as trainyard_input_stall_share).
+                stall_share = stall_total / max(time.monotonic() - started, 1e-9)
                 reporter.add(step, loss=step_loss.item(), lr=scheduler.get_last_lr()[0],
-                             samples_per_second=samples_per_second, input_stall_seconds=stall_total)
+                             samples_per_second=samples_per_second, input_stall_seconds=stall_total,
+                             input_stall_share=min(stall_share, 1.0))
                 reporter.flush()
                 print(f"step {step} loss {step_loss.item():.4f}", flush=True)
             step_loss, step_keys = torch.zeros((), device=device), []

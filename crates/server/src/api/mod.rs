@@ -8,6 +8,7 @@ mod health;
 pub mod jobs;
 mod logs;
 mod metrics;
+mod records;
 mod scheduling;
 mod storage;
 mod templates;
@@ -41,6 +42,7 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/jobs/{id}/logs", get(logs::job_logs))
         .route("/api/v1/jobs/{id}/metrics", get(metrics::metrics_get).post(metrics::metrics_post))
         .route("/api/v1/jobs/{id}/outputs", get(metrics::outputs_get).post(metrics::output_post))
+        .route("/api/v1/jobs/{id}/record", get(records::record_get).post(records::record_post))
         .route("/api/v1/jobs/{id}/schedule", get(scheduling::job_schedule))
         .route("/api/v1/jobs/what-if", post(scheduling::job_what_if))
         .route("/api/v1/quota", get(scheduling::quota_get))
@@ -102,6 +104,8 @@ fn storage_routes() -> RouteTable {
         metrics::metrics_post,
         metrics::metrics_get,
         metrics::output_post,
+        records::record_post,
+        records::record_get,
         scheduling::quota_get,
         scheduling::queue_get,
         scheduling::nodes_get,

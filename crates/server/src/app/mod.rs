@@ -4,6 +4,7 @@
 //! checked in exactly one place. One file per resource:
 //!
 //! - [`jobs`]: submit, list, show, cancel, events, attempts, metrics and outputs;
+//! - [`records`]: run records (what exactly each attempt ran), completed by engines;
 //! - [`logs`]: reading and following replica logs, with tokens masked ([`log_mask`]);
 //! - [`templates`]: listing, publishing and running task templates;
 //! - [`datasets`]: the dataset registry;
@@ -19,6 +20,7 @@ pub mod datasets;
 pub mod jobs;
 pub mod log_mask;
 pub mod logs;
+pub mod records;
 pub mod scheduling;
 pub mod sso;
 pub mod storage;

@@ -150,17 +150,7 @@ impl App {
                 return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
             }
             let may_add_existing_users = caller.platform_admin;
-            self.store
-                .member_add(
-                    tenant,
-                    &member.user,
-                    member.role,
-                    may_add_existing_users,
-                    &member.token_name,
-                    member.expires_in_days,
-                    &audit,
-                )
-                .await
+            self.store.member_add(tenant, &member, may_add_existing_users, &audit).await
         })
         .await
     }

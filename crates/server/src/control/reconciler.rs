@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
 use trainyard_core::job::JobState;
+use trainyard_core::record::ServerRecord;
 use trainyard_executor::{
     AttemptRef, Executor, ExecutorError, LaunchRequest, ReplicaDetail, ReplicaPhase, ReplicaStatus,
 };
@@ -739,10 +740,10 @@ impl Reconciler {
         Ok(admitted)
     }
 
-    /// Gathers what an attempt needs (the template's files, a job token for its engine) and
-    /// starts it, or the ranks of it that did not start yet (a launch resumed after a crash or
-    /// a control-plane error: executors make launching the same attempt again start only what
-    /// is missing).
+    /// Gathers what an attempt needs (the template's files, a job token for its engine), writes
+    /// the server's part of its run record, and starts it, or the ranks of it that did not start
+    /// yet (a launch resumed after a crash or a control-plane error: executors make launching
+    /// the same attempt again start only what is missing).
     async fn launch_attempt(
         &self,
         job: &UnfinishedJob,
@@ -769,6 +770,13 @@ impl Reconciler {
                 return Err(LaunchFailure::Job("this server has no storage to read the job's code from".into()));
             }
         };
+        // The server's part of the run record, written before any replica starts (a resumed
+        // launch finds it written and leaves it as it was).
+        let record = ServerRecord::new(&job.spec, &files, self.executor.name(), self.executor.image().as_deref());
+        self.store
+            .run_record_begin(job.id, attempt, &record)
+            .await
+            .map_err(|e| LaunchFailure::of_control_plane(e, "writing the run record"))?;
         // A resumed launch makes another token for the same attempt: the replicas started before
         // keep theirs, and all of them die with the attempt.
         let token = self

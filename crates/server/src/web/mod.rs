@@ -10,8 +10,10 @@
 //! - [`submit`]: templates and the submit form generated from their parameters.
 //! - [`storage`]: a job's artefacts (download buttons), datasets, volumes.
 //! - [`admin`]: quota and usage, tokens, and the platform admin's pages.
+//! - [`accounting`]: GPU-hours over time (usage) and the audit log.
 //! - [`assets`]: the stylesheet, the script and the vendored libraries.
 
+mod accounting;
 mod admin;
 mod assets;
 mod jobs;
@@ -57,6 +59,8 @@ pub fn routes() -> RouteTable {
         .route("/templates/{name}", get(submit::template))
         .route("/quota", get(admin::quota))
         .route("/queue", get(admin::queue))
+        .route("/usage", get(accounting::usage))
+        .route("/audit", get(accounting::audit))
         .route("/tokens", get(admin::tokens).post(admin::token_create))
         .route("/tokens/{id}/revoke", post(admin::token_revoke))
         .route("/admin", get(admin::admin))
@@ -73,10 +77,12 @@ pub struct Nav {
     pub role: &'static str,
     pub platform_admin: bool,
     pub can_write: bool,
+    /// Whether the audit log is theirs to read: platform admins and tenant admins.
+    pub can_audit: bool,
     /// The session's CSRF value, for the forms on the page.
     pub csrf: String,
-    /// Which tab is current: `jobs`, `submit`, `templates`, `datasets`, `volumes`, `quota`,
-    /// `tokens`, `admin`.
+    /// Which tab is current: `jobs`, `submit`, `templates`, `datasets`, `volumes`, `queue`,
+    /// `quota`, `usage`, `audit`, `tokens`, `admin`.
     pub current: &'static str,
 }
 
@@ -89,6 +95,7 @@ impl Nav {
             role: caller.role.as_str(),
             platform_admin: caller.platform_admin,
             can_write: can_write(caller),
+            can_audit: caller.platform_admin || caller.authorize(Action::ManageTenant).is_ok(),
             csrf: auth.csrf.clone(),
             current,
         }
