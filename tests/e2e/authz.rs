@@ -39,6 +39,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("PUT /api/v1/code/{digest}", "401 403 ok ok ok 401"),
     ("GET /api/v1/jobs/{id}", "401 ok ok 404 ok 401"),
     ("POST /api/v1/jobs/{id}/cancel", "401 403 ok 404 ok 401"),
+    ("POST /api/v1/jobs/{id}/rerun", "401 403 ok 404 ok 401"),
     ("GET /api/v1/jobs/{id}/events", "401 ok ok 404 ok 401"),
     ("GET /api/v1/jobs/{id}/attempts", "401 ok ok 404 ok 401"),
     ("GET /api/v1/jobs/{id}/logs", "401 ok ok 404 ok 401"),

@@ -14,7 +14,7 @@ use trainyard_tests::{StatusCode, TestEnv, stderr, stdout};
 
 /// 8x8 images of 4 classes, 1,200 samples, packed by data-pack (as in `training.rs`), and
 /// registered as `digits@1`. Returns the folder and the registered dataset.
-async fn registered_dataset(env: &TestEnv) -> (PathBuf, Value) {
+pub(crate) async fn registered_dataset(env: &TestEnv) -> (PathBuf, Value) {
     let source = env.dir.path().join("images");
     for i in 0..1200u32 {
         let class = i % 4;
@@ -40,7 +40,7 @@ async fn registered_dataset(env: &TestEnv) -> (PathBuf, Value) {
     (dest, serde_json::from_slice(&registered.stdout).unwrap())
 }
 
-fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("TRAINYARD_TEST_PYTHON").expect("TRAINYARD_TEST_PYTHON: run through tests/run")
 }
 

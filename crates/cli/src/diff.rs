@@ -48,6 +48,13 @@ pub fn fields(run: &Run, all: bool) -> Fields {
     }
     flatten("datasets", &serde_json::to_value(&job.datasets).unwrap_or(Value::Null), &mut out);
     flatten("outputs", &run.outputs, &mut out);
+    // The link a rerun keeps to its original, and the parameters it changed.
+    if let Some(original) = job.rerun_of {
+        out.insert("rerun.of".into(), Value::from(original.to_string()));
+    }
+    if let Some(set) = &job.rerun_overrides {
+        flatten("rerun.set", set, &mut out);
+    }
     out.insert("priority".into(), Value::from(job.priority));
     out.insert("max_restarts".into(), Value::from(job.max_restarts));
     out.insert("outcome.state".into(), Value::from(job.state.as_str()));

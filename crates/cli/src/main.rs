@@ -21,7 +21,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use trainyard_core::api::{
     Dataset, DatasetRegister, Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded, QuotaReport,
-    QuotaSet, Schedule, TemplateRun, Tenant, TenantCreate, TenantPolicyUpdate, TokenCreate, TokenCreated, TokenInfo,
+    QuotaSet, RerunRequest, Schedule, TemplateRun, Tenant, TenantCreate, TenantPolicyUpdate, TokenCreate, TokenCreated,
+    TokenInfo,
 };
 use trainyard_core::auth::Role;
 use trainyard_core::job::{JobState, JobSubmission};
@@ -116,6 +117,21 @@ enum Command {
     },
     /// Run a job from a template: `yard run shell --set command='["echo","hi"]' --wait`.
     Run(RunArgs),
+    /// Run a job again exactly: the template it ran (by digest, even after an upgrade), its
+    /// parameters, dataset versions and code; `--set` changes parameters. The new job links to
+    /// the original (`rerun of` in `yard jobs show`).
+    Rerun {
+        id: String,
+        /// A parameter to change, key=value (repeatable); a value starting with '[' is a JSON list.
+        #[arg(long = "set", short = 's', value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Say whether it would start now, or its queue position and estimated start; queue nothing.
+        #[arg(long)]
+        what_if: bool,
+        /// Wait for the job to end; exit 0 only if it succeeded.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Browse, scaffold and publish task templates.
     Templates {
         #[command(subcommand)]
@@ -517,10 +533,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let events: Vec<JobEvent> = client.get(&format!("/api/v1/jobs/{id}/events")).await?;
             let outputs: serde_json::Value = client.get(&format!("/api/v1/jobs/{id}/outputs")).await?;
             let schedule: Option<Schedule> = client.get(&format!("/api/v1/jobs/{id}/schedule")).await?;
-            let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events, "outputs": outputs, "schedule": schedule });
+            let reruns: JobPage = client.get(&format!("/api/v1/jobs?rerun_of={id}&limit=20")).await?;
+            let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events, "outputs": outputs,
+                "schedule": schedule, "reruns": reruns.items.iter().map(|j| j.id).collect::<Vec<_>>() });
             output::print(out, &detail, |_| {
                 let waiting = schedule.as_ref().map(output::schedule).unwrap_or_default();
-                format!("{}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
+                let reruns = output::reruns(&reruns.items);
+                format!("{}{reruns}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
             })
         }
         Command::Diff { a, b, all } => {
@@ -573,6 +592,20 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Wait { id, timeout } => wait(&client, out, &id, timeout.map(Duration::from_secs)).await,
+        Command::Rerun { id, set, what_if, wait: wait_for_it } => {
+            let id = client.job_id(&id).await?;
+            let request = RerunRequest { set: templates::params_of(None, &set)?, what_if };
+            if what_if {
+                let schedule: Schedule = client.post(&format!("/api/v1/jobs/{id}/rerun"), &request).await?;
+                return what_if_answer(out, &schedule);
+            }
+            let job: Job = client.post(&format!("/api/v1/jobs/{id}/rerun"), &request).await?;
+            if wait_for_it {
+                eprintln!("submitted {} (rerun of {id})", job.id);
+                return wait(&client, out, &job.id.to_string(), None).await;
+            }
+            output::print(out, &job, |job| format!("{}\n", job.id))
+        }
         Command::Run(args) => {
             let params = templates::params_of(args.file.as_deref(), &args.set)?;
             let (_, version) = templates::split_reference(&args.template);

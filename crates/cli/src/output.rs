@@ -192,6 +192,23 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
     format!("{t}\n")
 }
 
+/// The jobs that run this one again, for `yard jobs show`.
+pub fn reruns(reruns: &[Job]) -> String {
+    if reruns.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<String> = reruns.iter().map(|j| format!("{} ({})", j.id, j.state)).collect();
+    format!("rerun as:  {}\n", ids.join(", "))
+}
+
+/// A parameter value as a person would type it: strings without quotes.
+fn plain(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
 pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outputs: &serde_json::Value) -> String {
     let spec = &job.spec;
     let mut text = format!(
@@ -216,6 +233,16 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outpu
     }
     if let Some(t) = &spec.template {
         text.push_str(&format!("template:  {} {} ({})\n", t.name, t.version, t.digest));
+    }
+    if let Some(original) = job.rerun_of {
+        let changed = match &job.rerun_overrides {
+            Some(serde_json::Value::Object(set)) if !set.is_empty() => {
+                let set: Vec<String> = set.iter().map(|(k, v)| format!("{k}={}", plain(v))).collect();
+                format!(" with {}", set.join(" "))
+            }
+            _ => " exactly".to_string(),
+        };
+        text.push_str(&format!("rerun of:  {original}{changed}\n"));
     }
     if !attempts.is_empty() {
         let mut t = table(&["ATTEMPT", "STARTED", "ENDED", "EXIT CODES", "REASON"]);

@@ -43,6 +43,27 @@ pub struct Job {
     /// control loop leaves it alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_unreadable: Option<String>,
+    /// The job this one runs again (`yard rerun`), and the parameters it changed (none: an
+    /// exact rerun). The jobs that rerun this one: `GET /api/v1/jobs?rerun_of=<id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub rerun_overrides: Option<serde_json::Value>,
+}
+
+/// Run a job again (`POST /api/v1/jobs/{id}/rerun`): the recorded template (by digest),
+/// parameters, dataset versions and code, with the changes given here.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerunRequest {
+    /// Parameters to change, by name (a job from a template only).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub set: serde_json::Map<String, serde_json::Value>,
+    /// Say when it would start instead of submitting it.
+    #[serde(default)]
+    pub what_if: bool,
 }
 
 /// One page of jobs, newest first.

@@ -119,7 +119,10 @@ impl Server {
         storage: Storage,
         settings: ReconcilerSettings,
     ) -> Result<Server, String> {
-        let templates = Arc::new(Templates::new(store.clone())?);
+        let templates = Arc::new(match &settings.builtin_templates_dir {
+            None => Templates::new(store.clone())?,
+            Some(dir) => Templates::from_dir(store.clone(), dir)?,
+        });
         let wake = Arc::new(Notify::new());
         let storage = Arc::new(storage);
         let board = Arc::new(crate::control::board::ScheduleBoard::new(settings.schedule_max_age));
@@ -174,6 +177,10 @@ impl Server {
         let base = format!("http://{}", listener.local_addr()?);
         state.app.sso_redirect_default(&base);
         reconciler.api_url_default(base);
+        // Jobs of this server's built-in template versions can run again after an upgrade.
+        if let Err(err) = state.app.builtin_templates_keep().await {
+            tracing::warn!(%err, "cannot keep the built-in template versions; retried at the next start");
+        }
         let token = state.shutdown.clone();
         let reconciler_task = tokio::spawn(reconciler.run(token.clone()));
 

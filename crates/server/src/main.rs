@@ -128,6 +128,11 @@ enum Command {
         /// when the file is missing) only platform admins' API tokens read the metrics.
         #[arg(long, env = "TRAINYARD_METRICS_TOKEN_FILE")]
         metrics_token_file: Option<PathBuf>,
+        /// Read the built-in templates from this folder (one sub-folder per template, like the
+        /// source tree's `templates/`) instead of those built into the binary: for developing
+        /// templates without a rebuild.
+        #[arg(long)]
+        builtin_templates_dir: Option<PathBuf>,
     },
     /// Applies pending migrations and exits.
     Migrate {
@@ -258,6 +263,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             launch_concurrency,
             cluster_grows,
             metrics_token_file,
+            builtin_templates_dir,
         } => {
             let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
@@ -271,6 +277,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 min_pass_interval: Duration::from_millis(min_pass_interval_ms),
                 restart_backoff: Duration::from_secs_f64(restart_backoff_seconds.clamp(0.0, 300.0)),
                 launch_concurrency: usize::from(launch_concurrency),
+                builtin_templates_dir,
                 ..Default::default()
             };
             let data_dir = data_dir.canonicalize()?;

@@ -13,7 +13,7 @@ use trainyard_core::error::ObjectKind;
 use trainyard_core::job::TemplateRef;
 use trainyard_core::{Error, Result};
 use trainyard_store::Store;
-use trainyard_store::templates::{Published, StoredTemplate};
+use trainyard_store::templates::{KeptBuiltin, Published, StoredTemplate};
 use trainyard_templates::{Bundle, LoadError, MANIFEST_FILE, Template};
 use uuid::Uuid;
 
@@ -21,6 +21,8 @@ static BUILTIN_DIR: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/../../templates"
 
 pub struct Templates {
     builtins: BTreeMap<String, Arc<Template>>,
+    /// The built-ins as bundles (manifest text and files), kept in the database by digest.
+    bundles: BTreeMap<String, Bundle>,
     store: Store,
 }
 
@@ -28,18 +30,73 @@ impl Templates {
     /// Loads and checks every built-in template. A broken one stops the server from starting,
     /// naming the folder, the file, the field and the rule.
     pub fn new(store: Store) -> std::result::Result<Templates, String> {
+        Templates::with_bundles(store, builtin_bundles())
+    }
+
+    /// The built-ins from a folder of template folders instead of those built into the binary
+    /// (`serve --builtin-templates-dir`: template development, and the tests of kept versions).
+    pub fn from_dir(store: Store, dir: &std::path::Path) -> std::result::Result<Templates, String> {
+        Templates::with_bundles(store, bundles_in(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?)
+    }
+
+    fn with_bundles(store: Store, bundles: BTreeMap<String, Bundle>) -> std::result::Result<Templates, String> {
         let mut builtins = BTreeMap::new();
-        for (folder, bundle) in builtin_bundles() {
-            let template = Template::load(&bundle).map_err(|e| format!("built-in template templates/{folder}/{e}"))?;
+        for (folder, bundle) in &bundles {
+            let template = Template::load(bundle).map_err(|e| format!("built-in template templates/{folder}/{e}"))?;
             if template.name() != folder {
                 return Err(format!(
                     "built-in template templates/{folder}/{MANIFEST_FILE}: name: is {:?}; it must match its folder",
                     template.name()
                 ));
             }
-            builtins.insert(folder, Arc::new(template));
+            builtins.insert(folder.clone(), Arc::new(template));
         }
-        Ok(Templates { builtins, store })
+        Ok(Templates { builtins, bundles, store })
+    }
+
+    /// Keeps every built-in version this server offers in the database, by digest, so that a
+    /// job from it runs again with exactly its files after Trainyard is upgraded.
+    pub async fn keep_builtins(&self) -> Result<()> {
+        for (folder, template) in &self.builtins {
+            let bundle = &self.bundles[folder];
+            let kept = KeptBuiltin {
+                name: template.name().to_string(),
+                version: template.version().to_string(),
+                digest: template.digest.clone(),
+                manifest: bundle.manifest.clone(),
+                files: bundle.files.clone(),
+            };
+            self.store.builtin_version_keep(&kept).await?;
+        }
+        Ok(())
+    }
+
+    /// Exactly the template a job ran (`reference`, with its digest): the built-in of this
+    /// server, a kept earlier built-in version, or the tenant's published version, whose digest
+    /// must still be the one recorded.
+    pub async fn resolve_pinned(&self, tenant_id: Uuid, reference: &TemplateRef) -> Result<Arc<Template>> {
+        let gone = || {
+            Error::Conflict(format!(
+                "template {}@{} with digest {} is no longer available to run again",
+                reference.name, reference.version, reference.digest
+            ))
+        };
+        if let Some(current) = self.builtins.get(&reference.name) {
+            if current.digest == reference.digest {
+                return Ok(Arc::clone(current));
+            }
+            let kept = self
+                .store
+                .builtin_version_get(&reference.name, &reference.version, Some(&reference.digest))
+                .await?
+                .ok_or_else(gone)?;
+            let template = Template::load(&Bundle { manifest: kept.manifest, files: kept.files }).map_err(|e| {
+                Error::internal(format!("kept built-in {}@{} no longer loads: {e}", kept.name, kept.version))
+            })?;
+            return if template.digest == reference.digest { Ok(Arc::new(template)) } else { Err(gone()) };
+        }
+        let (template, _) = self.resolve(tenant_id, &reference.name, Some(&reference.version)).await?;
+        if template.digest == reference.digest { Ok(template) } else { Err(gone()) }
     }
 
     /// Built-ins and the tenant's own, by name.
@@ -126,14 +183,7 @@ impl Templates {
     /// The files a job from `reference` receives. The digest must still match: what runs is
     /// exactly what was recorded.
     pub async fn files_for(&self, tenant_id: Uuid, reference: &TemplateRef) -> Result<BTreeMap<String, Vec<u8>>> {
-        let (template, _) = self.resolve(tenant_id, &reference.name, Some(&reference.version)).await?;
-        if template.digest != reference.digest {
-            return Err(Error::Conflict(format!(
-                "template {}@{} now has digest {}, not the {} the job recorded",
-                reference.name, reference.version, template.digest, reference.digest
-            )));
-        }
-        Ok(template.files.clone())
+        Ok(self.resolve_pinned(tenant_id, reference).await?.files.clone())
     }
 
     /// Checks an uploaded bundle completely, then publishes it for the caller's tenant.
@@ -205,6 +255,39 @@ pub fn builtin_bundles() -> BTreeMap<String, Bundle> {
         bundles.insert(name, bundle);
     }
     bundles
+}
+
+/// Template bundles from a folder on disk, one sub-folder per template (the layout of the
+/// workspace's `templates/`).
+fn bundles_in(dir: &std::path::Path) -> std::io::Result<BTreeMap<String, Bundle>> {
+    let mut bundles = BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let root = entry.path();
+        let mut bundle = Bundle::default();
+        let mut stack = vec![root.clone()];
+        while let Some(folder) = stack.pop() {
+            for item in std::fs::read_dir(&folder)? {
+                let path = item?.path();
+                let relative = path.strip_prefix(&root).expect("inside its folder").to_path_buf();
+                if !is_template_file(&relative) {
+                    continue;
+                }
+                if path.is_dir() {
+                    stack.push(path);
+                } else if relative.as_os_str() == MANIFEST_FILE {
+                    bundle.manifest = std::fs::read_to_string(&path)?;
+                } else {
+                    bundle.files.insert(relative.to_string_lossy().into_owned(), std::fs::read(&path)?);
+                }
+            }
+        }
+        bundles.insert(entry.file_name().to_string_lossy().into_owned(), bundle);
+    }
+    Ok(bundles)
 }
 
 /// Whether a path inside a built-in template's folder is part of the template: not its own

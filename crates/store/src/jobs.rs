@@ -27,6 +27,8 @@ pub struct JobFilter {
     pub user: Option<String>,
     /// Only jobs whose name contains this text, ignoring case.
     pub name_contains: Option<String>,
+    /// Only the reruns of this job.
+    pub rerun_of: Option<Uuid>,
     pub limit: u32,
 }
 
@@ -39,7 +41,8 @@ macro_rules! job_select {
         concat!(
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
-                    j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params, j.datasets
+                    j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params, j.datasets,
+                    j.rerun_of, j.rerun_overrides
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
             $rest
         )
@@ -84,6 +87,8 @@ pub(crate) struct JobRow {
     request_hash: Option<Vec<u8>>,
     params: Option<serde_json::Value>,
     datasets: Option<serde_json::Value>,
+    rerun_of: Option<Uuid>,
+    rerun_overrides: Option<serde_json::Value>,
 }
 
 impl TryFrom<JobRow> for Job {
@@ -121,6 +126,8 @@ impl TryFrom<JobRow> for Job {
                 .transpose()
                 .map_err(Error::internal)?
                 .unwrap_or_default(),
+            rerun_of: row.rerun_of,
+            rerun_overrides: row.rerun_overrides,
         })
     }
 }
@@ -215,6 +222,8 @@ impl Store {
                 params: params.cloned(),
                 datasets: job.datasets,
                 spec_unreadable: None,
+                rerun_of: None,
+                rerun_overrides: None,
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.
@@ -231,6 +240,30 @@ impl Store {
             )));
         }
         Ok(Submitted::Replayed(row.try_into()?))
+    }
+
+    /// Links a rerun to the job it runs again, with the parameters it changed.
+    pub async fn job_rerun_link(
+        &self,
+        tenant_id: Uuid,
+        job_id: Uuid,
+        original: Uuid,
+        overrides: Option<&serde_json::Value>,
+    ) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query(
+            "UPDATE jobs SET rerun_of = $3, rerun_overrides = $4
+             WHERE id = $1 AND tenant_id = $2 AND rerun_of IS NULL
+               AND EXISTS (SELECT 1 FROM jobs o WHERE o.id = $3 AND o.tenant_id = $2)",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .bind(original)
+        .bind(overrides)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(())
     }
 
     pub async fn job_get(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Job> {
@@ -257,6 +290,7 @@ impl Store {
                AND ($7::uuid IS NULL OR j.id BETWEEN $7 AND $8)
                AND ($9::text IS NULL OR u.name = $9)
                AND ($10::text IS NULL OR strpos(lower(j.name), lower($10)) > 0)
+               AND ($11::uuid IS NULL OR j.rerun_of = $11)
              ORDER BY j.id DESC
              LIMIT $5"
         ))
@@ -270,6 +304,7 @@ impl Store {
         .bind(filter.id_range.map(|(_, high)| high))
         .bind(&filter.user)
         .bind(&filter.name_contains)
+        .bind(filter.rerun_of)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;

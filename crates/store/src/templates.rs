@@ -170,3 +170,76 @@ struct TemplateRow {
     created_by: String,
     created_at: DateTime<Utc>,
 }
+
+/// A kept built-in version as stored: name, version, digest, manifest, files (base64 by path).
+type KeptRow = (String, String, String, String, sqlx::types::Json<BTreeMap<String, String>>);
+
+/// A built-in template version as kept by [`Store::builtin_version_keep`]: enough to load it
+/// again (manifest and files as delivered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptBuiltin {
+    pub name: String,
+    pub version: String,
+    pub digest: String,
+    pub manifest: String,
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+impl Store {
+    /// Keeps a built-in template version by its digest (harmless when kept before).
+    pub async fn builtin_version_keep(&self, kept: &KeptBuiltin) -> Result<()> {
+        use base64::Engine;
+        let files: BTreeMap<&str, String> = kept
+            .files
+            .iter()
+            .map(|(path, content)| (path.as_str(), base64::engine::general_purpose::STANDARD.encode(content)))
+            .collect();
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO builtin_template_versions (digest, name, version, manifest, files)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (digest) DO NOTHING",
+        )
+        .bind(&kept.digest)
+        .bind(&kept.name)
+        .bind(&kept.version)
+        .bind(&kept.manifest)
+        .bind(sqlx::types::Json(&files))
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// A kept built-in version by name and version (the newest kept when several builds
+    /// offered different contents under one version), or by digest.
+    pub async fn builtin_version_get(
+        &self,
+        name: &str,
+        version: &str,
+        digest: Option<&str>,
+    ) -> Result<Option<KeptBuiltin>> {
+        use base64::Engine;
+        // language=PostgreSQL
+        let row: Option<KeptRow> = sqlx::query_as(
+            "SELECT name, version, digest, manifest, files FROM builtin_template_versions
+                 WHERE name = $1 AND version = $2 AND ($3::text IS NULL OR digest = $3)
+                 ORDER BY first_seen DESC LIMIT 1",
+        )
+        .bind(name)
+        .bind(version)
+        .bind(digest)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        let Some((name, version, digest, manifest, files)) = row else { return Ok(None) };
+        let files = files
+            .0
+            .into_iter()
+            .map(|(path, encoded)| {
+                let content = base64::engine::general_purpose::STANDARD.decode(encoded).map_err(Error::internal)?;
+                Ok((path, content))
+            })
+            .collect::<Result<BTreeMap<_, _>>>()?;
+        Ok(Some(KeptBuiltin { name, version, digest, manifest, files }))
+    }
+}

@@ -2,13 +2,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use trainyard_core::api::{ErrorBody, Job, JobAttempt, JobEvent, JobPage};
+use trainyard_core::api::{ErrorBody, Job, JobAttempt, JobEvent, JobPage, RerunRequest};
 use trainyard_core::job::{JobState, JobSubmission};
 use trainyard_core::{Error, Result};
 use trainyard_store::jobs::{JobFilter, Submitted};
 use utoipa::IntoParams;
 
 use crate::AppState;
+use crate::app::templates::RerunOutcome;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiQuery, Auth, JobId};
 
@@ -58,6 +59,8 @@ pub struct ListParams {
     /// Only jobs whose id starts with these hex digits (at least 6; dashes ignored): what a
     /// short id such as `01a20b11` stands for.
     pub id_prefix: Option<String>,
+    /// Only the jobs that run this job again (`yard rerun`).
+    pub rerun_of: Option<String>,
 }
 
 /// List the tenant's jobs, newest first.
@@ -96,6 +99,10 @@ pub fn list_filter(params: ListParams) -> Result<JobFilter> {
         return Err(Error::invalid("limit", format!("must be between 1 and {}", trainyard_store::jobs::MAX_PAGE)));
     }
     let id_range = params.id_prefix.as_deref().map(id_range_of).transpose()?;
+    let rerun_of = params
+        .rerun_of
+        .map(|id| uuid::Uuid::parse_str(&id).map_err(|_| Error::invalid("rerun_of", "not a job id")))
+        .transpose()?;
     Ok(JobFilter {
         state,
         name: params.name,
@@ -104,6 +111,7 @@ pub fn list_filter(params: ListParams) -> Result<JobFilter> {
         id_range,
         user: params.user,
         name_contains: params.search.filter(|s| !s.is_empty()),
+        rerun_of,
         limit,
     })
 }
@@ -196,4 +204,30 @@ pub async fn code_upload(
     let uploaded = state.app.code_upload(&caller, &digest, body).await?;
     let status = if uploaded.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(uploaded)))
+}
+
+/// Run a job again: the template it ran (by digest), its parameters with `set` changed, its
+/// dataset versions and code archive. The new job's `rerun_of` names this one. With `what_if`,
+/// says when it would start instead.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/rerun", tag = "jobs", params(("id" = String, Path, description = "Job id")),
+    request_body = RerunRequest, security(("bearer" = [])),
+    responses(
+        (status = 201, description = "The new job", body = Job),
+        (status = 200, description = "`what_if`: when it would start", body = trainyard_core::api::Schedule),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "What it ran is no longer available (template version, code archive)", body = ErrorBody),
+        (status = 422, body = ErrorBody),
+    ))]
+pub async fn job_rerun(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    JobId(id): JobId,
+    ApiJson(request): ApiJson<RerunRequest>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    Ok(match state.app.job_rerun(&caller, id, request).await? {
+        RerunOutcome::Submitted(job) => (StatusCode::CREATED, Json(*job)).into_response(),
+        RerunOutcome::WhatIf(schedule) => (StatusCode::OK, Json(schedule)).into_response(),
+    })
 }

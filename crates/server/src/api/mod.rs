@@ -37,6 +37,7 @@ pub fn routes() -> RouteTable {
             put(jobs::code_upload).layer(DefaultBodyLimit::disable()),
         )
         .route("/api/v1/jobs/{id}/cancel", post(jobs::job_cancel))
+        .route("/api/v1/jobs/{id}/rerun", post(jobs::job_rerun))
         .route("/api/v1/jobs/{id}/events", get(jobs::job_events))
         .route("/api/v1/jobs/{id}/attempts", get(jobs::job_attempts))
         .route("/api/v1/jobs/{id}/logs", get(logs::job_logs))
@@ -97,6 +98,7 @@ fn storage_routes() -> RouteTable {
         jobs::jobs_list,
         jobs::job_get,
         jobs::job_cancel,
+        jobs::job_rerun,
         jobs::job_events,
         jobs::code_upload,
         jobs::job_attempts,

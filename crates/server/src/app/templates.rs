@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use trainyard_core::api::{DryRun, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload};
+use trainyard_core::api::{DryRun, Job, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::job::JobSubmission;
 use trainyard_core::{Error, Result};
@@ -55,7 +55,7 @@ impl App {
         mode: RunMode,
     ) -> Result<TemplateRunOutcome> {
         let audit = Audit::by(caller, "job.submit", format!("template:{template}"));
-        let run = self.template_run_checked(caller, template, run, mode, &audit);
+        let run = self.template_run_checked(caller, template, run, mode, &audit, None);
         // Only a submit changes anything; a dry run or what-if is not audited.
         if mode == RunMode::Submit { self.audited(&audit, run).await } else { run.await }
     }
@@ -67,6 +67,7 @@ impl App {
         run: TemplateRun,
         mode: RunMode,
         audit: &Audit,
+        pin: Option<&trainyard_core::job::TemplateRef>,
     ) -> Result<TemplateRunOutcome> {
         caller.authorize(Action::WriteJobs)?;
         let request_hash = {
@@ -76,7 +77,11 @@ impl App {
             hasher.update(serde_json::to_vec(&run).map_err(Error::internal)?);
             hasher.finalize().to_vec()
         };
-        let (template, _) = self.templates.resolve(caller.tenant_id, template, run.version.as_deref()).await?;
+        // A rerun names the exact template it ran (its digest); a run names a version.
+        let template = match pin {
+            Some(reference) => self.templates.resolve_pinned(caller.tenant_id, reference).await?,
+            None => self.templates.resolve(caller.tenant_id, template, run.version.as_deref()).await?.0,
+        };
         let mut values = template.check_params(&run.params)?;
         // A dataset parameter names a registered version: the job gets its URI and records
         // exactly which version and content it used.
@@ -190,6 +195,11 @@ impl App {
         Ok(self.templates.resolve(caller.tenant_id, name, version).await?.1)
     }
 
+    /// Keeps this server's built-in template versions (by digest) for reruns after upgrades.
+    pub async fn builtin_templates_keep(&self) -> Result<()> {
+        self.templates.keep_builtins().await
+    }
+
     pub async fn template_publish(
         &self,
         caller: &Caller,
@@ -230,5 +240,96 @@ impl App {
             )),
             Err(other) => Err(other),
         }
+    }
+}
+
+/// What a rerun did.
+pub enum RerunOutcome {
+    Submitted(Box<Job>),
+    /// `what_if`: when it would start; nothing queued.
+    WhatIf(trainyard_core::api::Schedule),
+}
+
+impl App {
+    /// Runs a job again: a job from a template with the template it ran (by digest: a built-in
+    /// from an earlier Trainyard comes from the kept versions), its parameters as given (dataset
+    /// versions are immutable, so `name@version` is the same data) with `set` changed, its code
+    /// archive by digest; a direct job with its spec. The new job links to the original with the
+    /// overrides. What can no longer be had (a template version or code archive that is gone)
+    /// is refused, naming it.
+    pub async fn job_rerun(
+        &self,
+        caller: &Caller,
+        original_id: uuid::Uuid,
+        request: trainyard_core::api::RerunRequest,
+    ) -> Result<RerunOutcome> {
+        caller.authorize(Action::ReadJobs)?;
+        let original = self.store.job_get(caller.tenant_id, original_id).await?;
+        caller.authorize(Action::WriteJobs)?;
+        if let Some(code) = &original.spec.code {
+            self.code_size(caller.tenant_id, &code.digest).await.map_err(|_| {
+                Error::Conflict(format!(
+                    "the job's code archive {} is no longer in the tenant's storage; submit the code again",
+                    code.digest
+                ))
+            })?;
+        }
+        let overrides = (!request.set.is_empty()).then(|| serde_json::Value::Object(request.set.clone()));
+        let mode = if request.what_if { RunMode::WhatIf } else { RunMode::Submit };
+        let job = match (&original.spec.template, &original.params) {
+            (Some(reference), Some(serde_json::Value::Object(params))) => {
+                // The template checks every value, the changed ones included (`params.<name>`).
+                let mut params = params.clone();
+                params.extend(request.set.clone());
+                let run = TemplateRun {
+                    version: Some(reference.version.clone()),
+                    params,
+                    name: Some(original.name.clone()),
+                    priority: original.priority,
+                    max_restarts: original.max_restarts.max(0) as u32,
+                    idempotency_key: None,
+                };
+                let audit = Audit::by(caller, "job.submit", format!("rerun:{original_id}"));
+                let outcome = self.template_run_checked(caller, &reference.name, run, mode, &audit, Some(reference));
+                let outcome =
+                    if mode == RunMode::Submit { self.audited(&audit, outcome).await? } else { outcome.await? };
+                match outcome {
+                    TemplateRunOutcome::WhatIf(schedule) => return Ok(RerunOutcome::WhatIf(schedule)),
+                    TemplateRunOutcome::Submitted(submitted) => match *submitted {
+                        Submitted::Created(job) | Submitted::Replayed(job) => job,
+                    },
+                    TemplateRunOutcome::DryRun(_) => return Err(Error::internal("a rerun is never a dry run")),
+                }
+            }
+            _ => {
+                if let Some(name) = request.set.keys().next() {
+                    return Err(Error::invalid(
+                        format!("set.{name}"),
+                        "only a job from a template has parameters; this one ran a command",
+                    ));
+                }
+                let submission = trainyard_core::job::JobSubmission {
+                    name: Some(original.name.clone()),
+                    command: original.spec.command.clone(),
+                    args: original.spec.args.clone(),
+                    env: original.spec.env.clone(),
+                    resources: original.spec.resources.clone(),
+                    replicas: original.spec.replicas,
+                    priority: original.priority,
+                    max_restarts: original.max_restarts.max(0) as u32,
+                    idempotency_key: None,
+                    code: original.spec.code.as_ref().map(|c| c.digest.clone()),
+                    time_limit_seconds: original.spec.time_limit_seconds,
+                };
+                if request.what_if {
+                    return Ok(RerunOutcome::WhatIf(self.job_what_if(caller, submission).await?));
+                }
+                match self.job_submit(caller, submission).await? {
+                    Submitted::Created(job) | Submitted::Replayed(job) => job,
+                }
+            }
+        };
+        self.store.job_rerun_link(caller.tenant_id, job.id, original_id, overrides.as_ref()).await?;
+        Ok(RerunOutcome::Submitted(Box::new(self.store.job_get(caller.tenant_id, job.id).await?)))
     }
 }

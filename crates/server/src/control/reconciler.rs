@@ -74,6 +74,8 @@ pub struct ReconcilerSettings {
     pub restart_backoff: Duration,
     /// Launches in flight at once within a pass.
     pub launch_concurrency: usize,
+    /// Where the built-in templates are read from; `None`: those built into the binary.
+    pub builtin_templates_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ReconcilerSettings {
@@ -88,6 +90,7 @@ impl Default for ReconcilerSettings {
             min_pass_interval: Duration::from_millis(100),
             restart_backoff: Duration::from_secs(10),
             launch_concurrency: 8,
+            builtin_templates_dir: None,
             fault_panic_on_launch: std::env::var("TRAINYARD_FAULT_PANIC_ON_LAUNCH").ok().filter(|v| !v.is_empty()),
         }
     }

@@ -14,8 +14,7 @@ use tokio_util::codec::{FramedRead, LinesCodec};
 use tokio_util::io::StreamReader;
 use trainyard_core::api::{Job, JobAttempt, JobEvent, Schedule};
 use trainyard_core::error::ObjectKind;
-use trainyard_core::job::{JobState, JobSubmission};
-use trainyard_store::jobs::Submitted;
+use trainyard_core::job::JobState;
 use uuid::Uuid;
 
 use super::{CsrfForm, Nav, WebAuth, WebResult, can_write, render, when, when_opt};
@@ -89,6 +88,7 @@ impl Filter {
             cursor: some(&self.cursor),
             limit: Some(PAGE_SIZE),
             id_prefix: None,
+            rerun_of: None,
         }
     }
 
@@ -438,22 +438,14 @@ pub async fn rerun(
     CsrfForm(_form): CsrfForm,
 ) -> WebResult<Response> {
     let job = job_of(&state, &auth, &id).await?;
-    let submission = JobSubmission {
-        name: Some(job.name.clone()),
-        command: job.spec.command.clone(),
-        args: job.spec.args.clone(),
-        env: job.spec.env.clone(),
-        resources: job.spec.resources.clone(),
-        replicas: job.spec.replicas,
-        priority: job.priority,
-        max_restarts: job.max_restarts.max(0) as u32,
-        idempotency_key: None,
-        // The same code, by its digest: the archive is still in the tenant's storage.
-        code: job.spec.code.as_ref().map(|c| c.digest.clone()),
-        time_limit_seconds: job.spec.time_limit_seconds,
-    };
-    let job = match state.app.job_submit(&auth.caller, submission).await? {
-        Submitted::Created(job) | Submitted::Replayed(job) => job,
-    };
-    Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
+    // Exactly what it ran (template by digest, parameters, data, code), as `yard rerun`.
+    let request = trainyard_core::api::RerunRequest::default();
+    match state.app.job_rerun(&auth.caller, job.id, request).await? {
+        crate::app::templates::RerunOutcome::Submitted(job) => {
+            Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
+        }
+        crate::app::templates::RerunOutcome::WhatIf(_) => {
+            Err(trainyard_core::Error::internal("a rerun from the page is never a what-if").into())
+        }
+    }
 }

@@ -1,0 +1,178 @@
+//! Exact reruns (issue #20): `yard rerun` runs what a job ran — the template by its digest (a
+//! built-in from before an upgrade included), its parameters, dataset versions and code — and
+//! links the new job to the original; `--set` changes exactly the parameters named.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use trainyard_tests::{ServerProcess, StatusCode, TestEnv, stderr, stdout};
+
+use crate::records::{python, registered_dataset};
+
+/// Submits a deterministic pytorch-ddp run on 2 CPU replicas (36 steps: a loss every 10).
+fn train(env: &TestEnv, data: &Path) -> String {
+    let mut args: Vec<String> = ["run", "pytorch-ddp"].iter().map(|s| s.to_string()).collect();
+    let sets = [
+        format!("data={}", data.display()),
+        format!("python={}", python()),
+        "seed=7".into(),
+        "deterministic=true".into(),
+        "replicas=2".into(),
+        "cpu=0.5".into(),
+        "memory=1Gi".into(),
+        "batch_size=32".into(),
+        "workers=0".into(),
+        "epochs=2".into(),
+        "max_steps=30".into(),
+    ];
+    for set in sets {
+        args.extend(["--set".to_string(), set]);
+    }
+    yard_id(env, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Runs `yard` and returns the job id it printed.
+fn yard_id(env: &TestEnv, args: &[&str]) -> String {
+    let out = env.yard(&env.admin_token, args);
+    assert!(out.status.success(), "yard {args:?}: {} {}", stdout(&out), stderr(&out));
+    stdout(&out).trim().lines().last().unwrap().to_string()
+}
+
+async fn loss(env: &TestEnv, id: &str) -> Vec<f64> {
+    let (status, metrics) = env.get(&format!("/api/v1/jobs/{id}/metrics?name=loss"), &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    metrics["series"][0]["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
+}
+
+/// `yard diff A B -o json`: the differing fields.
+fn differences(env: &TestEnv, a: &str, b: &str) -> Vec<(String, Value, Value)> {
+    let out = env.yard(&env.admin_token, &["diff", a, b, "-o", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let comparison: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    comparison["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["field"].as_str().unwrap().to_string(), d["a"].clone(), d["b"].clone()))
+        .collect()
+}
+
+/// Metrics that measure time (throughput, waiting), which no rerun repeats.
+fn is_timing(field: &str) -> bool {
+    ["samples_per_second", "input_stall"].iter().any(|t| field.contains(t))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_repeats_the_loss_value_for_value_and_a_changed_parameter_is_the_only_input_that_differs() {
+    let env = TestEnv::start().await;
+    let (data, _) = registered_dataset(&env).await;
+    let original = train(&env, &data);
+    env.wait_state(&original, "succeeded", Duration::from_secs(240)).await;
+
+    // A short id names it (more than a timestamp: the data-pack job was submitted moments before).
+    let again = yard_id(&env, &["rerun", &original[..18]]);
+    let changed = yard_id(&env, &["rerun", &original, "--set", "lr=0.01"]);
+    for id in [&again, &changed] {
+        env.wait_state(id, "succeeded", Duration::from_secs(240)).await;
+    }
+
+    // The same inputs train the same model: the loss, value for value.
+    let (first, second) = (loss(&env, &original).await, loss(&env, &again).await);
+    assert!(first.len() >= 3, "{first:?}");
+    assert_eq!(first, second, "an exact rerun repeats the loss series");
+    // Nothing differs but ids, times and the link.
+    for (field, a, b) in differences(&env, &original, &again) {
+        let (a_text, b_text) = (a.to_string(), b.to_string());
+        let only_ids = a_text.replace(&original, &again) == b_text;
+        assert!(field.starts_with("rerun.") || is_timing(&field) || only_ids, "{field}: {a} vs {b}");
+    }
+    let (_, job) = env.get(&format!("/api/v1/jobs/{again}"), &env.admin_token).await;
+    assert_eq!(job["rerun_of"], original.as_str(), "{job}");
+    assert!(job.get("rerun_overrides").is_none(), "an exact rerun: {job}");
+
+    // --set lr=0.01: of the inputs, the parameter and the argument it renders to differ.
+    let inputs: Vec<String> = differences(&env, &original, &changed)
+        .into_iter()
+        .filter(|(field, ..)| ["params.", "spec.", "datasets.", "template."].iter().any(|p| field.starts_with(p)))
+        .map(|(field, a, b)| {
+            if field == "params.lr" {
+                // The original left lr at its default; the rerun set it (as typed: text).
+                let set = b.as_f64().or_else(|| b.as_str().and_then(|s| s.parse().ok()));
+                assert_eq!((a, set), (Value::Null, Some(0.01)), "{field}");
+            }
+            field
+        })
+        .collect();
+    assert_eq!(inputs, ["params.lr", "spec.args"], "only lr and what it renders to");
+    assert_ne!(loss(&env, &changed).await, first, "another learning rate trains differently");
+
+    // Shown both ways.
+    let out = env.yard(&env.admin_token, &["jobs", "show", &original]);
+    let text = stdout(&out);
+    assert!(text.contains(&again) && text.contains(&changed), "the original lists its reruns: {text}");
+    let out = env.yard(&env.admin_token, &["jobs", "show", &changed]);
+    assert!(stdout(&out).contains(&format!("rerun of:  {original} with lr=0.01")), "{}", stdout(&out));
+}
+
+/// A folder of built-in templates: this checkout's, with `shell` at `version` shipping a file
+/// that says `note`.
+fn builtins(root: &Path, version: &str, note: &str) -> std::path::PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates");
+    let dir = root.join(format!("builtins-{version}"));
+    let copy = std::process::Command::new("cp").arg("-r").arg(&source).arg(&dir).status().unwrap();
+    assert!(copy.success());
+    let manifest = std::fs::read_to_string(dir.join("shell/template.yaml")).unwrap();
+    let manifest = manifest.replace("version: 1.0.0", &format!("version: {version}")) + "files: [note.txt]\n";
+    std::fs::write(dir.join("shell/template.yaml"), manifest).unwrap();
+    std::fs::write(dir.join("shell/note.txt"), note).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_of_an_earlier_built_in_version_reruns_with_its_files_after_an_upgrade() {
+    let scratch = tempfile::tempdir().unwrap();
+    let old = builtins(scratch.path(), "1.0.0", "the files of 1.0.0");
+    let new = builtins(scratch.path(), "1.1.0", "the files of 1.1.0");
+    let old_dir = old.to_str().unwrap();
+    let mut env = TestEnv::start_with(&["--builtin-templates-dir", old_dir]).await;
+    let run = |env: &TestEnv| yard_id(env, &["run", "shell", "--set", r#"command=["cat", "template/note.txt"]"#]);
+    let first = run(&env);
+    env.wait_state(&first, "succeeded", Duration::from_secs(30)).await;
+    let (_, job) = env.get(&format!("/api/v1/jobs/{first}"), &env.admin_token).await;
+    let digest = job["spec"]["template"]["digest"].as_str().unwrap().to_string();
+
+    // The upgrade: the same database, a server whose shell is 1.1.0 with other files.
+    env.server.kill_hard();
+    let new_dir = new.to_str().unwrap();
+    let args = ["--builtin-templates-dir", new_dir, "--cluster-grows", "--restart-backoff-seconds", "0.5"];
+    env.server = ServerProcess::start_with(&env.db.url, &env.data_dir(), &args);
+    let fresh = run(&env);
+    let rerun = yard_id(&env, &["rerun", &first]);
+    for id in [&fresh, &rerun] {
+        env.wait_state(id, "succeeded", Duration::from_secs(30)).await;
+    }
+    let template = |id: String| {
+        let env = &env;
+        async move { env.get(&format!("/api/v1/jobs/{id}"), &env.admin_token).await.1["spec"]["template"].clone() }
+    };
+    let (fresh_template, rerun_template) = (template(fresh.clone()).await, template(rerun.clone()).await);
+    assert_eq!(fresh_template["version"], "1.1.0");
+    assert_eq!(
+        (rerun_template["version"].as_str(), rerun_template["digest"].as_str()),
+        (Some("1.0.0"), Some(digest.as_str()))
+    );
+    let log = |id: String| {
+        let env = &env;
+        async move {
+            env.get(&format!("/api/v1/jobs/{id}/logs"), &env.admin_token)
+                .await
+                .1
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        }
+    };
+    assert!(log(rerun.clone()).await.contains("the files of 1.0.0"), "the rerun ran the old files");
+    assert!(log(fresh.clone()).await.contains("the files of 1.1.0"));
+}
