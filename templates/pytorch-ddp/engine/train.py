@@ -120,6 +120,17 @@ class Reporter:
             print(f"trainyard: could not report metrics: {err}", file=sys.stderr, flush=True)
 
 
+def gpu_utilization(device):
+    """`gpu_utilization` (0 to 1) of this process's GPU, as NVML reports it, for usage reports'
+    efficiency (GPU-hours used over held); nothing on CPU or where NVML cannot be read."""
+    if device.type != "cuda":
+        return {}
+    try:
+        return {"gpu_utilization": torch.cuda.utilization(device) / 100.0}
+    except Exception:  # no pynvml, or NVML refused: report nothing rather than stop training
+        return {}
+
+
 class SampleLog:
     """The test hook behind TRAINYARD_TEST_SAMPLE_LOG (does nothing when it is unset)."""
 
@@ -336,7 +347,8 @@ def main():
                 stall_share = stall_total / max(time.monotonic() - started, 1e-9)
                 reporter.add(step, loss=step_loss.item(), lr=scheduler.get_last_lr()[0],
                              samples_per_second=samples_per_second, input_stall_seconds=stall_total,
-                             input_stall_share=min(stall_share, 1.0))
+                             input_stall_share=min(stall_share, 1.0),
+                             **gpu_utilization(device))
                 reporter.flush()
                 print(f"step {step} loss {step_loss.item():.4f}", flush=True)
             step_loss, step_keys = torch.zeros((), device=device), []

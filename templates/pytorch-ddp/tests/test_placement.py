@@ -96,3 +96,16 @@ def test_failures_caused_by_a_peer_are_told_apart():
     assert train.caused_by_a_peer(RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:33671"))
     assert not train.caused_by_a_peer(RuntimeError("CUDA out of memory"))
     assert not train.caused_by_a_peer(ValueError("cannot decode img00001"))
+
+
+def test_gpu_utilization_is_reported_for_a_cuda_device_only(monkeypatch):
+    import torch
+    assert train.gpu_utilization(torch.device("cpu")) == {}
+    # As NVML reports it through torch (percent), as a share; a refusal reports nothing.
+    monkeypatch.setattr(torch.cuda, "utilization", lambda device=None: 75)
+    assert train.gpu_utilization(torch.device("cuda", 0)) == {"gpu_utilization": 0.75}
+
+    def refuse(device=None):
+        raise RuntimeError("pynvml does not seem to be installed")
+    monkeypatch.setattr(torch.cuda, "utilization", refuse)
+    assert train.gpu_utilization(torch.device("cuda", 0)) == {}
