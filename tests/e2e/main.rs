@@ -14,6 +14,7 @@ mod jobs;
 mod operations;
 mod records;
 mod recovery;
+mod replay;
 mod reruns;
 mod scheduling;
 mod schema;

@@ -21,6 +21,9 @@ pub struct JobFacts {
     pub time_limit_reached: Option<u32>,
     pub restart_count: i32,
     pub max_restarts: i32,
+    /// This server asked the attempt's replicas to stop (SIGTERM): an exit after that is not
+    /// the program finishing on its own.
+    pub stop_sent: bool,
 }
 
 /// The replica whose end explains the attempt's failure.
@@ -145,7 +148,13 @@ pub fn attempt_verdict(job: JobFacts, statuses: &[ReplicaStatus], pending: bool,
     if running {
         return if stopping || failure.is_some() { Verdict::Stop } else { Verdict::Running { all_started: !pending } };
     }
-    let (to, cause) = if job.cancel_requested {
+    // Every replica exited 0 before anyone asked them to stop: the work is done, whatever was
+    // asked meanwhile. A preemption must not send finished work back to the queue to run again.
+    let completed =
+        !job.stop_sent && !statuses.is_empty() && statuses.iter().all(|s| *s == ReplicaStatus::Exited(0));
+    let (to, cause) = if completed {
+        (JobState::Succeeded, EndCause::Succeeded)
+    } else if job.cancel_requested {
         (JobState::Cancelled, EndCause::Cancelled)
     } else if job.preempt_requested {
         // Back to the queue; the next attempt resumes from the job's last checkpoint.
@@ -174,6 +183,7 @@ mod tests {
         time_limit_reached: None,
         restart_count: 0,
         max_restarts: 2,
+        stop_sent: false,
     };
 
     fn ended(to: JobState, cause: EndCause) -> Verdict {
@@ -186,6 +196,8 @@ mod tests {
         let no_restarts_left = JobFacts { restart_count: 2, ..FRESH };
         let cancel = JobFacts { cancel_requested: true, ..FRESH };
         let preempt = JobFacts { preempt_requested: true, ..FRESH };
+        let preempt_sent = JobFacts { preempt_requested: true, stop_sent: true, ..FRESH };
+        let cancel_sent = JobFacts { cancel_requested: true, stop_sent: true, ..FRESH };
         let out_of_time = JobFacts { time_limit_reached: Some(60), ..FRESH };
         // name, job, replica statuses, a replica pending, the cluster's verdict, expected
         type Row = (&'static str, JobFacts, Vec<ReplicaStatus>, bool, Option<&'static str>, Verdict);
@@ -278,11 +290,43 @@ mod tests {
             ("preempt requested, still running", preempt, vec![Running, Exited(0)], false, None, Verdict::Stop),
             (
                 "preempt requested, stopped",
-                preempt,
+                preempt_sent,
                 vec![Exited(143)],
                 false,
                 None,
                 ended(JobState::Queued, EndCause::Preempted),
+            ),
+            (
+                "preempt requested, stopped, exits 0 on SIGTERM",
+                preempt_sent,
+                vec![Exited(0)],
+                false,
+                None,
+                ended(JobState::Queued, EndCause::Preempted),
+            ),
+            (
+                "preempt requested after every replica finished: done, not run again",
+                preempt,
+                vec![Exited(0), Exited(0)],
+                false,
+                None,
+                ended(JobState::Succeeded, EndCause::Succeeded),
+            ),
+            (
+                "cancel requested after every replica finished: it succeeded",
+                cancel,
+                vec![Exited(0)],
+                false,
+                None,
+                ended(JobState::Succeeded, EndCause::Succeeded),
+            ),
+            (
+                "cancel requested, stopped, exits 0 on SIGTERM",
+                cancel_sent,
+                vec![Exited(0)],
+                false,
+                None,
+                ended(JobState::Cancelled, EndCause::Cancelled),
             ),
             (
                 "a cancel wins over a failure",

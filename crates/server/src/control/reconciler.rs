@@ -586,6 +586,7 @@ impl Reconciler {
             time_limit_reached,
             restart_count: job.restart_count,
             max_restarts: job.max_restarts,
+            stop_sent: self.stopping.contains_key(&(job.id, record.number)),
         };
         let (mut to, cause) = match attempt_verdict(facts, &statuses, pending, external) {
             Verdict::Stop => {

@@ -1,0 +1,427 @@
+//! Kueue's scheduler benchmark (`test/performance/scheduler/configs/baseline`), reduced, end to
+//! end through the whole control plane (issue #22): the real `trainyard serve` on a real
+//! Postgres, tenants in cohorts with quotas made through the admin API, every job submitted
+//! over HTTP at its arrival time by its tenant's own client, real processes on the local
+//! executor that sleep their runtime, and the figures Kueue publishes computed from what the
+//! server recorded.
+//!
+//! The reduced workload: 2 cohorts x 3 tenants, nominal 20 GPUs each with a borrowing limit of
+//! 100, reclaim within the cohort and lower-priority preemption within a tenant; per tenant 70
+//! small (1 GPU, 200 ms, one every 100 ms), 20 medium (5 GPUs, 500 ms, every 500 ms) and 10
+//! large (20 GPUs, 1 s, every 1.2 s): 600 jobs. Layout: one simulated node with the cohorts'
+//! total (120 GPUs); Kueue's baseline has no topology either.
+//!
+//! Every replica writes a marker named `<job>.<attempt>.<rank>` when it starts and appends `end`
+//! when it finishes, so the harness sees each attempt that ran and whether it was cut short.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use trainyard_tests::{ServerProcess, StatusCode, TestEnv};
+
+const GPU: &str = "sim-gpu";
+
+/// One class of jobs of a tenant: how many, what each asks for, how long it runs, how often
+/// one arrives.
+#[derive(Debug, Clone, Copy)]
+struct Class {
+    name: &'static str,
+    count: usize,
+    gpus: u32,
+    runtime: f64,
+    interval: f64,
+    priority: i32,
+}
+
+#[derive(Debug, Clone)]
+struct Workload {
+    cohorts: usize,
+    tenants_per_cohort: usize,
+    nominal: u64,
+    borrowing_limit: u64,
+    classes: Vec<Class>,
+}
+
+impl Workload {
+    /// Kueue's baseline shape at a sixth of its tenants and a fifth of its jobs per tenant.
+    fn reduced() -> Workload {
+        Workload {
+            cohorts: 2,
+            tenants_per_cohort: 3,
+            nominal: 20,
+            borrowing_limit: 100,
+            classes: vec![
+                Class { name: "small", count: 70, gpus: 1, runtime: 0.2, interval: 0.1, priority: 50 },
+                Class { name: "medium", count: 20, gpus: 5, runtime: 0.5, interval: 0.5, priority: 100 },
+                Class { name: "large", count: 10, gpus: 20, runtime: 1.0, interval: 1.2, priority: 200 },
+            ],
+        }
+    }
+
+    fn tenants(&self) -> Vec<(String, String)> {
+        (0..self.cohorts)
+            .flat_map(|c| (0..self.tenants_per_cohort).map(move |t| (format!("q{c}-{t}"), format!("cohort-{c}"))))
+            .collect()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.nominal * (self.cohorts * self.tenants_per_cohort) as u64
+    }
+}
+
+/// What the server recorded of one job.
+#[derive(Debug, sqlx::FromRow)]
+struct Outcome {
+    id: uuid::Uuid,
+    name: String,
+    state: String,
+    created_at: DateTime<Utc>,
+    admitted_at: Option<DateTime<Utc>>,
+    running_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    preemptions: i64,
+}
+
+/// The replica command: leaves its marker, sleeps its runtime, notes its end.
+fn job(markers: &Path, class: &Class) -> Value {
+    let script = format!(
+        "f='{}/'\"$TRAINYARD_JOB_ID.$TRAINYARD_ATTEMPT.$RANK\"; : > \"$f\"; sleep {}; echo end >> \"$f\"",
+        markers.display(),
+        class.runtime
+    );
+    json!({
+        "name": class.name,
+        "command": ["sh", "-c", script],
+        "priority": class.priority,
+        "resources": {"gpus": class.gpus, "cpu": 0.01, "memory": "16Mi"},
+    })
+}
+
+/// The servers a client may submit to (one, or two replicas on one database), tried in turn.
+struct Servers {
+    urls: std::sync::RwLock<Vec<String>>,
+}
+
+impl Servers {
+    /// Submits with an idempotency key, to each server in turn until one answers: a server
+    /// killed mid-request costs a retry, never a second job.
+    async fn submit(&self, http: &reqwest::Client, token: &str, mut body: Value, key: String) -> String {
+        body["idempotency_key"] = Value::from(key);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut turn = 0;
+        loop {
+            let url = {
+                let urls = self.urls.read().unwrap();
+                urls[turn % urls.len()].clone()
+            };
+            turn += 1;
+            let sent = http.post(format!("{url}/api/v1/jobs")).bearer_auth(token).json(&body).send().await;
+            if let Ok(response) = sent
+                && matches!(response.status(), StatusCode::CREATED | StatusCode::OK)
+            {
+                return response.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+            }
+            assert!(Instant::now() < deadline, "no server took the submit of {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn setup(env: &TestEnv, workload: &Workload) -> BTreeMap<String, String> {
+    let mut tokens = BTreeMap::new();
+    let admin = &env.admin_token;
+    for (tenant, cohort) in workload.tenants() {
+        let (status, body) = env.post("/api/v1/admin/tenants", admin, &json!({"name": tenant})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let policy = json!({"cohort": cohort, "preempt_lower_priority": true});
+        let path = format!("/api/v1/admin/tenants/{tenant}");
+        assert_eq!(env.call(reqwest::Method::PATCH, &path, Some(admin), Some(&policy)).await.0, StatusCode::NO_CONTENT);
+        let quota = json!({"nominal": workload.nominal, "borrowing_limit": workload.borrowing_limit});
+        let path = format!("/api/v1/admin/tenants/{tenant}/quotas/{GPU}");
+        let (status, body) = env.call(reqwest::Method::PUT, &path, Some(admin), Some(&quota)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        tokens.insert(tenant.clone(), env.member(&tenant, &format!("{tenant}-user"), "member").await);
+    }
+    tokens
+}
+
+/// Submits every job at its arrival time, each tenant's classes from their own client task.
+async fn replay(
+    workload: &Workload,
+    servers: &std::sync::Arc<Servers>,
+    tokens: &BTreeMap<String, String>,
+    markers: &Path,
+) -> Instant {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (tenant, token) in tokens {
+        for class in workload.classes.clone() {
+            let (servers, token, tenant, markers) =
+                (std::sync::Arc::clone(servers), token.clone(), tenant.clone(), markers.to_path_buf());
+            tasks.push(tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                for i in 0..class.count {
+                    let at = started + Duration::from_secs_f64(i as f64 * class.interval);
+                    tokio::time::sleep_until(at.into()).await;
+                    let key = format!("{tenant}-{}-{i}", class.name);
+                    servers.submit(&http, &token, job(&markers, &class), key).await;
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    started
+}
+
+async fn wait_all_ended(env: &TestEnv, jobs: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (total, ended): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'cancelled')) FROM jobs
+             WHERE tenant_id IN (SELECT id FROM tenants WHERE name LIKE 'q%')",
+        )
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+        if total as usize == jobs && ended == total {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{ended} of {total} jobs ended (of {jobs}) in {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn outcomes(env: &TestEnv) -> Vec<Outcome> {
+    sqlx::query_as(
+        "SELECT j.id, j.name, j.state, j.created_at, j.finished_at,
+                (SELECT min(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'admitted') AS admitted_at,
+                (SELECT min(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'running') AS running_at,
+                (SELECT count(*) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'queued'
+                    AND e.from_state IS NOT NULL) AS preemptions
+         FROM jobs j JOIN tenants n ON n.id = j.tenant_id WHERE n.name LIKE 'q%'",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap()
+}
+
+/// Each attempt that started, by (job, attempt): whether it ran to its end.
+fn attempts_run(markers: &Path) -> BTreeMap<(String, u32), bool> {
+    let mut seen = BTreeMap::new();
+    for entry in std::fs::read_dir(markers).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.split('.');
+        let (job, attempt, rank) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        assert_eq!(rank, "0", "one replica per job: {name}");
+        let ended = std::fs::read_to_string(entry.path()).unwrap().contains("end");
+        let previous = seen.insert((job.to_string(), attempt.parse().unwrap()), ended);
+        assert!(previous.is_none(), "attempt {attempt} of {job} started twice");
+    }
+    seen
+}
+
+/// The most any tenant and any cohort held at once, from the allocation ledger (a sweep over
+/// the attempts' starts and ends).
+async fn peaks(env: &TestEnv, workload: &Workload) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
+    let rows: Vec<(String, i32, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+        "SELECT n.name, l.gpus, l.started_at, l.ended_at FROM usage_ledger l JOIN tenants n ON n.id = l.tenant_id
+         WHERE n.name LIKE 'q%'",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    let cohort_of: BTreeMap<String, String> = workload.tenants().into_iter().collect();
+    let mut events: Vec<(DateTime<Utc>, i64, String)> = Vec::new();
+    for (tenant, gpus, start, end) in rows {
+        events.push((start, i64::from(gpus), tenant.clone()));
+        events.push((end.unwrap_or(Utc::now()), -i64::from(gpus), tenant));
+    }
+    // Ends before starts at the same instant: a handover is not an overlap.
+    events.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now_t, mut now_c): (BTreeMap<String, i64>, BTreeMap<String, i64>) = Default::default();
+    let (mut peak_t, mut peak_c): (BTreeMap<String, i64>, BTreeMap<String, i64>) = Default::default();
+    for (_, delta, tenant) in events {
+        let cohort = cohort_of[&tenant].clone();
+        let t = now_t.entry(tenant.clone()).or_default();
+        *t += delta;
+        let peak = peak_t.entry(tenant).or_default();
+        *peak = (*peak).max(*t);
+        let c = now_c.entry(cohort.clone()).or_default();
+        *c += delta;
+        let peak = peak_c.entry(cohort).or_default();
+        *peak = (*peak).max(*c);
+    }
+    (peak_t, peak_c)
+}
+
+fn seconds(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(0) as f64 / 1e6
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Prints the figures Kueue publishes (wall time, mean time to admission per class, queue
+/// usage) and the end-to-end ones (admission percentiles, admission to running).
+fn report(label: &str, workload: &Workload, outcomes: &[Outcome]) -> f64 {
+    let first = outcomes.iter().map(|o| o.created_at).min().unwrap();
+    let last = outcomes.iter().filter_map(|o| o.finished_at).max().unwrap();
+    let wall = seconds(first, last);
+    println!("== {label}: {} jobs, {} tenants, wall {wall:.1} s", outcomes.len(), workload.tenants().len());
+    for class in &workload.classes {
+        let waits: Vec<f64> = outcomes
+            .iter()
+            .filter(|o| o.name == class.name)
+            .filter_map(|o| o.admitted_at.map(|a| seconds(o.created_at, a)))
+            .collect();
+        let mean = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
+        println!("   mean time to admission, {:<6}: {mean:.2} s", class.name);
+    }
+    let mut admission: Vec<f64> =
+        outcomes.iter().filter_map(|o| o.admitted_at.map(|a| seconds(o.created_at, a))).collect();
+    admission.sort_by(f64::total_cmp);
+    let mut launch: Vec<f64> =
+        outcomes.iter().filter_map(|o| o.admitted_at.zip(o.running_at).map(|(a, r)| seconds(a, r))).collect();
+    launch.sort_by(f64::total_cmp);
+    println!(
+        "   admission p50/p95/p99: {:.2} / {:.2} / {:.2} s; admission -> running p50/p95: {:.2} / {:.2} s",
+        percentile(&admission, 0.5),
+        percentile(&admission, 0.95),
+        percentile(&admission, 0.99),
+        percentile(&launch, 0.5),
+        percentile(&launch, 0.95)
+    );
+    let gpu_seconds: f64 = outcomes
+        .iter()
+        .map(|o| {
+            let class = workload.classes.iter().find(|c| c.name == o.name).unwrap();
+            f64::from(class.gpus) * class.runtime
+        })
+        .sum();
+    println!(
+        "   mean queue usage: {:.1}% (GPU-seconds of work over capacity x wall); preemptions: {}",
+        100.0 * gpu_seconds / (workload.capacity() as f64 * wall),
+        outcomes.iter().map(|o| o.preemptions).sum::<i64>()
+    );
+    wall
+}
+
+/// What both tests assert of a finished replay.
+async fn assert_replay(env: &TestEnv, workload: &Workload, markers: &Path, label: &str) {
+    let outcomes = outcomes(env).await;
+    let jobs: usize = workload.classes.iter().map(|c| c.count).sum::<usize>() * workload.tenants().len();
+    assert_eq!(outcomes.len(), jobs, "every job submitted once");
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.state != "succeeded").collect();
+    assert!(failed.is_empty(), "every job succeeded: {failed:#?}");
+    // Exactly once: one attempt of each job ran to its end (earlier ones were preempted and
+    // stopped), and no attempt started twice (checked while reading the markers).
+    let runs = attempts_run(markers);
+    for outcome in &outcomes {
+        let id = outcome.id.to_string();
+        let mine: Vec<(u32, bool)> =
+            runs.iter().filter(|((job, _), _)| *job == id).map(|((_, attempt), ended)| (*attempt, *ended)).collect();
+        let completed = mine.iter().filter(|(_, ended)| *ended).count();
+        assert_eq!(completed, 1, "job {id} ({}) ran to its end once: {mine:?}", outcome.name);
+    }
+    let (tenant_peaks, cohort_peaks) = peaks(env, workload).await;
+    for (tenant, peak) in &tenant_peaks {
+        assert!(*peak as u64 <= workload.nominal + workload.borrowing_limit, "{tenant} held {peak} GPUs at once");
+    }
+    let cohort_capacity = workload.nominal * workload.tenants_per_cohort as u64;
+    for (cohort, peak) in &cohort_peaks {
+        assert!(*peak as u64 <= cohort_capacity, "{cohort} held {peak} of its {cohort_capacity} GPUs at once");
+    }
+    let large = outcomes.iter().filter(|o| o.name == "large").count();
+    assert_eq!(large, 10 * workload.tenants().len(), "every large job (a whole nominal quota) was admitted and ran");
+    report(label, workload, &outcomes);
+    println!("   peak GPUs held per cohort: {cohort_peaks:?}");
+}
+
+fn marker_dir(env: &TestEnv) -> PathBuf {
+    let markers = env.dir.path().join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    std::fs::set_permissions(&markers, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    markers
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kueues_baseline_reduced_runs_every_job_once_within_quota() {
+    let workload = Workload::reduced();
+    let gpus = workload.capacity().to_string();
+    let env = TestEnv::start_with(&["--simulate-gpus", &gpus, "--simulate-gpu-type", GPU]).await;
+    let markers = marker_dir(&env);
+    let tokens = setup(&env, &workload).await;
+    let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
+    let started = replay(&workload, &servers, &tokens, &markers).await;
+    wait_all_ended(&env, 600, Duration::from_secs(90)).await;
+    println!("replayed in {:.1} s", started.elapsed().as_secs_f64());
+    assert_replay(&env, &workload, &markers, "reduced baseline, one server").await;
+}
+
+/// The same replay on two servers sharing the database and data directory, the leader killed
+/// (SIGKILL) three times while it runs; each killed server comes back as the standby.
+#[tokio::test(flavor = "multi_thread")]
+async fn kueues_baseline_reduced_survives_three_leader_kills() {
+    let workload = Workload::reduced();
+    let gpus = workload.capacity().to_string();
+    let args = ["--simulate-gpus", gpus.as_str(), "--simulate-gpu-type", GPU];
+    let mut env = TestEnv::start_with(&args).await;
+    let markers = marker_dir(&env);
+    let tokens = setup(&env, &workload).await;
+    let mut extra: Vec<&str> = args.to_vec();
+    extra.extend(["--cluster-grows", "--restart-backoff-seconds", "0.5"]);
+    let mut standby = ServerProcess::start_with(&env.db.url, &env.data_dir(), &extra);
+    let servers = std::sync::Arc::new(Servers {
+        urls: std::sync::RwLock::new(vec![env.server.url.clone(), standby.url.clone()]),
+    });
+    let replaying = {
+        let (workload, servers, tokens, markers) =
+            (workload.clone(), std::sync::Arc::clone(&servers), tokens.clone(), markers.clone());
+        tokio::spawn(async move { replay(&workload, &servers, &tokens, &markers).await })
+    };
+    let http = reqwest::Client::new();
+    let leads = |url: String| {
+        let http = http.clone();
+        async move {
+            let ready = http.get(format!("{url}/readyz")).send().await.ok()?.json::<Value>().await.ok()?;
+            Some(ready["leader"] == true)
+        }
+    };
+    for kill in 1..=3 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Kill whichever leads; the other takes over within its lease.
+        let first_leads = leads(env.server.url.clone()).await == Some(true);
+        let killed = if first_leads { &mut env.server } else { &mut standby };
+        let killed_at = Instant::now();
+        killed.kill_hard();
+        let survivor = if first_leads { standby.url.clone() } else { env.server.url.clone() };
+        while leads(survivor.clone()).await != Some(true) {
+            assert!(killed_at.elapsed() < Duration::from_secs(15), "no takeover after kill {kill}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("kill {kill}: the other server leads after {:.2} s", killed_at.elapsed().as_secs_f64());
+        // The killed one comes back as the standby, at a new address.
+        let back = ServerProcess::start_with(&env.db.url, &env.data_dir(), &extra);
+        let url = back.url.clone();
+        if first_leads {
+            env.server = back;
+        } else {
+            standby = back;
+        }
+        let mut urls = servers.urls.write().unwrap();
+        *urls = vec![env.server.url.clone(), standby.url.clone()];
+        assert!(urls.contains(&url));
+    }
+    replaying.await.unwrap();
+    wait_all_ended(&env, 600, Duration::from_secs(90)).await;
+    assert_replay(&env, &workload, &markers, "reduced baseline, two servers, three leader kills").await;
+}
