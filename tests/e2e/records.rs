@@ -12,28 +12,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use trainyard_tests::{StatusCode, TestEnv, stderr, stdout};
 
-/// 8x8 images of 4 classes, 1,200 samples, packed by data-pack (as in `training.rs`), and
-/// registered as `digits@1`. Returns the folder and the registered dataset.
+/// The 1,200 8x8 images of `training.rs`, packed by data-pack and registered as `digits@1`.
+/// Returns the folder and the registered dataset.
 pub(crate) async fn registered_dataset(env: &TestEnv) -> (PathBuf, Value) {
-    let source = env.dir.path().join("images");
-    for i in 0..1200u32 {
-        let class = i % 4;
-        let dir = source.join(format!("c{class}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut bytes = Vec::with_capacity(256);
-        for r in 0..8 {
-            for c in 0..8 {
-                let lit = u32::from(r >= 4) * 2 + u32::from(c >= 4) == class;
-                bytes.extend_from_slice(&(f32::from(u8::from(lit)) + (i % 7) as f32 * 0.05).to_le_bytes());
-            }
-        }
-        std::fs::write(dir.join(format!("img{i:05}.bin")), bytes).unwrap();
-        std::fs::write(dir.join(format!("img{i:05}.cls")), class.to_string()).unwrap();
-    }
-    let dest = env.dir.path().join("shards");
-    let packed = env.data_pack(&source, &dest, &["shard_size=32Ki", "threads=1"]);
-    assert_eq!(packed["state"], "succeeded");
-    let from_job = packed["id"].as_str().unwrap();
+    let (dest, from_job) = crate::training::packed_dataset_by(env).await;
+    let from_job = from_job.as_str();
     let registered =
         env.yard(&env.admin_token, &["datasets", "register", "digits@1", "--from-job", from_job, "-o", "json"]);
     assert!(registered.status.success(), "{}", stderr(&registered));

@@ -10,6 +10,11 @@ use trainyard_tests::{TestEnv, stderr, stdout};
 
 /// 8x8 images of 4 classes (class k lights quadrant k), 1,200 samples, then packed by data-pack.
 async fn packed_dataset(env: &TestEnv) -> PathBuf {
+    packed_dataset_by(env).await.0
+}
+
+/// [`packed_dataset`], and the id of the data-pack job that packed it.
+pub(crate) async fn packed_dataset_by(env: &TestEnv) -> (PathBuf, String) {
     let source = env.dir.path().join("images");
     let mut noise: u32 = 12345;
     for i in 0..1200u32 {
@@ -31,7 +36,7 @@ async fn packed_dataset(env: &TestEnv) -> PathBuf {
     let dest = env.dir.path().join("shards");
     let packed = env.data_pack(&source, &dest, &["shard_size=32Ki", "threads=1"]);
     assert_eq!(packed["state"], "succeeded");
-    dest
+    (dest, packed["id"].as_str().unwrap().to_string())
 }
 
 fn train_args<'a>(data: &'a str, extra: &[&'a str]) -> Vec<String> {
