@@ -83,6 +83,8 @@ const EXPECTED: &[(&str, &str)] = &[
     // Run records: read by the job's tenant; completed by the job's engine with its token only.
     ("GET /api/v1/jobs/{id}/record", "401 ok ok 404 ok 401"),
     ("POST /api/v1/jobs/{id}/record", "401 401 401 401 401 ok"),
+    // Comparing runs: tenant A's job with itself, read like a job (the query is filled in).
+    ("GET /api/v1/compare", "401 ok ok 404 ok 401"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),
@@ -104,6 +106,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /jobs/{id}/cancel", "login 403 ok 404 ok login"),
     ("POST /jobs/{id}/rerun", "login 403 ok 404 ok login"),
     ("GET /jobs/{id}/artifacts/{*path}", "login ok ok 404 ok login"),
+    ("GET /compare", "login ok ok 404 ok login"),
     ("GET /datasets", "login ok ok ok ok login"),
     ("GET /volumes", "login ok ok ok ok login"),
     ("POST /volumes", "login 403 ok ok ok login"),
@@ -212,6 +215,10 @@ impl World {
             path = path.replace("{*path}", "app.css");
         }
         path = path.replace("{*path}", "model.bin");
+        if route == "/api/v1/compare" || route == "/compare" {
+            // Tenant A's job compared with itself: the other tenant must not see it.
+            path = format!("{path}?jobs={0},{0}", self.job);
+        }
         if route.contains("/volumes/{name}") {
             let name = format!("v{caller}-{}", self.next());
             let (status, body) = self.env.post("/api/v1/volumes", &admin, &json!({"name": name, "size": "1Mi"})).await;

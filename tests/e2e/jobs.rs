@@ -375,8 +375,8 @@ async fn a_job_past_its_time_limit_is_stopped_and_fails_without_a_restart() {
     assert_eq!(expected, Some(2), "estimates assume the limit");
 }
 
-/// `yard diff A B` shows only what differs between two runs (here one variable), in a table or
-/// as JSON; a run compared with itself has no differences.
+/// `yard diff A B` shows only what differs between two runs (here one variable), in a table per
+/// section or as JSON; a run compared with itself has no differences.
 #[tokio::test(flavor = "multi_thread")]
 async fn yard_diff_shows_only_what_differs_between_two_runs() {
     let env = TestEnv::start().await;
@@ -396,7 +396,9 @@ async fn yard_diff_shows_only_what_differs_between_two_runs() {
 
     let json = env.yard(&token, &["diff", &a, &b, "-o", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert_eq!(json["differences"], json!([{"field": "spec.env.LR", "a": "0.1", "b": "0.01"}]), "{json}");
+    let spec = json["sections"].as_array().unwrap().iter().find(|s| s["name"] == "spec").unwrap();
+    assert_eq!(spec["fields"], json!([{"field": "spec.env.LR", "values": ["0.1", "0.01"], "differs": true}]), "{json}");
+    assert_eq!(json["differ"], 1, "{json}");
 
     let itself = stdout(&env.yard(&token, &["diff", &a, &a]));
     assert!(itself.starts_with("no differences"), "{itself}");

@@ -3,6 +3,7 @@
 mod api;
 mod authz;
 mod chaos;
+mod compare;
 mod control;
 mod dashboard;
 mod dashboard_usage;

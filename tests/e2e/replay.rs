@@ -242,10 +242,13 @@ fn attempts_run(markers: &Path) -> BTreeMap<(String, u32), bool> {
     seen
 }
 
+/// An attempt's row of the allocation ledger: tenant, GPUs, start, end (none: still running).
+type LedgerRange = (String, i32, DateTime<Utc>, Option<DateTime<Utc>>);
+
 /// The most any tenant and any cohort held at once, from the allocation ledger (a sweep over
 /// the attempts' starts and ends).
 async fn peaks(env: &TestEnv, workload: &Workload) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
-    let rows: Vec<(String, i32, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+    let rows: Vec<LedgerRange> = sqlx::query_as(
         "SELECT n.name, l.gpus, l.started_at, l.ended_at FROM usage_ledger l JOIN tenants n ON n.id = l.tenant_id
          WHERE n.name LIKE 'q%'",
     )

@@ -50,11 +50,12 @@ fn differences(env: &TestEnv, a: &str, b: &str) -> Vec<(String, Value, Value)> {
     let out = env.yard(&env.admin_token, &["diff", a, b, "-o", "json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let comparison: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    comparison["differences"]
+    comparison["sections"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|d| (d["field"].as_str().unwrap().to_string(), d["a"].clone(), d["b"].clone()))
+        .flat_map(|s| s["fields"].as_array().unwrap())
+        .map(|d| (d["field"].as_str().unwrap().to_string(), d["values"][0].clone(), d["values"][1].clone()))
         .collect()
 }
 

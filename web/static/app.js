@@ -1,5 +1,5 @@
 // Trainyard dashboard: live log tails (server-sent events), and line charts (uPlot) of a job's
-// metrics and of the usage page's GPU-hours.
+// metrics, of compared runs' metrics and of the usage page's GPU-hours.
 // Everything else is server-rendered and refreshed with htmx attributes in the views.
 "use strict";
 
@@ -40,7 +40,7 @@ function startLogs() {
 // Line charts (uPlot): named series over one shared x axis, steps or times (Unix seconds), each
 // series in its own colour. A chart is sized to its card and follows it when the page is resized;
 // its legend names the series and shows the values under the cursor; drag to zoom (double-click
-// to reset). Used by a job's metrics and by the usage page.
+// to reset). Used by a job's metrics, the compare page and the usage page.
 const CHART_HEIGHT = 220;
 
 // Tick labels with as many decimals as the tick spacing needs (0.001, 0.0015, ... not 0.001 x5),
@@ -76,12 +76,14 @@ function followCardWidth(box) {
 }
 
 // (Re)draws the chart of a card from `chart`: { x, xLabel, time, yLabel, yLog, steps, series:
-// [{ label, values, stroke, width, value }] } (`value` formats a series' legend value, when
-// given; `steps` holds each value until the next x, for amounts per interval).
+// [{ label, values, stroke, width, value, spanGaps }] } (`value` formats a series' legend value,
+// when given; `spanGaps` draws across the x values a series has no point at; `steps` holds each
+// value until the next x, for amounts per interval).
 function lineChart(box, chart) {
   const series = chart.series.map((s) => {
     const line = { label: s.label, stroke: s.stroke, width: s.width || 2 };
     if (s.value) line.value = s.value;
+    if (s.spanGaps) line.spanGaps = true;
     if (chart.steps) line.paths = uPlot.paths.stepped({ align: 1 });
     return line;
   });
@@ -189,9 +191,30 @@ async function refreshMetrics(container) {
   }
 }
 
+// One colour per line where a chart has several (tenants, compared runs).
+const SERIES_COLOURS = ["#0a58ca", "#bc4c00", "#116329", "#8250df", "#a40e26", "#1b7c83", "#7d4e00", "#57606a"];
+
+// Compared runs: one metric, one line per run over the steps any of them reported, from the JSON
+// the page carries in `data-compare`: { metric, steps, series: [{ id, label, values }] }.
+function drawComparison(box) {
+  const data = JSON.parse(box.dataset.compare);
+  const series = data.series.map((s, i) => ({
+    label: s.label,
+    values: s.values,
+    stroke: SERIES_COLOURS[i % SERIES_COLOURS.length],
+    spanGaps: true,
+  }));
+  const plot = lineChart(box, { x: data.steps, xLabel: "step", yLabel: data.metric, series });
+  // Each line's legend entry names its run (the first entry is the step under the cursor).
+  const entries = plot.root.querySelectorAll(".u-legend .u-series");
+  data.series.forEach((s, i) => {
+    if (entries[i + 1]) entries[i + 1].dataset.run = s.id;
+  });
+  box.dataset.series = String(data.series.length);
+}
+
 // Usage: GPU-hours per bucket, one line per tenant, from the JSON the page carries in
 // `data-usage`: { from, bucket_seconds, series: [{ tenant, gpu_hours }] }.
-const TENANT_COLOURS = ["#0a58ca", "#bc4c00", "#116329", "#8250df", "#a40e26", "#1b7c83", "#7d4e00", "#57606a"];
 
 function drawUsage(box) {
   const usage = JSON.parse(box.dataset.usage);
@@ -202,7 +225,7 @@ function drawUsage(box) {
   const series = usage.series.map((s, i) => ({
     label: s.tenant,
     values: [...s.gpu_hours, s.gpu_hours.at(-1)],
-    stroke: TENANT_COLOURS[i % TENANT_COLOURS.length],
+    stroke: SERIES_COLOURS[i % SERIES_COLOURS.length],
     value: (u, v) => (v == null ? "—" : v.toLocaleString("en-US", { maximumFractionDigits: 4 }) + " GPU-h"),
   }));
   const plot = lineChart(box, { x, time: true, steps: true, yLabel: "GPU-hours", series });
@@ -220,4 +243,6 @@ document.addEventListener("DOMContentLoaded", () => {
   if (charts && window.uPlot) refreshMetrics(charts);
   const usage = document.getElementById("usage-chart");
   if (usage && window.uPlot) drawUsage(usage);
+  const compared = document.getElementById("compare-chart");
+  if (compared && window.uPlot) drawComparison(compared);
 });

@@ -5,7 +5,6 @@ mod accounting;
 mod client;
 mod code;
 mod config;
-mod diff;
 mod output;
 mod record;
 mod storage;
@@ -86,11 +85,12 @@ enum Command {
     Queue,
     /// The nodes jobs run on: capacity, what unfinished jobs hold, what is free (like `sinfo`).
     Nodes,
-    /// What differs between two runs: spec, template, code, parameters, datasets, outcome,
-    /// outputs and metrics; only the differences unless --all (ids and times then too).
+    /// What differs between two or more runs (up to 8), by section: parameters, spec, template,
+    /// code, data, environment packages, hardware, outcome, link; only the differences unless
+    /// --all (ids and times then too).
     Diff {
-        a: String,
-        b: String,
+        #[arg(num_args = 2..=8, required = true, value_name = "JOB")]
+        jobs: Vec<String>,
         /// Also the fields that are the same (and ids and times).
         #[arg(long)]
         all: bool,
@@ -542,21 +542,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 format!("{}{reruns}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
             })
         }
-        Command::Diff { a, b, all } => {
-            let client = &client;
-            let fetch = |text: String| async move {
-                let id = client.job_id(&text).await?;
-                anyhow::Ok(diff::Run {
-                    job: client.get(&format!("/api/v1/jobs/{id}")).await?,
-                    attempts: client.get(&format!("/api/v1/jobs/{id}/attempts")).await?,
-                    outputs: client.get(&format!("/api/v1/jobs/{id}/outputs")).await?,
-                    metrics: client.get(&format!("/api/v1/jobs/{id}/metrics")).await?,
-                })
-            };
-            let (a, b) = (fetch(a).await?, fetch(b).await?);
-            let comparison = diff::compare(&a, &b, all);
-            let rows = if all { Some((diff::fields(&a, true), diff::fields(&b, true))) } else { None };
-            output::print(out, &comparison, |c| output::diff_table(c, rows.as_ref()))
+        Command::Diff { jobs, all } => {
+            let mut ids = Vec::new();
+            for text in &jobs {
+                ids.push(client.job_id(text).await?.to_string());
+            }
+            let query = serde_urlencoded::to_string([("jobs", ids.join(",")), ("all", all.to_string())])?;
+            let comparison: trainyard_core::compare::Comparison =
+                client.get(&format!("/api/v1/compare?{query}")).await?;
+            output::print(out, &comparison, output::diff_table)
         }
         Command::Nodes => {
             let nodes: trainyard_core::api::Nodes = client.get("/api/v1/nodes").await?;

@@ -103,32 +103,46 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
     format!("{t}\n{others}")
 }
 
-/// Two runs side by side: the fields that differ (every field with --all).
-pub fn diff_table(c: &crate::diff::Comparison, all: Option<&(crate::diff::Fields, crate::diff::Fields)>) -> String {
-    let show = |v: Option<&serde_json::Value>| match v {
+/// Runs side by side, a table per section: the fields that differ (every field with --all, those
+/// that differ marked `*`). Columns are the runs as given, A, B, C..., by their ids' first 13
+/// characters.
+pub fn diff_table(c: &trainyard_core::compare::Comparison) -> String {
+    if c.differ == 0 && !c.all {
+        return format!("no differences ({} fields the same; ids and times not compared)\n", c.same);
+    }
+    let show = |v: &Option<serde_json::Value>| match v {
         None => "(absent)".to_string(),
         Some(serde_json::Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
     };
-    let mut t = table(&["FIELD", &format!("A {}", &c.a[..13]), &format!("B {}", &c.b[..13])]);
-    match all {
-        Some((a, b)) => {
-            let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-            for name in names {
-                let marker = if a.get(name) == b.get(name) { " " } else { "*" };
-                t.add_row(vec![format!("{marker} {name}"), show(a.get(name)), show(b.get(name))]);
-            }
+    let columns: Vec<String> = c
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(i, run)| format!("{} {}", char::from(b'A' + i as u8), &run.id.to_string()[..13]))
+        .collect();
+    let mut header = vec!["FIELD"];
+    header.extend(columns.iter().map(String::as_str));
+    let mut text = String::new();
+    for section in c.sections.iter().filter(|s| !s.fields.is_empty()) {
+        text.push_str(&format!("{} ({} differ, {} the same)\n", section.name, section.differ, section.same));
+        let mut t = table(&header);
+        for field in &section.fields {
+            let name = if !c.all {
+                field.field.clone()
+            } else if field.differs {
+                format!("* {}", field.field)
+            } else {
+                format!("  {}", field.field)
+            };
+            let mut row = vec![name];
+            row.extend(field.values.iter().map(show));
+            t.add_row(row);
         }
-        None if c.differences.is_empty() => {
-            return format!("no differences ({} fields the same; ids and times not compared)\n", c.same);
-        }
-        None => {
-            for d in &c.differences {
-                t.add_row(vec![d.field.clone(), show(d.a.as_ref()), show(d.b.as_ref())]);
-            }
-        }
+        text.push_str(&format!("{t}\n\n"));
     }
-    format!("{t}\n{} fields differ, {} the same\n", c.differences.len(), c.same)
+    text.push_str(&format!("{} fields differ, {} the same\n", c.differ, c.same));
+    text
 }
 
 /// The tenant's datasets, one version a row (the content hash cut to what tells them apart).

@@ -7,9 +7,11 @@
 //! - [`job`]: the job spec a user submits, its validation, and the job state machine.
 //! - [`api`]: request and response bodies of the REST API, shared by the server and the CLI.
 //! - [`record`]: the run record of an attempt (what exactly ran), its canonical JSON and hashes.
+//! - [`compare`]: runs compared field by field, in sections (`yard diff`, the compare page).
 
 pub mod api;
 pub mod auth;
+pub mod compare;
 pub mod error;
 pub mod job;
 pub mod names;

@@ -1,6 +1,7 @@
 //! Job-scoped tokens and the metrics engines report with them.
 
 use trainyard_core::api::{MetricPoint, MetricSeries};
+use trainyard_core::compare::MetricSummary;
 use trainyard_core::error::ObjectKind;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
@@ -105,6 +106,28 @@ impl Store {
         .await
         .map_err(db_error)?;
         Ok(rows.into_iter().map(|(name, steps, values)| MetricSeries { name, steps, values }).collect())
+    }
+
+    /// Each series of these jobs of the tenant in brief, in one statement: its count of points
+    /// and the value at its last step (the latest recorded of equal steps), as `(job, summary)`
+    /// ordered by job and name. The last value is one index probe per series
+    /// (`metrics_by_series`), not a sort of its points.
+    pub async fn metrics_summaries(&self, tenant_id: Uuid, job_ids: &[Uuid]) -> Result<Vec<(Uuid, MetricSummary)>> {
+        // language=PostgreSQL
+        let rows: Vec<(Uuid, String, i64, f64)> = sqlx::query_as(
+            "SELECT s.job_id, s.name, s.points,
+                    (SELECT m.value FROM metrics m WHERE m.job_id = s.job_id AND m.name = s.name
+                     ORDER BY m.step DESC, m.recorded_at DESC LIMIT 1) AS last
+             FROM (SELECT job_id, name, count(*) AS points FROM metrics
+                   WHERE job_id = ANY($2) AND tenant_id = $1 GROUP BY job_id, name) s
+             ORDER BY s.job_id, s.name",
+        )
+        .bind(tenant_id)
+        .bind(job_ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows.into_iter().map(|(job, name, points, last)| (job, MetricSummary { name, points, last })).collect())
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod accounting;
 mod admin;
+mod compare;
 mod datasets;
 mod health;
 pub mod jobs;
@@ -44,6 +45,7 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/jobs/{id}/metrics", get(metrics::metrics_get).post(metrics::metrics_post))
         .route("/api/v1/jobs/{id}/outputs", get(metrics::outputs_get).post(metrics::output_post))
         .route("/api/v1/jobs/{id}/record", get(records::record_get).post(records::record_post))
+        .route("/api/v1/compare", get(compare::compare_get))
         .route("/api/v1/jobs/{id}/schedule", get(scheduling::job_schedule))
         .route("/api/v1/jobs/what-if", post(scheduling::job_what_if))
         .route("/api/v1/quota", get(scheduling::quota_get))
@@ -108,6 +110,7 @@ fn storage_routes() -> RouteTable {
         metrics::output_post,
         records::record_post,
         records::record_get,
+        compare::compare_get,
         scheduling::quota_get,
         scheduling::queue_get,
         scheduling::nodes_get,

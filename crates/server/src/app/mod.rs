@@ -5,6 +5,7 @@
 //!
 //! - [`jobs`]: submit, list, show, cancel, events, attempts, metrics and outputs;
 //! - [`records`]: run records (what exactly each attempt ran), completed by engines;
+//! - [`compare`]: runs compared field by field (`yard diff`, the compare page);
 //! - [`logs`]: reading and following replica logs, with tokens masked ([`log_mask`]);
 //! - [`templates`]: listing, publishing and running task templates;
 //! - [`datasets`]: the dataset registry;
@@ -16,6 +17,7 @@
 
 pub mod accounting;
 pub mod code;
+pub mod compare;
 pub mod datasets;
 pub mod jobs;
 pub mod log_mask;

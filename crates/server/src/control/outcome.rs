@@ -150,8 +150,7 @@ pub fn attempt_verdict(job: JobFacts, statuses: &[ReplicaStatus], pending: bool,
     }
     // Every replica exited 0 before anyone asked them to stop: the work is done, whatever was
     // asked meanwhile. A preemption must not send finished work back to the queue to run again.
-    let completed =
-        !job.stop_sent && !statuses.is_empty() && statuses.iter().all(|s| *s == ReplicaStatus::Exited(0));
+    let completed = !job.stop_sent && !statuses.is_empty() && statuses.iter().all(|s| *s == ReplicaStatus::Exited(0));
     let (to, cause) = if completed {
         (JobState::Succeeded, EndCause::Succeeded)
     } else if job.cancel_requested {

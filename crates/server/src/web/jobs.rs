@@ -287,6 +287,8 @@ struct JobPage {
     spec_json: String,
     can_write: bool,
     rerun_url: Option<String>,
+    /// The job this one runs again, to compare with.
+    rerun_of: Option<Uuid>,
     live: LiveView,
 }
 
@@ -342,6 +344,7 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         spec_json: serde_json::to_string_pretty(&job.spec).unwrap_or_default(),
         can_write: can_write(&auth.caller),
         rerun_url: job.spec.template.as_ref().map(|t| format!("/submit/{}?from={}", t.name, job.id)),
+        rerun_of: job.rerun_of,
         live,
     };
     Ok(render(&page))

@@ -16,6 +16,7 @@
 mod accounting;
 mod admin;
 mod assets;
+mod compare;
 mod jobs;
 mod session;
 mod storage;
@@ -49,6 +50,7 @@ pub fn routes() -> RouteTable {
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/rerun", post(jobs::rerun))
         .route("/jobs/{id}/artifacts/{*path}", get(storage::artifact_download))
+        .route("/compare", get(compare::compare))
         .route("/datasets", get(storage::datasets))
         .route("/volumes", get(storage::volumes).post(storage::volume_create))
         .route("/volumes/{name}/delete", post(storage::volume_delete))

@@ -1,0 +1,192 @@
+//! The compare page: two or more runs side by side, a table per section (a column per run,
+//! the values that differ highlighted), only the differences unless `all=true`, and one metric of
+//! every run drawn on one chart, aligned by step. The same operation as `GET /api/v1/compare`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use trainyard_core::Error;
+use trainyard_core::compare::{ComparedRun, Comparison};
+use uuid::Uuid;
+
+use super::{Nav, WebAuth, WebResult, render};
+use crate::AppState;
+use crate::api::jobs::{ListParams, list_filter};
+use crate::app::compare::compared_ids;
+
+/// The most steps a chart carries; longer series are thinned evenly (every k-th step kept).
+const MAX_CHART_STEPS: usize = 4000;
+
+/// The page's query: `jobs` (ids, comma-separated), `with` (more ids or short ids, from the job
+/// page's form), `all`, and the chart's `metric`.
+#[derive(Debug, Default, Deserialize)]
+pub struct CompareParams {
+    #[serde(default)]
+    jobs: String,
+    #[serde(default)]
+    with: String,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    metric: String,
+}
+
+pub struct SectionView {
+    name: String,
+    differ: usize,
+    same: usize,
+    rows: Vec<RowView>,
+}
+
+pub struct RowView {
+    field: String,
+    differs: bool,
+    values: Vec<String>,
+}
+
+#[derive(Template)]
+#[template(path = "compare.html")]
+struct ComparePage {
+    nav: Nav,
+    runs: Vec<ComparedRun>,
+    all: bool,
+    differ: usize,
+    same: usize,
+    sections: Vec<SectionView>,
+    /// This page with the other choice of `all`.
+    toggle_url: String,
+    jobs: String,
+    metrics: Vec<String>,
+    metric: String,
+    /// The chart's data as JSON, for the page's script; none when no run has the metric.
+    chart: Option<String>,
+}
+
+/// One metric of every run over the union of their steps (null where a run has no point).
+#[derive(Serialize)]
+struct CompareChart<'a> {
+    metric: &'a str,
+    steps: Vec<i64>,
+    series: Vec<ChartSeries>,
+}
+
+#[derive(Serialize)]
+struct ChartSeries {
+    id: Uuid,
+    label: String,
+    values: Vec<Option<f64>>,
+}
+
+fn shown(value: &Option<serde_json::Value>) -> String {
+    match value {
+        None => "(absent)".into(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A job named by its id or the first hex digits of it (at least 6), among the tenant's jobs.
+async fn job_named(state: &AppState, auth: &WebAuth, text: &str) -> WebResult<Uuid> {
+    if let Ok(id) = Uuid::parse_str(text) {
+        return Ok(id);
+    }
+    let params = ListParams { id_prefix: Some(text.to_string()), limit: Some(2), ..ListParams::default() };
+    let page = state.app.jobs_list(&auth.caller, &list_filter(params)?).await?;
+    match page.items.as_slice() {
+        [job] => Ok(job.id),
+        [] => Err(Error::invalid("with", format!("no job of your tenant has an id starting with {text}")).into()),
+        _ => Err(Error::invalid("with", format!("{text} names more than one job; give more of the id")).into()),
+    }
+}
+
+pub async fn compare(
+    State(state): State<AppState>,
+    auth: WebAuth,
+    Query(params): Query<CompareParams>,
+) -> WebResult<Response> {
+    let mut ids = compared_ids(&params.jobs)?;
+    for text in params.with.split([',', ' ']).map(str::trim).filter(|t| !t.is_empty()) {
+        ids.push(job_named(&state, &auth, text).await?);
+    }
+    let comparison = state.app.runs_compare(&auth.caller, &ids, params.all).await?;
+    let metric = [params.metric.as_str(), "loss"]
+        .into_iter()
+        .find(|m| comparison.metrics.iter().any(|name| name == m))
+        .or(comparison.metrics.first().map(String::as_str))
+        .map(str::to_string)
+        .unwrap_or_default();
+    let chart = if metric.is_empty() { None } else { Some(chart_of(&state, &auth, &comparison, &ids, &metric).await?) };
+    let jobs = ids.iter().map(Uuid::to_string).collect::<Vec<_>>().join(",");
+    let mut toggle = form_urlencoded::Serializer::new(String::new());
+    toggle.append_pair("jobs", &jobs);
+    if !params.all {
+        toggle.append_pair("all", "true");
+    }
+    if !metric.is_empty() {
+        toggle.append_pair("metric", &metric);
+    }
+    let Comparison { runs, all, sections, differ, same, metrics } = comparison;
+    let sections = sections
+        .into_iter()
+        .filter(|s| !s.fields.is_empty())
+        .map(|s| SectionView {
+            name: s.name,
+            differ: s.differ,
+            same: s.same,
+            rows: s
+                .fields
+                .iter()
+                .map(|f| RowView {
+                    field: f.field.clone(),
+                    differs: f.differs,
+                    values: f.values.iter().map(shown).collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(render(&ComparePage {
+        nav: Nav::new(&auth, "jobs"),
+        runs,
+        all,
+        differ,
+        same,
+        sections,
+        toggle_url: format!("/compare?{}", toggle.finish()),
+        jobs,
+        metrics,
+        metric,
+        chart,
+    }))
+}
+
+/// The chart's JSON: the metric of every run, aligned on the union of their steps.
+async fn chart_of(
+    state: &AppState,
+    auth: &WebAuth,
+    comparison: &Comparison,
+    ids: &[Uuid],
+    metric: &str,
+) -> WebResult<String> {
+    let read = state.app.runs_metric(&auth.caller, ids, metric).await?;
+    let by_step: Vec<BTreeMap<i64, f64>> = read
+        .iter()
+        .map(|m| m.series.iter().flat_map(|s| s.steps.iter().copied().zip(s.values.iter().copied())).collect())
+        .collect();
+    let all_steps: BTreeSet<i64> = by_step.iter().flat_map(|s| s.keys().copied()).collect();
+    let stride = all_steps.len().div_ceil(MAX_CHART_STEPS).max(1);
+    let steps: Vec<i64> = all_steps.into_iter().step_by(stride).collect();
+    let series = comparison
+        .runs
+        .iter()
+        .zip(&by_step)
+        .map(|(run, points)| ChartSeries {
+            id: run.id,
+            label: run.label.clone(),
+            values: steps.iter().map(|step| points.get(step).copied()).collect(),
+        })
+        .collect();
+    Ok(serde_json::to_string(&CompareChart { metric, steps, series }).expect("numbers and names serialise"))
+}
