@@ -148,13 +148,15 @@ pub fn attempt_verdict(job: JobFacts, statuses: &[ReplicaStatus], pending: bool,
     if running {
         return if stopping || failure.is_some() { Verdict::Stop } else { Verdict::Running { all_started: !pending } };
     }
-    // Every replica exited 0 before anyone asked them to stop: the work is done, whatever was
-    // asked meanwhile. A preemption must not send finished work back to the queue to run again.
-    let completed = !job.stop_sent && !statuses.is_empty() && statuses.iter().all(|s| *s == ReplicaStatus::Exited(0));
-    let (to, cause) = if completed {
-        (JobState::Succeeded, EndCause::Succeeded)
-    } else if job.cancel_requested {
+    // Every replica exited 0: the work is done. A preemption never sends finished work back to
+    // the queue to run again, even when its stop signal crossed the replicas' own exit (as
+    // Kubernetes counts a Job's succeeded pods and Kueue finishes their workload). A cancel
+    // wins unless the replicas had finished before this server asked them to stop.
+    let all_exited_0 = !statuses.is_empty() && statuses.iter().all(|s| *s == ReplicaStatus::Exited(0));
+    let (to, cause) = if job.cancel_requested && (job.stop_sent || !all_exited_0) {
         (JobState::Cancelled, EndCause::Cancelled)
+    } else if all_exited_0 {
+        (JobState::Succeeded, EndCause::Succeeded)
     } else if job.preempt_requested {
         // Back to the queue; the next attempt resumes from the job's last checkpoint.
         (JobState::Queued, EndCause::Preempted)
@@ -296,12 +298,12 @@ mod tests {
                 ended(JobState::Queued, EndCause::Preempted),
             ),
             (
-                "preempt requested, stopped, exits 0 on SIGTERM",
+                "preempt requested, every replica exited 0 as the stop crossed its end: done",
                 preempt_sent,
                 vec![Exited(0)],
                 false,
                 None,
-                ended(JobState::Queued, EndCause::Preempted),
+                ended(JobState::Succeeded, EndCause::Succeeded),
             ),
             (
                 "preempt requested after every replica finished: done, not run again",
