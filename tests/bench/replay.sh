@@ -8,6 +8,7 @@ cd "$(dirname "$0")/../.."
 source deploy/ensure-postgres
 cargo build --release --locked --workspace --bins
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-replay.XXXXXX")
+chmod 755 "$work" # Postgres runs as its own user
 trap 'target/release/trainyard postgres stop --dir "$work/pg" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 export TRAINYARD_TEST_DATABASE_URL=$(target/release/trainyard postgres start --dir "$work/pg")
 cargo test --release --locked -p trainyard-tests --test e2e replay::kueues_baseline_full -- --ignored --nocapture
