@@ -102,10 +102,13 @@ struct Outcome {
     preemptions: i64,
 }
 
-/// The replica command: leaves its marker, sleeps its runtime, notes its end.
+/// The replica command: leaves its marker, sleeps its runtime, notes its end. Once it has slept
+/// its runtime it ignores SIGTERM, so a stop that arrives between writing `end` and exiting
+/// cannot turn a finished replica into a stopped one: a marker that says `end` belongs to a
+/// replica that exited 0, as the control plane saw it.
 fn job(markers: &Path, class: &Class) -> Value {
     let script = format!(
-        "f='{}/'\"$TRAINYARD_JOB_ID.$TRAINYARD_ATTEMPT.$RANK\"; : > \"$f\"; sleep {}; echo end >> \"$f\"",
+        "f='{}/'\"$TRAINYARD_JOB_ID.$TRAINYARD_ATTEMPT.$RANK\"; : > \"$f\"; sleep {}; trap '' TERM; echo end >> \"$f\"",
         markers.display(),
         class.runtime
     );
