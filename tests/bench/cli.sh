@@ -23,17 +23,21 @@ for t in $(seq -w 1 20); do
   curl -sf -o /dev/null -H "Authorization: Bearer $TRAINYARD_TOKEN" -H 'Content-Type: application/json' \
     -d "{\"name\": \"team-$t\"}" "$url/api/v1/admin/tenants"
 done
-psql -q "$db_url" <<'SQL'
+psql -q -v ON_ERROR_STOP=1 "$db_url" <<'SQL'
 INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by)
 SELECT gen_random_uuid(), t.id, 'waiting-' || n, j.spec, 'bench', u.id
 FROM generate_series(1, 500) n, tenants t, users u, LATERAL (SELECT spec FROM jobs LIMIT 1) j
 WHERE t.name LIKE 'team-%';
+-- New jobs must be queued (a trigger insists); in one transaction the reconciler never sees these
+-- as queued, so its reason writes cannot deadlock with the update.
+BEGIN;
 INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by)
 SELECT gen_random_uuid(), t.id, 'finished-' || (n % 100), j.spec, 'bench', u.id
 FROM generate_series(1, 100000) n, tenants t, users u, LATERAL (SELECT spec FROM jobs LIMIT 1) j
 WHERE t.name = 'default';
 UPDATE jobs SET state = 'cancelled', reason = 'bench filler', finished_at = now()
  WHERE last_actor = 'bench' AND name LIKE 'finished-%';
+COMMIT;
 ANALYZE jobs;
 SQL
 echo "jobs: $(psql -tA "$db_url" -c "SELECT count(*) FROM jobs WHERE tenant_id = (SELECT id FROM tenants WHERE name = 'default')") in the tenant, $(psql -tA "$db_url" -c "SELECT count(*) FROM jobs WHERE state = 'queued'") waiting"

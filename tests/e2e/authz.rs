@@ -59,6 +59,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /api/v1/datasets", "401 403 ok ok ok 401"),
     ("GET /api/v1/datasets/{name}/{version}", "401 ok ok 404 ok 401"),
     ("PATCH /api/v1/admin/tenants/{tenant}", "401 403 403 403 ok 401"),
+    ("DELETE /api/v1/admin/tenants/{tenant}", "401 403 403 403 ok 401"),
     ("PUT /api/v1/admin/tenants/{tenant}/quotas/{flavor}", "401 403 403 403 ok 401"),
     ("GET /api/v1/templates", "401 ok ok ok ok 401"),
     ("POST /api/v1/templates", "401 403 ok ok ok 401"),
@@ -130,6 +131,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /admin/quota", "login 403 403 403 ok login"),
     ("POST /admin/members", "login 403 403 403 ok login"),
     ("POST /admin/tenants", "login 403 403 403 ok login"),
+    ("POST /admin/tenants/remove", "login 403 403 403 ok login"),
     ("GET /static/{*path}", "ok ok ok ok ok ok"),
 ];
 
@@ -218,6 +220,13 @@ impl World {
         if route == "/api/v1/compare" || route == "/compare" {
             // Tenant A's job compared with itself: the other tenant must not see it.
             path = format!("{path}?jobs={0},{0}", self.job);
+        }
+        if route == "/api/v1/admin/tenants/{tenant}" {
+            // Its own tenant each time: removing one is destructive.
+            let name = format!("t{caller}-{}", self.next());
+            let (status, body) = self.env.post("/api/v1/admin/tenants", &admin, &json!({"name": name})).await;
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            path = route.replace("{tenant}", &name);
         }
         if route.contains("/volumes/{name}") {
             let name = format!("v{caller}-{}", self.next());

@@ -403,3 +403,24 @@ async fn yard_diff_shows_only_what_differs_between_two_runs() {
     let itself = stdout(&env.yard(&token, &["diff", &a, &a]));
     assert!(itself.starts_with("no differences"), "{itself}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_ends_quietly_when_its_reader_goes_away() {
+    // `yard jobs ls | head -1`: once the reader has gone, yard stops without a panic or a word.
+    let env = TestEnv::start().await;
+    for _ in 0..3 {
+        env.submit(serde_json::json!({"command": ["true"], "resources": {"gpus": 64}})).await;
+    }
+    // `true` has exited before yard's answer arrives, so yard writes into a closed pipe.
+    let script = format!("'{}' jobs ls -o json | true", trainyard_tests::bin("yard").display());
+    let output = std::process::Command::new("bash")
+        .args(["-o", "pipefail", "-c", &script])
+        .env("HOME", env.dir.path())
+        .env("TRAINYARD_URL", &env.server.url)
+        .env("TRAINYARD_TOKEN", &env.admin_token)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.is_empty(), "nothing on stderr: {stderr}");
+}

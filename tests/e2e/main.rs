@@ -23,4 +23,5 @@ mod sso;
 mod storage;
 mod templates;
 mod tenancy;
+mod tour;
 mod training;

@@ -90,7 +90,7 @@ async fn two_tenants_borrow_reclaim_and_explain_their_queues() {
     let (_, schedule) = env.get(&format!("/api/v1/jobs/{}/schedule", requeued[0]), &bob).await;
     assert_eq!(schedule["tenant_position"], 1);
     let reason = schedule["reason"].as_str().unwrap();
-    assert!(reason.contains(&format!("tenant quota for {GPU}: 4 of 4 in use, the cohort lends 0")), "{reason}");
+    assert!(reason.contains(&format!("tenant quota for {GPU}: 4 of 4 GPUs in use, the cohort lends 0")), "{reason}");
     assert!(schedule["estimated_start"].is_string(), "an estimate from the running jobs' expected ends: {schedule}");
     let shown = env.yard(&bob, &["jobs", "show", &requeued[1]]);
     assert!(stdout(&shown).contains("position: 2 in your tenant's queue"), "{}", stdout(&shown));
@@ -163,7 +163,10 @@ async fn a_deep_queue_says_where_each_job_stands_and_answers_follow_changes() {
     // The head: the scheduler's reason, positions and an estimate.
     let (_, head) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[0]), &carol).await;
     assert_eq!(head["tenant_position"], 1, "{head}");
-    assert!(head["reason"].as_str().unwrap().contains(&format!("tenant quota for {GPU}: 2 of 2 in use")), "{head}");
+    assert!(
+        head["reason"].as_str().unwrap().contains(&format!("tenant quota for {GPU}: 2 of 2 GPUs in use")),
+        "{head}"
+    );
     assert!(head["estimated_start"].is_string(), "{head}");
     // The reconciler keeps every waiting job's reason on the job itself, the tail's too (it
     // writes a pass's changed reasons in one statement).
@@ -189,6 +192,23 @@ async fn a_deep_queue_says_where_each_job_stands_and_answers_follow_changes() {
     assert_eq!(second["tenant_position"], 1, "{second}");
     let (_, tail) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[504]), &carol).await;
     assert_eq!(tail["tenant_position"], 504, "{tail}");
+
+    // 10,000 more of higher priority ahead of it: the count stops past 10,000 (it reads the
+    // entries ahead, so a bound keeps it cheap however deep the queue) and says so.
+    sqlx::query(
+        "INSERT INTO jobs (id, tenant_id, name, spec, priority, last_actor, created_by)
+         SELECT gen_random_uuid(), j.tenant_id, 'urgent-' || n, j.spec, 5, 'test', j.created_by
+           FROM generate_series(1, 10000) n, (SELECT * FROM jobs WHERE id = $1::uuid) j",
+    )
+    .bind(&queued[504])
+    .execute(&env.db.pool)
+    .await
+    .unwrap();
+    let (_, tail) = env.get(&format!("/api/v1/jobs/{}/schedule", queued[504]), &carol).await;
+    let reason = tail["reason"].as_str().unwrap();
+    assert!(reason.contains("waits behind more than 10000 earlier queued jobs of its tenant"), "{reason}");
+    assert!(tail["tenant_position"].is_null(), "{tail}");
+    assert_eq!(tail["behind_higher_priority"], 10_000, "{tail}");
 }
 
 /// A job that can never run on the cluster as it is (8 simulated GPUs of one type, 8 cores) is
@@ -213,7 +233,7 @@ async fn jobs_that_can_never_fit_are_refused_with_the_capacity_named() {
         (
             json!({"command": ["true"], "resources": {"cpu": 64}}),
             "resources.cpu",
-            "asks for 64 CPU cores; the largest node has 8",
+            "asks for 64 CPUs; the largest node has 8 CPUs",
         ),
         (
             json!({"command": ["true"], "replicas": 2, "resources": {"gpus": 8}}),
@@ -284,6 +304,8 @@ async fn the_queue_shows_waiting_jobs_in_order_to_those_who_may_see_them() {
 
     let (status, queue) = env.get("/api/v1/queue", &alice).await;
     assert_eq!(status, StatusCode::OK, "{queue}");
+    let as_of: chrono::DateTime<chrono::Utc> = queue["as_of"].as_str().unwrap().parse().unwrap();
+    assert!((chrono::Utc::now() - as_of).num_seconds() < 10, "the standings' time: {queue}");
     let items = queue["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "alice sees her own waiting job only: {queue}");
     assert_eq!(items[0]["id"], waiting_a.as_str());
@@ -302,7 +324,7 @@ async fn the_queue_shows_waiting_jobs_in_order_to_those_who_may_see_them() {
     assert!(table.status.success(), "{}", stderr(&table));
     let text = stdout(&table);
     assert!(text.contains("alice-waits") && text.contains(&waiting_a[..13]), "{text}");
-    assert!(text.contains("(and 1 waiting jobs of other tenants)"), "{text}");
+    assert!(text.contains("(and 1 waiting jobs of other tenants)") && text.contains(" s ago)"), "{text}");
     assert!(!text.contains("bob-1"), "{text}");
 
     // The nodes those jobs hold: every tenant's running replicas counted, none named.

@@ -15,6 +15,15 @@ async fn the_database_and_the_core_agree_on_the_state_machine() {
     assert_eq!(in_sql, in_rust);
 }
 
+/// The control plane's sessions never JIT-compile: its queries are short, and compiling one the
+/// planner overestimates cost more than running it (67 ms for the unfinished jobs' read).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stores_sessions_run_without_jit() {
+    let db = TestDb::fresh().await;
+    let jit: String = sqlx::query_scalar("SHOW jit").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(jit, "off");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_illegal_transition_cannot_be_persisted() {
     let db = TestDb::fresh().await;

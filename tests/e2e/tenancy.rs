@@ -283,3 +283,171 @@ async fn a_lost_admin_token_is_replaced_from_the_database_for_platform_admins_on
         trainyard_tests::stderr(&refused)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_tenant_stops_its_jobs_shuts_its_doors_and_keeps_its_records() {
+    let env = TestEnv::start().await;
+    let admin = env.admin_token.clone();
+    let (status, _) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-x"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let xena = env.member("team-x", "xena", "admin").await;
+    // What the tenant has: a running job, a job that can only wait, a volume with data.
+    let (status, volume) = env.post("/api/v1/volumes", &xena, &json!({"name": "scratch", "size": "1Mi"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{volume}");
+    let volume_dir = std::path::PathBuf::from(volume["path"].as_str().unwrap());
+    let (status, running) = env.post("/api/v1/jobs", &xena, &json!({"command": ["sleep", "600"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{running}");
+    let running = running["id"].as_str().unwrap().to_string();
+    let (status, waiting) =
+        env.post("/api/v1/jobs", &xena, &json!({"command": ["true"], "resources": {"gpus": 64}})).await;
+    assert_eq!(status, StatusCode::CREATED, "{waiting}");
+    let waiting = waiting["id"].as_str().unwrap().to_string();
+    env.wait_job_as(&xena, &running, Duration::from_secs(30), |job| job["state"] == "running").await;
+    let pid = env.replica_pids_from_db(&running).await;
+    std::fs::write(volume_dir.join("data"), "team-x's data").unwrap();
+
+    // Nobody removes their own credential's tenant, and only platform admins remove any.
+    let (status, body) = env.call(Method::DELETE, "/api/v1/admin/tenants/default", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("your credential belongs to tenant default"), "{body}");
+    let (status, _) = env.call(Method::DELETE, "/api/v1/admin/tenants/team-x", Some(&xena), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "a tenant's own admin cannot remove it");
+
+    let (status, tenant) = env.call(Method::DELETE, "/api/v1/admin/tenants/team-x", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{tenant}");
+    assert!(tenant["removal_requested_at"].is_string(), "{tenant}");
+    // At once: its tokens no longer work, and nothing new gets in, by any path.
+    let (status, _) = env.get("/api/v1/jobs", &xena).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) =
+        env.post("/api/v1/admin/tenants/team-x/members", &admin, &json!({"user": "newcomer", "role": "member"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("team-x is being removed"), "{body}");
+    let (status, body) = env
+        .call(
+            Method::PUT,
+            "/api/v1/admin/tenants/team-x/quotas/simulated-gpu",
+            Some(&admin),
+            Some(&json!({"nominal": 4})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+
+    // Its jobs are cancelled, the running one stopped; then the removal finishes by itself.
+    let job_state = |id: String| {
+        let env = &env;
+        async move {
+            let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1::uuid")
+                .bind(&id)
+                .fetch_one(&env.db.pool)
+                .await
+                .unwrap();
+            state
+        }
+    };
+    assert_eq!(job_state(waiting.clone()).await, "cancelled", "a job that never started is cancelled at once");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let tenant = loop {
+        let (_, tenants) = env.get("/api/v1/admin/tenants", &admin).await;
+        let tenant = tenants.as_array().unwrap().iter().find(|t| t["name"] == "team-x").unwrap().clone();
+        if tenant["removed_at"].is_string() {
+            break tenant;
+        }
+        assert!(std::time::Instant::now() < deadline, "the removal did not finish: {tenant}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(tenant["removal_requested_at"].is_string());
+    assert_eq!(job_state(running.clone()).await, "cancelled");
+    assert!(!trainyard_tests::group_alive(pid), "its running job's processes are gone");
+    let reason: String = sqlx::query_scalar("SELECT reason FROM jobs WHERE id = $1::uuid")
+        .bind(&running)
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(reason, "cancelled: tenant team-x is being removed");
+    assert!(!volume_dir.exists(), "its volumes' data is gone: {}", volume_dir.display());
+
+    // Its records stay, its name is not handed out again, and the audit log says who did it.
+    let jobs: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM jobs j JOIN tenants t ON t.id = j.tenant_id WHERE t.name = 'team-x'")
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(jobs, 2);
+    let (status, body) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-x"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, audit) = env.get("/api/v1/audit?tenant=team-x&action=tenant.", &admin).await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    let entries: Vec<(String, String)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap().to_string(), e["actor"].as_str().unwrap().to_string()))
+        .collect();
+    assert!(entries.contains(&("tenant.remove".into(), "user:admin".into())), "{entries:?}");
+    assert!(entries.contains(&("tenant.removed".into(), "trainyard:reconciler".into())), "{entries:?}");
+    // The CLI shows it.
+    let listed = env.yard(&admin, &["admin", "tenants"]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains("team-x: removed at "), "{listed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_admin_page_removes_a_tenant_only_once_its_name_is_typed_again() {
+    let env = TestEnv::start().await;
+    let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-y"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (_, page) = web.get("/admin").await;
+    assert!(page.contains("Remove tenant"), "{page}");
+    let csrf = trainyard_tests::web::csrf_of(&page);
+
+    let (status, page) =
+        web.post_form("/admin/tenants/remove", &[("csrf", &csrf), ("tenant", "team-y"), ("confirm", "team-")]).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{page}");
+    assert!(page.contains("confirm: type the tenant&#39;s name to confirm"), "{page}");
+    let (_, tenants) = env.get("/api/v1/admin/tenants", &env.admin_token).await;
+    assert!(tenants.as_array().unwrap().iter().any(|t| t["name"] == "team-y" && t["removal_requested_at"].is_null()));
+
+    let (status, page) =
+        web.post_form("/admin/tenants/remove", &[("csrf", &csrf), ("tenant", "team-y"), ("confirm", "team-y")]).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("tenant team-y is being removed"), "{page}");
+    let (_, tenants) = env.get("/api/v1/admin/tenants", &env.admin_token).await;
+    assert!(tenants.as_array().unwrap().iter().any(|t| t["name"] == "team-y" && t["removal_requested_at"].is_string()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_removal_asked_for_just_before_a_crash_finishes_after_the_restart() {
+    let mut env = TestEnv::start().await;
+    let admin = env.admin_token.clone();
+    let (status, _) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-z"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let zoe = env.member("team-z", "zoe", "member").await;
+    let (status, job) = env.post("/api/v1/jobs", &zoe, &json!({"command": ["sleep", "600"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let job = job["id"].as_str().unwrap().to_string();
+    env.wait_job_as(&zoe, &job, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let pid = env.replica_pids_from_db(&job).await;
+
+    let (status, _) = env.call(Method::DELETE, "/api/v1/admin/tenants/team-z", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    env.restart_after_crash();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, tenants) = env.get("/api/v1/admin/tenants", &admin).await;
+        if tenants.as_array().unwrap().iter().any(|t| t["name"] == "team-z" && t["removed_at"].is_string()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the removal did not finish after the restart: {tenants}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (state, restarts): (String, i32) = sqlx::query_as("SELECT state, restart_count FROM jobs WHERE id = $1::uuid")
+        .bind(&job)
+        .fetch_one(&env.db.pool)
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), restarts), ("cancelled", 0));
+    assert!(!trainyard_tests::group_alive(pid), "the job's processes were stopped, not left behind");
+}

@@ -78,6 +78,11 @@ impl Client {
         Ok(())
     }
 
+    /// DELETE; the JSON answer decoded.
+    pub async fn delete_json<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        decode(self.send(self.request(Method::DELETE, path)).await?).await
+    }
+
     pub async fn delete(&self, path: &str) -> anyhow::Result<()> {
         self.send(self.request(Method::DELETE, path)).await?;
         Ok(())

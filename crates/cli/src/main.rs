@@ -363,8 +363,17 @@ enum TokensCommand {
 enum AdminCommand {
     /// Create a tenant (platform admins).
     TenantCreate { name: String },
-    /// List tenants (platform admins).
+    /// List tenants and whether any is being removed (platform admins).
     Tenants,
+    /// Remove a tenant (platform admins): it takes nothing new, its tokens are revoked and its
+    /// jobs cancelled at once; its namespace and volumes go once they have stopped. Its jobs,
+    /// usage and audit entries are kept.
+    TenantRemove {
+        name: String,
+        /// Wait until the removal has finished (its jobs stopped, its namespace gone).
+        #[arg(long)]
+        wait: bool,
+    },
     /// Quotas (platform admins): `yard admin quota set TENANT FLAVOR --nominal N`.
     Quota {
         #[command(subcommand)]
@@ -419,11 +428,31 @@ enum AdminTenantCommand {
     },
 }
 
+/// ": removed at ..." or ": being removed since ...", or nothing for a tenant in use.
+fn tenant_removal(tenant: &Tenant) -> String {
+    match (tenant.removed_at, tenant.removal_requested_at) {
+        (Some(at), _) => format!(": removed at {}", at.format("%Y-%m-%d %H:%M:%S UTC")),
+        (None, Some(at)) => {
+            format!(": being removed since {} (its jobs are stopping)", at.format("%Y-%m-%d %H:%M:%S UTC"))
+        }
+        (None, None) => String::new(),
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(code) => code,
+        // The reader of our output went away (`yard jobs ls | head`): end quietly, as a filter
+        // killed by SIGPIPE does.
+        Err(err)
+            if err.chain().any(|e| {
+                e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::from(141)
+        }
         Err(err) => {
             match err.downcast_ref::<ApiFailure>() {
                 Some(failure) => eprintln!("error: {}", failure.message),
@@ -617,7 +646,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             match templates::run(&client, &args.template, &run, args.dry_run).await? {
                 templates::RunResult::DryRun(dry) => {
-                    println!("{}", serde_json::to_string_pretty(&dry)?);
+                    std::io::stdout().write_all(format!("{}\n", serde_json::to_string_pretty(&dry)?).as_bytes())?;
                     Ok(ExitCode::SUCCESS)
                 }
                 templates::RunResult::Job(job) if args.wait => {
@@ -724,7 +753,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Admin { command: AdminCommand::Tenants } => {
             let tenants: Vec<Tenant> = client.get("/api/v1/admin/tenants").await?;
-            output::print(out, &tenants, |ts| ts.iter().map(|t| format!("{}\n", t.name)).collect())
+            output::print(out, &tenants, |ts| ts.iter().map(|t| format!("{}{}\n", t.name, tenant_removal(t))).collect())
+        }
+        Command::Admin { command: AdminCommand::TenantRemove { name, wait } } => {
+            let mut tenant: Tenant = client.delete_json(&format!("/api/v1/admin/tenants/{name}")).await?;
+            if wait {
+                let spinner = indicatif::ProgressBar::new_spinner();
+                spinner.enable_steady_tick(Duration::from_millis(120));
+                spinner.set_message(format!("removing tenant {name}: waiting for its jobs to stop"));
+                while tenant.removed_at.is_none() {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let tenants: Vec<Tenant> = client.get("/api/v1/admin/tenants").await?;
+                    tenant = tenants.into_iter().find(|t| t.name == name).context("the tenant vanished")?;
+                }
+                spinner.finish_and_clear();
+            }
+            output::print(out, &tenant, |t| format!("tenant {}{}\n", t.name, tenant_removal(t)))
         }
         Command::Admin { command: AdminCommand::MemberAdd { tenant, user, role } } => {
             let role = Role::parse(&role).expect("clap checked the role");

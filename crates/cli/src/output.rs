@@ -11,15 +11,20 @@ use trainyard_core::api::{
     TokenInfo, UsageReport, UsageRow,
 };
 
+use std::io::Write;
+
 use crate::Output;
-use trainyard_core::resources::Memory;
+use trainyard_core::resources::{Memory, human_cpus, human_gpus, human_memory};
 
 pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> String) -> anyhow::Result<ExitCode> {
-    match out {
-        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+    let text = match out {
+        Output::Json => serde_json::to_string_pretty(value)? + "\n",
         // `-o csv` is refused before any command but `yard usage` (which writes its own) runs.
-        Output::Table | Output::Csv => print!("{}", human(value)),
-    }
+        Output::Table | Output::Csv => human(value),
+    };
+    // Written, not `print!`ed: a reader that went away (`yard jobs ls | head`) is an error main
+    // ends on quietly, not a panic.
+    std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -78,8 +83,11 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
         0 => String::new(),
         n => format!("(and {n} waiting jobs of other tenants)\n"),
     };
+    // The server answers at once from its latest standings while it computes newer ones.
+    let seconds_ago = (Utc::now() - queue.as_of).num_seconds().max(0);
+    let as_of = format!("as of {} ({seconds_ago} s ago)\n", when(queue.as_of));
     if queue.items.is_empty() {
-        return format!("no job of yours is waiting\n{others}");
+        return format!("no job of yours is waiting\n{others}{as_of}");
     }
     let mut t = table(&["POS", "ID", "NAME", "TENANT", "PRIORITY", "REASON", "EST. START"]);
     for entry in &queue.items {
@@ -100,7 +108,7 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
             s.estimated_start.map(when).unwrap_or_else(|| if s.admitted_now { "now".into() } else { "-".into() }),
         ]);
     }
-    format!("{t}\n{others}")
+    format!("{t}\n{others}{as_of}")
 }
 
 /// Runs side by side, a table per section: the fields that differ (every field with --all, those
@@ -198,9 +206,14 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
             n.gpu_type.clone().unwrap_or_else(|| "-".into()),
             format!("{}/{}", n.gpus_allocated, n.gpus),
             format!("{}/{}", cores(n.cpu_millis_allocated), cores(n.cpu_millis)),
-            format!("{}/{}", Memory(n.memory_bytes_allocated), Memory(n.memory_bytes)),
+            format!("{}/{}", human_memory(n.memory_bytes_allocated), human_memory(n.memory_bytes)),
             n.replicas.to_string(),
-            format!("{free_gpus} GPUs, {} CPUs, {}", cores(free_cpu), Memory(free_memory)),
+            format!(
+                "{}, {}, {}",
+                human_gpus(u64::from(free_gpus), None),
+                human_cpus(free_cpu),
+                human_memory(free_memory)
+            ),
         ]);
     }
     format!("{t}\n")
@@ -226,16 +239,16 @@ fn plain(value: &serde_json::Value) -> String {
 pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outputs: &serde_json::Value) -> String {
     let spec = &job.spec;
     let mut text = format!(
-        "{id}  {name}\nstate:     {state}{reason}\ncommand:   {argv}\nreplicas:  {replicas} x (cpu {cpu}, memory {memory}, gpus {gpus})\npriority:  {priority}   restarts: {restarts} of {max}\nsubmitted: {submitted} by {by}\n",
+        "{id}  {name}\nstate:     {state}{reason}\ncommand:   {argv}\nreplicas:  {replicas} x ({cpu}, {memory}, {gpus})\npriority:  {priority}   restarts: {restarts} of {max}\nsubmitted: {submitted} by {by}\n",
         id = job.id,
         name = job.name,
         state = job.state,
         reason = job.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
         argv = serde_json::to_string(&spec.argv()).unwrap_or_default(),
         replicas = spec.replicas,
-        cpu = spec.resources.cpu,
-        memory = spec.resources.memory,
-        gpus = spec.resources.gpus,
+        cpu = human_cpus(spec.resources.cpu.millis()),
+        memory = human_memory(spec.resources.memory.bytes()),
+        gpus = human_gpus(u64::from(spec.resources.gpus), spec.resources.gpu_type.as_deref()),
         priority = job.priority,
         restarts = job.restart_count,
         max = job.max_restarts,

@@ -164,6 +164,14 @@ pub struct Tenant {
     pub id: Uuid,
     pub name: String,
     pub created_at: DateTime<Utc>,
+    /// When a platform admin asked to remove it: from then on it takes nothing new, its tokens
+    /// are revoked and its unfinished jobs cancelled.
+    #[serde(default)]
+    pub removal_requested_at: Option<DateTime<Utc>>,
+    /// When its last job had ended and what the executor held for it (a namespace, volumes)
+    /// was removed. Its records stay.
+    #[serde(default)]
+    pub removed_at: Option<DateTime<Utc>>,
 }
 
 /// Adds a user to a tenant with a role (creating the user if new) and issues a first token.
@@ -433,6 +441,10 @@ pub struct Queue {
     pub items: Vec<QueueEntry>,
     /// Other tenants' waiting jobs, counted but not shown (platform admins see them all).
     pub others_waiting: usize,
+    /// When the standings were computed (the schedule board's snapshot): served at once while
+    /// a newer one is computed, so it may be some seconds old; never older than a change made
+    /// through the server that answered.
+    pub as_of: DateTime<Utc>,
 }
 
 /// An uploaded code archive.

@@ -71,7 +71,11 @@ impl Cpu {
         }
         let millis = (cores * 1000.0).round();
         if millis > MAX_CPU_MILLIS as f64 {
-            return Err(format!("cpu {cores} is more than any node has (at most {} cores)", MAX_CPU_MILLIS / 1000));
+            return Err(format!(
+                "{} is more than any node has (at most {})",
+                human_cpus(millis as u64),
+                human_cpus(MAX_CPU_MILLIS)
+            ));
         }
         Ok(Cpu(millis as u64))
     }
@@ -150,7 +154,11 @@ impl Memory {
             return Err("memory must be more than 0 bytes".into());
         }
         if bytes > MAX_MEMORY_BYTES {
-            return Err(format!("memory of {bytes} bytes is more than any node has (at most 64Ti)"));
+            return Err(format!(
+                "{} of memory is more than any node has (at most {})",
+                human_memory(bytes),
+                human_memory(MAX_MEMORY_BYTES)
+            ));
         }
         Ok(Memory(bytes))
     }
@@ -203,9 +211,79 @@ impl<'de> Deserialize<'de> for Memory {
     }
 }
 
+/// CPUs as people write them, in every message a person reads: `1 CPU`, `8 CPUs`, `2.5 CPUs`,
+/// `0.25 CPUs` (never millicores).
+pub fn human_cpus(millis: u64) -> String {
+    let cores = if millis.is_multiple_of(1000) {
+        format!("{}", millis / 1000)
+    } else {
+        let text = format!("{:.3}", millis as f64 / 1000.0);
+        text.trim_end_matches('0').to_string()
+    };
+    let unit = if millis == 1000 { "CPU" } else { "CPUs" };
+    format!("{cores} {unit}")
+}
+
+/// Memory as people read it, in every message a person reads: the largest binary unit that
+/// keeps one decimal, `512 MiB`, `1.5 GiB`, `1 TiB` (never a byte count, but below 1 KiB).
+pub fn human_memory(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = "B";
+    for next in UNITS {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = next;
+    }
+    let text = format!("{value:.1}");
+    format!("{} {unit}", text.strip_suffix(".0").unwrap_or(&text))
+}
+
+/// GPUs as people say them, in every message a person reads: `1 GPU`, `8 GPUs`,
+/// `8 GPUs of nvidia-h100-80gb`.
+pub fn human_gpus(count: u64, gpu_type: Option<&str>) -> String {
+    let unit = if count == 1 { "GPU" } else { "GPUs" };
+    match gpu_type {
+        Some(kind) => format!("{count} {unit} of {kind}"),
+        None => format!("{count} {unit}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amounts_read_as_people_write_them() {
+        assert_eq!(human_cpus(8000), "8 CPUs");
+        assert_eq!(human_cpus(1000), "1 CPU");
+        assert_eq!(human_cpus(500), "0.5 CPUs");
+        assert_eq!(human_cpus(2500), "2.5 CPUs");
+        assert_eq!(human_cpus(2250), "2.25 CPUs");
+        assert_eq!(human_cpus(1), "0.001 CPUs");
+        assert_eq!(human_memory(512 << 20), "512 MiB");
+        assert_eq!(human_memory(3 << 29), "1.5 GiB");
+        assert_eq!(human_memory(16 << 30), "16 GiB");
+        assert_eq!(human_memory(1 << 40), "1 TiB");
+        assert_eq!(human_memory(8_336_031_744), "7.8 GiB");
+        assert_eq!(human_memory(100), "100 B");
+        assert_eq!(human_gpus(1, None), "1 GPU");
+        assert_eq!(human_gpus(8, Some("nvidia-h100-80gb")), "8 GPUs of nvidia-h100-80gb");
+        assert_eq!(human_gpus(0, None), "0 GPUs");
+    }
+
+    #[test]
+    fn refusals_of_amounts_state_them_in_human_units() {
+        let memory = Memory::from_bytes(MAX_MEMORY_BYTES + (1 << 40)).unwrap_err();
+        assert!(memory.contains("65 TiB") && memory.contains("at most 64 TiB"), "{memory}");
+        let cpu = Cpu::from_cores(2000.5).unwrap_err();
+        assert!(cpu.contains("2000.5 CPUs") && cpu.contains("at most 1024 CPUs"), "{cpu}");
+    }
 
     #[test]
     fn cpu_accepts_cores_and_millicores() {

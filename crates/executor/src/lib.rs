@@ -349,6 +349,13 @@ pub trait Executor: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Removes what the executor holds for a tenant being removed, once none of its jobs runs
+    /// (on Kubernetes its namespace, with everything in it). Removing a tenant that is gone is
+    /// harmless. Nothing to do by default.
+    async fn tenant_remove(&self, _tenant_id: Uuid, _tenant: &str) -> Result<(), ExecutorError> {
+        Ok(())
+    }
+
     /// Removes an ended job's logs from wherever the executor keeps them (retention; the
     /// archived copies are in the object store). Nothing to do by default.
     async fn logs_remove(&self, _job_id: Uuid) -> Result<(), ExecutorError> {

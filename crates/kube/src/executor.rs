@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::TryFutureExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -579,6 +579,22 @@ impl Executor for KubernetesExecutor {
             self.tenant_ensure(&tenant).await?;
         }
         Ok(())
+    }
+
+    /// Deletes the tenant's namespace; the namespace controller deletes everything in it (its
+    /// claims, and with them the volumes' data as their storage class's reclaim policy says).
+    /// The call returns once the API server accepted the deletion; a namespace already gone, or
+    /// never made, is fine.
+    async fn tenant_remove(&self, tenant_id: Uuid, tenant: &str) -> Result<(), ExecutorError> {
+        let namespace = names::namespace(&self.config.namespace_prefix, tenant, tenant_id);
+        self.tenants_applied.lock().await.remove(&tenant_id);
+        self.ceilings.lock().expect("ceilings poisoned").remove(&tenant_id);
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        match api.delete(&namespace, &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(source) => Err(KubeError::Api { what: format!("deleting namespace {namespace}"), source }.into()),
+        }
     }
 
     /// A tenant's volumes are PersistentVolumeClaims, mounted under `/volumes/<name>`.

@@ -370,3 +370,44 @@ async fn the_service_account_cannot_write_outside_the_namespaces_it_manages() {
     println!("weakening its own namespace: {message}");
     namespace_delete(&cluster, &namespace).await;
 }
+
+#[tokio::test]
+async fn removing_a_tenant_deletes_its_namespace_and_nothing_else() {
+    let Some(cluster) = cluster().await else { return };
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let (request, namespace) = fresh_request(1);
+    executor.launch(&request).await.expect("a launch in the tenant's namespace");
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
+    assert_eq!(jobs.list(&ListParams::default()).await.unwrap().items.len(), 1);
+
+    executor.tenant_remove(request.tenant_id, &request.tenant).await.expect("the namespace is deleted");
+    // The namespace controller empties it, then it goes (or stays Terminating while it does,
+    // where no controller manager runs).
+    let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
+    eventually(60, || async {
+        match namespaces.get_opt(&namespace).await.unwrap() {
+            None => Some(()),
+            Some(ns) => ns.metadata.deletion_timestamp.map(|_| ()),
+        }
+    })
+    .await;
+    executor.tenant_remove(request.tenant_id, &request.tenant).await.expect("removing it again is harmless");
+
+    if cluster.as_service_account {
+        // Another team's namespace: the policy refuses Trainyard's service account its deletion.
+        let theirs = format!("it-theirs-{}", &Uuid::new_v4().simple().to_string()[..8]);
+        let namespace_object = serde_json::from_value(json!({ "metadata": { "name": theirs } })).unwrap();
+        namespaces.create(&PostParams::default(), &namespace_object).await.expect("the admin makes a namespace");
+        let as_trainyard: Api<Namespace> = Api::all(cluster.executor.clone());
+        match as_trainyard.delete(&theirs, &DeleteParams::background()).await {
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                println!("deleting another team's namespace: {}", status.message);
+                assert!(status.message.contains("not managed by Trainyard"), "{}", status.message);
+            }
+            other => panic!("deleting {theirs} must be refused, got {other:?}"),
+        }
+        assert!(namespaces.get_opt(&theirs).await.unwrap().is_some_and(|ns| ns.metadata.deletion_timestamp.is_none()));
+        namespace_delete(&cluster, &theirs).await;
+    }
+}

@@ -259,6 +259,35 @@ async fn terminate_deletes_the_job_in_the_background_and_everything_goes_with_it
 }
 
 #[tokio::test]
+async fn removing_a_tenant_deletes_its_namespace_once_and_a_later_launch_makes_it_afresh() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    for rank in 0..2 {
+        fake.pod_create(NS, JOB_NAME, rank, "gpu-1", exited(0, "Completed"));
+    }
+    assert!(fake.get("namespaces", "", NS).is_some());
+    fake.requests_clear();
+
+    executor.tenant_remove(TENANT, "vision-team").await.expect("the namespace is deleted");
+    let deletes: Vec<_> = fake.writes_and_reads().into_iter().filter(|r| r.method == Method::DELETE).collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert_eq!(deletes[0].path, format!("/api/v1/namespaces/{NS}"));
+    assert_eq!(deletes[0].body.clone().unwrap()["propagationPolicy"], "Background");
+    assert!(fake.get("namespaces", "", NS).is_none());
+    for plural in ["jobs", "pods", "resourcequotas", "limitranges", "networkpolicies", "serviceaccounts", "configmaps"]
+    {
+        assert!(fake.list(plural).iter().all(|o| o["metadata"]["namespace"] != NS), "{plural} left in {NS}");
+    }
+    // Gone already: nothing to do, no error (a crash after the delete repeats it).
+    executor.tenant_remove(TENANT, "vision-team").await.expect("a namespace that is gone is fine");
+    // The executor forgot it had applied the namespace: a launch for the tenant makes it again.
+    let mut next = examples::shell();
+    next.job_id = uuid::Uuid::from_u128(0x0199_0000_0000_7000_8000_0000_0000_0b02);
+    executor.launch(&next).await.expect("launch");
+    assert!(fake.get("namespaces", "", NS).is_some(), "the namespace is applied again");
+}
+
+#[tokio::test]
 async fn an_attempt_goes_from_pending_to_running_to_succeeded_and_wakes_the_reconciler() {
     let logs = tempfile::tempdir().unwrap();
     let (fake, executor) = launched(&logs).await;

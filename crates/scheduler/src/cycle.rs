@@ -16,9 +16,10 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::{BTreeSet, BinaryHeap};
 
 use rustc_hash::FxHashMap;
+use trainyard_core::resources::{human_cpus, human_gpus, human_memory};
 use uuid::Uuid;
 
-use crate::decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};
+use crate::decision::{Admission, CycleResult, FlavorName, Pending, PendingReason, Preemption, PreemptionKind};
 use crate::model::{PendingJob, RunningJob, Snapshot};
 use crate::state::{FlavorId, QuotaCheck, Shape, ShapeId, State};
 
@@ -333,7 +334,10 @@ fn try_admit(
             PendingReason::NeverFits { detail: format!("no node of the cluster has GPUs of type {flavor}") }
         }
         None => PendingReason::NeverFits {
-            detail: format!("no node of the cluster has GPUs; the job asks for {} per replica", demand.gpus),
+            detail: format!(
+                "no node of the cluster has GPUs; the job asks for {} per replica",
+                human_gpus(u64::from(demand.gpus), None)
+            ),
         },
     };
     Err(best.unwrap_or_else(|| (none_offered(), false)))
@@ -349,16 +353,24 @@ fn admission(state: &State<'_>, job: Uuid, flavor: Option<FlavorId>, nodes: &[us
 
 /// "Can never fit on this cluster" or "no room now".
 fn never_or_no_room(state: &State<'_>, job: Uuid, d: &Shape, flavor: Option<FlavorId>) -> PendingReason {
+    let no_room = |flavor: Option<FlavorName>, free_gpus: u64| PendingReason::NoRoom {
+        flavor,
+        replicas: d.replicas,
+        gpus_per_replica: d.gpus,
+        cpu_millis: d.cpu_millis,
+        memory_bytes: d.memory_bytes,
+        free_gpus,
+    };
     let Some(f) = flavor else {
         let fits = state.snap.nodes.iter().any(|n| n.cpu_millis >= d.cpu_millis && n.memory_bytes >= d.memory_bytes);
         return if fits {
-            PendingReason::NoRoom { flavor: None, replicas: d.replicas, gpus_per_replica: 0, free_gpus: 0 }
+            no_room(None, 0)
         } else {
             PendingReason::NeverFits {
                 detail: format!(
-                    "no node has {} CPU cores and {} of memory for one replica",
-                    crate::fit::cores(d.cpu_millis),
-                    crate::fit::bytes(d.memory_bytes)
+                    "no node has {} and {} of memory for one replica",
+                    human_cpus(d.cpu_millis),
+                    human_memory(d.memory_bytes)
                 ),
             }
         };
@@ -368,30 +380,26 @@ fn never_or_no_room(state: &State<'_>, job: Uuid, d: &Shape, flavor: Option<Flav
     if !one {
         return PendingReason::NeverFits {
             detail: format!(
-                "no node has {} GPUs of {name}, {} CPU cores and {} of memory for one replica",
-                d.gpus,
-                crate::fit::cores(d.cpu_millis),
-                crate::fit::bytes(d.memory_bytes)
+                "no node has {}, {} and {} of memory for one replica",
+                human_gpus(u64::from(d.gpus), Some(name)),
+                human_cpus(d.cpu_millis),
+                human_memory(d.memory_bytes)
             ),
         };
     }
     if total < u64::from(d.replicas) {
         return PendingReason::NeverFits {
             detail: format!(
-                "the cluster holds at most {total} replicas of {} GPUs of {name}; the job needs {}",
-                d.gpus, d.replicas
+                "the cluster holds at most {total} replicas of {}; the job needs {}",
+                human_gpus(u64::from(d.gpus), Some(name)),
+                d.replicas
             ),
         };
     }
     if let Some(holder) = state.reserved_for(f).filter(|holder| *holder != job) {
         return PendingReason::Reserved { for_job: holder };
     }
-    PendingReason::NoRoom {
-        flavor: Some(state.flavor_names[f].clone()),
-        replicas: d.replicas,
-        gpus_per_replica: d.gpus,
-        free_gpus: state.free_of(f),
-    }
+    no_room(Some(state.flavor_names[f].clone()), state.free_of(f))
 }
 
 fn flavor_for_reservation(state: &State<'_>, job: &Queued, t: Option<usize>, flavors: &[FlavorId]) -> Option<FlavorId> {

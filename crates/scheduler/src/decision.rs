@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use trainyard_core::resources::{human_cpus, human_gpus, human_memory};
 use uuid::Uuid;
 
 use std::sync::Arc;
@@ -63,37 +64,58 @@ pub enum PendingReason {
     /// Within the tenant's limits, but the cohort has no idle quota to lend.
     CohortExhausted { flavor: FlavorName, used: u64, nominal: u64, lendable: u64, needed: u64 },
     /// Quota allows it, but no set of nodes has room for every replica now.
-    NoRoom { flavor: Option<FlavorName>, replicas: u32, gpus_per_replica: u32, free_gpus: u64 },
+    NoRoom {
+        flavor: Option<FlavorName>,
+        replicas: u32,
+        gpus_per_replica: u32,
+        /// What one replica needs besides GPUs.
+        cpu_millis: u64,
+        memory_bytes: u64,
+        free_gpus: u64,
+    },
     /// Nodes are held for a job that has waited long (the starvation rule).
     Reserved { for_job: Uuid },
     /// Jobs are being preempted to make room for this one.
     WaitingForPreemption { victims: usize },
 }
 
+/// Every amount in a reason is in the units people use (`2.5 CPUs`, `16 GiB`, `8 GPUs of
+/// nvidia-h100-80gb`), through `trainyard_core::resources`' `human_*`: never millicores or bytes.
 impl fmt::Display for PendingReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PendingReason::NoQuota { flavor } => write!(f, "the tenant has no quota for {flavor}"),
             PendingReason::NeverFits { detail } => write!(f, "{detail}"),
             PendingReason::QuotaExceeded { flavor, used, nominal, borrowing_limit, needed } => {
-                write!(f, "tenant quota for {flavor}: {used} of {nominal} in use")?;
+                write!(f, "tenant quota for {flavor}: {used} of {} in use", human_gpus(*nominal, None))?;
                 match borrowing_limit {
                     Some(limit) => write!(f, ", may borrow {limit} more")?,
                     None => write!(f, ", may borrow without limit")?,
                 }
-                write!(f, "; the job needs {needed}")
+                write!(f, "; the job needs {}", human_gpus(*needed, None))
             }
             PendingReason::CohortExhausted { flavor, used, nominal, lendable, needed } => write!(
                 f,
-                "tenant quota for {flavor}: {used} of {nominal} in use, the cohort lends {lendable}; the job needs {needed}"
+                "tenant quota for {flavor}: {used} of {} in use, the cohort lends {lendable}; the job needs {}",
+                human_gpus(*nominal, None),
+                human_gpus(*needed, None)
             ),
-            PendingReason::NoRoom { flavor, replicas, gpus_per_replica, free_gpus } => match flavor {
-                Some(flavor) => write!(
-                    f,
-                    "no set of nodes has {replicas} x {gpus_per_replica} free GPUs of {flavor} now ({free_gpus} free in all)"
-                ),
-                None => write!(f, "no node has room for {replicas} replicas' cpu and memory now"),
-            },
+            PendingReason::NoRoom { flavor, replicas, gpus_per_replica, cpu_millis, memory_bytes, free_gpus } => {
+                match flavor {
+                    Some(flavor) => write!(
+                        f,
+                        "no set of nodes has {replicas} x {} free now ({free_gpus} free in all)",
+                        human_gpus(u64::from(*gpus_per_replica), Some(flavor))
+                    ),
+                    None => write!(
+                        f,
+                        "no node has room now for {replicas} {} of {} and {} of memory",
+                        if *replicas == 1 { "replica" } else { "replicas" },
+                        human_cpus(*cpu_millis),
+                        human_memory(*memory_bytes)
+                    ),
+                }
+            }
             PendingReason::Reserved { for_job } => {
                 write!(f, "the nodes it fits on are held for job {for_job}, which has waited longest")
             }

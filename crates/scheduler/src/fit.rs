@@ -3,6 +3,8 @@
 //! (the server refuses such a job with the capacity named, unless the operator says the cluster
 //! grows) and by what-if. Quotas and other jobs play no part here: only the nodes.
 
+use trainyard_core::resources::{human_cpus, human_gpus, human_memory};
+
 use crate::model::{Demand, Node};
 
 /// Why a job can never fit, for the field of the request that asks too much.
@@ -11,35 +13,6 @@ pub struct Unfit {
     /// `resources.gpu_type`, `resources.gpus`, `resources.cpu`, `resources.memory` or `replicas`.
     pub field: &'static str,
     pub message: String,
-}
-
-/// CPU millicores as cores: `8`, `0.5`, `2.25`.
-pub fn cores(millis: u64) -> String {
-    if millis.is_multiple_of(1000) {
-        format!("{}", millis / 1000)
-    } else {
-        let text = format!("{:.3}", millis as f64 / 1000.0);
-        text.trim_end_matches('0').to_string()
-    }
-}
-
-/// Bytes in the largest binary unit that keeps one decimal: `512 MiB`, `1.5 TiB`.
-pub fn bytes(amount: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if amount < 1024 {
-        return format!("{amount} B");
-    }
-    let mut value = amount as f64;
-    let mut unit = "B";
-    for next in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = next;
-    }
-    let text = format!("{value:.1}");
-    format!("{} {unit}", text.strip_suffix(".0").unwrap_or(&text))
 }
 
 /// "No node of this cluster has GPUs of type X (its GPU types: ...)" when no node of `nodes` has
@@ -89,14 +62,14 @@ pub fn never_fits(nodes: &[Node], demand: &Demand) -> Option<Unfit> {
         });
     }
     let largest = |f: fn(&Node) -> u64| typed.iter().map(|n| f(n)).max().unwrap_or(0);
-    let kind = demand.gpu_type.as_deref().map(|t| format!(" of type {t}")).unwrap_or_default();
+    let kind = demand.gpu_type.as_deref();
     if uses_gpus && largest(|n| u64::from(n.gpus)) < u64::from(demand.gpus) {
         return Some(Unfit {
             field: "resources.gpus",
             message: format!(
-                "a replica asks for {} GPUs{kind}; the largest node has {}",
-                demand.gpus,
-                largest(|n| u64::from(n.gpus))
+                "a replica asks for {}; the largest node has {}",
+                human_gpus(u64::from(demand.gpus), kind),
+                human_gpus(largest(|n| u64::from(n.gpus)), kind)
             ),
         });
     }
@@ -104,9 +77,9 @@ pub fn never_fits(nodes: &[Node], demand: &Demand) -> Option<Unfit> {
         return Some(Unfit {
             field: "resources.cpu",
             message: format!(
-                "a replica asks for {} CPU cores; the largest node has {}",
-                cores(demand.cpu_millis),
-                cores(largest(|n| n.cpu_millis))
+                "a replica asks for {}; the largest node has {}",
+                human_cpus(demand.cpu_millis),
+                human_cpus(largest(|n| n.cpu_millis))
             ),
         });
     }
@@ -115,8 +88,8 @@ pub fn never_fits(nodes: &[Node], demand: &Demand) -> Option<Unfit> {
             field: "resources.memory",
             message: format!(
                 "a replica asks for {} of memory; the largest node has {}",
-                bytes(demand.memory_bytes),
-                bytes(largest(|n| n.memory_bytes))
+                human_memory(demand.memory_bytes),
+                human_memory(largest(|n| n.memory_bytes))
             ),
         });
     }
@@ -130,21 +103,21 @@ pub fn never_fits(nodes: &[Node], demand: &Demand) -> Option<Unfit> {
     }
     let most = groups.values().copied().max().unwrap_or(0);
     if most == 0 {
+        let gpus = if uses_gpus { format!("{}, ", human_gpus(u64::from(demand.gpus), kind)) } else { String::new() };
         return Some(Unfit {
             field: "resources",
             message: format!(
-                "no single node has {} GPUs{kind}, {} CPU cores and {} of memory together for one replica",
-                demand.gpus,
-                cores(demand.cpu_millis),
-                bytes(demand.memory_bytes)
+                "no single node has {gpus}{} and {} of memory together for one replica",
+                human_cpus(demand.cpu_millis),
+                human_memory(demand.memory_bytes)
             ),
         });
     }
     if most < u64::from(demand.replicas) {
         let per_replica = if uses_gpus {
-            format!("{} GPUs{kind}", demand.gpus)
+            human_gpus(u64::from(demand.gpus), kind)
         } else {
-            format!("{} CPU cores", cores(demand.cpu_millis))
+            format!("{} and {} of memory", human_cpus(demand.cpu_millis), human_memory(demand.memory_bytes))
         };
         return Some(Unfit {
             field: "replicas",
@@ -188,21 +161,21 @@ mod tests {
             (
                 demand(2, 8, Some("h100"), 1000, 1),
                 "replicas",
-                "runs 2 replicas of 8 GPUs of type h100 at once; the whole cluster holds at most 1",
+                "runs 2 replicas of 8 GPUs of h100 at once; the whole cluster holds at most 1",
             ),
-            (demand(1, 16, None, 1000, 1), "resources.gpus", "asks for 16 GPUs; the largest node has 8"),
+            (demand(1, 16, None, 1000, 1), "resources.gpus", "asks for 16 GPUs; the largest node has 8 GPUs"),
             (
                 demand(1, 1, Some("b200"), 1000, 1),
                 "resources.gpu_type",
                 "no node of this cluster has GPUs of type b200 (its GPU types: a10, h100)",
             ),
-            (demand(1, 0, None, 64_000, 1), "resources.cpu", "asks for 64 CPU cores; the largest node has 32"),
+            (demand(1, 0, None, 64_000, 1), "resources.cpu", "asks for 64 CPUs; the largest node has 32 CPUs"),
             (
                 demand(1, 0, None, 500, 1024),
                 "resources.memory",
                 "asks for 1 TiB of memory; the largest node has 256 GiB",
             ),
-            (demand(1, 4, Some("a10"), 20_000, 1), "resources.cpu", "asks for 20 CPU cores; the largest node has 16"),
+            (demand(1, 4, Some("a10"), 20_000, 1), "resources.cpu", "asks for 20 CPUs; the largest node has 16 CPUs"),
             (demand(1, 8, None, 1000, 200), "resources", ""),
         ];
         for (wanted, field, text) in cases {
@@ -240,16 +213,5 @@ mod tests {
             assert_eq!(never_fits(&cluster(), &fits), None, "{fits:?}");
         }
         assert_eq!(never_fits(&[], &demand(64, 64, Some("x"), 1 << 40, 1 << 20)), None, "no nodes known: no judgement");
-    }
-
-    #[test]
-    fn units_read_as_people_write_them() {
-        assert_eq!(cores(8000), "8");
-        assert_eq!(cores(500), "0.5");
-        assert_eq!(cores(2250), "2.25");
-        assert_eq!(bytes(512 << 20), "512 MiB");
-        assert_eq!(bytes(3 << 29), "1.5 GiB");
-        assert_eq!(bytes(1 << 40), "1 TiB");
-        assert_eq!(bytes(100), "100 B");
     }
 }

@@ -26,7 +26,7 @@ fn a_tenant_alone_stops_at_its_nominal_quota() {
     let reason = reason_of(&result, "j");
     assert_eq!(
         reason.to_string(),
-        "tenant quota for nvidia-a100-40gb: 4 of 4 in use, may borrow 0 more; the job needs 1"
+        "tenant quota for nvidia-a100-40gb: 4 of 4 GPUs in use, may borrow 0 more; the job needs 1 GPU"
     );
 }
 

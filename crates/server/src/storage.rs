@@ -140,7 +140,12 @@ impl Storage {
     }
 
     pub(crate) fn volume_dir(&self, tenant_id: Uuid, name: &str) -> PathBuf {
-        self.volumes_dir.join(tenant_id.to_string()).join(name)
+        self.tenant_volumes_dir(tenant_id).join(name)
+    }
+
+    /// The folder holding every volume of a tenant on this machine.
+    pub(crate) fn tenant_volumes_dir(&self, tenant_id: Uuid) -> PathBuf {
+        self.volumes_dir.join(tenant_id.to_string())
     }
 }
 

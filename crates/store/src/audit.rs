@@ -62,6 +62,20 @@ impl Audit {
         }
     }
 
+    /// A change the control loop made on its own (finishing a tenant's removal).
+    pub fn control_loop(action: &'static str, target: impl Into<String>) -> Audit {
+        Audit {
+            tenant_id: None,
+            tenant: None,
+            actor: "trainyard:reconciler".into(),
+            user_id: None,
+            credential: None,
+            action,
+            target: target.into(),
+            source: None,
+        }
+    }
+
     /// The same entry about another tenant (a platform admin's change to tenant `name`).
     pub fn on_tenant(mut self, tenant_id: Option<Uuid>, name: &str) -> Audit {
         self.tenant_id = tenant_id;

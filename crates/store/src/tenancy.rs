@@ -5,6 +5,7 @@ use sha2::{Digest, Sha256};
 use trainyard_core::api::{MemberAdded, Tenant, TokenCreated, TokenInfo};
 use trainyard_core::auth::{Caller, Role};
 use trainyard_core::error::ObjectKind;
+use trainyard_core::job::JobState;
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
@@ -69,6 +70,30 @@ macro_rules! caller_select {
     };
 }
 pub(crate) use caller_select;
+
+/// The columns of a [`Tenant`], for [`TenantRow`].
+macro_rules! tenant_select {
+    () => {
+        "SELECT id, name, created_at, removal_requested_at, removed_at FROM tenants"
+    };
+}
+
+/// A tenant as stored.
+#[derive(sqlx::FromRow)]
+struct TenantRow {
+    id: Uuid,
+    name: String,
+    created_at: DateTime<Utc>,
+    removal_requested_at: Option<DateTime<Utc>>,
+    removed_at: Option<DateTime<Utc>>,
+}
+
+impl From<TenantRow> for Tenant {
+    fn from(row: TenantRow) -> Tenant {
+        let TenantRow { id, name, created_at, removal_requested_at, removed_at } = row;
+        Tenant { id, name, created_at, removal_requested_at, removed_at }
+    }
+}
 
 /// The row [`caller_select!`] reads.
 #[derive(sqlx::FromRow)]
@@ -222,7 +247,9 @@ impl Store {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|err| match violated_constraint(&err) {
-                    Some("tenants_name_unique") => Error::Conflict(format!("a tenant named {name:?} already exists")),
+                    Some("tenants_name_unique") => Error::Conflict(format!(
+                        "a tenant named {name:?} exists or existed (a removed tenant's name is kept with its records)"
+                    )),
                     Some("tenants_name_format") => Error::invalid(
                         "name",
                         "must be 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
@@ -231,17 +258,133 @@ impl Store {
                 })?;
         audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
         tx.commit().await.map_err(db_error)?;
-        Ok(Tenant { id, name, created_at })
+        Ok(Tenant { id, name, created_at, removal_requested_at: None, removed_at: None })
     }
 
     pub async fn tenants_list(&self) -> Result<Vec<Tenant>> {
         // language=PostgreSQL
-        let rows: Vec<(Uuid, String, DateTime<Utc>)> =
-            sqlx::query_as("SELECT id, name, created_at FROM tenants ORDER BY name")
-                .fetch_all(&self.pool)
+        let rows: Vec<TenantRow> = sqlx::query_as(concat!(tenant_select!(), " ORDER BY name"))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(rows.into_iter().map(Tenant::from).collect())
+    }
+
+    /// Asks for a tenant's removal, all in one transaction: from now on it takes nothing new
+    /// (the database refuses it; migration 18), its tokens are revoked and their dashboard
+    /// sessions ended, a job that has not launched is cancelled and a launched one is marked for
+    /// the reconciler to stop, as a cancel by `audit`'s actor would. The reconciler finishes
+    /// the removal once nothing of the tenant runs ([`Store::tenant_removed`]). Asking again is
+    /// harmless and changes nothing. `caller_tenant` is the tenant of the credential asking:
+    /// removing it would lock the caller out mid-call, so that is refused.
+    pub async fn tenant_remove_request(&self, name: &str, caller_tenant: Uuid, audit: &Audit) -> Result<Tenant> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        // language=PostgreSQL
+        let row: TenantRow = sqlx::query_as(concat!(tenant_select!(), " WHERE name = $1 FOR UPDATE"))
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_error)?
+            .ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;
+        if row.id == caller_tenant {
+            return Err(Error::Conflict(format!(
+                "your credential belongs to tenant {name}; remove it with a platform admin's token of another tenant"
+            )));
+        }
+        if row.removal_requested_at.is_some() {
+            drop(tx);
+            let audit = audit.clone().on_tenant(Some(row.id), name);
+            audit::append(&self.pool, &audit, Outcome::Ok, Some("unchanged: removal asked for before")).await?;
+            return Ok(row.into());
+        }
+        // language=PostgreSQL
+        let requested: TenantRow = sqlx::query_as(
+            "UPDATE tenants SET removal_requested_at = now() WHERE id = $1
+             RETURNING id, name, created_at, removal_requested_at, removed_at",
+        )
+        .bind(row.id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        // language=PostgreSQL
+        let revoked =
+            sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE tenant_id = $1 AND revoked_at IS NULL")
+                .bind(row.id)
+                .execute(&mut *tx)
                 .await
                 .map_err(db_error)?;
-        Ok(rows.into_iter().map(|(id, name, created_at)| Tenant { id, name, created_at }).collect())
+        // language=PostgreSQL
+        sqlx::query("DELETE FROM web_sessions WHERE token_id IN (SELECT id FROM api_tokens WHERE tenant_id = $1)")
+            .bind(row.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        let reason = format!("cancelled: tenant {name} is being removed");
+        // As `job_cancel`, for every unfinished job of the tenant in one statement.
+        // language=PostgreSQL
+        let cancelled = sqlx::query(
+            "UPDATE jobs SET
+                 state = CASE WHEN state IN ('queued', 'admitted') THEN 'cancelled' ELSE state END,
+                 reason = $2,
+                 last_actor = CASE WHEN state IN ('queued', 'admitted') THEN $3 ELSE last_actor END,
+                 cancel_requested_at = coalesce(cancel_requested_at, now())
+             WHERE tenant_id = $1 AND state <> ALL($4)",
+        )
+        .bind(row.id)
+        .bind(&reason)
+        .bind(&audit.actor)
+        .bind(JobState::names_where(JobState::is_terminal))
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        let detail =
+            format!("{} tokens revoked, {} jobs cancelled", revoked.rows_affected(), cancelled.rows_affected());
+        let audit = audit.clone().on_tenant(Some(row.id), name);
+        audit::append(&mut *tx, &audit, Outcome::Ok, Some(&detail)).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(requested.into())
+    }
+
+    /// The tenants whose removal was asked for and is not finished: id and name.
+    pub async fn tenants_being_removed(&self) -> Result<Vec<(Uuid, String)>> {
+        // language=PostgreSQL
+        sqlx::query_as("SELECT id, name FROM tenants WHERE removal_requested_at IS NOT NULL AND removed_at IS NULL")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+
+    /// Finishes a removal once the executor holds nothing of the tenant: its volumes are
+    /// forgotten (their storage went with the executor's cleanup) and `removed_at` is set. False
+    /// when a job of the tenant is still unfinished (nothing is changed then) or it was finished
+    /// before.
+    pub async fn tenant_removed(&self, tenant_id: Uuid, audit: &Audit) -> Result<bool> {
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        // language=PostgreSQL
+        let finished: Option<Uuid> = sqlx::query_scalar(
+            "UPDATE tenants SET removed_at = now()
+             WHERE id = $1 AND removal_requested_at IS NOT NULL AND removed_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE tenant_id = $1 AND state <> ALL($2))
+             RETURNING id",
+        )
+        .bind(tenant_id)
+        .bind(JobState::names_where(JobState::is_terminal))
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        if finished.is_none() {
+            return Ok(false);
+        }
+        // language=PostgreSQL
+        let volumes = sqlx::query("DELETE FROM volumes WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        audit::append(&mut *tx, audit, Outcome::Ok, Some(&format!("{} volumes removed", volumes.rows_affected())))
+            .await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(true)
     }
 
     /// Adds a user to a tenant with a role (or changes a member's role); all or nothing.

@@ -204,7 +204,8 @@ impl FakeApi {
         object
     }
 
-    /// Removes an object and, as the garbage collector does, every object it owns.
+    /// Removes an object and, as the garbage collector does, every object it owns (a namespace:
+    /// every object in it).
     pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let mut state = self.state.lock().unwrap();
         self.delete_locked(&mut state, &(plural.into(), namespace.into(), name.into()))
@@ -223,7 +224,13 @@ impl FakeApi {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        for dependent in owned {
+        // As the namespace controller does: a namespace takes everything in it along.
+        let contained: Vec<Key> = if key.0 == "namespaces" {
+            state.objects.keys().filter(|k| k.1 == key.2).cloned().collect()
+        } else {
+            Vec::new()
+        };
+        for dependent in owned.into_iter().chain(contained) {
             self.delete_locked(state, &dependent);
         }
         Some(object)

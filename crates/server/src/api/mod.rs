@@ -53,7 +53,7 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/nodes", get(scheduling::nodes_get))
         .route("/api/v1/datasets", get(datasets::datasets_list).post(datasets::dataset_register))
         .route("/api/v1/datasets/{name}/{version}", get(datasets::dataset_get))
-        .route("/api/v1/admin/tenants/{tenant}", patch(scheduling::tenant_patch))
+        .route("/api/v1/admin/tenants/{tenant}", patch(scheduling::tenant_patch).delete(admin::tenant_remove))
         .route("/api/v1/admin/tenants/{tenant}/quotas/{flavor}", put(scheduling::quota_put))
         .route("/api/v1/templates", get(templates::templates_list).post(templates::template_publish))
         .route("/api/v1/templates/{name}", get(templates::template_show))
@@ -131,6 +131,7 @@ fn storage_routes() -> RouteTable {
         tokens::token_revoke,
         admin::tenants_list,
         admin::tenant_create,
+        admin::tenant_remove,
         admin::member_add,
         storage::artifacts_list,
         storage::artifact_upload,

@@ -7,10 +7,13 @@ use trainyard_core::error::ObjectKind;
 use trainyard_core::job::JobSubmission;
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
+use trainyard_store::reconcile::{QUEUE_WINDOW_PER_TENANT, QUEUED_AHEAD_COUNTED, QueuedAhead};
 
+use std::sync::Arc;
 use uuid::Uuid;
 
 use super::App;
+use crate::control::board::{BoardInput, schedule_of};
 
 impl App {
     /// What the executor offers in all (the machine's GPUs for the local executor).
@@ -30,34 +33,26 @@ impl App {
         crate::scheduling::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default()).await
     }
 
+    /// What the schedule board is computed from, read now; owns what it reads with, so that a
+    /// board can be computed behind the request that asked.
+    fn board_input(&self) -> impl Future<Output = Result<BoardInput>> + Send + 'static {
+        let (store, executor) = (self.store.clone(), Arc::clone(&self.executor));
+        async move {
+            let jobs = store.jobs_unfinished().await?.jobs;
+            let snapshot =
+                crate::scheduling::snapshot_now(&store, executor.as_ref(), &jobs, &Default::default()).await?;
+            Ok(BoardInput { snapshot, jobs })
+        }
+    }
+
     /// The waiting jobs the caller may see (its tenant's; every tenant's for platform admins), in
     /// the order the scheduler considers them, each with its reason, positions and estimate, from
-    /// the same shared board as a job's own schedule. Jobs deeper in their tenant's queue than a
-    /// cycle looks are not listed.
+    /// the same shared board as a job's own schedule, as of the board's time. Jobs deeper in
+    /// their tenant's queue than a cycle looks are not listed.
     pub async fn queue(&self, caller: &Caller) -> Result<trainyard_core::api::Queue> {
         caller.authorize(Action::ReadJobs)?;
-        let jobs = self.store.jobs_unfinished().await?.jobs;
-        let board = self.schedule.get(self.scheduling_snapshot()).await?;
-        let mut others_waiting = 0;
-        let mut items = Vec::new();
-        for job in jobs.iter().filter(|j| j.state == trainyard_core::job::JobState::Queued) {
-            let Some(standing) = board.standing(job.id) else { continue };
-            if job.tenant_id != caller.tenant_id && !caller.platform_admin {
-                others_waiting += 1;
-                continue;
-            }
-            items.push(trainyard_core::api::QueueEntry {
-                id: job.id,
-                name: job.name.clone(),
-                tenant: job.tenant.clone(),
-                priority: job.priority,
-                created_at: job.created_at,
-                schedule: schedule_of(standing.admitted_now, standing.pending.as_ref(), standing.estimated_start),
-            });
-        }
-        // Admitted by the next cycle first, then by position in the cluster's queue.
-        items.sort_by_key(|e| (!e.schedule.admitted_now, e.schedule.cluster_position.unwrap_or(0)));
-        Ok(trainyard_core::api::Queue { items, others_waiting })
+        let board = self.schedule.get(|| self.board_input()).await?;
+        Ok(board.queue_for(caller.tenant_id, caller.platform_admin))
     }
 
     /// Every node the scheduler places on, with what unfinished jobs hold of it (any member may
@@ -76,20 +71,22 @@ impl App {
         if job.state != trainyard_core::job::JobState::Queued {
             return Ok(None);
         }
-        let mut board = self.schedule.get(self.scheduling_snapshot()).await?;
+        let mut board = self.schedule.get(|| self.board_input()).await?;
         if board.standing(job_id).is_none() {
-            let (ahead, higher) = self.store.queued_ahead(caller.tenant_id, job_id).await?;
-            if ahead >= trainyard_store::reconcile::QUEUE_WINDOW_PER_TENANT {
+            let QueuedAhead { ahead, higher, more_than_counted } =
+                self.store.queued_ahead(caller.tenant_id, job_id).await?;
+            if ahead >= QUEUE_WINDOW_PER_TENANT {
                 // Deeper in its tenant's queue than an admission cycle looks: honest about
                 // where it stands, with no reason or estimate the scheduler did not compute.
+                let behind =
+                    if more_than_counted { format!("more than {QUEUED_AHEAD_COUNTED}") } else { ahead.to_string() };
                 return Ok(Some(Schedule {
                     admitted_now: false,
                     reason: Some(format!(
-                        "waits behind {ahead} earlier queued jobs of its tenant; each admission cycle considers \
-                         the first {} of a tenant's queue",
-                        trainyard_store::reconcile::QUEUE_WINDOW_PER_TENANT
+                        "waits behind {behind} earlier queued jobs of its tenant; each admission cycle considers \
+                         the first {QUEUE_WINDOW_PER_TENANT} of a tenant's queue"
                     )),
-                    tenant_position: Some(ahead as usize + 1),
+                    tenant_position: (!more_than_counted).then_some(ahead as usize + 1),
                     cluster_position: None,
                     behind_higher_priority: higher as usize,
                     estimated_start: None,
@@ -97,14 +94,12 @@ impl App {
             }
             // Submitted after the board was computed (through another server): compute anew.
             self.schedule.changed();
-            board = self.schedule.get(self.scheduling_snapshot()).await?;
+            board = self.schedule.get(|| self.board_input()).await?;
         }
-        let standing = board.standing(job_id);
-        Ok(Some(schedule_of(
-            standing.is_some_and(|s| s.admitted_now),
-            standing.and_then(|s| s.pending.as_ref()),
-            standing.and_then(|s| s.estimated_start),
-        )))
+        Ok(Some(match board.standing(job_id) {
+            Some(standing) => standing.schedule(),
+            None => schedule_of(false, None, None),
+        }))
     }
 
     /// What would happen to a job submitted now. Checks it like a submit; queues nothing.
@@ -270,16 +265,5 @@ impl App {
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
         Ok(())
-    }
-}
-
-fn schedule_of(admitted_now: bool, pending: Option<&trainyard_scheduler::Pending>, estimate: Option<i64>) -> Schedule {
-    Schedule {
-        admitted_now,
-        reason: pending.map(|p| p.reason.to_string()),
-        tenant_position: pending.map(|p| p.tenant_position),
-        cluster_position: pending.map(|p| p.cluster_position),
-        behind_higher_priority: pending.map_or(0, |p| p.behind_higher_priority),
-        estimated_start: estimate.and_then(|s| chrono::DateTime::from_timestamp(s, 0)),
     }
 }

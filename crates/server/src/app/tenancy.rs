@@ -123,6 +123,21 @@ impl App {
         .await
     }
 
+    /// Asks for a tenant's removal (platform admins): it takes nothing new, its tokens are
+    /// revoked and its jobs cancelled now; the reconciler removes its namespace or volumes once
+    /// nothing of it runs and marks it removed (see [`trainyard_store::Store::tenant_remove_request`]).
+    pub async fn tenant_remove(&self, caller: &Caller, name: &str) -> Result<Tenant> {
+        let audit = Audit::by(caller, "tenant.remove", format!("tenant:{name}")).platform_wide();
+        let tenant = self
+            .audited(&audit, async {
+                caller.require_platform_admin()?;
+                self.store.tenant_remove_request(name, caller.tenant_id, &audit).await
+            })
+            .await?;
+        self.scheduling_changed();
+        Ok(tenant)
+    }
+
     pub async fn tenants_list(&self, caller: &Caller) -> Result<Vec<Tenant>> {
         caller.require_platform_admin()?;
         self.store.tenants_list().await

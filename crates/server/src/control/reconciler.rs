@@ -26,6 +26,7 @@ use trainyard_executor::{
 };
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
+use trainyard_store::audit::Audit;
 use trainyard_store::reconcile::{
     AttemptEnd, Held, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
 };
@@ -374,6 +375,7 @@ impl Reconciler {
             }
         }
         self.garbage_collect(&jobs).await;
+        self.tenants_finish_removal(&jobs).await?;
         let admitted = self.admit(&jobs, &ended).await;
         if let Err(trainyard_core::Error::Fenced(err)) = &admitted {
             self.health.fenced_write();
@@ -425,6 +427,38 @@ impl Reconciler {
         admitted?;
         let skipped = self.quarantined.keys().filter(|id| self.is_quarantined(**id)).count();
         self.health.pass_completed(unhandled.len() + skipped);
+        Ok(())
+    }
+
+    /// Finishes the removal of each tenant being removed whose jobs have all ended: first what
+    /// the executor holds for it (its namespace) and its volumes' folders on this machine, then
+    /// the record. A crash between the two repeats the first, which is harmless; a tenant being
+    /// removed takes no new job, so none can start in between. An executor that fails is tried
+    /// again at the next pass.
+    async fn tenants_finish_removal(&self, jobs: &[UnfinishedJob]) -> Result<()> {
+        for (tenant_id, name) in self.store.tenants_being_removed().await? {
+            if jobs.iter().any(|j| j.tenant_id == tenant_id) {
+                continue;
+            }
+            if let Err(err) = self.executor.tenant_remove(tenant_id, &name).await {
+                tracing::warn!(tenant = %name, %err, "removing a tenant's namespace; trying again at the next pass");
+                continue;
+            }
+            if let Some(storage) = &self.code_storage {
+                let dir = storage.tenant_volumes_dir(tenant_id);
+                if let Err(err) = tokio::fs::remove_dir_all(&dir).await
+                    && err.kind() != std::io::ErrorKind::NotFound
+                {
+                    tracing::warn!(tenant = %name, %err, dir = %dir.display(), "removing a tenant's volumes; trying again at the next pass");
+                    continue;
+                }
+            }
+            let audit =
+                Audit::control_loop("tenant.removed", format!("tenant:{name}")).on_tenant(Some(tenant_id), &name);
+            if self.store.tenant_removed(tenant_id, &audit).await? {
+                tracing::info!(tenant = %name, "tenant removed");
+            }
+        }
         Ok(())
     }
 

@@ -247,6 +247,8 @@ pub struct TenantRow {
     pub weight: f64,
     pub quotas: Vec<(String, String)>,
     pub members: Vec<(String, &'static str)>,
+    /// "being removed since ..." while its jobs stop; empty for a tenant in use.
+    pub removal: String,
 }
 
 pub struct NodeRow {
@@ -276,6 +278,13 @@ async fn admin_page(
 ) -> WebResult<AdminPage> {
     let policies = state.app.tenant_policies(&auth.caller).await?;
     let members = state.app.members_list(&auth.caller).await?;
+    let being_removed: BTreeMap<String, String> = state
+        .app
+        .tenants_list(&auth.caller)
+        .await?
+        .into_iter()
+        .filter_map(|t| Some((t.name, t.removal_requested_at?.format("%Y-%m-%d %H:%M UTC").to_string())))
+        .collect();
     let tenants = policies
         .into_iter()
         .map(|p| TenantRow {
@@ -288,6 +297,7 @@ async fn admin_page(
                 })
                 .collect(),
             members: members.iter().filter(|(t, _, _)| *t == p.name).map(|(_, u, r)| (u.clone(), r.as_str())).collect(),
+            removal: being_removed.get(&p.name).map(|at| format!("being removed since {at}")).unwrap_or_default(),
             name: p.name,
             cohort: p.cohort.unwrap_or_default(),
             weight: p.weight,
@@ -386,6 +396,31 @@ pub async fn member_add(State(state): State<AppState>, auth: WebAuth, CsrfForm(f
                 added.tenant
             ),
         })
+    }
+    .await;
+    after(&state, &auth, outcome).await
+}
+
+/// Removes a tenant, once its name is typed again to confirm (see [`crate::app::App::tenant_remove`]).
+pub async fn tenant_remove(
+    State(state): State<AppState>,
+    auth: WebAuth,
+    CsrfForm(form): CsrfForm,
+) -> WebResult<Response> {
+    auth.caller.require_platform_admin()?;
+    let tenant = field(&form, "tenant");
+    let outcome = async {
+        if tenant.is_empty() {
+            return Err(Error::invalid("tenant", "choose the tenant to remove"));
+        }
+        if field(&form, "confirm") != tenant {
+            return Err(Error::invalid("confirm", "type the tenant's name to confirm its removal"));
+        }
+        let tenant = state.app.tenant_remove(&auth.caller, tenant).await?;
+        Ok(format!(
+            "tenant {} is being removed: its tokens are revoked and its jobs cancelled; its namespace and volumes go once they have stopped",
+            tenant.name
+        ))
     }
     .await;
     after(&state, &auth, outcome).await

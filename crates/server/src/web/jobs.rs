@@ -15,6 +15,7 @@ use tokio_util::io::StreamReader;
 use trainyard_core::api::{Job, JobAttempt, JobEvent, Schedule};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::job::JobState;
+use trainyard_core::resources::{human_cpus, human_gpus, human_memory};
 use uuid::Uuid;
 
 use super::{CsrfForm, Nav, WebAuth, WebResult, can_write, render, when, when_opt};
@@ -333,12 +334,11 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         artifacts: super::storage::artifact_rows(&state.app, &auth, job.id).await?,
         argv: job.spec.argv().join(" "),
         resources: format!(
-            "{} × ({} CPU, {} memory, {} GPU{})",
+            "{} × ({}, {} of memory, {})",
             job.spec.replicas,
-            resources.cpu,
-            resources.memory,
-            resources.gpus,
-            resources.gpu_type.as_deref().map(|t| format!(" {t}")).unwrap_or_default()
+            human_cpus(resources.cpu.millis()),
+            human_memory(resources.memory.bytes()),
+            human_gpus(u64::from(resources.gpus), resources.gpu_type.as_deref())
         ),
         replicas: (0..job.spec.replicas.min(64)).collect(),
         spec_json: serde_json::to_string_pretty(&job.spec).unwrap_or_default(),

@@ -69,6 +69,7 @@ pub fn routes() -> RouteTable {
         .route("/admin/quota", post(admin::quota_set))
         .route("/admin/members", post(admin::member_add))
         .route("/admin/tenants", post(admin::tenant_create))
+        .route("/admin/tenants/remove", post(admin::tenant_remove))
         .route("/static/{*path}", get(assets::serve))
 }
 
