@@ -1,8 +1,9 @@
 """Launch rate of the Kubernetes executor through the whole control plane, against a real API server.
 
 Driven by tests/bench/kube_launch.sh. Submits N one-replica jobs to a running Trainyard (its
-executor pointed at the API server), watches Jobs appear on the API server, and reports Jobs
-created per second and submit -> Job latency. The peer (the same applies from a minimal client)
+executor pointed at the API server), watches Jobs appear on the API server, plays the kubelet
+(each pod marked Running as it appears), and reports Jobs created per second, submit -> Job
+latency, and pod running -> job running as Trainyard's API shows it. The peer (the same applies from a minimal client)
 is crates/kube/examples/launch_peer.rs.
 
 Usage: kube_launch.py trainyard API_URL TOKEN ADMIN_KUBECONFIG JOBS CLIENTS  (see kube_launch.sh)
@@ -81,6 +82,57 @@ class JobWatch(threading.Thread):
                     self.seen.setdefault(job, time.monotonic())
 
 
+class Kubelet(threading.Thread):
+    """Plays the kubelet: each Trainyard pod the Job controller creates is marked Running at once
+    (status subresource, as a kubelet would), and the moment is recorded by job."""
+
+    def __init__(self, server, token):
+        super().__init__(daemon=True)
+        self.server, self.token = server, token
+        self.running = {}
+
+    def run(self):
+        url = (f"{self.server}/api/v1/pods?watch=true&labelSelector="
+               "app.kubernetes.io%2Fmanaged-by%3Dtrainyard&allowWatchBookmarks=false")
+        request = urllib.request.Request(url)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, context=CTX, timeout=3600) as response:
+            for line in response:
+                event = json.loads(line)
+                meta = event["object"]["metadata"]
+                job = meta["labels"].get("trainyard.dev/job")
+                if event["type"] != "ADDED" or job in self.running:
+                    continue
+                status = {"status": {"phase": "Running", "containerStatuses": [{
+                    "name": "replica", "image": "registry.example/runtime:1", "ready": True, "restartCount": 0,
+                    "imageID": "registry.example/runtime@sha256:" + "3" * 64,
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}
+                try:
+                    call("PATCH", f"{self.server}/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                         self.token, status, "application/merge-patch+json")
+                    self.running[job] = time.monotonic()
+                except urllib.error.HTTPError:
+                    pass
+
+
+class RunningWatch(threading.Thread):
+    """Polls Trainyard for running jobs and records when each is first seen running."""
+
+    def __init__(self, api, token):
+        super().__init__(daemon=True)
+        self.api, self.token = api, token
+        self.seen = {}
+        self.stop = False
+
+    def run(self):
+        while not self.stop:
+            page = call("GET", f"{self.api}/api/v1/jobs?state=running&limit=1000", self.token)
+            now = time.monotonic()
+            for job in page["items"]:
+                self.seen.setdefault(job["id"], now)
+            time.sleep(0.1)
+
+
 def percentile(values, p):
     values = sorted(values)
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
@@ -104,6 +156,10 @@ def trainyard(api, token, admin_kubeconfig, jobs, clients):
     nodes(server, admin, 3)
     watch = JobWatch(server, admin)
     watch.start()
+    kubelet = Kubelet(server, admin)
+    kubelet.start()
+    running = RunningWatch(api, token)
+    running.start()
     time.sleep(1)
     body = {"command": ["true"], "resources": {"cpu": 1, "memory": "1Gi"}}
     submitted = {}
@@ -123,12 +179,23 @@ def trainyard(api, token, admin_kubeconfig, jobs, clients):
     created = [watch.seen[j] for j in submitted if j in watch.seen]
     latencies = [watch.seen[j] - submitted[j] for j in submitted if j in watch.seen]
     span = max(created) - min(created)
+    # Then until every job whose pod runs is seen running by Trainyard (or 60 s).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(j not in running.seen for j in kubelet.running if j in submitted):
+        time.sleep(0.2)
+    running.stop = True
+    lags = [running.seen[j] - kubelet.running[j] for j in submitted if j in kubelet.running and j in running.seen]
     print(json.dumps({
         "jobs": jobs, "submitted_in_s": round(submit_seconds, 2), "jobs_created": len(created),
         "jobs_per_s": round(len(created) / span, 1) if span else None,
         "submit_to_job_p50_s": round(percentile(latencies, 50), 2),
         "submit_to_job_p99_s": round(percentile(latencies, 99), 2),
         "first_to_last_s": round(span, 2),
+        # Pod marked Running (by the stand-in kubelet) -> the job seen `running` through the API
+        # (polled every 100 ms, so up to 0.1 s of this is the poll).
+        "pods_running": len(kubelet.running), "seen_running": len(lags),
+        "pod_running_to_job_running_p50_s": round(percentile(lags, 50), 2) if lags else None,
+        "pod_running_to_job_running_p99_s": round(percentile(lags, 99), 2) if lags else None,
     }))
 
 

@@ -24,6 +24,7 @@ struct State {
     last_panic: Option<String>,
     unhandled_jobs: usize,
     fenced_writes: u64,
+    abandoned_launches: u64,
 }
 
 /// What `/readyz` answers.
@@ -45,6 +46,9 @@ pub struct Readiness {
     /// Control-loop writes the database refused because this server had lost the leadership
     /// it wrote with (fencing).
     pub fenced_writes: u64,
+    /// Launches this server cut short when it lost the leadership, for the next leader to
+    /// resume (see `control::launcher`).
+    pub abandoned_launches: u64,
 }
 
 impl LoopHealth {
@@ -77,6 +81,10 @@ impl LoopHealth {
         self.with(|s| s.fenced_writes += 1);
     }
 
+    pub fn launches_abandoned(&self, count: usize) {
+        self.with(|s| s.abandoned_launches += count as u64);
+    }
+
     pub fn panicked(&self, message: String) {
         self.with(|s| {
             s.panics += 1;
@@ -106,6 +114,7 @@ impl LoopHealth {
                 last_panic: s.last_panic.clone(),
                 unhandled_jobs: s.unhandled_jobs,
                 fenced_writes: s.fenced_writes,
+                abandoned_launches: s.abandoned_launches,
             }
         })
     }

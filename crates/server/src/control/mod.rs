@@ -2,6 +2,7 @@
 //!
 //! - [`reconciler`]: the loop itself (observe attempts, admit, launch), with every job's step
 //!   isolated so that no single job can stop it;
+//! - [`launcher`]: launches, run beside the passes, a bounded number at once;
 //! - [`outcome`]: what an attempt's observed replicas mean, as a pure decision table;
 //! - [`board`]: every queued job's reason, position and estimate, shared by readers;
 //! - [`health`]: how the loop is doing, for `/readyz`.
@@ -11,5 +12,6 @@
 pub mod archiving;
 pub mod board;
 pub mod health;
+pub mod launcher;
 pub mod outcome;
 pub mod reconciler;

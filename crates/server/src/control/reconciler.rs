@@ -9,40 +9,42 @@
 //!    cancelled, lost); stop the attempts of cancelled jobs and the rest of a failed gang;
 //! 2. admission: ask the scheduler which queued jobs fit, admit them, and keep each waiting
 //!    job's reason current;
-//! 3. launch admitted and restarting jobs, one attempt each, up to `launch_concurrency` at once.
+//! 3. hand admitted and due restarting jobs to the launcher, which launches them beside the
+//!    passes, up to `launch_concurrency` at once (see [`crate::control::launcher`]); a job whose
+//!    launch is under way is left alone by the passes until it ends.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
 use trainyard_core::job::JobState;
-use trainyard_core::record::ServerRecord;
 use trainyard_executor::{
-    AttemptRef, Executor, ExecutorError, LaunchRequest, ReplicaDetail, ReplicaPhase, ReplicaStatus,
+    AttemptRef, Executor, ReplicaDetail, ReplicaPhase, ReplicaStatus,
 };
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::audit::Audit;
 use trainyard_store::reconcile::{
-    AttemptEnd, Held, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
+    AttemptEnd, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
 };
 
 use crate::control::health::{LoopHealth, panic_message};
+use crate::control::launcher::{Launch, LaunchContext, Launcher};
 use crate::control::outcome::{
     EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, deterministic_failure, exit_description,
-    restart_delay, shell_hint, state_after_failure,
+    restart_delay, shell_hint,
 };
 use crate::monitoring::{Monitoring, TenantGpu, TenantReason};
 use crate::scheduling;
 use crate::templates::Templates;
 use uuid::Uuid;
 
-const ACTOR_EXECUTOR: &str = "executor";
-const ACTOR_RECONCILER: &str = "reconciler";
+pub(crate) const ACTOR_EXECUTOR: &str = "executor";
+pub(crate) const ACTOR_RECONCILER: &str = "reconciler";
 
 /// How often the executor is asked to remove leftovers of attempts that are not live.
 const GARBAGE_COLLECT_EVERY: Duration = Duration::from_secs(60);
@@ -73,7 +75,7 @@ pub struct ReconcilerSettings {
     /// The wait before a failed job's first restart; each later one waits twice as long (see
     /// [`restart_delay`]).
     pub restart_backoff: Duration,
-    /// Launches in flight at once within a pass.
+    /// Launches in flight at once (they run beside the passes, see [`crate::control::launcher`]).
     pub launch_concurrency: usize,
     /// Where the built-in templates are read from; `None`: those built into the binary.
     pub builtin_templates_dir: Option<std::path::PathBuf>,
@@ -121,9 +123,9 @@ pub struct Reconciler {
     quarantined: HashMap<Uuid, (Instant, u32)>,
     /// Undecodable jobs already reported in the log, so that each is logged once.
     reported_unhandled: HashSet<Uuid>,
-    /// Launches interrupted by a control-plane error, with the error: noted on the job once the
-    /// launch goes through (the database may be what was away).
-    interrupted: std::sync::Mutex<HashMap<Uuid, String>>,
+    /// Launches under way beside the passes; made at the first pass, once the builder methods
+    /// have said where code and metrics go.
+    launcher: Option<Launcher>,
     /// The metrics the loop feeds (see [`crate::monitoring`]).
     monitoring: Arc<Monitoring>,
     /// The tenants' quotas as last read for the quota gauges, and when (read every
@@ -185,14 +187,14 @@ impl Drop for Leading {
 }
 
 /// How one job's step of a pass went.
-enum Step<T> {
+pub(crate) enum Step<T> {
     Done(T),
     Failed(trainyard_core::Error),
     Panicked(String),
 }
 
 /// Runs one job's step and catches its panic, so that the pass can go on with the other jobs.
-async fn guarded<T>(step: impl std::future::Future<Output = Result<T>>) -> Step<T> {
+pub(crate) async fn guarded<T>(step: impl std::future::Future<Output = Result<T>>) -> Step<T> {
     match std::panic::AssertUnwindSafe(step).catch_unwind().await {
         Ok(Ok(value)) => Step::Done(value),
         Ok(Err(err)) => Step::Failed(err),
@@ -229,7 +231,7 @@ impl Reconciler {
             health,
             quarantined: HashMap::new(),
             reported_unhandled: HashSet::new(),
-            interrupted: std::sync::Mutex::new(HashMap::new()),
+            launcher: None,
             monitoring: Arc::new(Monitoring::new()),
             quota_policies: None,
             gpu_hours_lap: None,
@@ -282,6 +284,15 @@ impl Reconciler {
             if let Some(current) = leading.as_ref() {
                 if current.is_lost() || self.store.control_epoch() != current.lease.epoch() {
                     tracing::warn!(epoch = current.lease.epoch(), "lost leadership (the lease expired or was taken)");
+                    if let Some(launcher) = &self.launcher {
+                        // Its launches' writes would be refused anyway (fencing); stopping them
+                        // also stops what they would still ask of the executor.
+                        let abandoned = launcher.abort_all();
+                        if abandoned > 0 {
+                            tracing::warn!(abandoned, "launches left for the next leader to resume");
+                        }
+                        self.health.launches_abandoned(abandoned);
+                    }
                     self.health.leading(false);
                     self.monitoring.leader.set(0);
                     leading = None;
@@ -335,6 +346,17 @@ impl Reconciler {
     /// handled and leaves it alone for a while; every other job goes on. A job row that does
     /// not decode is marked the same way and skipped.
     pub async fn pass(&mut self) -> Result<()> {
+        // How the launches that ended since the last pass went: each is one job's step.
+        let mut launched = false;
+        for (job_id, outcome) in self.launcher().finished() {
+            match outcome {
+                Step::Done(()) => launched = true,
+                // Counted by the launcher when it happened.
+                Step::Failed(err @ trainyard_core::Error::Fenced(_)) => return Err(err),
+                Step::Failed(err) => self.step_failed(job_id, "launch", err)?,
+                Step::Panicked(message) => self.job_panicked(job_id, "launching it", message).await,
+            }
+        }
         let Unfinished { jobs, unhandled } = self.store.jobs_unfinished().await?;
         self.report_unhandled(&unhandled).await;
         self.gauges_update(&jobs).await;
@@ -343,7 +365,9 @@ impl Reconciler {
         self.quarantined.retain(|id, _| live.contains(id));
         let mut ended = HashSet::new();
         for job in jobs.iter().filter(|j| matches!(j.state, JobState::Starting | JobState::Running)) {
-            if self.is_quarantined(job.id) {
+            // A job being launched is looked at once its launch has ended: until then what the
+            // executor reports of it is half a launch.
+            if self.is_quarantined(job.id) || self.is_launching(job.id) {
                 continue;
             }
             match guarded(self.observe(job)).await {
@@ -355,9 +379,11 @@ impl Reconciler {
                 Step::Panicked(message) => self.job_panicked(job.id, "observing it", message).await,
             }
         }
-        for job in
-            jobs.iter().filter(|j| j.state == JobState::Restarting && (j.cancel_requested || j.preempt_requested))
-        {
+        for job in jobs.iter().filter(|j| {
+            j.state == JobState::Restarting
+                && (j.cancel_requested || j.preempt_requested)
+                && !self.is_launching(j.id)
+        }) {
             // Between attempts nothing runs: a cancel or a preemption takes effect at once.
             let to = if job.cancel_requested { JobState::Cancelled } else { JobState::Queued };
             match self
@@ -390,27 +416,10 @@ impl Reconciler {
             .chain(admitted.as_deref().unwrap_or_default().iter().copied())
             .filter(|j| !self.is_quarantined(j.id))
             .collect::<Vec<&UnfinishedJob>>();
-        // Launches run side by side, a bounded number at once: each waits mostly on the executor
-        // (a few API requests) and on Postgres, and every step of one is a job's own, guarded and
-        // fenced as when they ran in turn.
-        // Futures made here, not in a stream's closure: that keeps the pass future `Send`.
-        let this: &Reconciler = self;
-        let launches: Vec<futures::future::BoxFuture<'_, (Uuid, Step<()>)>> = launchable
-            .iter()
-            .map(|job| {
-                let job: &UnfinishedJob = job;
-                async move { (job.id, guarded(this.launch(job)).await) }.boxed()
-            })
-            .collect();
-        let outcomes: Vec<(Uuid, Step<()>)> =
-            futures::stream::iter(launches).buffer_unordered(self.settings.launch_concurrency.max(1)).collect().await;
-        let mut launched = false;
-        for (job_id, outcome) in outcomes {
-            match outcome {
-                Step::Done(()) => launched = true,
-                Step::Failed(err) => self.step_failed(job_id, "launch", err)?,
-                Step::Panicked(message) => self.job_panicked(job_id, "launching it", message).await,
-            }
+        // Launches run beside the passes, a bounded number at once (see `launcher`): this pass
+        // hands them over and ends; each launch that ends wakes the next pass.
+        for job in launchable {
+            self.launcher().start(job, Launch::Next);
         }
         if let Some(storage) = self.storage.as_mut() {
             storage.archive_in_background(&self.store, &self.executor, !ended.is_empty());
@@ -507,6 +516,29 @@ impl Reconciler {
         Monitoring::gauges_set(&m.pending_jobs, pending);
     }
 
+    /// The launcher, made at the first pass (see [`Reconciler::launcher`]'s field).
+    fn launcher(&mut self) -> &mut Launcher {
+        if self.launcher.is_none() {
+            let context = LaunchContext::new(
+                self.store.clone(),
+                Arc::clone(&self.executor),
+                Arc::clone(&self.templates),
+                self.code_storage.clone(),
+                Arc::clone(&self.monitoring),
+                Arc::clone(&self.health),
+                self.settings.api_url.clone().unwrap_or_default(),
+                self.settings.fault_panic_on_launch.clone(),
+            );
+            self.launcher = Some(Launcher::new(context, self.settings.launch_concurrency, Arc::clone(&self.wake)));
+        }
+        self.launcher.as_mut().expect("made above")
+    }
+
+    /// Whether a launch of the job is under way.
+    fn is_launching(&self, job_id: Uuid) -> bool {
+        self.launcher.as_ref().is_some_and(|launcher| launcher.is_launching(job_id))
+    }
+
     /// A job's step failed: logged and retried next pass; a refused (fenced) write is counted
     /// and ends the pass, since this server no longer leads.
     fn step_failed(&self, job_id: Uuid, step: &str, err: trainyard_core::Error) -> Result<()> {
@@ -558,7 +590,12 @@ impl Reconciler {
         if self.collected.is_some_and(|at| at.elapsed() < GARBAGE_COLLECT_EVERY) {
             return;
         }
-        let live: Vec<(Uuid, i32)> = jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
+        let mut live: Vec<(Uuid, i32)> =
+            jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
+        // Attempts opened since this pass read its snapshot are live too.
+        let current: HashMap<Uuid, i32> =
+            jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
+        live.extend(self.launcher().attempts_live(|job| current.get(&job).copied().unwrap_or(0)));
         let collected = self.executor.garbage_collect(&live).await;
         if collected > 0 {
             tracing::info!(collected, "removed the leftovers of ended or unknown attempts");
@@ -593,7 +630,7 @@ impl Reconciler {
         {
             // Begun but never recorded as launched: a crash or a control-plane error interrupted
             // the launch. Launch it again; only the ranks that did not start are started.
-            self.launch_started(job, record.number).await?;
+            self.launcher().start(job, Launch::Resume(record.number));
             return Ok(false);
         }
         let attempt = AttemptRef {
@@ -776,151 +813,6 @@ impl Reconciler {
             self.store.job_pending_reasons_set(&ids, &reasons).await?;
         }
         Ok(admitted)
-    }
-
-    /// Gathers what an attempt needs (the template's files, a job token for its engine), writes
-    /// the server's part of its run record, and starts it, or the ranks of it that did not start
-    /// yet (a launch resumed after a crash or a control-plane error: executors make launching
-    /// the same attempt again start only what is missing).
-    async fn launch_attempt(
-        &self,
-        job: &UnfinishedJob,
-        attempt: i32,
-    ) -> std::result::Result<serde_json::Value, LaunchFailure> {
-        let files = match &job.spec.template {
-            Some(reference) => self
-                .templates
-                .files_for(job.tenant_id, reference)
-                .await
-                .map_err(|e| LaunchFailure::of_control_plane(e, "reading the template's files"))?,
-            None => Default::default(),
-        };
-        let code = match (&job.spec.code, &self.code_storage) {
-            (None, _) => Vec::new(),
-            (Some(code), Some(storage)) => {
-                use crate::app::code::{CodeUnavailable, code_files};
-                code_files(storage, job.tenant_id, &code.digest).await.map_err(|problem| match problem {
-                    CodeUnavailable::Store(why) => LaunchFailure::ControlPlane(why),
-                    CodeUnavailable::Archive(why) => LaunchFailure::Job(why),
-                })?
-            }
-            (Some(_), None) => {
-                return Err(LaunchFailure::Job("this server has no storage to read the job's code from".into()));
-            }
-        };
-        // The server's part of the run record, written before any replica starts (a resumed
-        // launch finds it written and leaves it as it was).
-        let record = ServerRecord::new(&job.spec, &files, self.executor.name(), self.executor.image().as_deref());
-        self.store
-            .run_record_begin(job.id, attempt, &record)
-            .await
-            .map_err(|e| LaunchFailure::of_control_plane(e, "writing the run record"))?;
-        // A resumed launch makes another token for the same attempt: the replicas started before
-        // keep theirs, and all of them die with the attempt.
-        let token = self
-            .store
-            .job_token_create(job.id, job.tenant_id, attempt)
-            .await
-            .map_err(|e| LaunchFailure::of_control_plane(e, "creating the job token"))?;
-        let mut env = std::collections::BTreeMap::new();
-        env.insert("TRAINYARD_URL".to_string(), self.settings.api_url.clone().unwrap_or_default());
-        env.insert("TRAINYARD_TOKEN".to_string(), token);
-        let request = LaunchRequest {
-            job_id: job.id,
-            tenant_id: job.tenant_id,
-            tenant: job.tenant.clone(),
-            attempt,
-            spec: job.spec.clone(),
-            files,
-            env,
-            code,
-        };
-        self.executor.launch(&request).await.map_err(|e| match e {
-            ExecutorError::Unavailable(_) => LaunchFailure::ControlPlane(e.to_string()),
-            other => LaunchFailure::Job(other.to_string()),
-        })
-    }
-
-    /// Opens the job's next attempt and starts it.
-    async fn launch(&self, job: &UnfinishedJob) -> Result<()> {
-        if let Some(marker) = &self.settings.fault_panic_on_launch
-            && job.spec.command.iter().chain(&job.spec.args).any(|arg| arg == marker)
-        {
-            panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
-        }
-        let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, Held::of(&job.spec)).await? else {
-            return Ok(()); // cancelled or moved meanwhile
-        };
-        self.launch_started(job, attempt).await
-    }
-
-    /// Starts an attempt that is `starting` (just begun, or begun by a launch that a crash or a
-    /// control-plane error interrupted) and stores where it runs. A failure of the launch itself
-    /// (the executor refused it) ends the attempt like a failed run; a control-plane error
-    /// charges nothing to the job: it stays `starting`, a note says what is retried, and the
-    /// next pass resumes the launch.
-    async fn launch_started(&self, job: &UnfinishedJob, attempt: i32) -> Result<()> {
-        match self.launch_attempt(job, attempt).await {
-            Ok(placement) => {
-                if let Err(err) = self.store.attempt_placement_set(job.id, attempt, &placement).await {
-                    // Started but not recorded: the next pass resumes the launch and adopts it.
-                    let error = format!("storing where the attempt runs: {err}");
-                    self.interrupted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(job.id, error);
-                    return Err(err);
-                }
-                let interrupted =
-                    self.interrupted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&job.id);
-                if let Some(error) = interrupted {
-                    let note = format!("launch resumed after a control-plane error: {error}");
-                    self.store.job_note(job.id, &note, ACTOR_RECONCILER).await?;
-                }
-                tracing::info!(job = %job.id, attempt, "attempt launched");
-            }
-            Err(LaunchFailure::ControlPlane(error)) => {
-                self.monitoring.executor_error("launch");
-                tracing::warn!(job = %job.id, attempt, %error, "launch interrupted by a control-plane error; retrying");
-                self.interrupted
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(job.id, error.clone());
-                // Best effort: with the database away this fails too, and the note is written
-                // when the launch goes through.
-                let note = format!("launch interrupted by a control-plane error, retrying: {error}");
-                let _ = self.store.job_note(job.id, &note, ACTOR_RECONCILER).await;
-            }
-            Err(LaunchFailure::Job(reason)) => {
-                self.monitoring.executor_error("launch");
-                let to = state_after_failure(job.restart_count, job.max_restarts);
-                tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
-                self.store
-                    .attempt_end(AttemptEnd {
-                        job_id: job.id,
-                        attempt,
-                        exit_codes: &[],
-                        image_digests: &[],
-                        to,
-                        reason: Some(&reason),
-                        actor: ACTOR_EXECUTOR,
-                    })
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Why a launch did not go through.
-enum LaunchFailure {
-    /// The control plane could not prepare it (database, object store): retried, never charged
-    /// to the job.
-    ControlPlane(String),
-    /// The executor refused or failed to start it: the attempt fails.
-    Job(String),
-}
-
-impl LaunchFailure {
-    fn of_control_plane(err: trainyard_core::Error, doing: &str) -> LaunchFailure {
-        LaunchFailure::ControlPlane(format!("{doing}: {err}"))
     }
 }
 

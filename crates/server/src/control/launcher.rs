@@ -1,0 +1,374 @@
+//! Launches, beside the passes. A pass hands each job it would launch (an admitted job, a due
+//! restart, a launch a crash or a control-plane error interrupted) to the [`Launcher`] and goes
+//! on at once: a slow API server delays that job's launch, not the observation of every other
+//! job, and a job is marked running by the first pass after its replicas run rather than after
+//! the slowest launch of its pass. At most `launch_concurrency` launches run at once, and one job
+//! is launched by one task at a time. A launch is one job's step, as in a pass: its error or
+//! panic comes back to the next pass ([`Launcher::finished`]), which handles it like any step's.
+//!
+//! Nothing here is durable. A launch cut short (a crash, lost leadership: [`Launcher::abort_all`])
+//! leaves its attempt `starting` with no placement, and the next leader's pass resumes it: the
+//! executors start only the ranks that did not start.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore, mpsc};
+use trainyard_core::Result;
+use trainyard_core::record::ServerRecord;
+use trainyard_executor::{Executor, ExecutorError, LaunchRequest};
+use trainyard_store::Store;
+use trainyard_store::reconcile::{AttemptEnd, Held, UnfinishedJob};
+
+use crate::control::health::LoopHealth;
+use crate::control::outcome::state_after_failure;
+use crate::control::reconciler::{ACTOR_EXECUTOR, ACTOR_RECONCILER, Step, guarded};
+use crate::monitoring::Monitoring;
+use crate::templates::Templates;
+use uuid::Uuid;
+
+/// How long a launch that ended is remembered for garbage collection (see
+/// [`Launcher::attempts_live`]): longer than the collection interval.
+const REMEMBER_FINISHED: Duration = Duration::from_secs(180);
+
+/// What a launch needs, shared by every launch task.
+pub(crate) struct LaunchContext {
+    store: Store,
+    executor: Arc<dyn Executor>,
+    templates: Arc<Templates>,
+    /// Where jobs' code archives are read from.
+    code_storage: Option<Arc<crate::storage::Storage>>,
+    monitoring: Arc<Monitoring>,
+    /// Told of writes refused because this server no longer leads.
+    health: Arc<LoopHealth>,
+    /// `TRAINYARD_URL` for replicas.
+    api_url: String,
+    /// Fault injection for tests (`TRAINYARD_FAULT_PANIC_ON_LAUNCH`, see the settings).
+    fault_panic_on_launch: Option<String>,
+    /// Launches interrupted by a control-plane error, with the error: noted on the job once the
+    /// launch goes through (the database may be what was away).
+    interrupted: Mutex<HashMap<Uuid, String>>,
+}
+
+/// Which launch: a job's next attempt, or the rest of one begun before.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Launch {
+    /// Open the job's next attempt (admitted, or restarting and due) and start it.
+    Next,
+    /// Start what did not start of this attempt, which is `starting` with no placement.
+    Resume(i32),
+}
+
+/// One launch under way.
+struct InFlight {
+    /// The attempt once opened (or the one resumed).
+    attempt: Option<i32>,
+    abort: tokio::task::AbortHandle,
+}
+
+#[derive(Default)]
+struct Launches {
+    in_flight: HashMap<Uuid, InFlight>,
+    /// Attempts whose launch ended, and when: until the snapshot of every pass has them.
+    finished: Vec<(Uuid, i32, Instant)>,
+}
+
+pub(crate) struct Launcher {
+    context: Arc<LaunchContext>,
+    permits: Arc<Semaphore>,
+    launches: Arc<Mutex<Launches>>,
+    done: mpsc::UnboundedSender<(Uuid, Step<()>)>,
+    results: mpsc::UnboundedReceiver<(Uuid, Step<()>)>,
+    /// Woken when a launch ends, so that a pass observes the new attempt (or the error) now.
+    wake: Arc<Notify>,
+}
+
+impl Launcher {
+    pub(crate) fn new(context: LaunchContext, concurrency: usize, wake: Arc<Notify>) -> Launcher {
+        let (done, results) = mpsc::unbounded_channel();
+        Launcher {
+            context: Arc::new(context),
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            launches: Arc::default(),
+            done,
+            results,
+            wake,
+        }
+    }
+
+    fn launches(&self) -> std::sync::MutexGuard<'_, Launches> {
+        self.launches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a launch of the job is under way.
+    pub(crate) fn is_launching(&self, job_id: Uuid) -> bool {
+        self.launches().in_flight.contains_key(&job_id)
+    }
+
+    /// Starts launching the job unless a launch of it is under way already. Returns at once.
+    pub(crate) fn start(&self, job: &UnfinishedJob, launch: Launch) {
+        let mut launches = self.launches();
+        if launches.in_flight.contains_key(&job.id) {
+            return;
+        }
+        let (context, permits, registry, done, wake) = (
+            Arc::clone(&self.context),
+            Arc::clone(&self.permits),
+            Arc::clone(&self.launches),
+            self.done.clone(),
+            Arc::clone(&self.wake),
+        );
+        let job = job.clone();
+        let job_id = job.id;
+        let resumed = match launch {
+            Launch::Resume(attempt) => Some(attempt),
+            Launch::Next => None,
+        };
+        // The registry's lock is held until the entry exists, so the task cannot finish (and
+        // remove it) before it is there.
+        let task = tokio::spawn(async move {
+            let Ok(_permit) = permits.acquire_owned().await else { return };
+            let outcome = guarded(context.launch(&job, launch, &registry)).await;
+            if let Step::Failed(trainyard_core::Error::Fenced(_)) = &outcome {
+                // Counted now: a server that no longer leads runs no pass to hear of it.
+                context.health.fenced_write();
+            }
+            {
+                let mut launches = registry.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(InFlight { attempt: Some(attempt), .. }) = launches.in_flight.remove(&job_id) {
+                    launches.finished.push((job_id, attempt, Instant::now()));
+                }
+                launches.finished.retain(|(_, _, at)| at.elapsed() < REMEMBER_FINISHED);
+            }
+            let _ = done.send((job_id, outcome));
+            wake.notify_one();
+        });
+        launches.in_flight.insert(job_id, InFlight { attempt: resumed, abort: task.abort_handle() });
+    }
+
+    /// The launches that ended since the last call, with how each went.
+    pub(crate) fn finished(&mut self) -> Vec<(Uuid, Step<()>)> {
+        let mut finished = Vec::new();
+        while let Ok(result) = self.results.try_recv() {
+            finished.push(result);
+        }
+        finished
+    }
+
+    /// Attempts this process is launching or launched recently, which a pass's snapshot (read
+    /// before they were opened) may not have: garbage collection must not take them for
+    /// leftovers. A launch not yet past opening its attempt counts with both its job's current
+    /// attempt and the next.
+    pub(crate) fn attempts_live(&self, current: impl Fn(Uuid) -> i32) -> Vec<(Uuid, i32)> {
+        let launches = self.launches();
+        let mut live: Vec<(Uuid, i32)> = launches.finished.iter().map(|(job, attempt, _)| (*job, *attempt)).collect();
+        for (job, in_flight) in &launches.in_flight {
+            match in_flight.attempt {
+                Some(attempt) => live.push((*job, attempt)),
+                None => {
+                    let current = current(*job);
+                    live.extend([(*job, current), (*job, current + 1)]);
+                }
+            }
+        }
+        live
+    }
+
+    /// Stops every launch under way (this server no longer leads, or it stops): each is left
+    /// as a crash would leave it, for the next leader to resume. Returns how many.
+    pub(crate) fn abort_all(&self) -> usize {
+        let mut launches = self.launches();
+        let count = launches.in_flight.len();
+        for (_, in_flight) in launches.in_flight.drain() {
+            in_flight.abort.abort();
+        }
+        count
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        self.abort_all();
+    }
+}
+
+impl LaunchContext {
+    pub(crate) fn new(
+        store: Store,
+        executor: Arc<dyn Executor>,
+        templates: Arc<Templates>,
+        code_storage: Option<Arc<crate::storage::Storage>>,
+        monitoring: Arc<Monitoring>,
+        health: Arc<LoopHealth>,
+        api_url: String,
+        fault_panic_on_launch: Option<String>,
+    ) -> LaunchContext {
+        LaunchContext {
+            store,
+            executor,
+            templates,
+            code_storage,
+            monitoring,
+            health,
+            api_url,
+            fault_panic_on_launch,
+            interrupted: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn launch(&self, job: &UnfinishedJob, launch: Launch, registry: &Mutex<Launches>) -> Result<()> {
+        let attempt = match launch {
+            Launch::Resume(attempt) => attempt,
+            Launch::Next => {
+                if let Some(marker) = &self.fault_panic_on_launch
+                    && job.spec.command.iter().chain(&job.spec.args).any(|arg| arg == marker)
+                {
+                    panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
+                }
+                let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, Held::of(&job.spec)).await?
+                else {
+                    return Ok(()); // cancelled or moved meanwhile
+                };
+                if let Some(in_flight) =
+                    registry.lock().unwrap_or_else(PoisonError::into_inner).in_flight.get_mut(&job.id)
+                {
+                    in_flight.attempt = Some(attempt);
+                }
+                attempt
+            }
+        };
+        self.launch_started(job, attempt).await
+    }
+
+    /// Gathers what an attempt needs (the template's files, a job token for its engine), writes
+    /// the server's part of its run record, and starts it, or the ranks of it that did not start
+    /// yet (a launch resumed after a crash or a control-plane error: executors make launching
+    /// the same attempt again start only what is missing).
+    async fn launch_attempt(
+        &self,
+        job: &UnfinishedJob,
+        attempt: i32,
+    ) -> std::result::Result<serde_json::Value, LaunchFailure> {
+        let files = match &job.spec.template {
+            Some(reference) => self
+                .templates
+                .files_for(job.tenant_id, reference)
+                .await
+                .map_err(|e| LaunchFailure::of_control_plane(e, "reading the template's files"))?,
+            None => Default::default(),
+        };
+        let code = match (&job.spec.code, &self.code_storage) {
+            (None, _) => Vec::new(),
+            (Some(code), Some(storage)) => {
+                use crate::app::code::{CodeUnavailable, code_files};
+                code_files(storage, job.tenant_id, &code.digest).await.map_err(|problem| match problem {
+                    CodeUnavailable::Store(why) => LaunchFailure::ControlPlane(why),
+                    CodeUnavailable::Archive(why) => LaunchFailure::Job(why),
+                })?
+            }
+            (Some(_), None) => {
+                return Err(LaunchFailure::Job("this server has no storage to read the job's code from".into()));
+            }
+        };
+        // The server's part of the run record, written before any replica starts (a resumed
+        // launch finds it written and leaves it as it was).
+        let record = ServerRecord::new(&job.spec, &files, self.executor.name(), self.executor.image().as_deref());
+        self.store
+            .run_record_begin(job.id, attempt, &record)
+            .await
+            .map_err(|e| LaunchFailure::of_control_plane(e, "writing the run record"))?;
+        // A resumed launch makes another token for the same attempt: the replicas started before
+        // keep theirs, and all of them die with the attempt.
+        let token = self
+            .store
+            .job_token_create(job.id, job.tenant_id, attempt)
+            .await
+            .map_err(|e| LaunchFailure::of_control_plane(e, "creating the job token"))?;
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("TRAINYARD_URL".to_string(), self.api_url.clone());
+        env.insert("TRAINYARD_TOKEN".to_string(), token);
+        let request = LaunchRequest {
+            job_id: job.id,
+            tenant_id: job.tenant_id,
+            tenant: job.tenant.clone(),
+            attempt,
+            spec: job.spec.clone(),
+            files,
+            env,
+            code,
+        };
+        self.executor.launch(&request).await.map_err(|e| match e {
+            ExecutorError::Unavailable(_) => LaunchFailure::ControlPlane(e.to_string()),
+            other => LaunchFailure::Job(other.to_string()),
+        })
+    }
+
+    fn interrupted(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, String>> {
+        self.interrupted.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts an attempt that is `starting` (just begun, or begun by a launch that a crash or a
+    /// control-plane error interrupted) and stores where it runs. A failure of the launch itself
+    /// (the executor refused it) ends the attempt like a failed run; a control-plane error
+    /// charges nothing to the job: it stays `starting`, a note says what is retried, and the
+    /// next pass resumes the launch.
+    async fn launch_started(&self, job: &UnfinishedJob, attempt: i32) -> Result<()> {
+        match self.launch_attempt(job, attempt).await {
+            Ok(placement) => {
+                if let Err(err) = self.store.attempt_placement_set(job.id, attempt, &placement).await {
+                    // Started but not recorded: the next pass resumes the launch and adopts it.
+                    self.interrupted().insert(job.id, format!("storing where the attempt runs: {err}"));
+                    return Err(err);
+                }
+                let interrupted = self.interrupted().remove(&job.id);
+                if let Some(error) = interrupted {
+                    let note = format!("launch resumed after a control-plane error: {error}");
+                    self.store.job_note(job.id, &note, ACTOR_RECONCILER).await?;
+                }
+                tracing::info!(job = %job.id, attempt, "attempt launched");
+            }
+            Err(LaunchFailure::ControlPlane(error)) => {
+                self.monitoring.executor_error("launch");
+                tracing::warn!(job = %job.id, attempt, %error, "launch interrupted by a control-plane error; retrying");
+                self.interrupted().insert(job.id, error.clone());
+                // Best effort: with the database away this fails too, and the note is written
+                // when the launch goes through.
+                let note = format!("launch interrupted by a control-plane error, retrying: {error}");
+                let _ = self.store.job_note(job.id, &note, ACTOR_RECONCILER).await;
+            }
+            Err(LaunchFailure::Job(reason)) => {
+                self.monitoring.executor_error("launch");
+                let to = state_after_failure(job.restart_count, job.max_restarts);
+                tracing::warn!(job = %job.id, attempt, %reason, "launch failed");
+                self.store
+                    .attempt_end(AttemptEnd {
+                        job_id: job.id,
+                        attempt,
+                        exit_codes: &[],
+                        image_digests: &[],
+                        to,
+                        reason: Some(&reason),
+                        actor: ACTOR_EXECUTOR,
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a launch did not go through.
+enum LaunchFailure {
+    /// The control plane could not prepare it (database, object store): retried, never charged
+    /// to the job.
+    ControlPlane(String),
+    /// The executor refused or failed to start it: the attempt fails.
+    Job(String),
+}
+
+impl LaunchFailure {
+    fn of_control_plane(err: trainyard_core::Error, doing: &str) -> LaunchFailure {
+        LaunchFailure::ControlPlane(format!("{doing}: {err}"))
+    }
+}
