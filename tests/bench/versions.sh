@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Two builds side by side in one run: BEFORE against AFTER (default HEAD), each built from a
-# scratch worktree (kept between runs, sharing this checkout's target folder so dependencies
-# compile once; uncommitted changes are not measured). For each build, alternately and ROUNDS
+# scratch worktree (tests/bench/revisions.sh; uncommitted changes are not measured). For each build, alternately and ROUNDS
 # times: a fresh Postgres and server; submits at 16 clients (the jobs stay queued); the table
 # filled to 100,000 jobs; the first page of the job list at 1 and 16 clients; the dashboard's
 # jobs page and a job's page. Figures go to docs/PERFORMANCE.md.
@@ -14,17 +13,9 @@ duration=${3:-10}
 rounds=${4:-2}
 bins=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-versions.XXXXXX")
 trap 'rm -rf "$bins"' EXIT
-target="$PWD/target"
+source tests/bench/revisions.sh
 for rev in "$before" "$after"; do
-  # Kept between runs: cargo's fingerprints include the path, so a second run rebuilds nothing.
-  tree="${TMPDIR:-/tmp}/trainyard-rev-$rev"
-  [ -d "$tree" ] || git worktree add -f --detach "$tree" "$rev" >/dev/null
-  echo "== building $rev"
-  # Cargo names a workspace crate's artefacts by its path relative to the workspace root, so both
-  # trees write the same files: make this tree's crates newer than what the other left there.
-  find "$tree/crates" "$tree/tests" "$tree/migrations" "$tree/templates" "$tree/web" -type f -exec touch {} +
-  (cd "$tree" && CARGO_TARGET_DIR="$target" cargo build --release --locked --bins -q)
-  cp "$target/release/trainyard" "$bins/$rev"
+  build_rev "$rev" "$bins/$rev"
 done
 
 measure() { # label, binary
