@@ -6,7 +6,8 @@ executor pointed at the API server), watches Jobs appear on the API server, play
 latency, and pod running -> job running as Trainyard's API shows it. The peer (the same applies from a minimal client)
 is crates/kube/examples/launch_peer.rs.
 
-Usage: kube_launch.py trainyard API_URL TOKEN ADMIN_KUBECONFIG JOBS CLIENTS  (see kube_launch.sh)
+Usage: kube_launch.py trainyard API_URL TOKEN ADMIN_KUBECONFIG JOBS CLIENTS [fake]  (see kube_launch.sh;
+`fake`: against crates/kube/examples/fake_apiserver.rs, which places and runs pods itself)
 """
 
 import json
@@ -84,11 +85,13 @@ class JobWatch(threading.Thread):
 
 class Kubelet(threading.Thread):
     """Plays the kubelet: each Trainyard pod the Job controller creates is marked Running at once
-    (status subresource, as a kubelet would), and the moment is recorded by job."""
+    (status subresource, as a kubelet would), and the moment is recorded by job. Against the
+    in-memory API server (`patch=False`), which makes its pods Running itself, it only records
+    when each appeared."""
 
-    def __init__(self, server, token):
+    def __init__(self, server, token, patch=True):
         super().__init__(daemon=True)
-        self.server, self.token = server, token
+        self.server, self.token, self.patch = server, token, patch
         self.running = {}
 
     def run(self):
@@ -102,6 +105,10 @@ class Kubelet(threading.Thread):
                 meta = event["object"]["metadata"]
                 job = meta["labels"].get("trainyard.dev/job")
                 if event["type"] != "ADDED" or job in self.running:
+                    continue
+                if not self.patch:
+                    if event["object"].get("status", {}).get("phase") == "Running":
+                        self.running[job] = time.monotonic()
                     continue
                 status = {"status": {"phase": "Running", "containerStatuses": [{
                     "name": "replica", "image": "registry.example/runtime:1", "ready": True, "restartCount": 0,
@@ -150,13 +157,14 @@ def clear(server, token):
             pass
 
 
-def trainyard(api, token, admin_kubeconfig, jobs, clients):
+def trainyard(api, token, admin_kubeconfig, jobs, clients, fake=False):
     server, admin = kubeconfig(admin_kubeconfig)
     clear(server, admin)
-    nodes(server, admin, 3)
+    if not fake:
+        nodes(server, admin, 3)
     watch = JobWatch(server, admin)
     watch.start()
-    kubelet = Kubelet(server, admin)
+    kubelet = Kubelet(server, admin, patch=not fake)
     kubelet.start()
     running = RunningWatch(api, token)
     running.start()
@@ -200,5 +208,5 @@ def trainyard(api, token, admin_kubeconfig, jobs, clients):
 
 
 if __name__ == "__main__":
-    _, _, api, token, admin_kubeconfig, jobs, clients = sys.argv
-    trainyard(api, token, admin_kubeconfig, int(jobs), int(clients))
+    _, _, api, token, admin_kubeconfig, jobs, clients, *rest = sys.argv
+    trainyard(api, token, admin_kubeconfig, int(jobs), int(clients), fake=rest == ["fake"])

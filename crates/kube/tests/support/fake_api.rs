@@ -303,9 +303,35 @@ impl FakeApi {
         );
     }
 
+    /// A CPU node (no GPUs, no taint).
+    pub fn cpu_node_put(&self, name: &str) {
+        self.put(
+            "nodes",
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": name },
+                "status": {
+                    "allocatable": { "cpu": "64", "memory": "512Gi" },
+                    "conditions": [{ "type": "Ready", "status": "True" }],
+                },
+            }),
+        );
+    }
+
+    /// Told of every change to the stored objects.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
     async fn handle(self, request: Request<kube::client::Body>) -> Response<Body> {
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
+        self.respond(parts, bytes)
+    }
+
+    /// Answers one request, given its head and its whole body (how an HTTP server in front of
+    /// the fake hands it over: `crates/kube/examples/fake_apiserver.rs`).
+    pub fn respond(&self, parts: http::request::Parts, bytes: Bytes) -> Response<Body> {
         let body: Option<Value> = serde_json::from_slice(&bytes).ok();
         let query: BTreeMap<String, String> =
             form_urlencoded::parse(parts.uri.query().unwrap_or_default().as_bytes()).into_owned().collect();
