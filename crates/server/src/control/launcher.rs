@@ -226,8 +226,7 @@ impl LaunchContext {
                 {
                     panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
                 }
-                let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, Held::of(&job.spec)).await?
-                else {
+                let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, Held::of(&job.spec)).await? else {
                     return Ok(()); // cancelled or moved meanwhile
                 };
                 if let Some(in_flight) =

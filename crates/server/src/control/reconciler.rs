@@ -22,15 +22,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
 use trainyard_core::job::JobState;
-use trainyard_executor::{
-    AttemptRef, Executor, ReplicaDetail, ReplicaPhase, ReplicaStatus,
-};
+use trainyard_executor::{AttemptRef, Executor, ReplicaDetail, ReplicaPhase, ReplicaStatus};
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::audit::Audit;
-use trainyard_store::reconcile::{
-    AttemptEnd, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
-};
+use trainyard_store::reconcile::{AttemptEnd, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob};
 
 use crate::control::health::{LoopHealth, panic_message};
 use crate::control::launcher::{Launch, LaunchContext, Launcher};
@@ -380,9 +376,7 @@ impl Reconciler {
             }
         }
         for job in jobs.iter().filter(|j| {
-            j.state == JobState::Restarting
-                && (j.cancel_requested || j.preempt_requested)
-                && !self.is_launching(j.id)
+            j.state == JobState::Restarting && (j.cancel_requested || j.preempt_requested) && !self.is_launching(j.id)
         }) {
             // Between attempts nothing runs: a cancel or a preemption takes effect at once.
             let to = if job.cancel_requested { JobState::Cancelled } else { JobState::Queued };
