@@ -34,21 +34,21 @@ const REMEMBER_FINISHED: Duration = Duration::from_secs(180);
 
 /// What a launch needs, shared by every launch task.
 pub(crate) struct LaunchContext {
-    store: Store,
-    executor: Arc<dyn Executor>,
-    templates: Arc<Templates>,
+    pub(crate) store: Store,
+    pub(crate) executor: Arc<dyn Executor>,
+    pub(crate) templates: Arc<Templates>,
     /// Where jobs' code archives are read from.
-    code_storage: Option<Arc<crate::storage::Storage>>,
-    monitoring: Arc<Monitoring>,
+    pub(crate) code_storage: Option<Arc<crate::storage::Storage>>,
+    pub(crate) monitoring: Arc<Monitoring>,
     /// Told of writes refused because this server no longer leads.
-    health: Arc<LoopHealth>,
+    pub(crate) health: Arc<LoopHealth>,
     /// `TRAINYARD_URL` for replicas.
-    api_url: String,
+    pub(crate) api_url: String,
     /// Fault injection for tests (`TRAINYARD_FAULT_PANIC_ON_LAUNCH`, see the settings).
-    fault_panic_on_launch: Option<String>,
+    pub(crate) fault_panic_on_launch: Option<String>,
     /// Launches interrupted by a control-plane error, with the error: noted on the job once the
-    /// launch goes through (the database may be what was away).
-    interrupted: Mutex<HashMap<Uuid, String>>,
+    /// launch goes through (the database may be what was away). Empty at first.
+    pub(crate) interrupted: Mutex<HashMap<Uuid, String>>,
 }
 
 /// Which launch: a job's next attempt, or the rest of one begun before.
@@ -194,29 +194,6 @@ impl Drop for Launcher {
 }
 
 impl LaunchContext {
-    pub(crate) fn new(
-        store: Store,
-        executor: Arc<dyn Executor>,
-        templates: Arc<Templates>,
-        code_storage: Option<Arc<crate::storage::Storage>>,
-        monitoring: Arc<Monitoring>,
-        health: Arc<LoopHealth>,
-        api_url: String,
-        fault_panic_on_launch: Option<String>,
-    ) -> LaunchContext {
-        LaunchContext {
-            store,
-            executor,
-            templates,
-            code_storage,
-            monitoring,
-            health,
-            api_url,
-            fault_panic_on_launch,
-            interrupted: Mutex::new(HashMap::new()),
-        }
-    }
-
     async fn launch(&self, job: &UnfinishedJob, launch: Launch, registry: &Mutex<Launches>) -> Result<()> {
         let attempt = match launch {
             Launch::Resume(attempt) => attempt,

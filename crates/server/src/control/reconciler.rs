@@ -513,16 +513,17 @@ impl Reconciler {
     /// The launcher, made at the first pass (see [`Reconciler::launcher`]'s field).
     fn launcher(&mut self) -> &mut Launcher {
         if self.launcher.is_none() {
-            let context = LaunchContext::new(
-                self.store.clone(),
-                Arc::clone(&self.executor),
-                Arc::clone(&self.templates),
-                self.code_storage.clone(),
-                Arc::clone(&self.monitoring),
-                Arc::clone(&self.health),
-                self.settings.api_url.clone().unwrap_or_default(),
-                self.settings.fault_panic_on_launch.clone(),
-            );
+            let context = LaunchContext {
+                store: self.store.clone(),
+                executor: Arc::clone(&self.executor),
+                templates: Arc::clone(&self.templates),
+                code_storage: self.code_storage.clone(),
+                monitoring: Arc::clone(&self.monitoring),
+                health: Arc::clone(&self.health),
+                api_url: self.settings.api_url.clone().unwrap_or_default(),
+                fault_panic_on_launch: self.settings.fault_panic_on_launch.clone(),
+                interrupted: Default::default(),
+            };
             self.launcher = Some(Launcher::new(context, self.settings.launch_concurrency, Arc::clone(&self.wake)));
         }
         self.launcher.as_mut().expect("made above")
