@@ -102,6 +102,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /jobs/{id}", "login ok ok 404 ok login"),
     ("GET /jobs/{id}/live", "login ok ok 404 ok login"),
     ("GET /jobs/{id}/metrics.json", "login ok ok 404 ok login"),
+    ("GET /jobs/{id}/record.json", "login ok ok 404 ok login"),
     ("GET /jobs/{id}/log.txt", "login ok ok 404 ok login"),
     ("GET /jobs/{id}/log/stream", "login ok ok 404 ok login"),
     ("POST /jobs/{id}/cancel", "login 403 ok 404 ok login"),

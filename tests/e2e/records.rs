@@ -3,7 +3,8 @@
 //! hash of the dataset it read, the world size and the seed, beside what the server recorded
 //! when the attempt began (template and its files, parameters, spec and its hash). A record is
 //! posted once (a second post is 409), is its tenant's alone (404 for another), and two runs of
-//! the same parameters hash equal while a changed parameter changes the hash.
+//! the same parameters hash equal while a changed parameter changes the hash. The job's page
+//! shows it in brief.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -182,6 +183,19 @@ async fn a_training_run_records_every_package_its_data_and_seeds_and_identical_r
     let json_out = env.yard(&env.admin_token, &["jobs", "show", &first, "--record", "-o", "json"]);
     let printed: Value = serde_json::from_slice(&json_out.stdout).unwrap();
     assert_eq!(printed, record);
+
+    // The job's page shows the record in brief (its hash, every package) and links the whole.
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (status, page) = web.get(&format!("/jobs/{first}")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let hash = attempt["record_hash"].as_str().unwrap();
+    assert!(page.contains(&format!("id=\"record-hash\">{hash}</code>")), "the record hash on the job page:\n{page}");
+    assert!(page.contains(&format!("{} installed packages", lock.len())), "{page}");
+    assert!(page.contains(&format!("<td>torch</td><td><code>{}</code>", lock["torch"])), "{page}");
+    assert!(page.contains(dataset["content_hash"].as_str().unwrap()), "{page}");
+    let (status, whole) = web.get(&format!("/jobs/{first}/record.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(serde_json::from_str::<Value>(&whole).unwrap(), record, "the page's JSON is the API's");
 
     // Another tenant sees nothing of it; a viewer of this tenant reads it.
     let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;

@@ -1,11 +1,15 @@
 //! Exact reruns (issue #20): `yard rerun` runs what a job ran — the template by its digest (a
 //! built-in from before an upgrade included), its parameters, dataset versions and code — and
-//! links the new job to the original; `--set` changes exactly the parameters named.
+//! links the new job to the original; `--set` changes exactly the parameters named. What it
+//! cannot pin (a file or folder on the machine that a `path` parameter names, unless it holds a
+//! registered dataset version) is named and refused unless accepted with `--accept-unpinned`,
+//! and an accepted rerun says so.
 
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use trainyard_tests::web::{WebClient, csrf_of};
 use trainyard_tests::{ServerProcess, StatusCode, TestEnv, stderr, stdout};
 
 use crate::records::{python, registered_dataset};
@@ -71,7 +75,10 @@ async fn a_rerun_repeats_the_loss_value_for_value_and_a_changed_parameter_is_the
     let original = train(&env, &data);
     env.wait_state(&original, "succeeded", Duration::from_secs(240)).await;
 
-    // A short id names it (more than a timestamp: the data-pack job was submitted moments before).
+    // The data is a folder on the machine, but the folder of a registered dataset version
+    // (digits@1) whose content the engine read: as pinned as `name@version`, so nothing needs
+    // accepting. A short id names it (more than a timestamp: the data-pack job was submitted
+    // moments before).
     let again = yard_id(&env, &["rerun", &original[..18]]);
     let changed = yard_id(&env, &["rerun", &original, "--set", "lr=0.01"]);
     for id in [&again, &changed] {
@@ -91,6 +98,7 @@ async fn a_rerun_repeats_the_loss_value_for_value_and_a_changed_parameter_is_the
     let (_, job) = env.get(&format!("/api/v1/jobs/{again}"), &env.admin_token).await;
     assert_eq!(job["rerun_of"], original.as_str(), "{job}");
     assert!(job.get("rerun_overrides").is_none(), "an exact rerun: {job}");
+    assert!(job.get("rerun_unpinned").is_none(), "nothing unpinned to accept: {job}");
 
     // --set lr=0.01: of the inputs, the parameter and the argument it renders to differ.
     let inputs: Vec<String> = differences(&env, &original, &changed)
@@ -176,4 +184,109 @@ async fn a_job_of_an_earlier_built_in_version_reruns_with_its_files_after_an_upg
     };
     assert!(log(rerun.clone()).await.contains("the files of 1.0.0"), "the rerun ran the old files");
     assert!(log(fresh.clone()).await.contains("the files of 1.1.0"));
+}
+
+/// `sha256:<hex>` of some bytes, as the engine records a file.
+fn sha256_of(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// The acceptance of issue #20: a job whose user code is a file on the machine; the file
+/// changes; `yard rerun` refuses and names it with the hash it had, the API answers 409, the
+/// job's page offers the explicit choice; `--accept-unpinned` runs it, and the new job, its run
+/// record, `yard jobs show` and `yard diff` say what was accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_of_user_code_from_a_changed_file_is_refused_naming_it_and_runs_when_accepted() {
+    let env = TestEnv::start().await;
+    let (data, _) = crate::training::packed_dataset_by(&env).await;
+    // The user's model: the built-in example's functions, in a file of the user's own.
+    let module = env.dir.path().join("my_model.py");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/pytorch-ddp/engine/example.py");
+    let code = std::fs::read(example).unwrap();
+    std::fs::write(&module, &code).unwrap();
+    let sets = [
+        format!("data={}", data.display()),
+        format!("user_module={}", module.display()),
+        format!("python={}", python()),
+        "replicas=1".into(),
+        "cpu=0.5".into(),
+        "memory=1Gi".into(),
+        "batch_size=32".into(),
+        "workers=0".into(),
+        "epochs=1".into(),
+        "max_steps=2".into(),
+    ];
+    let mut args = vec!["run".to_string(), "pytorch-ddp".to_string()];
+    for set in sets {
+        args.extend(["--set".to_string(), set]);
+    }
+    let original = yard_id(&env, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    env.wait_state(&original, "succeeded", Duration::from_secs(240)).await;
+    let (ran, changed) = (sha256_of(&code), sha256_of(&[code.as_slice(), b"\n# tuned since\n"].concat()));
+    let (_, record) = env.get(&format!("/api/v1/jobs/{original}/record"), &env.admin_token).await;
+    assert_eq!(record["attempts"][0]["record"]["user_code"]["module_sha256"], ran.as_str(), "{record}");
+
+    // The file changes after the run.
+    std::fs::write(&module, [code.as_slice(), b"\n# tuned since\n"].concat()).unwrap();
+
+    // Refused, naming the file and the hash it had when the job ran (and the data folder).
+    let refused = env.yard(&env.admin_token, &["rerun", &original]);
+    let said = stderr(&refused);
+    assert!(!refused.status.success(), "{said}");
+    let named = format!(
+        "params.user_module: {} is a file on the machine, not shipped with the job; it was {ran} when the job ran and may have changed",
+        module.display()
+    );
+    assert!(said.contains(&named), "{said}");
+    assert!(said.contains(&format!("params.data: {} is a folder", data.display())), "{said}");
+    assert!(said.contains("--accept-unpinned"), "{said}");
+    let (status, body) = env.post(&format!("/api/v1/jobs/{original}/rerun"), &env.admin_token, &json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&named), "{body}");
+    let (_, reruns) = env.get(&format!("/api/v1/jobs?rerun_of={original}"), &env.admin_token).await;
+    assert_eq!(reruns["items"].as_array().map(Vec::len), Some(0), "a refused rerun makes no job: {reruns}");
+    // The job's page lists them before anyone clicks, with the explicit choice.
+    let web = WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (status, page) = web.get(&format!("/jobs/{original}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("id=\"accept-unpinned\"") && page.contains(&ran), "{page}");
+    // Its "Run again" without the box ticked is refused, naming them; ticked, it runs.
+    let csrf = csrf_of(&page);
+    let (status, refusal) = web.post_form(&format!("/jobs/{original}/rerun"), &[("csrf", &csrf)]).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refusal}");
+    assert!(refusal.contains(&named), "{refusal}");
+    let form = [("csrf", csrf.as_str()), ("accept_unpinned", "true")];
+    let (status, location) = web.post_form_location(&format!("/jobs/{original}/rerun"), &form).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let from_page = location.unwrap().trim_start_matches("/jobs/").to_string();
+    let (_, job) = env.get(&format!("/api/v1/jobs/{from_page}"), &env.admin_token).await;
+    assert_eq!(job["rerun_unpinned"][0]["input"], "params.data", "{job}");
+    env.post(&format!("/api/v1/jobs/{from_page}/cancel"), &env.admin_token, &json!({})).await;
+
+    // Accepted: it runs the file as it is now, and says so.
+    let again = yard_id(&env, &["rerun", &original, "--accept-unpinned"]);
+    env.wait_state(&again, "succeeded", Duration::from_secs(240)).await;
+    let (_, job) = env.get(&format!("/api/v1/jobs/{again}"), &env.admin_token).await;
+    let accepted: Vec<String> = job["rerun_unpinned"]
+        .as_array()
+        .expect("the rerun lists what it accepted")
+        .iter()
+        .map(|u| format!("{}: {}", u["input"].as_str().unwrap(), u["message"].as_str().unwrap()))
+        .collect();
+    assert!(accepted.contains(&named), "{job}");
+    let (_, record) = env.get(&format!("/api/v1/jobs/{again}/record"), &env.admin_token).await;
+    let r = &record["attempts"][0]["record"];
+    assert_eq!(r["accepted_unpinned"], job["rerun_unpinned"], "its run record says so: {r}");
+    assert_eq!(r["user_code"]["module_sha256"], changed.as_str(), "it ran the file as it is now");
+    let shown = stdout(&env.yard(&env.admin_token, &["jobs", "show", &again]));
+    assert!(shown.contains(&format!("unpinned:  {named} (accepted)")), "{shown}");
+    let diff = differences(&env, &original, &again);
+    let field = |name: &str| diff.iter().find(|(f, ..)| f == name).map(|(_, a, b)| (a.clone(), b.clone()));
+    assert_eq!(field("code.user.module_sha256"), Some((Value::from(ran.as_str()), Value::from(changed.as_str()))));
+    let unpinned = field("rerun.unpinned.params.user_module").expect("yard diff shows what was accepted");
+    assert!(unpinned.0.is_null() && unpinned.1.as_str().is_some_and(|m| named.ends_with(m)), "{unpinned:?}");
+    let (_, page) = web.get(&format!("/jobs/{again}")).await;
+    assert!(page.contains("id=\"rerun-unpinned\"") && page.contains(&changed), "{page}");
 }

@@ -59,6 +59,13 @@ impl WebClient {
         let response = self.http.post(format!("{}{path}", self.base)).form(form).send().await.unwrap();
         (response.status(), response.text().await.unwrap())
     }
+
+    /// The status and `Location` of a form post that redirects (to what it made).
+    pub async fn post_form_location(&self, path: &str, form: &[(&str, &str)]) -> (StatusCode, Option<String>) {
+        let response = self.http.post(format!("{}{path}", self.base)).form(form).send().await.unwrap();
+        let location = response.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_string);
+        (response.status(), location)
+    }
 }
 
 /// Where the test run keeps files for people to look at (screenshots): not committed.

@@ -119,12 +119,17 @@ enum Command {
     Run(RunArgs),
     /// Run a job again exactly: the template it ran (by digest, even after an upgrade), its
     /// parameters, dataset versions and code; `--set` changes parameters. The new job links to
-    /// the original (`rerun of` in `yard jobs show`).
+    /// the original (`rerun of` in `yard jobs show`). What Trainyard cannot pin (a file on the
+    /// machine a parameter names, an image tag) is named and refused unless --accept-unpinned.
     Rerun {
         id: String,
         /// A parameter to change, key=value (repeatable); a value starting with '[' is a JSON list.
         #[arg(long = "set", short = 's', value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// Run it even though some of what it ran cannot be pinned (named when refused), as it
+        /// is now; the new job lists what was accepted.
+        #[arg(long)]
+        accept_unpinned: bool,
         /// Say whether it would start now, or its queue position and estimated start; queue nothing.
         #[arg(long)]
         what_if: bool,
@@ -615,14 +620,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Wait { id, timeout } => wait(&client, out, &id, timeout.map(Duration::from_secs)).await,
-        Command::Rerun { id, set, what_if, wait: wait_for_it } => {
+        Command::Rerun { id, set, accept_unpinned, what_if, wait: wait_for_it } => {
             let id = client.job_id(&id).await?;
-            let request = RerunRequest { set: templates::params_of(None, &set)?, what_if };
+            let request = RerunRequest { set: templates::params_of(None, &set)?, what_if, accept_unpinned };
             if what_if {
                 let schedule: Schedule = client.post(&format!("/api/v1/jobs/{id}/rerun"), &request).await?;
                 return what_if_answer(out, &schedule);
             }
             let job: Job = client.post(&format!("/api/v1/jobs/{id}/rerun"), &request).await?;
+            for input in &job.rerun_unpinned {
+                eprintln!("accepted unpinned: {input}");
+            }
             if wait_for_it {
                 eprintln!("submitted {} (rerun of {id})", job.id);
                 return wait(&client, out, &job.id.to_string(), None).await;

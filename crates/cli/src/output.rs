@@ -270,6 +270,9 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outpu
             _ => " exactly".to_string(),
         };
         text.push_str(&format!("rerun of:  {original}{changed}\n"));
+        for input in &job.rerun_unpinned {
+            text.push_str(&format!("unpinned:  {input} (accepted)\n"));
+        }
     }
     if !attempts.is_empty() {
         let mut t = table(&["ATTEMPT", "STARTED", "ENDED", "EXIT CODES", "REASON"]);

@@ -59,6 +59,10 @@ fn attempt(a: &AttemptRunRecord) -> String {
     line(&mut out, "environment", environment(r));
     line(&mut out, "hardware", hardware(r.hardware.as_ref()));
     line(&mut out, "seeds", seeds(r.seeds.as_ref()));
+    // A rerun that ran what it could not pin, as accepted.
+    for input in &r.accepted_unpinned {
+        line(&mut out, "unpinned", format!("{input} (accepted)"));
+    }
     let engine = r.engine.as_ref().map(|e| format!("; engine {} {}", text(&e["name"]), text(&e["version"])));
     line(
         &mut out,

@@ -50,6 +50,11 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub rerun_overrides: Option<serde_json::Value>,
+    /// For a rerun: the inputs of the original it could not pin (a file on the machine, an
+    /// image tag), which whoever ran it again accepted (`accept_unpinned`). Its run record
+    /// lists them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rerun_unpinned: Vec<crate::rerun::UnpinnedInput>,
 }
 
 /// Run a job again (`POST /api/v1/jobs/{id}/rerun`): the recorded template (by digest),
@@ -64,6 +69,11 @@ pub struct RerunRequest {
     /// Say when it would start instead of submitting it.
     #[serde(default)]
     pub what_if: bool,
+    /// Run it even though some of what the job ran cannot be pinned (a `path` parameter naming
+    /// a file or folder on the machine, an image given by a tag): without this, such a rerun
+    /// is refused with 409 naming each. The new job lists what was accepted.
+    #[serde(default)]
+    pub accept_unpinned: bool,
 }
 
 /// One page of jobs, newest first.

@@ -167,6 +167,10 @@ pub fn fields(run: &RunFacts, all: bool) -> Fields {
     if let Some(set) = &job.rerun_overrides {
         flatten("rerun.set", set, &mut out);
     }
+    // What it could not pin and ran anyway, as accepted.
+    for input in &job.rerun_unpinned {
+        out.insert(format!("rerun.unpinned.{}", input.input), Value::from(input.message.clone()));
+    }
     if all {
         out.insert("id".into(), Value::from(job.id.to_string()));
         out.insert("name".into(), Value::from(job.name.clone()));

@@ -152,6 +152,8 @@ pub struct ValidSubmission {
     pub expected_runtime_seconds: Option<u32>,
     /// The dataset versions its parameters named, resolved in the registry.
     pub datasets: Vec<crate::api::DatasetUse>,
+    /// For a rerun: the job it runs again, what it changed and the unpinned inputs accepted.
+    pub rerun: Option<crate::rerun::RerunLink>,
 }
 
 impl JobSubmission {
@@ -254,6 +256,7 @@ impl JobSubmission {
             // The most it may take is the best guess of what it takes.
             expected_runtime_seconds: self.time_limit_seconds,
             datasets: Vec::new(),
+            rerun: None,
         })
     }
 }

@@ -8,6 +8,7 @@
 //! - [`api`]: request and response bodies of the REST API, shared by the server and the CLI.
 //! - [`record`]: the run record of an attempt (what exactly ran), its canonical JSON and hashes.
 //! - [`compare`]: runs compared field by field, in sections (`yard diff`, the compare page).
+//! - [`rerun`]: what a rerun cannot pin (a file on the machine, an image tag), named.
 
 pub mod api;
 pub mod auth;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod job;
 pub mod names;
 pub mod record;
+pub mod rerun;
 pub mod resources;
 
 pub use error::{Error, Result};

@@ -22,6 +22,7 @@ use uuid::Uuid;
 
 use crate::api::DatasetUse;
 use crate::job::{CodeRef, JobSpec};
+use crate::rerun::UnpinnedInput;
 use crate::{Error, Result};
 
 /// The most JSON an engine's part of a record may hold.
@@ -55,6 +56,10 @@ pub struct ServerRecord {
     /// and platform the engine's part records.
     pub image: String,
     pub trainyard: TrainyardBuild,
+    /// For a rerun: the inputs it could not pin, which whoever ran it again accepted
+    /// (`accept_unpinned`; see [`crate::rerun`]). Absent otherwise, so outside the hash.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_unpinned: Vec<UnpinnedInput>,
 }
 
 /// A template as an attempt ran it.
@@ -113,6 +118,7 @@ impl ServerRecord {
             executor: executor.to_string(),
             image: image.unwrap_or(executor).to_string(),
             trainyard: TrainyardBuild::current(),
+            accepted_unpinned: Vec::new(),
         }
     }
 }
@@ -229,6 +235,9 @@ pub struct RunRecord {
     /// them; empty for the local executor.
     pub image_digests: Vec<String>,
     pub trainyard: TrainyardBuild,
+    /// For a rerun: the inputs it could not pin, accepted explicitly; absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_unpinned: Vec<UnpinnedInput>,
     pub environment: Option<RecordEnvironment>,
     #[schema(value_type = Option<Object>)]
     pub hardware: Option<Value>,
@@ -244,7 +253,18 @@ pub struct RunRecord {
 
 impl RunRecord {
     pub fn merge(server: ServerRecord, image_digests: Vec<String>, engine: Option<EngineRecord>) -> RunRecord {
-        let ServerRecord { template, params, spec, spec_hash, code, datasets, executor, image, trainyard } = server;
+        let ServerRecord {
+            template,
+            params,
+            spec,
+            spec_hash,
+            code,
+            datasets,
+            executor,
+            image,
+            trainyard,
+            accepted_unpinned,
+        } = server;
         let (environment, hardware, seeds, data, user_code, engine) = match engine {
             Some(e) => (Some(e.environment), e.hardware, e.seeds, e.data, e.user_code, e.engine),
             None => (None, None, None, None, None, None),
@@ -260,6 +280,7 @@ impl RunRecord {
             image,
             image_digests,
             trainyard,
+            accepted_unpinned,
             environment,
             hardware,
             seeds,
@@ -409,6 +430,12 @@ mod tests {
         let mut with_params = server;
         with_params.params = Some(json!({"lr": 0.2}));
         assert_ne!(record_hash(&a), record_hash(&RunRecord::merge(with_params, Vec::new(), Some(engine("2.15.0")))));
+        // A rerun's accepted unpinned inputs count; none leaves the record as it always was.
+        let mut accepted = ServerRecord::new(&spec(), &BTreeMap::new(), "local", None);
+        assert!(!serde_json::to_value(&accepted).unwrap().as_object().unwrap().contains_key("accepted_unpinned"));
+        accepted.accepted_unpinned =
+            vec![UnpinnedInput { input: "params.data".into(), message: "/d is a folder on the machine".into() }];
+        assert_ne!(record_hash(&a), record_hash(&RunRecord::merge(accepted, Vec::new(), Some(engine("2.15.0")))));
         // Stored as jsonb and read back (keys reordered), the hash is the same.
         let stored: Value = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
         let read: RunRecord = serde_json::from_value(stored).unwrap();

@@ -72,6 +72,22 @@ impl Store {
         Ok(rows.into_iter().map(Dataset::from).collect())
     }
 
+    /// The tenant's registered dataset versions whose URI is one of `uris`.
+    pub async fn datasets_at(&self, tenant_id: Uuid, uris: &[String]) -> Result<Vec<Dataset>> {
+        // language=PostgreSQL
+        let rows: Vec<DatasetRow> = sqlx::query_as(
+            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
+                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
+             WHERE d.tenant_id = $1 AND d.uri = ANY($2) ORDER BY d.name, d.created_at",
+        )
+        .bind(tenant_id)
+        .bind(uris)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows.into_iter().map(Dataset::from).collect())
+    }
+
     pub async fn dataset_get(&self, tenant_id: Uuid, name: &str, version: &str) -> Result<Dataset> {
         // language=PostgreSQL
         let row: DatasetRow = sqlx::query_as(

@@ -42,7 +42,7 @@ macro_rules! job_select {
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
                     j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params, j.datasets,
-                    j.rerun_of, j.rerun_overrides
+                    j.rerun_of, j.rerun_overrides, j.rerun_unpinned
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
             $rest
         )
@@ -89,6 +89,7 @@ pub(crate) struct JobRow {
     datasets: Option<serde_json::Value>,
     rerun_of: Option<Uuid>,
     rerun_overrides: Option<serde_json::Value>,
+    rerun_unpinned: Option<serde_json::Value>,
 }
 
 impl TryFrom<JobRow> for Job {
@@ -128,6 +129,12 @@ impl TryFrom<JobRow> for Job {
                 .unwrap_or_default(),
             rerun_of: row.rerun_of,
             rerun_overrides: row.rerun_overrides,
+            rerun_unpinned: row
+                .rerun_unpinned
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(Error::internal)?
+                .unwrap_or_default(),
         })
     }
 }
@@ -149,7 +156,8 @@ impl Store {
     /// Writes a new queued job (the trigger records its first event in the same statement).
     /// With an idempotency key seen before, returns the earlier job when the request is the
     /// same and a conflict when it differs. `params` are a template's parameters as the user
-    /// gave them (the template itself is named in the spec).
+    /// gave them (the template itself is named in the spec). A rerun's link to its original
+    /// (`job.rerun`) is written in the same statement, so the launch's run record sees it.
     pub async fn job_submit(
         &self,
         caller: &Caller,
@@ -160,16 +168,23 @@ impl Store {
     ) -> Result<Submitted> {
         let template = job.spec.template.clone();
         let spec = serde_json::to_value(&job.spec).map_err(Error::internal)?;
-        // language=PostgreSQL
-        // The job and its audit entry in one statement (one round trip, one transaction).
+        let rerun = job.rerun.clone();
+        let unpinned = match &rerun {
+            Some(link) if !link.unpinned.is_empty() => {
+                Some(serde_json::to_value(&link.unpinned).map_err(Error::internal)?)
+            }
+            _ => None,
+        };
+        // The job and its audit entry in one statement (one round trip, one transaction). A
+        // rerun's original was read for this tenant by the caller.
         // language=PostgreSQL
         let inserted: Option<(Uuid, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
             "WITH job AS (
                  INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
                                    idempotency_key, request_hash, created_by,
                                    template_name, template_version, template_digest, params, expected_runtime_seconds,
-                                   datasets)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                                   datasets, rerun_of, rerun_overrides, rerun_unpinned)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $21, $22, $23)
                  ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
                  RETURNING id, created_at, updated_at),
              audited AS (
@@ -197,6 +212,9 @@ impl Store {
         .bind(&audit.credential)
         .bind(audit.action)
         .bind(audit.source.map(|ip| ip.to_string()))
+        .bind(rerun.as_ref().map(|link| link.of))
+        .bind(rerun.as_ref().and_then(|link| link.overrides.as_ref()))
+        .bind(&unpinned)
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)?;
@@ -222,8 +240,9 @@ impl Store {
                 params: params.cloned(),
                 datasets: job.datasets,
                 spec_unreadable: None,
-                rerun_of: None,
-                rerun_overrides: None,
+                rerun_of: rerun.as_ref().map(|link| link.of),
+                rerun_overrides: rerun.as_ref().and_then(|link| link.overrides.clone()),
+                rerun_unpinned: rerun.map(|link| link.unpinned).unwrap_or_default(),
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.
@@ -240,30 +259,6 @@ impl Store {
             )));
         }
         Ok(Submitted::Replayed(row.try_into()?))
-    }
-
-    /// Links a rerun to the job it runs again, with the parameters it changed.
-    pub async fn job_rerun_link(
-        &self,
-        tenant_id: Uuid,
-        job_id: Uuid,
-        original: Uuid,
-        overrides: Option<&serde_json::Value>,
-    ) -> Result<()> {
-        // language=PostgreSQL
-        sqlx::query(
-            "UPDATE jobs SET rerun_of = $3, rerun_overrides = $4
-             WHERE id = $1 AND tenant_id = $2 AND rerun_of IS NULL
-               AND EXISTS (SELECT 1 FROM jobs o WHERE o.id = $3 AND o.tenant_id = $2)",
-        )
-        .bind(job_id)
-        .bind(tenant_id)
-        .bind(original)
-        .bind(overrides)
-        .execute(&self.pool)
-        .await
-        .map_err(db_error)?;
-        Ok(())
     }
 
     pub async fn job_get(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Job> {

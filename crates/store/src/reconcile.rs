@@ -390,9 +390,10 @@ impl Store {
     }
 
     /// Writes the server's part of an attempt's run record, before its replicas start: `server`
-    /// with the job's parameters and datasets taken from its row in the same statement. Once
-    /// written it stays as it is: a resumed launch of the same attempt finds it and changes
-    /// nothing (and the table's trigger refuses any change but the engine's part arriving).
+    /// with the job's parameters and datasets (and a rerun's accepted unpinned inputs) taken
+    /// from its row in the same statement. Once written it stays as it is: a resumed launch of
+    /// the same attempt finds it and changes nothing (and the table's trigger refuses any change
+    /// but the engine's part arriving).
     pub async fn run_record_begin(&self, job_id: Uuid, attempt: i32, server: &ServerRecord) -> Result<()> {
         let server = serde_json::to_value(server).map_err(Error::internal)?;
         // language=PostgreSQL
@@ -400,6 +401,9 @@ impl Store {
             "INSERT INTO run_records (job_id, attempt, tenant_id, server)
              SELECT a.job_id, a.attempt, a.tenant_id,
                     $3::jsonb || jsonb_build_object('params', j.params, 'datasets', coalesce(j.datasets, '[]'::jsonb))
+                    -- A rerun's accepted unpinned inputs; absent otherwise, as in every record before.
+                    || CASE WHEN j.rerun_unpinned IS NULL THEN '{}'::jsonb
+                            ELSE jsonb_build_object('accepted_unpinned', j.rerun_unpinned) END
              FROM job_attempts a JOIN jobs j ON j.id = a.job_id
              WHERE a.job_id = $1 AND a.attempt = $2 AND (SELECT control_fence($4))
              ON CONFLICT (job_id, attempt) DO NOTHING",

@@ -78,6 +78,31 @@ impl Store {
         }
         rows.into_iter().filter(|row| row.attempt.is_some()).map(AttemptRunRecord::try_from).collect()
     }
+
+    /// The record of a tenant's job's latest attempt that has one (none when no attempt began,
+    /// or the job's attempts began before Trainyard kept records); only that one is read.
+    pub async fn run_record_latest(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Option<AttemptRunRecord>> {
+        // language=PostgreSQL
+        let row: Option<RecordRow> = sqlx::query_as(
+            "SELECT r.attempt, r.server, r.recorded_at, r.engine, r.engine_recorded_at, a.image_digests
+             FROM jobs j
+             LEFT JOIN LATERAL (
+                 SELECT * FROM run_records r WHERE r.job_id = j.id AND r.tenant_id = j.tenant_id
+                 ORDER BY r.attempt DESC LIMIT 1) r ON true
+             LEFT JOIN job_attempts a ON a.job_id = r.job_id AND a.attempt = r.attempt
+             WHERE j.tenant_id = $1 AND j.id = $2",
+        )
+        .bind(tenant_id)
+        .bind(job_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        match row {
+            None => Err(Error::not_found(ObjectKind::Job)),
+            Some(row) if row.attempt.is_none() => Ok(None),
+            Some(row) => AttemptRunRecord::try_from(row).map(Some),
+        }
+    }
 }
 
 /// A record as the job-anchored left join reads it: every column nullable.

@@ -207,8 +207,10 @@ pub async fn code_upload(
 }
 
 /// Run a job again: the template it ran (by digest), its parameters with `set` changed, its
-/// dataset versions and code archive. The new job's `rerun_of` names this one. With `what_if`,
-/// says when it would start instead.
+/// dataset versions and code archive. The new job's `rerun_of` names this one. What cannot be
+/// pinned (a `path` parameter naming a file or folder on the machine, an image tag) is refused
+/// with 409 naming each, unless `accept_unpinned`; the new job's `rerun_unpinned` then lists
+/// them. With `what_if`, says when it would start instead.
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/rerun", tag = "jobs", params(("id" = String, Path, description = "Job id")),
     request_body = RerunRequest, security(("bearer" = [])),
     responses(
@@ -216,7 +218,7 @@ pub async fn code_upload(
         (status = 200, description = "`what_if`: when it would start", body = trainyard_core::api::Schedule),
         (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody),
-        (status = 409, description = "What it ran is no longer available (template version, code archive)", body = ErrorBody),
+        (status = 409, description = "What it ran is no longer available (template version, code archive), or cannot be pinned and `accept_unpinned` was not given (each input named)", body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
 pub async fn job_rerun(

@@ -22,13 +22,12 @@ impl App {
         }
         let tenant = caller.tenant_id;
         let facts = job_ids.iter().map(|&id| async move {
-            let (job, attempts, outputs, records) = tokio::try_join!(
+            let (job, attempts, outputs, latest) = tokio::try_join!(
                 self.store.job_get(tenant, id),
                 self.store.job_attempts(tenant, id),
                 self.store.job_outputs(tenant, id),
-                self.store.run_records(tenant, id),
+                self.store.run_record_latest(tenant, id),
             )?;
-            let latest = records.into_iter().last();
             Ok::<_, Error>(RunFacts {
                 job,
                 attempts,

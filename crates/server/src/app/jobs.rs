@@ -20,6 +20,16 @@ pub const MAX_METRIC_POINTS: usize = 50_000;
 
 impl App {
     pub async fn job_submit(&self, caller: &Caller, submission: JobSubmission) -> Result<Submitted> {
+        self.job_submit_linked(caller, submission, None).await
+    }
+
+    /// A submit that may be a rerun: `rerun` links the new job to its original, in the insert.
+    pub(super) async fn job_submit_linked(
+        &self,
+        caller: &Caller,
+        submission: JobSubmission,
+        rerun: Option<trainyard_core::rerun::RerunLink>,
+    ) -> Result<Submitted> {
         let audit =
             Audit::by(caller, "job.submit", format!("job:{}", submission.name.as_deref().unwrap_or("(unnamed)")));
         self.audited(&audit, async {
@@ -28,6 +38,7 @@ impl App {
             // must be the same request.
             let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
             let mut valid = submission.validate()?;
+            valid.rerun = rerun;
             if let Some(code) = valid.spec.code.as_mut() {
                 code.size_bytes = self.code_size(caller.tenant_id, &code.digest).await?;
             }

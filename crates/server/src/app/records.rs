@@ -4,7 +4,7 @@
 
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
-use trainyard_core::record::{EngineRecord, JobRunRecords};
+use trainyard_core::record::{AttemptRunRecord, EngineRecord, JobRunRecords};
 use trainyard_core::{Error, Result};
 use trainyard_store::metrics::JobCaller;
 use uuid::Uuid;
@@ -25,5 +25,11 @@ impl App {
     pub async fn run_records(&self, caller: &Caller, job_id: Uuid) -> Result<JobRunRecords> {
         caller.authorize(Action::ReadJobs)?;
         Ok(JobRunRecords { job_id, attempts: self.store.run_records(caller.tenant_id, job_id).await? })
+    }
+
+    /// The latest attempt's record of a job of the caller's tenant (none yet: no attempt began).
+    pub async fn run_record_latest(&self, caller: &Caller, job_id: Uuid) -> Result<Option<AttemptRunRecord>> {
+        caller.authorize(Action::ReadJobs)?;
+        self.store.run_record_latest(caller.tenant_id, job_id).await
     }
 }

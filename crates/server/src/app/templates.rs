@@ -1,12 +1,14 @@
 //! Task templates: list, show, publish, and running one (parameters checked, datasets and
 //! volumes resolved, rendered to a job spec).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use trainyard_core::api::{DryRun, Job, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::job::JobSubmission;
+use trainyard_core::rerun::{RerunInputs, RerunLink, UnpinnedInput, unpinned_inputs};
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
 use trainyard_store::jobs::Submitted;
@@ -67,7 +69,7 @@ impl App {
         run: TemplateRun,
         mode: RunMode,
         audit: &Audit,
-        pin: Option<&trainyard_core::job::TemplateRef>,
+        rerun: Option<PinnedRerun>,
     ) -> Result<TemplateRunOutcome> {
         caller.authorize(Action::WriteJobs)?;
         let request_hash = {
@@ -77,10 +79,10 @@ impl App {
             hasher.update(serde_json::to_vec(&run).map_err(Error::internal)?);
             hasher.finalize().to_vec()
         };
-        // A rerun names the exact template it ran (its digest); a run names a version.
-        let template = match pin {
-            Some(reference) => self.templates.resolve_pinned(caller.tenant_id, reference).await?,
-            None => self.templates.resolve(caller.tenant_id, template, run.version.as_deref()).await?.0,
+        // A rerun runs the exact template the original ran (by its digest); a run names a version.
+        let (template, rerun) = match rerun {
+            Some(PinnedRerun { template, link }) => (template, Some(link)),
+            None => (self.templates.resolve(caller.tenant_id, template, run.version.as_deref()).await?.0, None),
         };
         let mut values = template.check_params(&run.params)?;
         // A dataset parameter names a registered version: the job gets its URI and records
@@ -166,6 +168,7 @@ impl App {
         valid.spec.template = spec.template;
         valid.spec.volumes = volumes;
         valid.datasets = datasets;
+        valid.rerun = rerun;
         valid.expected_runtime_seconds =
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
         self.fits_cluster(&valid.spec)?;
@@ -250,13 +253,22 @@ pub enum RerunOutcome {
     WhatIf(trainyard_core::api::Schedule),
 }
 
+/// A rerun of a job from a template: the template the original ran (resolved by its digest)
+/// and the new job's link to the original.
+struct PinnedRerun {
+    template: Arc<trainyard_templates::Template>,
+    link: RerunLink,
+}
+
 impl App {
     /// Runs a job again: a job from a template with the template it ran (by digest: a built-in
     /// from an earlier Trainyard comes from the kept versions), its parameters as given (dataset
     /// versions are immutable, so `name@version` is the same data) with `set` changed, its code
     /// archive by digest; a direct job with its spec. The new job links to the original with the
     /// overrides. What can no longer be had (a template version or code archive that is gone)
-    /// is refused, naming it.
+    /// is refused, naming it; so is what cannot be pinned (a file on the machine, an image tag:
+    /// [`trainyard_core::rerun`]) unless the request accepts it, and then the new job and its run
+    /// record list what was accepted.
     pub async fn job_rerun(
         &self,
         caller: &Caller,
@@ -274,10 +286,23 @@ impl App {
                 ))
             })?;
         }
-        let overrides = (!request.set.is_empty()).then(|| serde_json::Value::Object(request.set.clone()));
+        let template = self.template_of(caller, &original).await?;
+        let unpinned = self.unpinned_of(caller, &original, template.as_deref(), &request.set).await?;
+        if !unpinned.is_empty() && !request.accept_unpinned {
+            let list: Vec<String> = unpinned.iter().map(|u| format!("- {u}")).collect();
+            return Err(Error::Conflict(format!(
+                "job {original_id} cannot be run again exactly: Trainyard does not keep these inputs, so it cannot pin them:\n{}\nTo run it with them as they are now, accept that explicitly: accept_unpinned: true (`yard rerun --accept-unpinned`)",
+                list.join("\n"),
+            )));
+        }
+        let link = RerunLink {
+            of: original_id,
+            overrides: (!request.set.is_empty()).then(|| serde_json::Value::Object(request.set.clone())),
+            unpinned,
+        };
         let mode = if request.what_if { RunMode::WhatIf } else { RunMode::Submit };
-        let job = match (&original.spec.template, &original.params) {
-            (Some(reference), Some(serde_json::Value::Object(params))) => {
+        let job = match (template, &original.spec.template, &original.params) {
+            (Some(template), Some(reference), Some(serde_json::Value::Object(params))) => {
                 // The template checks every value, the changed ones included (`params.<name>`).
                 let mut params = params.clone();
                 params.extend(request.set.clone());
@@ -290,7 +315,8 @@ impl App {
                     idempotency_key: None,
                 };
                 let audit = Audit::by(caller, "job.submit", format!("rerun:{original_id}"));
-                let outcome = self.template_run_checked(caller, &reference.name, run, mode, &audit, Some(reference));
+                let rerun = PinnedRerun { template, link };
+                let outcome = self.template_run_checked(caller, &reference.name, run, mode, &audit, Some(rerun));
                 let outcome =
                     if mode == RunMode::Submit { self.audited(&audit, outcome).await? } else { outcome.await? };
                 match outcome {
@@ -324,12 +350,64 @@ impl App {
                 if request.what_if {
                     return Ok(RerunOutcome::WhatIf(self.job_what_if(caller, submission).await?));
                 }
-                match self.job_submit(caller, submission).await? {
+                match self.job_submit_linked(caller, submission, Some(link)).await? {
                     Submitted::Created(job) | Submitted::Replayed(job) => job,
                 }
             }
         };
-        self.store.job_rerun_link(caller.tenant_id, job.id, original_id, overrides.as_ref()).await?;
-        Ok(RerunOutcome::Submitted(Box::new(self.store.job_get(caller.tenant_id, job.id).await?)))
+        Ok(RerunOutcome::Submitted(Box::new(job)))
+    }
+
+    /// What a rerun of a job of the caller's tenant could not pin, as it stands now (empty: it
+    /// would run exactly what the job ran). Nothing is read but the job, its template and its
+    /// latest run record; never the files themselves.
+    pub async fn job_rerun_unpinned(&self, caller: &Caller, job_id: uuid::Uuid) -> Result<Vec<UnpinnedInput>> {
+        caller.authorize(Action::ReadJobs)?;
+        let original = self.store.job_get(caller.tenant_id, job_id).await?;
+        let template = self.template_of(caller, &original).await?;
+        self.unpinned_of(caller, &original, template.as_deref(), &serde_json::Map::new()).await
+    }
+
+    /// The template a job from a template ran, by its digest; none for a direct job.
+    async fn template_of(&self, caller: &Caller, job: &Job) -> Result<Option<Arc<trainyard_templates::Template>>> {
+        match (&job.spec.template, &job.params) {
+            (Some(reference), Some(serde_json::Value::Object(_))) => {
+                Ok(Some(self.templates.resolve_pinned(caller.tenant_id, reference).await?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The inputs of `original` a rerun changing `changed` cannot pin, from its template's
+    /// `path` parameters as it ran them, its latest run record, the tenant's registered datasets
+    /// at those paths and this server's image.
+    async fn unpinned_of(
+        &self,
+        caller: &Caller,
+        original: &Job,
+        template: Option<&trainyard_templates::Template>,
+        changed: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Vec<UnpinnedInput>> {
+        let mut path_params = BTreeMap::new();
+        if let (Some(template), Some(serde_json::Value::Object(params))) = (template, &original.params) {
+            // Defaults included: a template's default may be a path on the machine too.
+            let values = template.check_params(params)?;
+            for (name, spec) in &template.manifest.parameters {
+                if spec.kind == trainyard_templates::ParamKind::Path
+                    && let Some(serde_json::Value::String(path)) = values.get(name)
+                {
+                    path_params.insert(name.clone(), path.clone());
+                }
+            }
+        }
+        let record = self.store.run_record_latest(caller.tenant_id, original.id).await?;
+        // The registry says which of those folders hold an immutable dataset version; the
+        // files themselves are never read.
+        let absolute: Vec<String> = path_params.values().filter(|p| p.starts_with('/')).cloned().collect();
+        let registered =
+            if absolute.is_empty() { Vec::new() } else { self.store.datasets_at(caller.tenant_id, &absolute).await? };
+        let image = self.executor.image().unwrap_or_else(|| self.executor.name().to_string());
+        let rerun = RerunInputs { path_params: &path_params, changed, image: &image, registered: &registered };
+        Ok(unpinned_inputs(record.as_ref().map(|r| &r.record), &rerun))
     }
 }

@@ -287,9 +287,15 @@ struct JobPage {
     replicas: Vec<u32>,
     spec_json: String,
     can_write: bool,
+    /// The submit form filled in with this job's parameters (a job from a template).
     rerun_url: Option<String>,
-    /// The job this one runs again, to compare with.
+    /// What running it again exactly cannot pin (asked only of those who may run it again).
+    unpinned: Vec<trainyard_core::rerun::UnpinnedInput>,
+    /// The job this one runs again, to compare with, and what it accepted unpinned.
     rerun_of: Option<Uuid>,
+    rerun_unpinned: Vec<String>,
+    /// The latest attempt's run record, in brief.
+    record: Option<super::records::RecordSummary>,
     live: LiveView,
 }
 
@@ -320,6 +326,9 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         _ => vec![],
     };
     let resources = &job.spec.resources;
+    let can_write = can_write(&auth.caller);
+    let unpinned = if can_write { rerun_unpinned(&state, &auth, job.id).await? } else { Vec::new() };
+    let record = state.app.run_record_latest(&auth.caller, job.id).await?;
     let page = JobPage {
         nav: Nav::new(&auth, "jobs"),
         id: job.id,
@@ -342,12 +351,30 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         ),
         replicas: (0..job.spec.replicas.min(64)).collect(),
         spec_json: serde_json::to_string_pretty(&job.spec).unwrap_or_default(),
-        can_write: can_write(&auth.caller),
+        can_write,
         rerun_url: job.spec.template.as_ref().map(|t| format!("/submit/{}?from={}", t.name, job.id)),
+        unpinned,
         rerun_of: job.rerun_of,
+        rerun_unpinned: job.rerun_unpinned.iter().map(ToString::to_string).collect(),
+        record: record.as_ref().map(super::records::RecordSummary::of),
         live,
     };
     Ok(render(&page))
+}
+
+/// What a rerun of the job could not pin, for the page to offer the choice before it is made.
+/// A rerun that cannot be made at all (its template version or code is gone) lists nothing
+/// here: the button then says why.
+async fn rerun_unpinned(
+    state: &AppState,
+    auth: &WebAuth,
+    job_id: Uuid,
+) -> WebResult<Vec<trainyard_core::rerun::UnpinnedInput>> {
+    match state.app.job_rerun_unpinned(&auth.caller, job_id).await {
+        Ok(unpinned) => Ok(unpinned),
+        Err(trainyard_core::Error::Conflict(_) | trainyard_core::Error::InvalidInput { .. }) => Ok(Vec::new()),
+        Err(other) => Err(other.into()),
+    }
 }
 
 pub async fn live(State(state): State<AppState>, auth: WebAuth, Path(id): Path<String>) -> WebResult<Response> {
@@ -433,16 +460,18 @@ pub async fn cancel(
     Ok(Redirect::to(&format!("/jobs/{job_id}")).into_response())
 }
 
-/// Submits a job that did not come from a template again, with the same spec.
+/// Runs a job again exactly, as `yard rerun`: the template by digest, parameters, data, code.
+/// What cannot be pinned is run as it is now only when the form says so (`accept_unpinned`);
+/// otherwise the refusal names it.
 pub async fn rerun(
     State(state): State<AppState>,
     auth: WebAuth,
     Path(id): Path<String>,
-    CsrfForm(_form): CsrfForm,
+    CsrfForm(form): CsrfForm,
 ) -> WebResult<Response> {
     let job = job_of(&state, &auth, &id).await?;
-    // Exactly what it ran (template by digest, parameters, data, code), as `yard rerun`.
-    let request = trainyard_core::api::RerunRequest::default();
+    let accept_unpinned = form.get("accept_unpinned").is_some_and(|v| v == "true");
+    let request = trainyard_core::api::RerunRequest { accept_unpinned, ..Default::default() };
     match state.app.job_rerun(&auth.caller, job.id, request).await? {
         crate::app::templates::RerunOutcome::Submitted(job) => {
             Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())

@@ -7,6 +7,7 @@
 //!
 //! - [`session`]: sign in with an API token, session cookies, CSRF checks, sign out.
 //! - [`jobs`]: the job list, a job's page, its live parts, logs and metrics.
+//! - [`records`]: the run record on a job's page, and as JSON.
 //! - [`submit`]: templates and the submit form generated from their parameters.
 //! - [`storage`]: a job's artefacts (download buttons), datasets, volumes.
 //! - [`admin`]: quota and usage, tokens, and the platform admin's pages.
@@ -18,6 +19,7 @@ mod admin;
 mod assets;
 mod compare;
 mod jobs;
+mod records;
 mod session;
 mod storage;
 mod submit;
@@ -45,6 +47,7 @@ pub fn routes() -> RouteTable {
         .route("/jobs/{id}", get(jobs::detail))
         .route("/jobs/{id}/live", get(jobs::live))
         .route("/jobs/{id}/metrics.json", get(jobs::metrics))
+        .route("/jobs/{id}/record.json", get(records::record_json))
         .route("/jobs/{id}/log.txt", get(jobs::log_text))
         .route("/jobs/{id}/log/stream", get(jobs::log_stream))
         .route("/jobs/{id}/cancel", post(jobs::cancel))

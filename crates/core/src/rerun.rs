@@ -1,0 +1,321 @@
+//! What a rerun cannot pin (`yard rerun`, `POST /api/v1/jobs/{id}/rerun`).
+//!
+//! Trainyard keeps what a job ran by content: the template (by digest, kept after upgrades),
+//! the parameters as given, registered dataset versions (immutable), the code archive (by
+//! digest). It does not keep a file or folder on the machine that a `path` parameter names by
+//! an absolute path (`user_module=/home/u/train.py`, `data=/scratch/packed`), nor what an image
+//! tag points to. A rerun of such a job may run something else, so [`unpinned_inputs`] names
+//! each such input with what the job's run record says it was, and the rerun refuses unless
+//! the caller accepts them explicitly (`accept_unpinned`); an accepted rerun keeps the list
+//! ([`RerunLink::unpinned`]) on the job and in its run record.
+//!
+//! One path is as pinned as a dataset parameter: the folder of a dataset version the tenant
+//! registered, when the engine recorded reading exactly that version's content there (a
+//! registered version is immutable, which is what a `name@version` parameter rests on too).
+//!
+//! Pure: the server gathers the facts. Nothing here (and nothing in the server) reads the files
+//! to see whether they changed: that would let a tenant learn about files it cannot read.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::api::Dataset;
+use crate::record::RunRecord;
+
+/// An input a rerun cannot pin: it may not be what the job ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UnpinnedInput {
+    /// Which input: `params.<name>` or `image`.
+    pub input: String,
+    /// What it is and what was recorded when the job ran, e.g. "/home/u/train.py is a file on
+    /// the machine, not shipped with the job; it was sha256:... when the job ran and may have
+    /// changed".
+    pub message: String,
+}
+
+impl fmt::Display for UnpinnedInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.input, self.message)
+    }
+}
+
+/// What a rerun keeps of its original, written with the new job (in the same statement, so
+/// that its run record, written at launch, can say so).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RerunLink {
+    /// The job it runs again.
+    pub of: Uuid,
+    /// The parameters it changed (`--set`); none for an exact rerun.
+    pub overrides: Option<Value>,
+    /// The inputs it could not pin and the caller accepted (`accept_unpinned`).
+    pub unpinned: Vec<UnpinnedInput>,
+}
+
+/// What a rerun would run with, besides the original job's own record.
+#[derive(Debug, Clone, Copy)]
+pub struct RerunInputs<'a> {
+    /// The template's `path` parameters as the original ran them (defaults included), by name.
+    pub path_params: &'a BTreeMap<String, String>,
+    /// The parameters the rerun sets anew (`--set`): the caller's choice, not the original's
+    /// input, so not reported.
+    pub changed: &'a serde_json::Map<String, Value>,
+    /// The image this server's replicas run now, as a run record names it: `local` for the
+    /// local executor, the configured image on Kubernetes.
+    pub image: &'a str,
+    /// The tenant's registered dataset versions at any of those paths (by URI).
+    pub registered: &'a [Dataset],
+}
+
+/// The image a record names for the local executor, which runs the machine's own programs.
+const LOCAL_IMAGE: &str = "local";
+
+/// The inputs of a job that a rerun cannot pin, each named with what its latest run record
+/// (`record`; none when no attempt began, or it began before Trainyard kept records) says it
+/// was: the `path` parameters with an absolute value (but a registered dataset version's folder
+/// that the engine read that version's content in), then the image when it is a tag or not the
+/// one this server runs now. Empty: the rerun runs exactly what the job ran.
+pub fn unpinned_inputs(record: Option<&RunRecord>, rerun: &RerunInputs<'_>) -> Vec<UnpinnedInput> {
+    let mut unpinned = Vec::new();
+    for (name, path) in rerun.path_params {
+        // A relative path lies in the job's working folder: the code archive or the template's
+        // files, both kept by content.
+        if !path.starts_with('/') || rerun.changed.contains_key(name) || registered_read(path, record, rerun) {
+            continue;
+        }
+        unpinned.push(UnpinnedInput { input: format!("params.{name}"), message: path_message(path, record) });
+    }
+    if let Some(record) = record
+        && let Some(message) = image_message(record, rerun.image)
+    {
+        unpinned.push(UnpinnedInput { input: "image".into(), message });
+    }
+    unpinned
+}
+
+/// Whether `path` is the folder of a registered dataset version whose content the engine
+/// recorded reading there.
+fn registered_read(path: &str, record: Option<&RunRecord>, rerun: &RerunInputs<'_>) -> bool {
+    let Some(data) = record.and_then(|r| r.data.as_ref()) else { return false };
+    if data.get("path").and_then(Value::as_str) != Some(path) {
+        return false;
+    }
+    let Some(read) = data.get("content_hash").and_then(Value::as_str) else { return false };
+    rerun.registered.iter().any(|d| d.uri == path && d.content_hash == read)
+}
+
+/// A path parameter's sentence, with what the engine recorded of the file or folder there.
+fn path_message(path: &str, record: Option<&RunRecord>) -> String {
+    let Some(record) = record else {
+        return format!(
+            "{path} is a path on the machine, not shipped with the job; no run record says what it held when the job ran, and it may have changed"
+        );
+    };
+    // The engine's part says what it read at a path: pytorch-ddp's user module and its data.
+    let recorded = |part: &Option<Value>, path_field: &str, hash_field: &str| -> Option<String> {
+        let part = part.as_ref()?;
+        if part.get(path_field)?.as_str()? != path {
+            return None;
+        }
+        part.get(hash_field)?.as_str().map(str::to_string)
+    };
+    if let Some(hash) = recorded(&record.user_code, "module", "module_sha256") {
+        return format!(
+            "{path} is a file on the machine, not shipped with the job; it was {hash} when the job ran and may have changed"
+        );
+    }
+    if let Some(hash) = recorded(&record.data, "path", "content_hash") {
+        return format!(
+            "{path} is a folder on the machine, not shipped with the job; its content hash was {hash} when the job ran and may have changed"
+        );
+    }
+    format!(
+        "{path} is a path on the machine, not shipped with the job; the run record does not say what it held, and it may have changed"
+    )
+}
+
+/// The image's sentence when a rerun may run another image: this server runs another one, or
+/// the one recorded is a tag (not `repo@sha256:...`), which may point elsewhere now.
+fn image_message(record: &RunRecord, image_now: &str) -> Option<String> {
+    let ran =
+        if record.image_digests.is_empty() { String::new() } else { format!(" ({})", record.image_digests.join(", ")) };
+    if record.image != image_now {
+        let where_ = |image: &str| {
+            if image == LOCAL_IMAGE {
+                "on the local executor (the machine's own programs)".to_string()
+            } else {
+                format!("in image {image}")
+            }
+        };
+        return Some(format!(
+            "the job ran {}{ran}; this server runs replicas {}",
+            where_(&record.image),
+            where_(image_now)
+        ));
+    }
+    if record.image == LOCAL_IMAGE || record.image.contains("@sha256:") {
+        return None;
+    }
+    Some(if record.image_digests.is_empty() {
+        format!(
+            "{} is a tag, not a digest, and no digest was recorded for it (no replica reported one); the tag may point to another image now",
+            record.image
+        )
+    } else {
+        format!(
+            "{} is a tag, not a digest; it was {} when the job ran and may point to another image now",
+            record.image,
+            record.image_digests.join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::job::JobSpec;
+    use crate::record::{EngineRecord, RecordEnvironment, ServerRecord};
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            command: vec!["python3".into()],
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            resources: Default::default(),
+            replicas: 1,
+            template: None,
+            volumes: Vec::new(),
+            code: None,
+            time_limit_seconds: None,
+        }
+    }
+
+    /// A pytorch-ddp record: the engine read `/home/u/train.py` and the data in `/scratch/packed`.
+    fn record(image: Option<&str>, image_digests: &[&str]) -> RunRecord {
+        let executor = if image.is_some() { "kubernetes" } else { "local" };
+        let server = ServerRecord::new(&spec(), &BTreeMap::new(), executor, image);
+        let engine = EngineRecord {
+            environment: RecordEnvironment { packages: BTreeMap::new(), python: None, platform: None },
+            hardware: None,
+            seeds: None,
+            data: Some(json!({"path": "/scratch/packed", "content_hash": "sha256:da7a"})),
+            user_code: Some(json!({"module": "/home/u/train.py", "module_sha256": "sha256:c0de"})),
+            engine: None,
+        };
+        RunRecord::merge(server, image_digests.iter().map(|d| d.to_string()).collect(), Some(engine))
+    }
+
+    fn paths(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn unpinned(record: Option<&RunRecord>, path_params: &BTreeMap<String, String>, image: &str) -> Vec<String> {
+        let changed = serde_json::Map::new();
+        let rerun = RerunInputs { path_params, changed: &changed, image, registered: &[] };
+        unpinned_inputs(record, &rerun).iter().map(ToString::to_string).collect()
+    }
+
+    fn registered(uri: &str, content_hash: &str) -> Dataset {
+        Dataset {
+            name: "digits".into(),
+            version: "1".into(),
+            uri: uri.into(),
+            format: "trainyard-shards-v1".into(),
+            size_bytes: None,
+            samples: None,
+            content_hash: content_hash.into(),
+            source_job: None,
+            created_by: "ada".into(),
+            created_at: chrono::DateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn a_file_on_the_machine_is_named_with_the_hash_it_had() {
+        let params = paths(&[("user_module", "/home/u/train.py"), ("output", "checkpoints")]);
+        let found = unpinned(Some(&record(None, &[])), &params, "local");
+        assert_eq!(
+            found,
+            [
+                "params.user_module: /home/u/train.py is a file on the machine, not shipped with the job; it was sha256:c0de when the job ran and may have changed"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_data_folder_is_named_with_its_content_hash_and_an_unknown_path_says_so() {
+        let params = paths(&[("data", "/scratch/packed"), ("output", "/scratch/ckpt")]);
+        let found = unpinned(Some(&record(None, &[])), &params, "local");
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("params.data: /scratch/packed is a folder") && found[0].contains("sha256:da7a"));
+        assert!(found[1].starts_with("params.output: /scratch/ckpt") && found[1].contains("does not say what it held"));
+        // Without a record (no attempt began), the paths are still named.
+        let found = unpinned(None, &paths(&[("data", "/scratch/packed")]), "local");
+        assert!(found[0].contains("no run record says what it held"), "{found:?}");
+    }
+
+    #[test]
+    fn relative_paths_and_changed_parameters_are_pinned() {
+        // Relative: in the job's working folder, from the code archive or the template.
+        let found =
+            unpinned(Some(&record(None, &[])), &paths(&[("user_module", "template/engine/example.py")]), "local");
+        assert!(found.is_empty(), "{found:?}");
+        // Set anew by the rerun: the caller's choice, shown as an override.
+        let params = paths(&[("data", "/scratch/packed")]);
+        let changed = json!({"data": "/scratch/other"}).as_object().unwrap().clone();
+        let rerun = RerunInputs { path_params: &params, changed: &changed, image: "local", registered: &[] };
+        assert!(unpinned_inputs(Some(&record(None, &[])), &rerun).is_empty());
+    }
+
+    #[test]
+    fn a_registered_datasets_folder_read_with_its_content_is_pinned() {
+        let params = paths(&[("data", "/scratch/packed")]);
+        let none = serde_json::Map::new();
+        let check = |registered: &[Dataset], record: Option<&RunRecord>| {
+            let rerun = RerunInputs { path_params: &params, changed: &none, image: "local", registered };
+            unpinned_inputs(record, &rerun).len()
+        };
+        let ran = record(None, &[]);
+        assert_eq!(check(&[registered("/scratch/packed", "sha256:da7a")], Some(&ran)), 0, "an immutable version");
+        // Registered with other content than the engine read, elsewhere, or nothing recorded.
+        assert_eq!(check(&[registered("/scratch/packed", "sha256:0bad")], Some(&ran)), 1);
+        assert_eq!(check(&[registered("/scratch/other", "sha256:da7a")], Some(&ran)), 1);
+        assert_eq!(check(&[registered("/scratch/packed", "sha256:da7a")], None), 1);
+    }
+
+    #[test]
+    fn an_image_by_tag_is_unpinned_and_by_digest_pinned() {
+        let none = BTreeMap::new();
+        let tag = "ghcr.io/x/trainer:1";
+        let found = unpinned(Some(&record(Some(tag), &[])), &none, tag);
+        assert_eq!(found.len(), 1);
+        assert!(found[0].starts_with("image: ghcr.io/x/trainer:1 is a tag") && found[0].contains("no digest"));
+        let digest = "ghcr.io/x/trainer@sha256:abc";
+        let found = unpinned(Some(&record(Some(tag), &[digest])), &none, tag);
+        assert!(found[0].contains("it was ghcr.io/x/trainer@sha256:abc when the job ran"), "{found:?}");
+        assert!(unpinned(Some(&record(Some(digest), &[digest])), &none, digest).is_empty());
+        // The local executor runs the machine's programs: its packages are in the record.
+        assert!(unpinned(Some(&record(None, &[])), &none, "local").is_empty());
+    }
+
+    #[test]
+    fn another_image_on_this_server_is_named_with_both() {
+        let none = BTreeMap::new();
+        let old = "ghcr.io/x/trainer@sha256:abc";
+        let found = unpinned(Some(&record(Some(old), &[old])), &none, "ghcr.io/x/trainer@sha256:def");
+        assert_eq!(
+            found,
+            [
+                "image: the job ran in image ghcr.io/x/trainer@sha256:abc (ghcr.io/x/trainer@sha256:abc); this server runs replicas in image ghcr.io/x/trainer@sha256:def"
+            ]
+        );
+        let found = unpinned(Some(&record(None, &[])), &none, "ghcr.io/x/trainer:1");
+        assert!(found[0].contains("ran on the local executor"), "{found:?}");
+    }
+}
