@@ -105,7 +105,7 @@ class Kubelet(threading.Thread):
         for event in watch(self.server, self.token, "/api/v1/pods"):
             meta = event["object"]["metadata"]
             job = meta["labels"].get("trainyard.dev/job")
-            if event["type"] != "ADDED" or job in self.running:
+            if event["type"] != "ADDED" or job in self.running or meta.get("deletionTimestamp"):
                 continue
             self.pods += 1
             if not self.patch:
@@ -157,15 +157,17 @@ def percentile(values, p):
 
 
 def clear(server, token):
-    """Deletes every Trainyard Job (and with them their pods and objects) left by an earlier run."""
-    jobs = call("GET", f"{server}/apis/batch/v1/jobs?labelSelector=app.kubernetes.io%2Fmanaged-by%3Dtrainyard", token)
-    for job in jobs["items"]:
-        meta = job["metadata"]
-        try:
-            call("DELETE", f"{server}/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}"
-                 "?propagationPolicy=Background", token)
-        except urllib.error.HTTPError:
-            pass
+    """Deletes every Trainyard Job left by an earlier run, and their pods at once (with no kubelet
+    a pod marked Running would stay Terminating for ever)."""
+    selector = "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dtrainyard"
+    for plural, prefix in (("jobs", "/apis/batch/v1"), ("pods", "/api/v1")):
+        for item in call("GET", f"{server}{prefix}/{plural}?{selector}", token)["items"]:
+            meta = item["metadata"]
+            try:
+                call("DELETE", f"{server}{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+                     "?propagationPolicy=Background&gracePeriodSeconds=0", token)
+            except urllib.error.HTTPError:
+                pass
 
 
 def trainyard(api, token, admin_kubeconfig, jobs, clients, fake=False):
