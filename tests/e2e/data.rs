@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use trainyard_core::resources::human_memory;
 use trainyard_tests::{TestEnv, bin, stderr, stdout};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -107,6 +108,10 @@ async fn a_packed_dataset_is_registered_and_jobs_record_the_exact_version_they_u
     );
     let shown = stdout(&env.yard(&token, &["datasets", "show", "photos@1"]));
     assert!(shown.contains("samples:      20") && shown.contains(dataset["content_hash"].as_str().unwrap()), "{shown}");
+    // Its size in human units, as everywhere a person reads one (`-o json` has the bytes).
+    let size = human_memory(dataset["size_bytes"].as_u64().expect("a packed dataset's size"));
+    assert!(shown.contains(&format!("size:         {size}\n")), "{shown}");
+    assert!(listed.lines().any(|l| l.contains("photos@1") && l.contains(&size)), "{listed}");
 
     // A template with a dataset parameter: the job gets the dataset's path and records it.
     let manifest = "name: count\nversion: 1.0.0\ndescription: Count a dataset's shards.\nparameters:\n  data: {type: dataset, required: true}\ncommand: [ls, \"{{ data }}\"]\n";

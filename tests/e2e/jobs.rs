@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use trainyard_core::resources::human_memory;
 use trainyard_tests::{StatusCode, TestEnv, group_alive, stderr, stdout};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -308,6 +309,13 @@ async fn yard_submit_ships_the_folder_it_runs_in_and_the_job_records_its_digest(
     let (_, job) = env.get(&format!("/api/v1/jobs/{id}"), &token).await;
     let digest = job["spec"]["code"]["digest"].as_str().expect("the job records its code").to_string();
     assert!(digest.starts_with("sha256:") && job["spec"]["code"]["size_bytes"].as_u64() > Some(0), "{job}");
+    // `yard jobs show` names the archive by digest with its size in human units.
+    let size = human_memory(job["spec"]["code"]["size_bytes"].as_u64().unwrap());
+    let shown = stdout(&env.yard(&token, &["jobs", "show", &id]));
+    assert!(shown.contains(&format!("code:      {digest} ({size})\n")), "{shown}");
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &token).await;
+    let (_, page) = web.get(&format!("/jobs/{id}")).await;
+    assert!(page.contains(&format!("({size}, shipped with the job)")), "the job page says the same: {page}");
 
     // The same folder again: the same digest. Another tenant cannot name it.
     let again = env.yard_in(&project, &token, &["submit", "--", "python3", "train.py"]);

@@ -256,6 +256,11 @@ async fn jobs_that_can_never_fit_are_refused_with_the_capacity_named() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(env.jobs_in_db().await, 0, "nothing was queued");
 
+    // Without a quota, `yard quota` says so and which GPU types the cluster has, not an empty table.
+    let none = stdout(&env.yard(&env.admin_token, &["quota"]));
+    assert!(none.contains("no GPU quota yet") && none.contains("This cluster has sim-gpu."), "{none}");
+    assert!(!none.contains("GPU TYPE"), "{none}");
+
     // The CLI's what-if: 1 never, 0 starts now, 3 would wait.
     let quota = json!({"nominal": 8});
     let (status, body) = env
@@ -281,6 +286,21 @@ async fn jobs_that_can_never_fit_are_refused_with_the_capacity_named() {
     let set = env.yard(&env.admin_token, &["admin", "quota", "set", "default", "b200", "--nominal", "4"]);
     assert!(set.status.success());
     assert!(stderr(&set).contains("warning: no node of this cluster has GPUs of type b200"));
+}
+
+/// On a cluster without GPUs (this machine's), `yard quota` says there are none and that jobs
+/// without GPUs need no quota, rather than drawing an empty table; `-o json` is the report as is.
+#[tokio::test(flavor = "multi_thread")]
+async fn yard_quota_on_a_cluster_without_gpus_says_so() {
+    let env = TestEnv::start().await;
+    let out = env.yard(&env.admin_token, &["quota"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("no GPU quotas: this cluster has no GPUs"), "{text}");
+    assert!(text.contains("Jobs without GPUs need no quota"), "{text}");
+    assert!(!text.contains("GPU TYPE") && !text.contains('┌'), "no empty table: {text}");
+    let json: Value = serde_json::from_slice(&env.yard(&env.admin_token, &["quota", "-o", "json"]).stdout).unwrap();
+    assert_eq!(json["flavors"], json!([]), "{json}");
 }
 
 /// The queue: every waiting job a caller may see, in the scheduler's order with its reason and
@@ -349,4 +369,5 @@ async fn the_queue_shows_waiting_jobs_in_order_to_those_who_may_see_them() {
     assert_eq!(status, StatusCode::OK);
     assert!(html.contains("alice-waits") && !html.contains("bob-1"), "{html}");
     assert!(html.contains("And 1 waiting jobs of other tenants") && html.contains("4 of 4"), "{html}");
+    assert!(html.contains("<td>128 MiB of "), "memory in human units: {html}");
 }

@@ -13,6 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use trainyard_core::resources::human_memory;
 use trainyard_tests::web::{WebClient, csrf_of};
 use trainyard_tests::{StatusCode, TestEnv, stderr, stdout};
 
@@ -459,8 +460,14 @@ async fn multipart_upload_round_trips(backend: Backend) {
     assert_eq!(uploaded["parts"], 3, "{uploaded}");
     assert_eq!(uploaded["sha256"], sha.as_str());
 
-    let ls = env.yard(&env.admin_token, &["artifacts", "ls", &id]);
-    assert!(stdout(&ls).contains(&format!("weights/big.bin\t{size}\t{sha}")), "{}", stdout(&ls));
+    // A table like every list: the size in human units, the hash cut short; JSON has both whole.
+    let ls = stdout(&env.yard(&env.admin_token, &["artifacts", "ls", &id]));
+    let row = ls.lines().find(|l| l.contains("weights/big.bin")).unwrap_or_else(|| panic!("{ls}"));
+    assert!(ls.contains("PATH") && ls.contains("SHA-256") && !ls.contains('\t'), "{ls}");
+    assert!(row.contains(&human_memory(size as u64)) && row.contains(&sha[..12]) && !row.contains(&sha), "{row}");
+    let json = env.yard(&env.admin_token, &["artifacts", "ls", &id, "-o", "json"]);
+    let json: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!((json[0]["size_bytes"].as_u64(), json[0]["sha256"].as_str()), (Some(size as u64), Some(sha.as_str())));
     let back = env.dir.path().join("back.bin");
     let get = env.yard(&env.admin_token, &["artifacts", "get", &id, "weights/big.bin", "-O", back.to_str().unwrap()]);
     assert!(get.status.success(), "{}", stderr(&get));
@@ -594,10 +601,16 @@ async fn volumes_stay_within_the_storage_quota(backend: Backend) {
     assert!(!path.exists());
     let (status, _) = env.post("/api/v1/volumes", &env.admin_token, &json!({"name": "more", "size": "5Gi"})).await;
     assert_eq!(status, StatusCode::CREATED);
-    let ls = env.yard(&env.admin_token, &["volumes", "ls"]);
-    assert!(stdout(&ls).contains("more\t5Gi\tReadWriteOnce\t-"), "{}", stdout(&ls));
+    let ls = stdout(&env.yard(&env.admin_token, &["volumes", "ls"]));
+    let row = ls.lines().find(|l| l.contains("more")).unwrap_or_else(|| panic!("{ls}"));
+    assert!(ls.contains("ACCESS MODE") && row.contains("5 GiB") && row.contains("ReadWriteOnce"), "{ls}");
+    assert!(row.contains("ready"), "{row}");
     let show = env.yard(&env.admin_token, &["storage", "show"]);
-    assert!(stdout(&show).contains("logs kept 7 days") && stdout(&show).contains("5Gi of 10Gi"), "{}", stdout(&show));
+    assert!(
+        stdout(&show).contains("logs kept 7 days") && stdout(&show).contains("5 GiB of 10 GiB"),
+        "{}",
+        stdout(&show)
+    );
 }
 
 async fn the_dashboard_shows_artefacts_datasets_and_volumes(backend: Backend) {
@@ -649,6 +662,7 @@ async fn the_dashboard_shows_artefacts_datasets_and_volumes(backend: Backend) {
     assert!(page.contains("storage quota"), "{page}");
     let (_, page) = web.get("/volumes").await;
     assert!(page.contains("scratch") && page.contains("ReadWriteMany") && !page.contains("too-big"), "{page}");
+    assert!(page.contains("<td>2 GiB</td>") && page.contains("<span id=\"volume-quota\">3 GiB</span>"), "{page}");
     let (status, _) = web.post_form("/volumes/scratch/delete", &[("csrf", &csrf)]).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     assert!(web.get("/volumes").await.1.contains("No volumes yet"));

@@ -25,7 +25,7 @@ use trainyard_core::api::{
 };
 use trainyard_core::auth::Role;
 use trainyard_core::job::{JobState, JobSubmission};
-use trainyard_core::resources::{Cpu, Memory, Resources};
+use trainyard_core::resources::{Cpu, Memory, Resources, human_memory};
 
 use crate::client::{ApiFailure, Client};
 use crate::config::Config;
@@ -716,7 +716,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Storage { command } => storage::storage(&client, out, command).await,
         Command::Quota => {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
-            output::print(out, &report, output::quota)
+            // Without any quota, the nodes say what is true instead: no GPUs here, or which.
+            let nodes: Option<trainyard_core::api::Nodes> = match out {
+                Output::Table if report.flavors.is_empty() => Some(client.get("/api/v1/nodes").await?),
+                _ => None,
+            };
+            output::print(out, &report, |r| output::quota(r, nodes.as_ref()))
         }
         Command::Usage(args) => accounting::usage(&client, out, args).await,
         Command::Audit(args) => accounting::audit(&client, out, args).await,
@@ -849,7 +854,7 @@ async fn code_upload(client: &Client, dir: &std::path::Path) -> anyhow::Result<S
     eprintln!(
         "code: {} files, {} from {} ({}); --no-code ships none",
         packed.files,
-        Memory(uploaded.size_bytes),
+        human_memory(uploaded.size_bytes),
         shown.display(),
         &uploaded.digest[..19]
     );

@@ -7,14 +7,14 @@ use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{CellAlignment, ContentArrangement, Row, Table};
 use serde::Serialize;
 use trainyard_core::api::{
-    AuditPage, Job, JobAttempt, JobEvent, JobMetrics, JobPage, QuotaReport, Schedule, TemplateDetail, TemplateSummary,
-    TokenInfo, UsageReport, UsageRow,
+    Artifact, AuditPage, Job, JobAttempt, JobEvent, JobMetrics, JobPage, Nodes, QuotaReport, Schedule, TemplateDetail,
+    TemplateSummary, TokenInfo, UsageReport, UsageRow, Volume,
 };
 
 use std::io::Write;
 
 use crate::Output;
-use trainyard_core::resources::{Memory, human_cpus, human_gpus, human_memory};
+use trainyard_core::resources::{human_cpus, human_gpus, human_memory};
 
 pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> String) -> anyhow::Result<ExitCode> {
     let text = match out {
@@ -111,18 +111,27 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
     format!("{t}\n{others}{as_of}")
 }
 
+/// The most characters a value takes in a `yard diff` cell: beyond it a list shows only its items
+/// that differ, and text is cut with `…` (`-o json` has every value whole).
+const DIFF_CELL_CHARS: usize = 80;
+/// The most differing items of a long list shown in a cell.
+const DIFF_ITEMS_SHOWN: usize = 6;
+
 /// Runs side by side, a table per section: the fields that differ (every field with --all, those
 /// that differ marked `*`). Columns are the runs as given, A, B, C..., by their ids' first 13
-/// characters.
+/// characters. Tables fit the terminal (see [`diff_text`]).
 pub fn diff_table(c: &trainyard_core::compare::Comparison) -> String {
+    diff_text(c, None)
+}
+
+/// [`diff_table`] `width` columns wide (`None`: the terminal's width, as comfy-table finds it, or
+/// unbounded when stdout is no terminal). Long values are summarised (see [`DIFF_CELL_CHARS`])
+/// and the rest wrap, so that a pytorch-ddp run's twenty-odd `spec.args` shows as the one
+/// argument that changed rather than a 900-column line.
+fn diff_text(c: &trainyard_core::compare::Comparison, width: Option<u16>) -> String {
     if c.differ == 0 && !c.all {
         return format!("no differences ({} fields the same; ids and times not compared)\n", c.same);
     }
-    let show = |v: &Option<serde_json::Value>| match v {
-        None => "(absent)".to_string(),
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(other) => other.to_string(),
-    };
     let columns: Vec<String> = c
         .runs
         .iter()
@@ -132,9 +141,13 @@ pub fn diff_table(c: &trainyard_core::compare::Comparison) -> String {
     let mut header = vec!["FIELD"];
     header.extend(columns.iter().map(String::as_str));
     let mut text = String::new();
+    let mut summarised = false;
     for section in c.sections.iter().filter(|s| !s.fields.is_empty()) {
         text.push_str(&format!("{} ({} differ, {} the same)\n", section.name, section.differ, section.same));
         let mut t = table(&header);
+        if let Some(width) = width {
+            t.set_width(width);
+        }
         for field in &section.fields {
             let name = if !c.all {
                 field.field.clone()
@@ -143,14 +156,71 @@ pub fn diff_table(c: &trainyard_core::compare::Comparison) -> String {
             } else {
                 format!("  {}", field.field)
             };
+            let (cells, cut) = diff_cells(&field.values);
+            summarised |= cut;
             let mut row = vec![name];
-            row.extend(field.values.iter().map(show));
+            row.extend(cells);
             t.add_row(row);
         }
         text.push_str(&format!("{t}\n\n"));
     }
     text.push_str(&format!("{} fields differ, {} the same\n", c.differ, c.same));
+    if summarised {
+        text.push_str("long values are cut (…) or shown by the items that differ; -o json has them whole\n");
+    }
     text
+}
+
+/// One field's values as cells, and whether any was summarised: a long list as the items at the
+/// positions where the runs' lists differ (`[7] --lr=0.01`), other long values cut with `…`.
+fn diff_cells(values: &[Option<serde_json::Value>]) -> (Vec<String>, bool) {
+    let show = |v: Option<&serde_json::Value>| match v {
+        None => "(absent)".to_string(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    };
+    let whole: Vec<String> = values.iter().map(|v| show(v.as_ref())).collect();
+    if whole.iter().all(|cell| cell.chars().count() <= DIFF_CELL_CHARS) {
+        return (whole, false);
+    }
+    let lists: Option<Vec<&Vec<serde_json::Value>>> =
+        values.iter().map(|v| v.as_ref().and_then(serde_json::Value::as_array)).collect();
+    let differing: Vec<usize> = match &lists {
+        Some(lists) => {
+            let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
+            (0..longest).filter(|&i| lists.iter().any(|l| l.get(i) != lists[0].get(i))).collect()
+        }
+        None => Vec::new(),
+    };
+    let cells = match lists {
+        Some(lists) if !differing.is_empty() => lists
+            .iter()
+            .map(|list| {
+                let mut lines: Vec<String> = differing
+                    .iter()
+                    .take(DIFF_ITEMS_SHOWN)
+                    .map(|&i| format!("[{i}] {}", cut(&show(list.get(i)), DIFF_CELL_CHARS)))
+                    .collect();
+                if differing.len() > DIFF_ITEMS_SHOWN {
+                    lines.push(format!("… {} more differ", differing.len() - DIFF_ITEMS_SHOWN));
+                }
+                lines.push(format!("({} items, the rest the same)", list.len()));
+                lines.join("\n")
+            })
+            .collect(),
+        _ => whole.iter().map(|cell| cut(cell, DIFF_CELL_CHARS)).collect(),
+    };
+    (cells, true)
+}
+
+/// `text` at most `chars` characters long, cut with `…` where it was longer.
+fn cut(text: &str, chars: usize) -> String {
+    if text.chars().count() <= chars {
+        return text.to_string();
+    }
+    let mut kept: String = text.chars().take(chars.saturating_sub(1)).collect();
+    kept.push('…');
+    kept
 }
 
 /// The tenant's datasets, one version a row (the content hash cut to what tells them apart).
@@ -163,7 +233,7 @@ pub fn datasets_table(list: &[trainyard_core::api::Dataset]) -> String {
         t.add_row(vec![
             format!("{}@{}", d.name, d.version),
             d.samples.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-            d.size_bytes.map(|b| Memory(b.max(0) as u64).to_string()).unwrap_or_else(|| "-".into()),
+            d.size_bytes.map(|b| human_memory(b.max(0) as u64)).unwrap_or_else(|| "-".into()),
             d.content_hash.chars().take(19).collect(),
             d.uri.clone(),
             when(d.created_at),
@@ -182,12 +252,53 @@ pub fn dataset_detail(d: &trainyard_core::api::Dataset) -> String {
         d.uri,
         d.format,
         or_dash(d.samples.map(|s| s.to_string())),
-        or_dash(d.size_bytes.map(|b| Memory(b.max(0) as u64).to_string())),
+        or_dash(d.size_bytes.map(|b| human_memory(b.max(0) as u64))),
         d.content_hash,
         or_dash(d.source_job.map(|j| j.to_string())),
         when(d.created_at),
         d.created_by
     )
+}
+
+/// A job's artefacts, one a row: path, size, the SHA-256's first 12 hex digits (`-o json` has it
+/// whole), when it was written.
+pub fn artifacts_table(list: &[Artifact]) -> String {
+    if list.is_empty() {
+        return "no artefacts yet: `yard artifacts put JOB PATH FILE`, or the job's engine uploads them\n".into();
+    }
+    let mut t = table(&["PATH", "SIZE", "SHA-256", "CREATED"]);
+    for a in list {
+        t.add_row(vec![
+            a.path.clone(),
+            human_memory(a.size_bytes),
+            a.sha256.as_deref().map_or_else(|| "-".to_string(), |sha| sha.chars().take(12).collect()),
+            when(a.modified_at),
+        ]);
+    }
+    if let Some(size) = t.column_mut(1) {
+        size.set_cell_alignment(CellAlignment::Right);
+    }
+    format!("{t}\n")
+}
+
+/// The tenant's volumes, one a row; one that jobs cannot use yet says why.
+pub fn volumes_table(list: &[Volume]) -> String {
+    if list.is_empty() {
+        return "no volumes yet: `yard volumes create NAME --size 10Gi`\n".into();
+    }
+    let mut t = table(&["NAME", "SIZE", "ACCESS MODE", "STORAGE CLASS", "PATH", "CREATED", "STATUS"]);
+    for v in list {
+        t.add_row(vec![
+            v.name.clone(),
+            human_memory(v.size_bytes),
+            v.access_mode.as_str().to_string(),
+            v.storage_class.clone().unwrap_or_else(|| "-".into()),
+            v.path.clone(),
+            when(v.created_at),
+            v.pending_reason.as_deref().map_or_else(|| "ready".to_string(), |r| format!("not ready: {r}")),
+        ]);
+    }
+    format!("{t}\n")
 }
 
 /// Each node's GPUs, CPU and memory as "allocated/total", and what is free.
@@ -256,7 +367,7 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outpu
         by = job.created_by,
     );
     if let Some(code) = &spec.code {
-        text.push_str(&format!("code:      {} ({})\n", code.digest, Memory(code.size_bytes)));
+        text.push_str(&format!("code:      {} ({})\n", code.digest, human_memory(code.size_bytes)));
     }
     if let Some(t) = &spec.template {
         text.push_str(&format!("template:  {} {} ({})\n", t.name, t.version, t.digest));
@@ -462,13 +573,33 @@ pub fn schedule(schedule: &Schedule) -> String {
     text
 }
 
-pub fn quota(report: &QuotaReport) -> String {
+/// The tenant's quota and use per GPU type. A tenant without any gets what is true instead of an
+/// empty table: the cluster has no GPUs, or which types it has and who sets a quota for them
+/// (`nodes`: the cluster's, read for that case).
+pub fn quota(report: &QuotaReport, nodes: Option<&Nodes>) -> String {
     let text = format!(
         "tenant {} (cohort {}, weight {})\n",
         report.tenant,
         report.cohort.as_deref().unwrap_or("none"),
         report.weight
     );
+    if report.flavors.is_empty() {
+        let mut types: Vec<&str> =
+            nodes.iter().flat_map(|n| &n.items).filter(|n| n.gpus > 0).filter_map(|n| n.gpu_type.as_deref()).collect();
+        types.sort_unstable();
+        types.dedup();
+        let no_gpus = nodes.is_some() && types.is_empty();
+        let why = if no_gpus {
+            "no GPU quotas: this cluster has no GPUs.\n".to_string()
+        } else {
+            let has = if types.is_empty() { String::new() } else { format!(" This cluster has {}.", types.join(", ")) };
+            format!(
+                "no GPU quota yet: GPU jobs wait until a platform admin sets one (`yard admin quota set {} GPU-TYPE --nominal N`).{has}\n",
+                report.tenant
+            )
+        };
+        return format!("{text}{why}Jobs without GPUs need no quota; `yard nodes` shows the CPUs and memory free.\n");
+    }
     let mut t = table(&["GPU TYPE", "NOMINAL", "USED", "BORROWED", "LENT", "BORROW LIMIT", "LEND LIMIT", "USE"]);
     for f in &report.flavors {
         let limit = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
@@ -640,7 +771,10 @@ mod tests {
     use comfy_table::Table;
     use trainyard_core::api::{AuditEntry, AuditPage, UsageReport, UsageRow};
 
-    use super::{audit_grid, audit_table, elapsed, sparkline, usage_csv, usage_grid, usage_table};
+    use super::{
+        artifacts_table, audit_grid, audit_table, dataset_detail, datasets_table, diff_text, elapsed, quota, sparkline,
+        usage_csv, usage_grid, usage_table, volumes_table,
+    };
 
     fn usage_row(user: &str, tenant: &str, gpu_hours: f64, efficiency: Option<f64>) -> UsageRow {
         UsageRow {
@@ -798,6 +932,187 @@ mod tests {
         assert!(audit_table(&more).contains("older entries left"));
         let none = AuditPage { items: Vec::new(), next_before: None };
         assert_eq!(audit_table(&none), "no audit entries match\n");
+    }
+
+    fn flavor(name: &str, nominal: u64, used: u64) -> trainyard_core::api::FlavorUsage {
+        trainyard_core::api::FlavorUsage {
+            flavor: name.into(),
+            nominal,
+            borrowing_limit: None,
+            lending_limit: None,
+            used,
+            borrowed: 0,
+            lent: 0,
+        }
+    }
+
+    fn node(gpus: u32, gpu_type: Option<&str>) -> trainyard_core::api::NodeUsage {
+        trainyard_core::api::NodeUsage {
+            name: "node-1".into(),
+            gpu_type: gpu_type.map(str::to_string),
+            gpus,
+            gpus_allocated: 0,
+            cpu_millis: 2000,
+            cpu_millis_allocated: 0,
+            memory_bytes: 8 << 30,
+            memory_bytes_allocated: 0,
+            replicas: 0,
+        }
+    }
+
+    #[test]
+    fn quota_without_gpu_types_says_what_is_true_never_an_empty_table() {
+        let report = trainyard_core::api::QuotaReport {
+            tenant: "default".into(),
+            cohort: None,
+            weight: 1.0,
+            flavors: Vec::new(),
+        };
+        let cpu_only = trainyard_core::api::Nodes { items: vec![node(0, None)] };
+        let text = quota(&report, Some(&cpu_only));
+        assert!(text.starts_with("tenant default (cohort none, weight 1)\n"), "{text}");
+        assert!(text.contains("no GPU quotas: this cluster has no GPUs"), "{text}");
+        assert!(text.contains("Jobs without GPUs need no quota"), "{text}");
+        assert!(!text.contains('─') && !text.contains("GPU TYPE"), "no empty table: {text}");
+
+        let with_gpus = trainyard_core::api::Nodes { items: vec![node(8, Some("h100")), node(0, None)] };
+        let text = quota(&report, Some(&with_gpus));
+        assert!(text.contains("no GPU quota yet") && text.contains("This cluster has h100."), "{text}");
+        assert!(text.contains("yard admin quota set default GPU-TYPE --nominal N"), "{text}");
+        assert!(!text.contains("GPU TYPE"), "{text}");
+
+        let report = trainyard_core::api::QuotaReport { flavors: vec![flavor("h100", 4, 2)], ..report };
+        let text = quota(&report, None);
+        assert!(text.contains("GPU TYPE") && text.contains("h100"), "a quota is a table: {text}");
+    }
+
+    fn artifact(path: &str, size_bytes: u64, sha256: Option<&str>) -> trainyard_core::api::Artifact {
+        trainyard_core::api::Artifact {
+            path: path.into(),
+            size_bytes,
+            sha256: sha256.map(str::to_string),
+            modified_at: Utc.with_ymd_and_hms(2026, 11, 24, 10, 5, 9).unwrap(),
+        }
+    }
+
+    #[test]
+    fn artifacts_list_as_a_table_with_human_sizes_and_short_hashes() {
+        let sha = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let list = vec![artifact("weights/big.bin", 11_263_297, Some(sha)), artifact("notes.txt", 12, None)];
+        let text = artifacts_table(&list);
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let header = line_with(&lines, "PATH");
+        let at: Vec<usize> = ["PATH", "SIZE", "SHA-256", "CREATED"].iter().map(|c| header.find(c).unwrap()).collect();
+        assert!(at.is_sorted(), "{header}");
+        let big = line_with(&lines, "weights/big.bin");
+        assert!(big.contains("10.7 MiB") && big.contains("9f86d081884c ") && !big.contains(sha), "{big}");
+        assert!(big.contains("2026-11-24 10:05:09"), "{big}");
+        let small = line_with(&lines, "notes.txt");
+        assert!(small.contains("12 B") && small.contains(" - "), "{small}");
+        assert!(!text.contains('\t'), "a table, not TSV: {text}");
+        assert!(artifacts_table(&[]).starts_with("no artefacts yet"));
+    }
+
+    #[test]
+    fn volumes_list_as_a_table_with_human_sizes_and_why_one_is_not_ready() {
+        let volume = |name: &str, size_bytes: u64, pending: Option<&str>| trainyard_core::api::Volume {
+            name: name.into(),
+            size_bytes,
+            access_mode: trainyard_core::api::AccessMode::ReadWriteMany,
+            storage_class: None,
+            path: format!("/data/volumes/{name}"),
+            created_by: "alice".into(),
+            created_at: Utc.with_ymd_and_hms(2026, 11, 24, 10, 5, 9).unwrap(),
+            pending_reason: pending.map(str::to_string),
+        };
+        let list = vec![volume("scratch", 25_276_502_016, None), volume("more", 5 << 30, Some("no storage class"))];
+        let text = volumes_table(&list);
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        assert!(line_with(&lines, "NAME").contains("ACCESS MODE"), "{text}");
+        let scratch = line_with(&lines, "scratch");
+        assert!(scratch.contains("23.5 GiB") && scratch.contains("ReadWriteMany") && scratch.contains("ready"));
+        assert!(!text.contains("Ki") && !text.contains("5Gi"), "never Memory's exact text: {text}");
+        assert!(line_with(&lines, "more").contains("5 GiB") && line_with(&lines, "more").contains("not ready"));
+        assert!(volumes_table(&[]).starts_with("no volumes yet"));
+    }
+
+    #[test]
+    fn dataset_sizes_read_in_human_units() {
+        let dataset = trainyard_core::api::Dataset {
+            name: "images".into(),
+            version: "1".into(),
+            uri: "/data/packed".into(),
+            format: "trainyard-shards-v1".into(),
+            size_bytes: Some(25_276_502_016),
+            samples: Some(400),
+            content_hash: "sha256:0123456789abcdef0123".into(),
+            source_job: None,
+            created_by: "alice".into(),
+            created_at: Utc.with_ymd_and_hms(2026, 11, 24, 10, 5, 9).unwrap(),
+        };
+        assert!(dataset_detail(&dataset).contains("size:         23.5 GiB\n"), "{}", dataset_detail(&dataset));
+        let table = datasets_table(std::slice::from_ref(&dataset));
+        assert!(line_with(&table.lines().map(str::to_string).collect::<Vec<_>>(), "images@1").contains("23.5 GiB"));
+        assert!(!table.contains("24684084Ki"), "{table}");
+    }
+
+    /// Two pytorch-ddp-like runs: 22 arguments, one of them different, and a long reason.
+    fn ddp_comparison(all: bool) -> trainyard_core::compare::Comparison {
+        use trainyard_core::compare::{ComparedField, ComparedRun, Comparison, ComparisonSection};
+        let args = |lr: &str| {
+            let mut args: Vec<String> =
+                (0..22).map(|i| format!("--option-{i}=/a/long/path/to/something/{i}")).collect();
+            args[7] = format!("--lr={lr}");
+            Some(serde_json::json!(args))
+        };
+        let run = |n: u128| ComparedRun { id: uuid::Uuid::from_u128(n), name: "train".into(), label: "train".into() };
+        let reason = |why: &str| Some(serde_json::json!(format!("{why}: {}", "the loss went up and up ".repeat(8))));
+        let field = |name: &str, values: Vec<Option<serde_json::Value>>| ComparedField {
+            field: name.into(),
+            differs: values.iter().any(|v| v != &values[0]),
+            values,
+        };
+        let mut fields = vec![field("spec.args", vec![args("0.001"), args("0.01")])];
+        if all {
+            fields.push(field("spec.command", vec![args("1"), args("1")]));
+        }
+        let outcome = vec![field("outcome.reason", vec![reason("diverged"), reason("stopped")])];
+        Comparison {
+            runs: vec![run(1 << 100), run(2 << 100)],
+            all,
+            sections: vec![
+                ComparisonSection { name: "spec".into(), differ: 1, same: 3, fields },
+                ComparisonSection { name: "outcome".into(), differ: 1, same: 2, fields: outcome },
+            ],
+            differ: 2,
+            same: 5,
+            metrics: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn diff_of_long_lists_shows_the_items_that_differ_and_fits_the_terminal() {
+        let text = diff_text(&ddp_comparison(false), Some(100));
+        assert!(text.lines().all(|l| l.chars().count() <= 100), "fits 100 columns:\n{text}");
+        assert!(
+            text.contains("[7] --lr=0.001") && text.contains("[7] --lr=0.01"),
+            "the argument that differs:\n{text}"
+        );
+        assert!(!text.contains("--option-0"), "not the arguments that are the same:\n{text}");
+        assert!(text.contains("(22 items, the rest the same)"), "{text}");
+        assert!(text.contains("diverged") && text.contains('…'), "long text is cut, marked:\n{text}");
+        assert!(text.contains("-o json has them whole"), "{text}");
+        assert!(text.ends_with("2 fields differ, 5 the same\nlong values are cut (…) or shown by the items that differ; -o json has them whole\n"));
+
+        // Unbounded (stdout no terminal): still no line anywhere near 900 columns.
+        let wide = diff_text(&ddp_comparison(false), None);
+        assert!(wide.lines().all(|l| l.chars().count() <= 200), "{wide}");
+
+        // With --all, a long list that is the same everywhere is cut, not listed whole.
+        let all = diff_text(&ddp_comparison(true), Some(120));
+        assert!(all.lines().all(|l| l.chars().count() <= 120), "{all}");
+        let same = &all[all.find("spec.command").unwrap()..all.find('└').unwrap()];
+        assert!(same.contains('…') && !same.contains("--option-21"), "{all}");
     }
 
     #[test]

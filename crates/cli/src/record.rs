@@ -1,14 +1,17 @@
 //! `yard jobs show ID --record`: a job's run records (what exactly each attempt ran), a section
-//! a line; `-o json` prints the whole record.
+//! a line, in the words of [`summary`] (the job page's too); `-o json` prints the whole record.
 
 use std::fmt::Write;
 
 use serde_json::Value;
+use trainyard_core::record::summary::{self, text};
 use trainyard_core::record::{AttemptRunRecord, JobRunRecords, RunRecord};
-use trainyard_core::resources::Memory;
 
 /// How many packages are named besides torch (all of them are in `-o json`).
 const PACKAGES_SHOWN: usize = 5;
+
+/// What a section says when the engine has not reported it.
+const NOT_REPORTED: &str = "- (the engine reported none)";
 
 /// Every attempt's record as text.
 pub fn render(job: &JobRunRecords) -> String {
@@ -28,6 +31,7 @@ fn attempt(a: &AttemptRunRecord) -> String {
         Some(at) => format!("engine's part {}", at.format("%Y-%m-%d %H:%M:%S")),
         None => "no engine's part yet".into(),
     };
+    let reported = |part: Option<String>| part.unwrap_or_else(|| NOT_REPORTED.into());
     line(&mut out, "attempt", format!("{} (begun {}; {engine})", a.attempt, a.recorded_at.format("%Y-%m-%d %H:%M:%S")));
     line(&mut out, "hash", a.record_hash.clone());
     line(
@@ -40,54 +44,29 @@ fn attempt(a: &AttemptRunRecord) -> String {
     );
     line(&mut out, "parameters", parameters(r.params.as_ref()));
     line(&mut out, "spec hash", r.spec_hash.clone());
-    line(
-        &mut out,
-        "code",
-        match &r.code {
-            Some(code) => format!("{} ({})", code.digest, Memory(code.size_bytes)),
-            None => "none shipped".into(),
-        },
-    );
-    if let Some(user) = r.user_code.as_ref() {
-        line(&mut out, "user code", user_code(user));
+    line(&mut out, "code", summary::code(r).unwrap_or_else(|| "none shipped".into()));
+    if let Some(user) = summary::user_code(r) {
+        line(&mut out, "user code", user);
     }
-    for d in &r.datasets {
-        line(&mut out, "dataset", format!("{}@{} {} (parameter {})", d.name, d.version, d.content_hash, d.param));
+    for dataset in summary::datasets(r) {
+        line(&mut out, "dataset", dataset);
     }
-    line(&mut out, "data", data(r.data.as_ref()));
-    line(&mut out, "image", image(r));
+    line(&mut out, "data", reported(summary::data(r)));
+    line(&mut out, "image", summary::image(r));
     line(&mut out, "environment", environment(r));
-    line(&mut out, "hardware", hardware(r.hardware.as_ref()));
-    line(&mut out, "seeds", seeds(r.seeds.as_ref()));
+    line(&mut out, "hardware", reported(summary::hardware(r)));
+    line(&mut out, "seeds", reported(summary::seeds(r)));
     // A rerun that ran what it could not pin, as accepted.
     for input in &r.accepted_unpinned {
         line(&mut out, "unpinned", format!("{input} (accepted)"));
     }
     let engine = r.engine.as_ref().map(|e| format!("; engine {} {}", text(&e["name"]), text(&e["version"])));
-    line(
-        &mut out,
-        "trainyard",
-        format!(
-            "{} (commit {}){}",
-            r.trainyard.version,
-            r.trainyard.commit.as_deref().unwrap_or("unknown"),
-            engine.unwrap_or_default()
-        ),
-    );
+    line(&mut out, "trainyard", format!("{}{}", summary::trainyard(r), engine.unwrap_or_default()));
     out
 }
 
 fn line(out: &mut String, label: &str, value: String) {
     let _ = writeln!(out, "{:<12} {value}", format!("{label}:"));
-}
-
-/// A JSON value as text: strings bare, null as `-`.
-fn text(value: &Value) -> String {
-    match value {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
 }
 
 fn parameters(params: Option<&Value>) -> String {
@@ -102,109 +81,16 @@ fn parameters(params: Option<&Value>) -> String {
     }
 }
 
-fn user_code(user: &Value) -> String {
-    let mut parts = vec![match user["module"].as_str() {
-        Some(module) => module.to_string(),
-        None => "the template's example".into(),
-    }];
-    if let Some(hash) = user["module_sha256"].as_str() {
-        parts.push(hash.to_string());
-    }
-    if let Some(repo) = user["repository"].as_str() {
-        parts.push(format!("from {repo} at {}", text(&user["commit"])));
-    }
-    parts.join(" ")
-}
-
-fn data(data: Option<&Value>) -> String {
-    let Some(d) = data else { return "- (the engine reported none)".into() };
-    let mut text_out = format!(
-        "{} content {} ({} shards, {} samples)",
-        text(&d["path"]),
-        text(&d["content_hash"]),
-        text(&d["shards"]),
-        text(&d["samples"])
-    );
-    if let Some(ranks) = d["assignment"]["ranks"].as_array() {
-        let each: Vec<String> = ranks
-            .iter()
-            .take(4)
-            .map(|r| {
-                let shards = r["shards"].as_array().map_or(0, Vec::len);
-                format!("rank {} reads {shards} shards", text(&r["rank"]))
-            })
-            .collect();
-        let more = if ranks.len() > 4 { format!(", ... ({} ranks)", ranks.len()) } else { String::new() };
-        let _ = write!(text_out, "; epoch {}: {}{more}", text(&d["assignment"]["epoch"]), each.join(", "));
-    }
-    text_out
-}
-
-fn image(r: &RunRecord) -> String {
-    let mut image = format!("{} (executor {})", r.image, r.executor);
-    if !r.image_digests.is_empty() {
-        let _ = write!(image, ", ran {}", r.image_digests.join(", "));
-    }
-    image
-}
-
+/// The interpreter, then on a line of its own how many packages, torch's version and a few more.
 fn environment(r: &RunRecord) -> String {
-    let Some(env) = &r.environment else { return "- (the engine reported none)".into() };
-    let python = env.python.as_ref().map_or_else(
-        || "-".to_string(),
-        |p| format!("{} {} ({})", text(&p["implementation"]), text(&p["version"]), text(&p["executable"])),
-    );
+    let (Some(python), Some(env)) = (summary::python(r), &r.environment) else { return NOT_REPORTED.into() };
     let packages = &env.packages;
     let torch = packages.get("torch").map(|v| format!("torch {v}; ")).unwrap_or_default();
     let first: Vec<String> =
         packages.iter().filter(|(n, _)| *n != "torch").take(PACKAGES_SHOWN).map(|(n, v)| format!("{n} {v}")).collect();
     let more = packages.len().saturating_sub(first.len() + usize::from(packages.contains_key("torch")));
     let more = if more > 0 { format!(", and {more} more (-o json lists all)") } else { String::new() };
-    format!(
-        "{python} on {}\n{:<12} {} packages: {torch}{}{more}",
-        env.platform.as_deref().unwrap_or("-"),
-        "",
-        packages.len(),
-        first.join(", ")
-    )
-}
-
-fn hardware(hardware: Option<&Value>) -> String {
-    let Some(h) = hardware else { return "- (the engine reported none)".into() };
-    let memory = h["memory_bytes"].as_u64().map_or_else(|| "-".to_string(), gib);
-    let gpus = match h["gpus"].as_array() {
-        Some(gpus) if !gpus.is_empty() => format!("{} x {}", gpus.len(), text(&gpus[0]["name"])),
-        _ => "no GPU".into(),
-    };
-    format!(
-        "{}, {} CPUs, {memory}, {gpus}; driver {}, CUDA {}, cuDNN {}, NCCL {}; world size {} ({} replicas x {}, {})",
-        text(&h["cpu_model"]),
-        text(&h["cpu_count"]),
-        text(&h["driver"]),
-        text(&h["cuda"]),
-        text(&h["cudnn"]),
-        text(&h["nccl"]),
-        text(&h["world_size"]),
-        text(&h["replicas"]),
-        text(&h["processes_per_replica"]),
-        text(&h["backend"]),
-    )
-}
-
-/// Bytes as GiB with one decimal: a machine's memory is rarely a round number of anything.
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
-}
-
-fn seeds(seeds: Option<&Value>) -> String {
-    let Some(s) = seeds else { return "- (the engine reported none)".into() };
-    let ranks = s["rank_seeds"].as_array().map(|r| format!(", {} rank seeds", r.len())).unwrap_or_default();
-    format!(
-        "seed {}{ranks}; deterministic {}, cuBLAS workspace {}",
-        text(&s["seed"]),
-        text(&s["deterministic"]),
-        text(&s["cublas_workspace_config"])
-    )
+    format!("{python}\n{:<12} {} packages: {torch}{}{more}", "", packages.len(), first.join(", "))
 }
 
 #[cfg(test)]
@@ -244,10 +130,12 @@ mod tests {
             "template:    pytorch-ddp@1.4.0 sha256:bb (1 files)",
             "parameters:  data=/d seed=3",
             "spec hash:   sha256:dd",
-            "data:        /d content sha256:ee (7 shards, 900 samples); epoch 0: rank 0 reads 2 shards, rank 1 reads 1 shards",
+            "code:        none shipped",
+            "data:        /d read with content hash sha256:ee (7 shards, 900 samples); epoch 0: rank 0 reads 2 shards, rank 1 reads 1 shards",
             "7 packages: torch 2.15.0; a 1, b 2, c 3, d 4, e 5, and 1 more (-o json lists all)",
-            "Xeon, 8 CPUs, 1.0 GiB, no GPU; driver -, CUDA 13.2, cuDNN 9.26.0, NCCL -; world size 2 (2 replicas x 1, gloo)",
-            "seeds:       seed 3, 2 rank seeds; deterministic false",
+            "environment: CPython 3.12.3 (/v/python) on Linux",
+            "hardware:    Xeon, 8 CPUs, 1 GiB of memory, no GPU; driver -, CUDA 13.2, cuDNN 9.26.0, NCCL -; world size 2 (2 replicas × 1, gloo)",
+            "seeds:       seed 3, 2 rank seeds; deterministic false, cuBLAS workspace -",
             "trainyard:   0.1.0 (commit unknown); engine pytorch-ddp 1.4.0",
         ] {
             assert!(text.contains(expected), "{expected:?} in:\n{text}");

@@ -13,7 +13,7 @@ use tokio::io::AsyncWriteExt;
 use trainyard_core::api::{
     AccessMode, Artifact, ArtifactLink, ArtifactUploaded, StoragePolicy, StorageReport, Volume, VolumeCreate,
 };
-use trainyard_core::resources::Memory;
+use trainyard_core::resources::{Memory, human_memory};
 
 use crate::Output;
 use crate::client::Client;
@@ -103,14 +103,7 @@ pub async fn artifacts(client: &Client, out: Output, command: ArtifactsCommand) 
         ArtifactsCommand::Ls { job } => {
             let job = client.job_id(&job).await?;
             let list: Vec<Artifact> = client.get(&format!("/api/v1/jobs/{job}/artifacts")).await?;
-            output::print(out, &list, |list| {
-                list.iter()
-                    .map(|a| {
-                        let sha = a.sha256.as_deref().unwrap_or("-");
-                        format!("{}\t{}\t{}\t{}\n", a.path, a.size_bytes, sha, a.modified_at.to_rfc3339())
-                    })
-                    .collect()
-            })
+            output::print(out, &list, |list| output::artifacts_table(list))
         }
         ArtifactsCommand::Get { job, path, output_file } => {
             let job = client.job_id(&job).await?;
@@ -118,7 +111,7 @@ pub async fn artifacts(client: &Client, out: Output, command: ArtifactsCommand) 
             let target = output_file.unwrap_or_else(|| PathBuf::from(path.rsplit('/').next().unwrap_or(&path)));
             download(client, &link, &target).await?;
             if target != Path::new("-") {
-                eprintln!("saved {} ({} bytes) to {}", link.path, link.size_bytes, target.display());
+                eprintln!("saved {} ({}) to {}", link.path, human_memory(link.size_bytes), target.display());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -137,7 +130,7 @@ pub async fn artifacts(client: &Client, out: Output, command: ArtifactsCommand) 
                 client.put_body(&artifact_api_path(job, &path)?, reqwest::Body::wrap_stream(stream), len).await?;
             bar.finish_and_clear();
             output::print(out, &uploaded, |u| {
-                format!("uploaded {} ({} bytes, sha256 {})\n", u.path, u.size_bytes, u.sha256)
+                format!("uploaded {} ({}, sha256 {})\n", u.path, human_memory(u.size_bytes), u.sha256)
             })
         }
     }
@@ -181,29 +174,13 @@ pub async fn volumes(client: &Client, out: Output, command: VolumesCommand) -> a
     match command {
         VolumesCommand::Ls => {
             let list: Vec<Volume> = client.get("/api/v1/volumes").await?;
-            output::print(out, &list, |list| {
-                list.iter()
-                    .map(|v| {
-                        let size = Memory(v.size_bytes);
-                        let pending =
-                            v.pending_reason.as_deref().map(|r| format!("\tnot ready: {r}")).unwrap_or_default();
-                        format!(
-                            "{}\t{}\t{}\t{}\t{}{pending}\n",
-                            v.name,
-                            size,
-                            v.access_mode.as_str(),
-                            v.storage_class.as_deref().unwrap_or("-"),
-                            v.path
-                        )
-                    })
-                    .collect()
-            })
+            output::print(out, &list, |list| output::volumes_table(list))
         }
         VolumesCommand::Create { name, size, access_mode, storage_class } => {
             let body = VolumeCreate { name, size, access_mode, storage_class };
             let volume: Volume = client.post("/api/v1/volumes", &body).await?;
             output::print(out, &volume, |v| {
-                format!("created volume {} ({}) at {}\n", v.name, Memory(v.size_bytes), v.path)
+                format!("created volume {} ({}) at {}\n", v.name, human_memory(v.size_bytes), v.path)
             })
         }
         VolumesCommand::Delete { name } => {
@@ -220,14 +197,14 @@ pub async fn storage(client: &Client, out: Output, command: StorageCommand) -> a
             let report: StorageReport = client.get("/api/v1/storage").await?;
             output::print(out, &report, |r| {
                 let days = |d: Option<u32>| d.map(|d| format!("{d} days")).unwrap_or_else(|| "forever".into());
-                let quota = r.policy.storage_quota_bytes.map(|q| Memory(q).to_string()).unwrap_or("no limit".into());
+                let quota = r.policy.storage_quota_bytes.map_or_else(|| "no limit".into(), human_memory);
                 format!(
                     "tenant {}\nlogs kept {} after a job ends, artefacts {}\nvolumes: {} using {} of {}\n",
                     r.tenant,
                     days(r.policy.log_retention_days),
                     days(r.policy.artifact_retention_days),
                     r.volumes,
-                    Memory(r.volume_bytes),
+                    human_memory(r.volume_bytes),
                     quota
                 )
             })

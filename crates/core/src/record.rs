@@ -25,6 +25,8 @@ use crate::job::{CodeRef, JobSpec};
 use crate::rerun::UnpinnedInput;
 use crate::{Error, Result};
 
+pub mod summary;
+
 /// The most JSON an engine's part of a record may hold.
 pub const MAX_ENGINE_RECORD_BYTES: usize = 1024 * 1024;
 /// The most packages an environment may list.
@@ -253,34 +255,22 @@ pub struct RunRecord {
 
 impl RunRecord {
     pub fn merge(server: ServerRecord, image_digests: Vec<String>, engine: Option<EngineRecord>) -> RunRecord {
-        let ServerRecord {
-            template,
-            params,
-            spec,
-            spec_hash,
-            code,
-            datasets,
-            executor,
-            image,
-            trainyard,
-            accepted_unpinned,
-        } = server;
         let (environment, hardware, seeds, data, user_code, engine) = match engine {
             Some(e) => (Some(e.environment), e.hardware, e.seeds, e.data, e.user_code, e.engine),
-            None => (None, None, None, None, None, None),
+            None => Default::default(),
         };
         RunRecord {
-            template,
-            params,
-            spec,
-            spec_hash,
-            code,
-            datasets,
-            executor,
-            image,
+            template: server.template,
+            params: server.params,
+            spec: server.spec,
+            spec_hash: server.spec_hash,
+            code: server.code,
+            datasets: server.datasets,
+            executor: server.executor,
+            image: server.image,
             image_digests,
-            trainyard,
-            accepted_unpinned,
+            trainyard: server.trainyard,
+            accepted_unpinned: server.accepted_unpinned,
             environment,
             hardware,
             seeds,

@@ -224,8 +224,10 @@ pub fn human_cpus(millis: u64) -> String {
     format!("{cores} {unit}")
 }
 
-/// Memory as people read it, in every message a person reads: the largest binary unit that
-/// keeps one decimal, `512 MiB`, `1.5 GiB`, `1 TiB` (never a byte count, but below 1 KiB).
+/// Memory, and every size (a dataset, a code archive, a volume, an artefact), as people read it,
+/// in every message a person reads: the largest binary unit that keeps one decimal, `512 MiB`,
+/// `1.5 GiB`, `1 TiB` (never a byte count, but below 1 KiB, and never `Memory`'s exact
+/// `24684084Ki`, which is for parsing back).
 pub fn human_memory(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if bytes < 1024 {

@@ -11,6 +11,7 @@ use trainyard_core::Error;
 use trainyard_core::api::{MemberAdd, QuotaSet, TokenCreated};
 use trainyard_core::auth::Role;
 use trainyard_core::error::ObjectKind;
+use trainyard_core::resources::human_memory;
 
 use super::{CsrfForm, Nav, WebAuth, WebResult, render, when_opt};
 use crate::AppState;
@@ -140,11 +141,7 @@ pub async fn queue(State(state): State<AppState>, auth: WebAuth) -> WebResult<Re
             gpu_type: n.gpu_type.unwrap_or_else(|| "—".into()),
             gpus: format!("{} of {}", n.gpus_allocated, n.gpus),
             cpus: format!("{} of {}", cores(n.cpu_millis_allocated), cores(n.cpu_millis)),
-            memory: format!(
-                "{} of {}",
-                trainyard_core::resources::Memory(n.memory_bytes_allocated),
-                trainyard_core::resources::Memory(n.memory_bytes)
-            ),
+            memory: format!("{} of {}", human_memory(n.memory_bytes_allocated), human_memory(n.memory_bytes)),
             replicas: n.replicas,
             used_pct: if n.gpus > 0 {
                 u64::from(n.gpus_allocated) * 100 / u64::from(n.gpus)
@@ -256,7 +253,7 @@ pub struct NodeRow {
     pub gpu_type: String,
     pub gpus: u32,
     pub cpus: String,
-    pub memory_gib: String,
+    pub memory: String,
 }
 
 #[derive(Template)]
@@ -312,7 +309,7 @@ async fn admin_page(
             gpu_type: n.gpu_type.unwrap_or_else(|| "—".into()),
             gpus: n.gpus,
             cpus: format!("{:.1}", n.cpu_millis as f64 / 1000.0),
-            memory_gib: format!("{:.1}", n.memory_bytes as f64 / (1u64 << 30) as f64),
+            memory: human_memory(n.memory_bytes),
         })
         .collect();
     let roles = [Role::Viewer, Role::Member, Role::Admin].iter().map(|r| r.as_str()).collect();

@@ -277,7 +277,8 @@ struct JobPage {
     created: String,
     created_by: String,
     template: Option<trainyard_core::job::TemplateRef>,
-    code: Option<trainyard_core::job::CodeRef>,
+    /// The code archive shipped with the job: its digest and its size in human units.
+    code: Option<(String, String)>,
     params: Vec<(String, String)>,
     datasets: Vec<String>,
     outputs: Vec<(String, String)>,
@@ -336,7 +337,7 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         created: when(&job.created_at),
         created_by: job.created_by.clone(),
         template: job.spec.template.clone(),
-        code: job.spec.code.clone(),
+        code: job.spec.code.as_ref().map(|c| (c.digest.clone(), human_memory(c.size_bytes))),
         params,
         datasets: job.datasets.iter().map(|d| format!("{}@{} ({})", d.name, d.version, d.content_hash)).collect(),
         outputs: outputs.iter().map(|(k, v)| (k.clone(), compact(v))).collect(),

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use trainyard_core::api::{AccessMode, VolumeCreate};
 use trainyard_core::error::ObjectKind;
-use trainyard_core::resources::Memory;
+use trainyard_core::resources::{Memory, human_memory};
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
@@ -41,24 +41,13 @@ pub async fn artifact_rows(app: &App, auth: &WebAuth, job_id: Uuid) -> Result<Ve
             }
             ArtifactRow {
                 href: href.path().to_string(),
-                size: size_text(a.size_bytes),
+                size: human_memory(a.size_bytes),
                 sha256: a.sha256.unwrap_or_else(|| "—".into()),
                 modified: when(&a.modified_at),
                 path: a.path,
             }
         })
         .collect())
-}
-
-fn size_text(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 /// A download button: a fresh short-lived signed link, followed at once.
@@ -99,7 +88,7 @@ pub async fn datasets(State(state): State<AppState>, auth: WebAuth) -> WebResult
             reference: format!("{}@{}", d.name, d.version),
             format: d.format,
             samples: d.samples.map(|s| s.to_string()).unwrap_or_else(|| "—".into()),
-            size: d.size_bytes.map(|b| size_text(b.max(0) as u64)).unwrap_or_else(|| "—".into()),
+            size: d.size_bytes.map(|b| human_memory(b.max(0) as u64)).unwrap_or_else(|| "—".into()),
             content_hash: d.content_hash,
             uri: d.uri,
             created: when(&d.created_at),
@@ -138,7 +127,7 @@ async fn volumes_page(state: &AppState, auth: &WebAuth, error: Option<String>) -
         .await?
         .into_iter()
         .map(|v| VolumeRow {
-            size: Memory(v.size_bytes).to_string(),
+            size: human_memory(v.size_bytes),
             access_mode: v.access_mode.as_str(),
             storage_class: v.storage_class.unwrap_or_else(|| "(cluster default)".into()),
             path: v.path,
@@ -151,8 +140,8 @@ async fn volumes_page(state: &AppState, auth: &WebAuth, error: Option<String>) -
     let mut response = render(&VolumesPage {
         nav: Nav::new(auth, "volumes"),
         volumes,
-        used: size_text(report.volume_bytes),
-        quota: report.policy.storage_quota_bytes.map(size_text).unwrap_or_else(|| "no limit".into()),
+        used: human_memory(report.volume_bytes),
+        quota: report.policy.storage_quota_bytes.map_or_else(|| "no limit".into(), human_memory),
         can_write: can_write(&auth.caller),
         access_modes: vec!["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany"],
         error,
