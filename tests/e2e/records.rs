@@ -180,6 +180,8 @@ async fn a_training_run_records_every_package_its_data_and_seeds_and_identical_r
     }
     assert!(text.contains(&torch) && text.contains(&format!("{} packages", lock.len())), "{text}");
     assert!(text.contains(dataset["content_hash"].as_str().unwrap()), "{text}");
+    // workers=0 pins the input pipeline: decoding in the training process, nothing tuned.
+    assert!(text.contains("input:       0 workers × prefetch") && text.contains("(pinned)"), "{text}");
     let json_out = env.yard(&env.admin_token, &["jobs", "show", &first, "--record", "-o", "json"]);
     let printed: Value = serde_json::from_slice(&json_out.stdout).unwrap();
     assert_eq!(printed, record);
@@ -193,6 +195,7 @@ async fn a_training_run_records_every_package_its_data_and_seeds_and_identical_r
     assert!(page.contains(&format!("{} installed packages", lock.len())), "{page}");
     assert!(page.contains(&format!("<td>torch</td><td><code>{}</code>", lock["torch"])), "{page}");
     assert!(page.contains(dataset["content_hash"].as_str().unwrap()), "{page}");
+    assert!(page.contains("<dt>Input pipeline</dt><dd>0 workers × prefetch"), "{page}");
     let (status, whole) = web.get(&format!("/jobs/{first}/record.json")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(serde_json::from_str::<Value>(&whole).unwrap(), record, "the page's JSON is the API's");

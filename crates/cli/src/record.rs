@@ -56,6 +56,9 @@ fn attempt(a: &AttemptRunRecord) -> String {
     line(&mut out, "environment", environment(r));
     line(&mut out, "hardware", reported(summary::hardware(r)));
     line(&mut out, "seeds", reported(summary::seeds(r)));
+    if let Some(input) = summary::input_pipeline(r) {
+        line(&mut out, "input", input);
+    }
     // A rerun that ran what it could not pin, as accepted.
     for input in &r.accepted_unpinned {
         line(&mut out, "unpinned", format!("{input} (accepted)"));

@@ -23,7 +23,7 @@ import seeds
 import shards
 
 # The engine's version: the pytorch-ddp template's (a test checks they agree).
-ENGINE = {"name": "pytorch-ddp", "version": "1.4.0"}
+ENGINE = {"name": "pytorch-ddp", "version": "1.5.0"}
 # Above this many shards the record gives the rule and its inputs, not every rank's list: the
 # assignment is a pure function of the shard counts (in dataset.json, covered by its content
 # hash), the seed and the world size.
@@ -96,7 +96,9 @@ def build(facts, run):
     """The engine's record (the body of POST /api/v1/jobs/{id}/record) from `facts` about this
     machine (see `gather`) and `run`, this run's settings: seed, deterministic, world_size,
     replicas, processes_per_replica, backend, device_type, data_path, content_hash,
-    shard_samples, user_module, user_module_sha256, user_repo, user_commit."""
+    shard_samples, user_module, user_module_sha256, user_repo, user_commit, and input_pipeline:
+    the decode settings the run trained with ({workers, prefetch, autotuned, settled}: the
+    parameters autotune chose, and whether it had settled), which `yard rerun --set` can pin."""
     world = run["world_size"]
     return {
         "environment": {
@@ -146,7 +148,7 @@ def build(facts, run):
             "repository": run["user_repo"] or None,
             "commit": run["user_commit"] or None,
         },
-        "engine": dict(ENGINE),
+        "engine": dict(ENGINE, input_pipeline=dict(run["input_pipeline"])),
     }
 
 

@@ -1,7 +1,8 @@
 """The input pipeline: reads shards written by Trainyard's data pipeline (`yard-data pack`,
 `data-pack` template), gives every rank the same number of batches each epoch, decodes in worker
-processes with a prefetch buffer, and can start any epoch at any batch, so a resumed run sees
-each sample exactly once per epoch.
+processes with a prefetch buffer (both can change between any two batches: `BatchStream`, for
+autotune), and can start any epoch at any batch, so a resumed run sees each sample exactly once
+per epoch.
 
 The epoch's order (`EpochPlan`, pure and deterministic):
 1. Shards are ordered by sha256("<seed>:<epoch>:<position>"), the data pipeline's rule
@@ -23,6 +24,7 @@ exactly where it stopped, with no sample read to skip ahead.
 """
 import bisect
 import collections
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -30,6 +32,8 @@ import os
 import random
 import signal
 import tarfile
+import time
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -170,6 +174,31 @@ def shard_index(path, index_path):
     return samples
 
 
+class DecodeTimes:
+    """The seconds decode processes spent reading and decoding batches, and the batches they
+    made: running totals in memory shared with the decode workers (they are forked after it is
+    made), a slot per worker id and one for decoding in the training process; a slot has one
+    writer at a time (a replaced worker's id passes to a new one only after it exited). What
+    autotune measures the input stage by."""
+
+    SLOTS = 1 + 64
+
+    def __init__(self):
+        self.seconds = multiprocessing.RawArray("d", self.SLOTS)
+        self.batches = multiprocessing.RawArray("q", self.SLOTS)
+
+    def add(self, seconds):
+        info = torch.utils.data.get_worker_info()
+        slot = 0 if info is None else 1 + info.id
+        if slot < self.SLOTS:
+            self.seconds[slot] += seconds
+            self.batches[slot] += 1
+
+    def totals(self):
+        """(seconds, batches) over every process so far."""
+        return sum(self.seconds), sum(self.batches)
+
+
 class ShardDataset(Dataset):
     """Batches of one rank: item (epoch, batch) is micro-batch `batch` of `epoch` (samples
     [batch * batch_size, (batch + 1) * batch_size) of the rank's plan), decoded by `decode` under
@@ -190,6 +219,7 @@ class ShardDataset(Dataset):
         self._indexes = collections.OrderedDict()
         self._files = collections.OrderedDict()
         self._read_ahead = collections.deque(maxlen=8)
+        self.decode_times = DecodeTimes()
 
     def _index(self, shard):
         if shard not in self._indexes:
@@ -228,6 +258,7 @@ class ShardDataset(Dataset):
             os.posix_fadvise(self._file(shard), start, last["offset"] + last["size"] - start, os.POSIX_FADV_WILLNEED)
 
     def __getitem__(self, item):
+        began = time.monotonic()
         epoch, batch = item
         start = batch * self.batch_size
         first_block = start // self.plan.shuffle_block
@@ -236,7 +267,9 @@ class ShardDataset(Dataset):
         samples = [self.read(shard, index) for shard, index in self.plan.samples(epoch, start, self.batch_size)]
         with seeds.seeded(seeds.batch_seed(self.seed, epoch, self.rank, batch)):
             decoded = [self.decode(sample) for sample in samples]
-        return default_collate(decoded), [sample["__key__"] for sample in samples]
+        collated = default_collate(decoded)
+        self.decode_times.add(time.monotonic() - began)
+        return collated, [sample["__key__"] for sample in samples]
 
 
 class EpochBatches(Sampler):
@@ -275,6 +308,68 @@ def loader(dataset, workers, prefetch, pin_memory, seed):
         # so a `decode` from a module loaded by path needs no pickling.
         kwargs.update(prefetch_factor=prefetch, persistent_workers=True, multiprocessing_context="fork")
     return DataLoader(dataset, **kwargs)
+
+
+class BatchStream:
+    """The rank's micro-batches in the order `EpochBatches` gives them, through a loader that can
+    be rebuilt with other `workers` and `prefetch` between any two batches (`resize`, the
+    autotune's changes): a DataLoader cannot change its number of workers in place, but any
+    epoch can start at any batch, and batch b of an epoch is the same samples decoded under the
+    same seed whoever decodes it, so the sequence is exactly the same whatever the changes."""
+
+    def __init__(self, dataset, workers, prefetch, pin_memory, seed):
+        self.dataset, self.pin_memory, self.seed = dataset, pin_memory, seed
+        self.workers, self.prefetch = workers, prefetch
+        self.loader = loader(dataset, workers, prefetch, pin_memory, seed)
+        self._batches, self.tuned = None, False
+        self.epoch = self.next_batch = self.end = 0
+
+    def start(self, epoch, first, end):
+        """Micro-batches [first, end) of `epoch` come next."""
+        self.epoch, self.next_batch, self.end = epoch, first, end
+        self.loader.sampler.start(epoch, first, end)
+        with self._quiet():
+            self._batches = iter(self.loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._batches)
+        self.next_batch += 1
+        return item
+
+    def worker_pids(self):
+        """The process ids of the current decode workers (none with workers=0)."""
+        return [w.pid for w in getattr(self._batches, "_workers", ()) if w.is_alive()]
+
+    def resize(self, workers, prefetch):
+        """Goes on from the next batch not yet returned with `workers` decode processes and
+        `prefetch` batches each: the current workers are stopped (what they decoded ahead is
+        dropped and decoded again by the new ones) and a new loader starts at that batch."""
+        self.stop()
+        self.workers, self.prefetch, self.tuned = workers, prefetch, True
+        with self._quiet():
+            self.loader = loader(self.dataset, workers, prefetch, self.pin_memory, self.seed)
+        self.start(self.epoch, self.next_batch, self.end)
+
+    @contextlib.contextmanager
+    def _quiet(self):
+        """torch warns past one decode worker per core: not once autotune measured what they give."""
+        with warnings.catch_warnings():
+            if self.tuned:
+                warnings.filterwarnings("ignore", "This DataLoader will create")
+            yield
+
+    def stop(self):
+        """Stops the decode workers as the DataLoader does when it is done with them: asks them
+        to exit, joins them (terminating any that does not), and unregisters them from its
+        SIGCHLD handler, so that their exit is not taken for a failure."""
+        shutdown = getattr(self._batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._batches = None
+        self.loader = None
 
 
 def stop_decode_workers():

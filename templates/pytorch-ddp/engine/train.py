@@ -5,8 +5,11 @@ TRAINYARD_TOKEN and TRAINYARD_JOB_ID are set; without them it trains and reports
 
 Device and backend: placement.py (NCCL on the process's own GPU, gloo on CPU). Seeds: seeds.py
 (each rank its own, restored per rank on resume). Data order: shards.py (equal batches per rank,
-each sample at most once per epoch, resumable at any step). Checkpoints: checkpoints.py. The run
-record (packages, hardware, seeds, data): record.py, posted by rank 0 before the first step.
+each sample at most once per epoch, resumable at any step). Decode workers and prefetch: pinned,
+or tuned while training (`auto`, autotune.py; `InputPipeline` below). Checkpoints:
+checkpoints.py. The run record (packages, hardware, seeds, data, the input pipeline's settings):
+record.py, gathered by rank 0 before the first step and posted once the input pipeline's
+settings are known.
 
 Exactly once: a checkpoint holds every rank's position in the epoch (epoch, samples consumed, and
 the description of its sample order) and generator states; a resumed run continues each rank
@@ -34,6 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import autotune  # noqa: E402
 import checkpoints  # noqa: E402
 import placement  # noqa: E402
 import record  # noqa: E402
@@ -46,6 +50,11 @@ SAMPLE_LOG_ENV = "TRAINYARD_TEST_SAMPLE_LOG"
 # Collectives wait this long for a stuck peer (a dead one is noticed at once: its connection
 # closes). Long enough for rank 0 writing a large checkpoint or compiling a model.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+# Windows autotune's setting must hold after it settled before the run record keeps it.
+HELD_WINDOWS = 2
+# Called by `run` with the exit code as the process ends, however it ends (rank 0's run record,
+# when not yet posted).
+AT_EXIT = []
 
 
 class EngineError(Exception):
@@ -73,11 +82,28 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-volume", default="",
                    help="a volume for the checkpoints (they go to <volume>/jobs/<job id>/<output>)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept (0: all)")
-    p.add_argument("--workers", type=int, default=2, help="decode processes per training process")
-    p.add_argument("--prefetch", type=int, default=4, help="batches each decode process keeps ready")
+    p.add_argument("--workers", type=knob(0, autotune.MAX_WORKERS), default="auto",
+                   help="decode processes per training process, or auto (tuned while training)")
+    p.add_argument("--prefetch", type=knob(1, autotune.MAX_PREFETCH), default="auto",
+                   help="batches each decode process keeps ready, or auto (tuned while training)")
+    p.add_argument("--cpu", type=float, default=0, help="the replica's CPU cores, for autotune (0: not given)")
+    p.add_argument("--memory", default="", help="the replica's memory (4Gi, 512Mi), for autotune")
+    p.add_argument("--autotune-window", type=float, default=5.0, help="seconds autotune measures each setting for")
     p.add_argument("--shuffle-block", type=int, default=1000, help="samples shuffled together within a rank's share")
     p.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
+
+
+def knob(low, high):
+    """An argument that is `auto` or a whole number in [low, high]."""
+    def parse(text):
+        if text == "auto":
+            return text
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not auto nor in [{low}, {high}]")
+        return value
+    return parse
 
 
 def load_user_code(path):
@@ -175,21 +201,152 @@ def caused_by_a_peer(error):
         s in text for s in ("Connection closed by peer", "Connection reset by peer", "Timed out waiting"))
 
 
-def record_run(args, world, per_replica, backend, device, plan):
-    """Completes this attempt's run record with what only the engine knows (record.py): rank 0,
-    once, before the first step. Failing to record is reported and never stops training."""
-    module = args.user_module or os.path.join(os.path.dirname(os.path.abspath(__file__)), "example.py")
-    run = {"seed": args.seed, "deterministic": args.deterministic == "true", "world_size": world,
-           "replicas": world // max(1, per_replica), "processes_per_replica": per_replica, "backend": backend,
-           "device_type": device.type, "data_path": args.data, "content_hash": plan.content,
-           "shard_samples": plan.shard_samples, "user_module": args.user_module,
-           "user_module_sha256": record.file_sha256(module), "user_repo": args.user_repo,
-           "user_commit": args.user_commit}
-    try:
-        record.post(record.build(record.gather(), run))
-    except Exception as err:  # noqa: BLE001 - the record must never stop training
+class RunRecord:
+    """Completes this attempt's run record with what only the engine knows (record.py), on rank
+    0: the facts are gathered before the first step and posted once, as soon as the input
+    pipeline's settings are known: at once when they are pinned, once autotune's setting held
+    (`InputPipeline.confirmed`), or as the process ends before that (`settled: false`, the
+    settings then in use). Failing to record is reported and never stops training."""
+
+    def __init__(self, args, world, per_replica, backend, device, plan):
+        module = args.user_module or os.path.join(os.path.dirname(os.path.abspath(__file__)), "example.py")
+        self.run = {"seed": args.seed, "deterministic": args.deterministic == "true", "world_size": world,
+                    "replicas": world // max(1, per_replica), "processes_per_replica": per_replica,
+                    "backend": backend, "device_type": device.type, "data_path": args.data,
+                    "content_hash": plan.content, "shard_samples": plan.shard_samples,
+                    "user_module": args.user_module, "user_module_sha256": record.file_sha256(module),
+                    "user_repo": args.user_repo, "user_commit": args.user_commit}
+        self.facts, self.posted = None, False
+        try:
+            self.facts = record.gather()
+        except Exception as err:  # noqa: BLE001 - the record must never stop training
+            self._failed(err)
+
+    def post(self, input_pipeline, quiet=False):
+        """Posts the record (once); `quiet`: a failure is not printed (a failed process's last
+        line must stay its error, which Trainyard takes as the reason)."""
+        if self.posted or self.facts is None:
+            return
+        self.posted = True
+        try:
+            record.post(record.build(self.facts, dict(self.run, input_pipeline=input_pipeline)))
+        except Exception as err:  # noqa: BLE001 - the record must never stop training
+            if not quiet:
+                self._failed(err)
+
+    @staticmethod
+    def _failed(err):
         detail = err.read().decode(errors="replace") if hasattr(err, "read") else ""
         print(f"trainyard: could not complete the run record: {err} {detail}".strip(), flush=True)
+
+
+def tensor_bytes(value):
+    """The bytes of every tensor in a batch (tensors, or tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+class InputPipeline:
+    """This process's batches (shards.BatchStream) and how they are decoded: `workers` decode
+    processes with `prefetch` batches each, as the parameters pin them, or tuned while training
+    where they say `auto` (autotune.py). Every rank measures windows of the same steps; the
+    windows are combined across ranks (the most stalled, the slowest, the busiest; the smallest
+    limits), so every rank takes the same decision at the same step and the run record speaks
+    for all of them. A change rebuilds the loader at the next batch: the batches stay the same."""
+
+    def __init__(self, args, dataset, local_world, pin_memory, seed):
+        self.tuned = [k for k in ("workers", "prefetch") if getattr(args, k) == "auto" and args.workers != 0]
+        workers = autotune.START["workers"] if args.workers == "auto" else args.workers
+        prefetch = autotune.START["prefetch"] if args.prefetch == "auto" else args.prefetch
+        self.stream = shards.BatchStream(dataset, workers, prefetch, pin_memory, seed)
+        self.cores = autotune.process_cores(args.cpu or None, local_world)
+        memory = autotune.process_memory(autotune.quantity_bytes(args.memory), local_world)
+        self.prefetch_memory = autotune.prefetch_memory(memory, autotune.shm_free(), local_world)
+        self.meter = autotune.WindowMeter(args.autotune_window)
+        self.meter.restart(max(1, workers * prefetch))
+        self.tuner, self.settled, self.held, self.batch_bytes = None, not self.tuned, 0, None
+        if self.tuned:
+            print(f"input pipeline: tuning {' and '.join(self.tuned)} from {workers} workers x {prefetch} "
+                  f"prefetch, within {self.cores:g} cores", flush=True)
+
+    def confirmed(self):
+        """Pinned, or autotune settled and its setting held for HELD_WINDOWS more windows: what
+        the run record keeps. (It may still change later, if the stall comes back: the log and
+        the input_workers and input_prefetch metrics say so.)"""
+        return not self.tuned or (self.settled and self.held >= HELD_WINDOWS)
+
+    def settings(self):
+        """The settings as the run record keeps them (`yard rerun --set` pins them)."""
+        return {"workers": self.stream.workers, "prefetch": self.stream.prefetch, "autotuned": self.tuned,
+                "settled": self.confirmed()}
+
+    def batch_taken(self, batch, waited):
+        if self.batch_bytes is None:
+            self.batch_bytes = tensor_bytes(batch)
+        if self.tuned:
+            self.meter.batch_taken(waited)
+
+    def window_ready(self):
+        return bool(self.tuned) and self.meter.ready(time.monotonic())
+
+    def counters(self):
+        try:
+            cpu = autotune.cpu_seconds(self.stream.worker_pids())
+        except (OSError, ValueError, IndexError):
+            cpu = None
+        return autotune.Counters(cpu, *self.stream.dataset.decode_times.totals())
+
+    def step_ended(self, all_ready, collectives):
+        """After every optimizer step, on every rank; `all_ready`: every rank's window is (the
+        same on all ranks). Returns the decision taken, if any. Settled, it keeps measuring: the
+        tuner opens its knobs again if the stall comes back (autotune.py, rule 5)."""
+        if not self.tuned:
+            return None
+        now, counters = time.monotonic(), self.counters()
+        if not all_ready:
+            self.meter.step_ended(now, counters)
+            return None
+        window = self.meter.window(now, counters, self.cores, self.stream.workers)
+        limits = autotune.Limits.of(self.cores, self.prefetch_memory, self.batch_bytes or 1)
+        # One MAX over all ranks: the most stalled, the busiest, the slowest (delivered and
+        # decode workers'; -inf stands for unknown), the smallest limits.
+        unknown = -math.inf
+        combined = torch.tensor([window.stall_share, unknown if window.cpu_share is None else window.cpu_share,
+                                 -window.batches_per_second,
+                                 unknown if window.input_batches_per_second is None else -window.input_batches_per_second,
+                                 -limits.max_workers, -limits.max_inflight], dtype=torch.float64, device=collectives)
+        dist.all_reduce(combined, op=dist.ReduceOp.MAX)
+        stall, cpu_share, rate, supply, max_workers, max_inflight = combined.tolist()
+        current = autotune.Setting(self.stream.workers, self.stream.prefetch)
+        if self.tuner is None:
+            self.tuner = autotune.Tuner(current, autotune.Limits(int(-max_workers), int(-max_inflight)), self.tuned)
+            if self.tuner.setting != current:  # the start does not fit the limits: measure that instead
+                start = autotune.Decision(self.tuner.setting, False, "the start exceeds the limits")
+                return self._apply(start, now, counters)
+        decision = self.tuner.observe(autotune.Window(stall, -rate, None if cpu_share == unknown else cpu_share,
+                                                      None if supply == unknown else -supply))
+        return self._apply(decision, now, counters)
+
+    def _apply(self, decision, now, counters):
+        workers, prefetch = decision.setting
+        changed = (workers, prefetch) != (self.stream.workers, self.stream.prefetch)
+        if changed:
+            self.stream.resize(workers, prefetch)
+            self.meter.restart(max(1, workers * prefetch))
+        else:
+            self.meter.restart(0)
+            self.meter.step_ended(now, counters)
+        if changed or decision.settled != self.settled:
+            settled = f"; settled on {workers} workers x {prefetch} prefetch" if decision.settled else ""
+            print(f"input pipeline: {decision.reason}{settled}", flush=True)
+        self.held = self.held + 1 if decision.settled and self.settled and not changed else 0
+        self.settled = decision.settled
+        return decision
 
 
 def resume_state(directory, rank, device):
@@ -237,8 +394,14 @@ def main():
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     dataset = shards.ShardDataset(args.data, user.decode, rank, world, args.seed, args.batch_size, args.shuffle_block)
-    if rank == 0:
-        record_run(args, world, local_world, backend, device, dataset.plan)
+    run_record = RunRecord(args, world, local_world, backend, device, dataset.plan) if rank == 0 else None
+    # Starts no decode worker yet, and draws from no generator of this process.
+    pipeline = InputPipeline(args, dataset, local_world, pin_memory=device.type == "cuda",
+                             seed=seeds.rank_seed(args.seed, rank))
+    if run_record is not None:
+        AT_EXIT.append(lambda code: run_record.post(pipeline.settings(), quiet=code != 0))
+        if pipeline.confirmed():
+            run_record.post(pipeline.settings())
     epoch_steps = steps_per_epoch(dataset.plan.samples_per_rank, args.batch_size, args.grad_accum)
     if epoch_steps == 0:
         raise EngineError(f"{args.data} holds {dataset.plan.samples_total} samples, too few for one step of {world} "
@@ -296,25 +459,25 @@ def main():
 
     reporter = Reporter(rank == 0)
     sample_log = SampleLog(rank)
-    batch_loader = shards.loader(dataset, args.workers, args.prefetch, pin_memory=device.type == "cuda",
-                                 seed=seeds.rank_seed(args.seed, rank))
     if rng is not None:
         # Last, so that nothing between here and the first step draws from them.
         seeds.rng_restore(rng, device)
     started, resumed_at, stall_total = time.monotonic(), step, 0.0
+    reported = (started, stall_total)
     finished = step >= total_steps
     while epoch < args.epochs and not finished:
         micro = cursor // args.batch_size
-        batch_loader.sampler.start(epoch, micro, epoch_micro_batches)
-        batches = iter(batch_loader)
+        pipeline.stream.start(epoch, micro, epoch_micro_batches)
         step_loss, step_keys = torch.zeros((), device=device), []
         while True:
             waited = time.monotonic()
             try:
-                (inputs, targets), keys = next(batches)
+                (inputs, targets), keys = next(pipeline.stream)
             except StopIteration:
                 break
-            stall_total += time.monotonic() - waited
+            stall = time.monotonic() - waited
+            stall_total += stall
+            pipeline.batch_taken((inputs, targets), stall)
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             micro += 1
             syncing = micro % args.grad_accum == 0
@@ -333,21 +496,32 @@ def main():
             scheduler.step()
             step, cursor = step + 1, micro * args.batch_size
             sample_log.record(epoch, step, step_keys, step_loss)
-            # Every rank agrees on stopping at the same step (on the backend's device: NCCL
-            # reduces CUDA tensors only).
-            flag = torch.tensor([1.0 if stop["requested"] else 0.0], device=collectives)
-            dist.all_reduce(flag)
-            stopping = flag.item() > 0
+            # Every rank agrees on stopping at the same step, and on when autotune's window ends
+            # (on the backend's device: NCCL reduces CUDA tensors only).
+            flags = torch.tensor([1.0 if stop["requested"] else 0.0, 1.0 if pipeline.window_ready() else 0.0],
+                                 device=collectives)
+            dist.all_reduce(flags)
+            stop_votes, ready_votes = flags.tolist()
+            stopping = stop_votes > 0
+            decision = pipeline.step_ended(ready_votes == world and not stopping and step < total_steps, collectives)
+            if decision is not None and pipeline.confirmed() and run_record is not None:
+                run_record.post(pipeline.settings())
             if rank == 0 and step % args.log_every == 0:
                 # This process's steps over its own time: a resumed run starts counting afresh.
                 samples = (step - resumed_at) * args.batch_size * args.grad_accum * world
                 samples_per_second = samples / (time.monotonic() - started)
                 # The share of this process's time spent waiting for data (operators see it
                 # per tenant as trainyard_input_stall_share).
-                stall_share = stall_total / max(time.monotonic() - started, 1e-9)
+                now = time.monotonic()
+                stall_share = stall_total / max(now - started, 1e-9)
+                # The same since the last report: what the current decode settings give.
+                recent_share = (stall_total - reported[1]) / max(now - reported[0], 1e-9)
+                reported = (now, stall_total)
                 reporter.add(step, loss=step_loss.item(), lr=scheduler.get_last_lr()[0],
                              samples_per_second=samples_per_second, input_stall_seconds=stall_total,
                              input_stall_share=min(stall_share, 1.0),
+                             input_stall_share_recent=min(recent_share, 1.0),
+                             input_workers=pipeline.stream.workers, input_prefetch=pipeline.stream.prefetch,
                              **gpu_utilization(device))
                 reporter.flush()
                 print(f"step {step} loss {step_loss.item():.4f}", flush=True)
@@ -371,7 +545,8 @@ def main():
 
 def run():
     """main(), then exit at once with its exit code: on any exception, after the traceback (or
-    one `trainyard:` line) and with the decode workers killed, so no process is left waiting."""
+    one `trainyard:` line) and with the decode workers killed, so no process is left waiting;
+    rank 0's run record is posted first if it was not yet (autotune had not settled)."""
     code = 0
     try:
         main()
@@ -391,6 +566,11 @@ def run():
         shards.stop_decode_workers()
     except Exception:  # noqa: BLE001 - exiting matters more
         traceback.print_exc()
+    for finish in AT_EXIT:
+        try:
+            finish(code)
+        except Exception:  # noqa: BLE001 - exiting matters more
+            traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
     # Not sys.exit: interpreter shutdown can wait on threads and children (gloo, DataLoader).

@@ -2,6 +2,8 @@
 two ranks or twice in an epoch, a new order each epoch, any position reachable without reading
 the ones before it, and batches that do not depend on the number of decode workers."""
 import collections
+import itertools
+import multiprocessing
 import os
 
 import pytest
@@ -88,6 +90,28 @@ def test_batches_do_not_depend_on_the_number_of_decode_workers(uneven_dataset):
     for (a, at, _), (b, bt, _) in zip(alone, three):
         assert torch.equal(a, b) and torch.equal(at, bt), "the same noise (decode runs under the batch's seed)"
     shards.stop_decode_workers()
+
+
+def test_an_autotune_change_of_workers_mid_epoch_leaves_the_batches_as_they_were(uneven_dataset):
+    """Autotune rebuilds the loader with other workers and prefetch between two batches
+    (shards.BatchStream.resize): the batches that follow are the same samples, decoded under
+    the same seeds, as without any change."""
+    data, _ = uneven_dataset
+    dataset = shards.ShardDataset(data, user_noisy.decode, 0, 2, seed=0, batch_size=8, shuffle_block=100)
+    alone = batches(dataset, 0, 1, 0, 20)
+    stream = shards.BatchStream(dataset, 1, 2, False, seed=0)
+    stream.start(1, 0, 20)
+    changed = []
+    for workers, prefetch, count in ((1, 2, 3), (3, 2, 5), (2, 4, 1), (0, 1, 4), (3, 8, 100)):
+        if (workers, prefetch) != (stream.workers, stream.prefetch):
+            stream.resize(workers, prefetch)
+        changed += [(inputs, targets, keys) for (inputs, targets), keys in itertools.islice(stream, count)]
+    stream.stop()
+    assert stream.next_batch == 20
+    assert [k for _, _, k in changed] == [k for _, _, k in alone]
+    for (a, at, _), (b, bt, _) in zip(alone, changed):
+        assert torch.equal(a, b) and torch.equal(at, bt)
+    assert multiprocessing.active_children() == [], "the replaced workers are gone"
 
 
 def test_a_batch_holds_the_samples_its_keys_name(uneven_dataset):

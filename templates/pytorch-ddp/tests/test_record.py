@@ -41,7 +41,8 @@ def run(**overrides):
     base = {"seed": 7, "deterministic": True, "world_size": 4, "replicas": 2, "processes_per_replica": 2,
             "backend": "nccl", "device_type": "cuda", "data_path": "/data/shards",
             "content_hash": "sha256:" + "ab" * 32, "shard_samples": UNEVEN_SHARDS,
-            "user_module": "", "user_module_sha256": "sha256:" + "cd" * 32, "user_repo": "", "user_commit": ""}
+            "user_module": "", "user_module_sha256": "sha256:" + "cd" * 32, "user_repo": "", "user_commit": "",
+            "input_pipeline": {"workers": 4, "prefetch": 2, "autotuned": ["workers", "prefetch"], "settled": True}}
     base.update(overrides)
     return base
 
@@ -114,6 +115,15 @@ def test_the_body_has_exactly_the_fields_the_api_takes_and_is_json():
     assert body["user_code"]["commit"] == "abc1234" and body["user_code"]["module"] is None
     assert json.loads(json.dumps(body)) == body
     assert record.build(facts(), run()) == record.build(facts(), run()), "the same facts, the same record"
+
+
+def test_the_engine_part_keeps_the_decode_settings_a_rerun_can_pin():
+    engine = record.build(facts(), run())["engine"]
+    assert engine["input_pipeline"] == {"workers": 4, "prefetch": 2, "autotuned": ["workers", "prefetch"],
+                                        "settled": True}
+    assert (engine["name"], engine["version"]) == (record.ENGINE["name"], record.ENGINE["version"])
+    pinned = {"workers": 0, "prefetch": 2, "autotuned": [], "settled": True}
+    assert record.build(facts(), run(input_pipeline=pinned))["engine"]["input_pipeline"] == pinned
 
 
 def test_the_engine_version_is_the_templates():

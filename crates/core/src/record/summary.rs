@@ -133,6 +133,20 @@ pub fn seeds(record: &RunRecord) -> Option<String> {
     ))
 }
 
+/// The decode settings the engine trained with, `2 workers × prefetch 4 (auto: workers,
+/// prefetch; settled)`; none when the engine reported none (engines before pytorch-ddp 1.5.0).
+pub fn input_pipeline(record: &RunRecord) -> Option<String> {
+    let p = record.engine.as_ref()?.get("input_pipeline")?;
+    let tuned: Vec<String> = p["autotuned"].as_array().map(|a| a.iter().map(text).collect()).unwrap_or_default();
+    let how = if tuned.is_empty() {
+        "pinned".to_string()
+    } else {
+        let settled = if p["settled"].as_bool() == Some(true) { "settled" } else { "not settled when recorded" };
+        format!("auto: {}; {settled}", tuned.join(", "))
+    };
+    Some(format!("{} workers × prefetch {} ({how})", text(&p["workers"]), text(&p["prefetch"])))
+}
+
 /// The Trainyard that launched the attempt, `0.1.0 (commit 1a2b3c4)`.
 pub fn trainyard(record: &RunRecord) -> String {
     format!("{} (commit {})", record.trainyard.version, record.trainyard.commit.as_deref().unwrap_or("unknown"))
@@ -184,6 +198,20 @@ mod tests {
         assert_eq!(seeds(&r).unwrap(), "seed 3, 4 rank seeds; deterministic true, cuBLAS workspace -");
         assert_eq!(image(&r), "local (executor local)");
         assert_eq!(trainyard(&r), "0.1.0 (commit unknown)");
+        assert_eq!(input_pipeline(&r), None, "an engine that reported no input pipeline");
+    }
+
+    #[test]
+    fn the_input_pipeline_says_what_autotune_chose_and_whether_it_settled() {
+        let mut r = record();
+        r.engine = Some(json!({"name": "pytorch-ddp", "version": "1.5.0",
+            "input_pipeline": {"workers": 2, "prefetch": 4, "autotuned": ["workers", "prefetch"], "settled": true}}));
+        assert_eq!(input_pipeline(&r).unwrap(), "2 workers × prefetch 4 (auto: workers, prefetch; settled)");
+        r.engine =
+            Some(json!({"input_pipeline": {"workers": 3, "prefetch": 2, "autotuned": ["workers"], "settled": false}}));
+        assert_eq!(input_pipeline(&r).unwrap(), "3 workers × prefetch 2 (auto: workers; not settled when recorded)");
+        r.engine = Some(json!({"input_pipeline": {"workers": 0, "prefetch": 4, "autotuned": [], "settled": true}}));
+        assert_eq!(input_pipeline(&r).unwrap(), "0 workers × prefetch 4 (pinned)");
     }
 
     #[test]

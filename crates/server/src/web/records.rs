@@ -32,6 +32,8 @@ pub struct RecordSummary {
     pub packages: Vec<(String, String)>,
     pub hardware: Option<String>,
     pub seeds: Option<String>,
+    /// The decode workers and prefetch the engine trained with (chosen by autotune or pinned).
+    pub input_pipeline: Option<String>,
     pub trainyard: String,
     /// A rerun's inputs it could not pin, accepted by whoever ran it.
     pub accepted_unpinned: Vec<String>,
@@ -62,6 +64,7 @@ impl RecordSummary {
                 .unwrap_or_default(),
             hardware: summary::hardware(r),
             seeds: summary::seeds(r),
+            input_pipeline: summary::input_pipeline(r),
             trainyard: summary::trainyard(r),
             accepted_unpinned: r.accepted_unpinned.iter().map(ToString::to_string).collect(),
         }
