@@ -86,6 +86,9 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /api/v1/jobs/{id}/record", "401 401 401 401 401 ok"),
     // Comparing runs: tenant A's job with itself, read like a job (the query is filled in).
     ("GET /api/v1/compare", "401 ok ok 404 ok 401"),
+    // Lineage: the tenant's own, walked from a job or a dataset version.
+    ("GET /api/v1/jobs/{id}/lineage", "401 ok ok 404 ok 401"),
+    ("GET /api/v1/datasets/{name}/{version}/lineage", "401 ok ok 404 ok 401"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),
@@ -109,6 +112,8 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /jobs/{id}/rerun", "login 403 ok 404 ok login"),
     ("GET /jobs/{id}/artifacts/{*path}", "login ok ok 404 ok login"),
     ("GET /compare", "login ok ok 404 ok login"),
+    ("GET /jobs/{id}/lineage", "login ok ok 404 ok login"),
+    ("GET /datasets/{name}/{version}/lineage", "login ok ok 404 ok login"),
     ("GET /datasets", "login ok ok ok ok login"),
     ("GET /volumes", "login ok ok ok ok login"),
     ("POST /volumes", "login 403 ok ok ok login"),
@@ -208,7 +213,7 @@ impl World {
             .replace("{tenant}", "default")
             .replace("{flavor}", "simulated-gpu")
             .replace("{template}", "shell");
-        if route.starts_with("/api/v1/datasets/") {
+        if route.starts_with("/api/v1/datasets/") || route.starts_with("/datasets/") {
             path = path.replace("{name}", "ds").replace("{version}", "1");
         }
         if route.contains("/templates/") {

@@ -12,6 +12,7 @@ mod dev;
 mod fuzz;
 mod input;
 mod jobs;
+mod lineage;
 mod operations;
 mod records;
 mod recovery;

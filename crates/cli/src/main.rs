@@ -95,6 +95,18 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
+    /// Where a job or dataset version came from and what came of it: upstream the dataset
+    /// versions a job read, the jobs they were registered from and the job it reran; downstream
+    /// the dataset versions registered from its output, its artefacts, its reruns and the jobs
+    /// that read those datasets.
+    Lineage {
+        /// A job (id, short id or name) or a dataset version, NAME@VERSION.
+        #[arg(value_name = "JOB|DATASET@VERSION")]
+        of: String,
+        /// Levels to walk each way (1 to 50).
+        #[arg(long, default_value_t = trainyard_core::lineage::DEFAULT_DEPTH)]
+        depth: u32,
+    },
     /// Print a replica's log; `-f` follows it until the job ends.
     Logs {
         id: String,
@@ -585,6 +597,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let comparison: trainyard_core::compare::Comparison =
                 client.get(&format!("/api/v1/compare?{query}")).await?;
             output::print(out, &comparison, output::diff_table)
+        }
+        Command::Lineage { of, depth } => {
+            let path = if of.contains('@') {
+                let dataset = trainyard_core::names::DatasetRef::parse(&of).map_err(anyhow::Error::msg)?;
+                format!("/api/v1/datasets/{}/{}/lineage", dataset.name(), dataset.version())
+            } else {
+                format!("/api/v1/jobs/{}/lineage", client.job_id(&of).await?)
+            };
+            let lineage: trainyard_core::lineage::Lineage = client.get(&format!("{path}?depth={depth}")).await?;
+            output::print(out, &lineage, trainyard_core::lineage::Lineage::render)
         }
         Command::Nodes => {
             let nodes: trainyard_core::api::Nodes = client.get("/api/v1/nodes").await?;

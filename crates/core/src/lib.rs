@@ -9,12 +9,14 @@
 //! - [`record`]: the run record of an attempt (what exactly ran), its canonical JSON and hashes.
 //! - [`compare`]: runs compared field by field, in sections (`yard diff`, the compare page).
 //! - [`rerun`]: what a rerun cannot pin (a file on the machine, an image tag), named.
+//! - [`lineage`]: which jobs read and wrote which datasets and artefacts, walked both ways.
 
 pub mod api;
 pub mod auth;
 pub mod compare;
 pub mod error;
 pub mod job;
+pub mod lineage;
 pub mod names;
 pub mod record;
 pub mod rerun;

@@ -104,6 +104,40 @@ impl Store {
         .ok_or_else(|| Error::not_found(trainyard_core::error::ObjectKind::Dataset))?;
         Ok(row.into())
     }
+    /// The tenant's dataset versions among `refs` (name, version); those not registered are
+    /// left out.
+    pub async fn datasets_by_refs(&self, tenant_id: Uuid, refs: &[(String, String)]) -> Result<Vec<Dataset>> {
+        let (names, versions): (Vec<&str>, Vec<&str>) = refs.iter().map(|(n, v)| (n.as_str(), v.as_str())).unzip();
+        // language=PostgreSQL
+        let rows: Vec<DatasetRow> = sqlx::query_as(
+            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
+                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
+             WHERE d.tenant_id = $1 AND (d.name, d.version) IN (SELECT * FROM unnest($2::text[], $3::text[]))",
+        )
+        .bind(tenant_id)
+        .bind(names)
+        .bind(versions)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows.into_iter().map(Dataset::from).collect())
+    }
+
+    /// The tenant's dataset versions registered from the output of one of `jobs`.
+    pub async fn datasets_produced_by(&self, tenant_id: Uuid, jobs: &[Uuid]) -> Result<Vec<Dataset>> {
+        // language=PostgreSQL
+        let rows: Vec<DatasetRow> = sqlx::query_as(
+            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
+                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
+             WHERE d.tenant_id = $1 AND d.source_job = ANY($2) ORDER BY d.created_at",
+        )
+        .bind(tenant_id)
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows.into_iter().map(Dataset::from).collect())
+    }
 }
 
 #[derive(sqlx::FromRow)]

@@ -272,6 +272,17 @@ impl Store {
         row.try_into()
     }
 
+    /// The tenant's jobs among `ids` (another tenant's id finds nothing), in no given order.
+    pub async fn jobs_get_many(&self, tenant_id: Uuid, ids: &[Uuid]) -> Result<Vec<Job>> {
+        let rows: Vec<JobRow> = sqlx::query_as(job_select!("WHERE j.tenant_id = $1 AND j.id = ANY($2)"))
+            .bind(tenant_id)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+        rows.into_iter().map(Job::try_from).collect()
+    }
+
     /// One page of the tenant's jobs, newest first. Keyset pagination on the time-ordered id, so
     /// a page costs the same however deep it is.
     pub async fn jobs_list(&self, tenant_id: Uuid, filter: &JobFilter) -> Result<JobPage> {

@@ -19,6 +19,7 @@ pub mod audit;
 pub mod datasets;
 pub mod embedded;
 pub mod jobs;
+pub mod lineage;
 pub mod metrics;
 pub mod reconcile;
 pub mod records;

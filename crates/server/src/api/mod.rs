@@ -7,6 +7,7 @@ mod compare;
 mod datasets;
 mod health;
 pub mod jobs;
+mod lineage;
 mod logs;
 mod metrics;
 mod records;
@@ -46,6 +47,8 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/jobs/{id}/outputs", get(metrics::outputs_get).post(metrics::output_post))
         .route("/api/v1/jobs/{id}/record", get(records::record_get).post(records::record_post))
         .route("/api/v1/compare", get(compare::compare_get))
+        .route("/api/v1/jobs/{id}/lineage", get(lineage::job_lineage))
+        .route("/api/v1/datasets/{name}/{version}/lineage", get(lineage::dataset_lineage))
         .route("/api/v1/jobs/{id}/schedule", get(scheduling::job_schedule))
         .route("/api/v1/jobs/what-if", post(scheduling::job_what_if))
         .route("/api/v1/quota", get(scheduling::quota_get))
@@ -111,6 +114,8 @@ fn storage_routes() -> RouteTable {
         records::record_post,
         records::record_get,
         compare::compare_get,
+        lineage::job_lineage,
+        lineage::dataset_lineage,
         scheduling::quota_get,
         scheduling::queue_get,
         scheduling::nodes_get,

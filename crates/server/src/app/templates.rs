@@ -86,20 +86,38 @@ impl App {
         };
         let mut values = template.check_params(&run.params)?;
         // A dataset parameter names a registered version: the job gets its URI and records
-        // exactly which version and content it used.
+        // exactly which version and content it used. So does a path parameter given as
+        // NAME@VERSION (a folder name with '@' in it is written `./name@x`); a path parameter
+        // given as a registered version's folder records that version too.
         let mut datasets = Vec::new();
+        let mut folders: Vec<(String, String)> = Vec::new();
         for (param, spec) in &template.manifest.parameters {
-            if spec.kind != trainyard_templates::ParamKind::Dataset {
-                continue;
-            }
             let Some(reference) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
-            let dataset_ref = trainyard_core::names::DatasetRef::parse(&reference)
-                .map_err(|message| Error::invalid(format!("params.{param}"), message))?;
+            match spec.kind {
+                trainyard_templates::ParamKind::Dataset => {}
+                trainyard_templates::ParamKind::Path if reference.contains('@') && !reference.contains('/') => {}
+                trainyard_templates::ParamKind::Path if reference.starts_with('/') => {
+                    folders.push((param.clone(), reference));
+                    continue;
+                }
+                _ => continue,
+            }
+            let is_path = spec.kind == trainyard_templates::ParamKind::Path;
+            let dataset_ref = match trainyard_core::names::DatasetRef::parse(&reference) {
+                Ok(dataset_ref) => dataset_ref,
+                // Not a dataset version's name: a path after all.
+                Err(_) if is_path => continue,
+                Err(message) => return Err(Error::invalid(format!("params.{param}"), message)),
+            };
             let (name, version) = (dataset_ref.name(), dataset_ref.version());
             let dataset = self.store.dataset_get(caller.tenant_id, name, version).await.map_err(|err| match err {
                 Error::NotFound { .. } => Error::invalid(
                     format!("params.{param}"),
-                    format!("no dataset {reference} is registered in your tenant"),
+                    if is_path {
+                        format!("no dataset {reference} is registered in your tenant (a file or folder named so: ./{reference})")
+                    } else {
+                        format!("no dataset {reference} is registered in your tenant")
+                    },
                 ),
                 other => other,
             })?;
@@ -111,6 +129,22 @@ impl App {
                 uri: dataset.uri,
                 content_hash: dataset.content_hash,
             });
+        }
+        if !folders.is_empty() {
+            let uris: Vec<String> = folders.iter().map(|(_, path)| path.clone()).collect();
+            let registered = self.store.datasets_at(caller.tenant_id, &uris).await?;
+            for (param, path) in folders {
+                // The newest version registered at that folder (versions are listed oldest first).
+                if let Some(dataset) = registered.iter().rev().find(|d| d.uri == path) {
+                    datasets.push(trainyard_core::api::DatasetUse {
+                        param,
+                        name: dataset.name.clone(),
+                        version: dataset.version.clone(),
+                        uri: dataset.uri.clone(),
+                        content_hash: dataset.content_hash.clone(),
+                    });
+                }
+            }
         }
         // A volume parameter names one of the tenant's volumes: the job gets its path, and the
         // spec lists it so that a cluster executor mounts it there.

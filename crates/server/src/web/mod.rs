@@ -19,6 +19,7 @@ mod admin;
 mod assets;
 mod compare;
 mod jobs;
+mod lineage;
 mod records;
 mod session;
 mod storage;
@@ -54,6 +55,8 @@ pub fn routes() -> RouteTable {
         .route("/jobs/{id}/rerun", post(jobs::rerun))
         .route("/jobs/{id}/artifacts/{*path}", get(storage::artifact_download))
         .route("/compare", get(compare::compare))
+        .route("/jobs/{id}/lineage", get(lineage::job))
+        .route("/datasets/{name}/{version}/lineage", get(lineage::dataset))
         .route("/datasets", get(storage::datasets))
         .route("/volumes", get(storage::volumes).post(storage::volume_create))
         .route("/volumes/{name}/delete", post(storage::volume_delete))

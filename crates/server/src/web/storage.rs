@@ -63,6 +63,8 @@ pub async fn artifact_download(
 
 pub struct DatasetRow {
     pub reference: String,
+    /// Its lineage page.
+    pub lineage: String,
     pub format: String,
     pub samples: String,
     pub size: String,
@@ -86,6 +88,8 @@ pub async fn datasets(State(state): State<AppState>, auth: WebAuth) -> WebResult
         .into_iter()
         .map(|d| DatasetRow {
             reference: format!("{}@{}", d.name, d.version),
+            // Names and versions are letters, digits, '.', '_' and '-': nothing to encode.
+            lineage: format!("/datasets/{}/{}/lineage", d.name, d.version),
             format: d.format,
             samples: d.samples.map(|s| s.to_string()).unwrap_or_else(|| "—".into()),
             size: d.size_bytes.map(|b| human_memory(b.max(0) as u64)).unwrap_or_else(|| "—".into()),
