@@ -12,16 +12,20 @@ use trainyard_tests::{StatusCode, TestEnv};
 
 const WAIT: Duration = Duration::from_secs(15);
 
-/// Posts five `loss` points with the job's token (scaled by `$LR`), then ends.
+/// Posts five `loss` points with the job's token (scaled by `$LR`) in two posts 0.4 s apart, as
+/// an engine reports while it trains, then ends.
 const REPORTER: &str = r#"
-import json, os, urllib.request
+import json, os, time, urllib.request
 url, token, job = os.environ["TRAINYARD_URL"], os.environ["TRAINYARD_TOKEN"], os.environ["TRAINYARD_JOB_ID"]
 lr = float(os.environ["LR"])
-points = [{"step": i, "name": "loss", "value": lr * (5 - i)} for i in range(5)]
-points += [{"step": i, "name": "accuracy", "value": 0.2 * i} for i in range(5)]
-request = urllib.request.Request(f"{url}/api/v1/jobs/{job}/metrics", data=json.dumps({"points": points}).encode(),
-    headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
-print(urllib.request.urlopen(request).read().decode(), flush=True)
+def post(points):
+    request = urllib.request.Request(f"{url}/api/v1/jobs/{job}/metrics", data=json.dumps({"points": points}).encode(),
+        headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    print(urllib.request.urlopen(request).read().decode(), flush=True)
+post([{"step": i, "name": "loss", "value": lr * (5 - i)} for i in range(3)]
+     + [{"step": i, "name": "accuracy", "value": 0.2 * i} for i in range(5)])
+time.sleep(0.4)
+post([{"step": i, "name": "loss", "value": lr * (5 - i)} for i in range(3, 5)])
 "#;
 
 /// A run of the reporter with this learning rate, finished.
@@ -184,5 +188,26 @@ async fn the_compare_page_shows_only_differences_then_all_and_a_line_per_run() {
     browser.wait_text("#compare-chart h3", WAIT, |t| t == "accuracy").await;
     assert_eq!(compare_chart(&browser).await["plotted"], 2);
     assert!(c.current_url().await.unwrap().as_str().contains("all=true"), "the choice of all fields is kept");
+
+    // Loss lined up by wall time: seconds since each run's first point; the points of one post
+    // share its time, so each run has a point at 0 s and one about 0.4 s later.
+    c.find(Locator::Css("#c-metric option[value=loss]")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Css("#c-x option[value=time]")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Css("form.filters button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser.wait_text("#compare-chart h3", WAIT, |t| t == "loss").await;
+    assert!(c.current_url().await.unwrap().as_str().contains("x=time"), "{:?}", c.current_url().await);
+    assert_eq!(compare_chart(&browser).await["plotted"], 2);
+    let read = "return JSON.parse(document.getElementById('compare-chart').dataset.compare);";
+    let data = c.execute(read, vec![]).await.unwrap();
+    assert_eq!(data["x_label"], "seconds since the run's first point", "{data}");
+    let x: Vec<f64> = data["x"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(x[0], 0.0, "{data}");
+    assert!((0.3..5.0).contains(x.last().unwrap()), "the second post's time: {data}");
+    for series in data["series"].as_array().unwrap() {
+        let points = series["values"].as_array().unwrap().iter().filter(|v| !v.is_null()).count();
+        assert_eq!(points, 2, "one point per post, at its last step: {series}");
+    }
+    let selected = c.find(Locator::Css("#c-x option[selected]")).await.unwrap().text().await.unwrap();
+    assert_eq!(selected, "wall time");
     browser.close().await;
 }

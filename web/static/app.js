@@ -194,8 +194,9 @@ async function refreshMetrics(container) {
 // One colour per line where a chart has several (tenants, compared runs).
 const SERIES_COLOURS = ["#0a58ca", "#bc4c00", "#116329", "#8250df", "#a40e26", "#1b7c83", "#7d4e00", "#57606a"];
 
-// Compared runs: one metric, one line per run over the steps any of them reported, from the JSON
-// the page carries in `data-compare`: { metric, steps, series: [{ id, label, values }] }.
+// Compared runs: one metric, one line per run over the steps (or the seconds since each run's
+// first point) any of them reported, from the JSON the page carries in `data-compare`:
+// { metric, x_label, x, series: [{ id, label, values }] }.
 function drawComparison(box) {
   const data = JSON.parse(box.dataset.compare);
   const series = data.series.map((s, i) => ({
@@ -204,8 +205,8 @@ function drawComparison(box) {
     stroke: SERIES_COLOURS[i % SERIES_COLOURS.length],
     spanGaps: true,
   }));
-  const plot = lineChart(box, { x: data.steps, xLabel: "step", yLabel: data.metric, series });
-  // Each line's legend entry names its run (the first entry is the step under the cursor).
+  const plot = lineChart(box, { x: data.x, xLabel: data.x_label, yLabel: data.metric, series });
+  // Each line's legend entry names its run (the first entry is the x under the cursor).
   const entries = plot.root.querySelectorAll(".u-legend .u-series");
   data.series.forEach((s, i) => {
     if (entries[i + 1]) entries[i + 1].dataset.run = s.id;

@@ -108,6 +108,22 @@ impl Store {
         Ok(rows.into_iter().map(|(name, steps, values)| MetricSeries { name, steps, values }).collect())
     }
 
+    /// One series of a job of the tenant by wall time: (seconds since its first point was
+    /// received, value), in the order received. Empty for another tenant's job.
+    pub async fn metric_timeline(&self, tenant_id: Uuid, job_id: Uuid, name: &str) -> Result<Vec<(f64, f64)>> {
+        // language=PostgreSQL
+        sqlx::query_as(
+            "SELECT extract(epoch FROM recorded_at - min(recorded_at) OVER ())::float8, value
+             FROM metrics WHERE job_id = $1 AND tenant_id = $2 AND name = $3 ORDER BY recorded_at, step",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
     /// Each series of these jobs of the tenant in brief, in one statement: its count of points
     /// and the value at its last step (the latest recorded of equal steps), as `(job, summary)`
     /// ordered by job and name. The last value is one index probe per series

@@ -46,6 +46,19 @@ impl App {
         Ok(compare(&runs, all))
     }
 
+    /// One metric of each of these jobs by wall time, for the compare page's chart aligned by
+    /// time: (seconds since the series' first point, value) per job, in the order given.
+    pub async fn runs_metric_timeline(
+        &self,
+        caller: &Caller,
+        job_ids: &[Uuid],
+        name: &str,
+    ) -> Result<Vec<Vec<(f64, f64)>>> {
+        caller.authorize(Action::ReadJobs)?;
+        let reads = job_ids.iter().map(|&id| self.store.metric_timeline(caller.tenant_id, id, name));
+        futures::future::try_join_all(reads).await
+    }
+
     /// One metric of each of these jobs, for the compare page's chart (in the order given).
     pub async fn runs_metric(&self, caller: &Caller, job_ids: &[Uuid], name: &str) -> Result<Vec<JobMetrics>> {
         let reads = job_ids.iter().map(|&id| self.metrics_get(caller, id, Some(name)));

@@ -32,6 +32,19 @@ pub struct CompareParams {
     all: bool,
     #[serde(default)]
     metric: String,
+    /// How the chart lines runs up: by `step` (the default) or by wall `time` since each run's
+    /// first point.
+    #[serde(default)]
+    x: Align,
+}
+
+/// What the chart's x axis is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Align {
+    #[default]
+    Step,
+    Time,
 }
 
 pub struct SectionView {
@@ -61,15 +74,19 @@ struct ComparePage {
     jobs: String,
     metrics: Vec<String>,
     metric: String,
+    /// Whether the chart lines runs up by wall time (else by step).
+    by_time: bool,
     /// The chart's data as JSON, for the page's script; none when no run has the metric.
     chart: Option<String>,
 }
 
-/// One metric of every run over the union of their steps (null where a run has no point).
+/// One metric of every run over the union of their x values, steps or seconds since the run's
+/// first point (null where a run has no point).
 #[derive(Serialize)]
 struct CompareChart<'a> {
     metric: &'a str,
-    steps: Vec<i64>,
+    x_label: &'static str,
+    x: Vec<f64>,
     series: Vec<ChartSeries>,
 }
 
@@ -118,7 +135,11 @@ pub async fn compare(
         .or(comparison.metrics.first().map(String::as_str))
         .map(str::to_string)
         .unwrap_or_default();
-    let chart = if metric.is_empty() { None } else { Some(chart_of(&state, &auth, &comparison, &ids, &metric).await?) };
+    let chart = if metric.is_empty() {
+        None
+    } else {
+        Some(chart_of(&state, &auth, &comparison, &ids, &metric, params.x).await?)
+    };
     let jobs = ids.iter().map(Uuid::to_string).collect::<Vec<_>>().join(",");
     let mut toggle = form_urlencoded::Serializer::new(String::new());
     toggle.append_pair("jobs", &jobs);
@@ -127,6 +148,9 @@ pub async fn compare(
     }
     if !metric.is_empty() {
         toggle.append_pair("metric", &metric);
+    }
+    if params.x == Align::Time {
+        toggle.append_pair("x", "time");
     }
     let Comparison { runs, all, sections, differ, same, metrics } = comparison;
     let sections = sections
@@ -158,35 +182,55 @@ pub async fn compare(
         jobs,
         metrics,
         metric,
+        by_time: params.x == Align::Time,
         chart,
     }))
 }
 
-/// The chart's JSON: the metric of every run, aligned on the union of their steps.
+/// The chart's JSON: the metric of every run, aligned on the union of their steps, or of their
+/// times since each run's first point (to the millisecond).
 async fn chart_of(
     state: &AppState,
     auth: &WebAuth,
     comparison: &Comparison,
     ids: &[Uuid],
     metric: &str,
+    align: Align,
 ) -> WebResult<String> {
-    let read = state.app.runs_metric(&auth.caller, ids, metric).await?;
-    let by_step: Vec<BTreeMap<i64, f64>> = read
-        .iter()
-        .map(|m| m.series.iter().flat_map(|s| s.steps.iter().copied().zip(s.values.iter().copied())).collect())
-        .collect();
-    let all_steps: BTreeSet<i64> = by_step.iter().flat_map(|s| s.keys().copied()).collect();
-    let stride = all_steps.len().div_ceil(MAX_CHART_STEPS).max(1);
-    let steps: Vec<i64> = all_steps.into_iter().step_by(stride).collect();
+    // Each run's points by x key: the step, or milliseconds since its first point.
+    let (by_key, per_unit, x_label): (Vec<BTreeMap<i64, f64>>, f64, &'static str) = match align {
+        Align::Step => {
+            let read = state.app.runs_metric(&auth.caller, ids, metric).await?;
+            let points = read
+                .iter()
+                .map(|m| m.series.iter().flat_map(|s| s.steps.iter().copied().zip(s.values.iter().copied())).collect())
+                .collect();
+            (points, 1.0, "step")
+        }
+        Align::Time => {
+            let read = state.app.runs_metric_timeline(&auth.caller, ids, metric).await?;
+            let points = read
+                .iter()
+                .map(|timeline| {
+                    timeline.iter().map(|&(seconds, value)| ((seconds * 1000.0).round() as i64, value)).collect()
+                })
+                .collect();
+            (points, 1000.0, "seconds since the run's first point")
+        }
+    };
+    let all_keys: BTreeSet<i64> = by_key.iter().flat_map(|s| s.keys().copied()).collect();
+    let stride = all_keys.len().div_ceil(MAX_CHART_STEPS).max(1);
+    let keys: Vec<i64> = all_keys.into_iter().step_by(stride).collect();
     let series = comparison
         .runs
         .iter()
-        .zip(&by_step)
+        .zip(&by_key)
         .map(|(run, points)| ChartSeries {
             id: run.id,
             label: run.label.clone(),
-            values: steps.iter().map(|step| points.get(step).copied()).collect(),
+            values: keys.iter().map(|key| points.get(key).copied()).collect(),
         })
         .collect();
-    Ok(serde_json::to_string(&CompareChart { metric, steps, series }).expect("numbers and names serialise"))
+    let x = keys.iter().map(|&key| key as f64 / per_unit).collect();
+    Ok(serde_json::to_string(&CompareChart { metric, x_label, x, series }).expect("numbers and names serialise"))
 }
