@@ -290,3 +290,98 @@ async fn a_rerun_of_user_code_from_a_changed_file_is_refused_naming_it_and_runs_
     let (_, page) = web.get(&format!("/jobs/{again}")).await;
     assert!(page.contains("id=\"rerun-unpinned\"") && page.contains(&changed), "{page}");
 }
+
+/// The in-memory API server's process, ended when dropped (a failed assertion included).
+struct FakeApiServer(std::process::Child);
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The in-memory API server of the executor's tests, served over HTTP by its example binary (it
+/// also places and runs the pods, reporting the image digest they run), with a kubeconfig for
+/// it.
+fn fake_api_server(dir: &Path) -> (FakeApiServer, std::path::PathBuf) {
+    use std::io::BufRead;
+    let binary = trainyard_tests::bin("examples/fake_apiserver");
+    assert!(binary.exists(), "{} is built with the tests (cargo nextest run builds examples)", binary.display());
+    let mut child = std::process::Command::new(binary)
+        .arg("2")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the fake API server");
+    let stdout = child.stdout.take().unwrap();
+    let child = FakeApiServer(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
+    let url = line.trim().strip_prefix("listening on ").expect("its address").to_string();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\nusers:\n- name: t\n  user: {{token: \"t\"}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: t}}\ncurrent-context: fake\n"
+        ),
+    )
+    .unwrap();
+    (child, kubeconfig)
+}
+
+/// On Kubernetes a job's image is a tag, which may move; its replicas report the digest they
+/// ran (the pod's imageID), and a rerun runs that digest: the tag is no unpinned input, the new
+/// job's spec and run record name the digest, and the Job applied runs it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_on_kubernetes_runs_the_digest_its_original_ran_not_the_tag() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (_fake, kubeconfig) = fake_api_server(scratch.path());
+    let tag = "registry.example/runtime:1";
+    let env = TestEnv::start_with_env(
+        &["--executor", "kubernetes", "--kube-image", tag],
+        &[("KUBECONFIG".to_string(), kubeconfig.display().to_string())],
+    )
+    .await;
+    let token = env.admin_token.clone();
+    let original = env.submit(json!({"name": "pinned", "command": ["python3", "-c", "print(1)"]})).await;
+    // The fake runs the pods at once; the reconciler records the digest they report.
+    let digest = format!("registry.example/runtime@sha256:{}", "3".repeat(64));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, record) = env.get(&format!("/api/v1/jobs/{original}/record"), &token).await;
+        if record["attempts"][0]["record"]["image_digests"] == json!([digest]) {
+            assert_eq!(record["attempts"][0]["record"]["image"], tag, "the original ran the tag: {record}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no digest recorded: {record}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Nothing to accept: the image is pinned by its digest.
+    let out = env.yard(&token, &["rerun", &original]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rerun = stdout(&out).trim().to_string();
+    let (_, job) = env.get(&format!("/api/v1/jobs/{rerun}"), &token).await;
+    assert_eq!(job["spec"]["image"], digest.as_str(), "{job}");
+    assert!(job.get("rerun_unpinned").is_none_or(|u| u == &json!([])), "nothing accepted: {job}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, record) = env.get(&format!("/api/v1/jobs/{rerun}/record"), &token).await;
+        if record["attempts"][0]["record"]["image_digests"] == json!([digest]) {
+            assert_eq!(record["attempts"][0]["record"]["image"], digest.as_str(), "the rerun ran the digest: {record}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the rerun never ran: {record}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // `yard diff` names the pin as the one input that differs.
+    let diff = env.yard(&token, &["diff", &original, &rerun, "-o", "json"]);
+    let diff: Value = serde_json::from_slice(&diff.stdout).unwrap();
+    let fields: Vec<&str> = diff["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["fields"].as_array().unwrap().iter().map(|f| f["field"].as_str().unwrap()))
+        .collect();
+    assert!(fields.contains(&"spec.image"), "{diff}");
+}

@@ -90,6 +90,12 @@ pub struct JobSpec {
     /// The template the spec was rendered from; its files are delivered to every replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<TemplateRef>,
+    /// The image the replicas run, by digest (`repository@sha256:<hex>`), instead of the
+    /// executor's configured one. Set only by a rerun on a cluster, to the image its original's
+    /// replicas reported running, so that a tag moved since cannot change what runs; never by
+    /// a submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// The tenant's shared volumes the replicas use (from `volume` parameters), each at the
     /// path its parameter resolved to. The local executor's volumes are directories reached by
     /// that path; a cluster executor mounts each volume's claim there.
@@ -245,6 +251,7 @@ impl JobSubmission {
                 resources: self.resources,
                 replicas: self.replicas,
                 template: None,
+                image: None,
                 volumes: Vec::new(),
                 // The archive's size is filled in where its upload is found.
                 code: self.code.map(|digest| CodeRef { digest, size_bytes: 0 }),

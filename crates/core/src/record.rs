@@ -354,6 +354,7 @@ mod tests {
             resources: Default::default(),
             replicas: 2,
             template: Some(TemplateRef { name: "t".into(), version: "1.0.0".into(), digest: "sha256:00".into() }),
+            image: None,
             volumes: Vec::new(),
             code: None,
             time_limit_seconds: None,

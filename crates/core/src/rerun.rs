@@ -54,6 +54,8 @@ pub struct RerunLink {
     pub overrides: Option<Value>,
     /// The inputs it could not pin and the caller accepted (`accept_unpinned`).
     pub unpinned: Vec<UnpinnedInput>,
+    /// The image it runs by digest ([`pinned_image`]); none: the executor's configured image.
+    pub image: Option<String>,
 }
 
 /// What a rerun would run with, besides the original job's own record.
@@ -74,11 +76,37 @@ pub struct RerunInputs<'a> {
 /// The image a record names for the local executor, which runs the machine's own programs.
 const LOCAL_IMAGE: &str = "local";
 
+/// The image a rerun on a cluster runs, by digest: the one the original's replicas reported
+/// running (the pod's `imageID`, `repository@sha256:...`), or the image it named when that was a
+/// digest already. None for a job of the local executor, one whose replicas reported no digest,
+/// or one whose replicas ran different digests (a tag moved while it started): those cannot be
+/// pinned, and [`unpinned_inputs`] names them.
+pub fn pinned_image(record: &RunRecord) -> Option<String> {
+    if record.image == LOCAL_IMAGE {
+        return None;
+    }
+    if is_digest(&record.image) {
+        return Some(record.image.clone());
+    }
+    match record.image_digests.as_slice() {
+        [one] if is_digest(one) => Some(one.clone()),
+        _ => None,
+    }
+}
+
+/// `repository@sha256:<64 hex>`.
+fn is_digest(image: &str) -> bool {
+    image.split_once("@sha256:").is_some_and(|(repository, hex)| {
+        !repository.is_empty() && hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
 /// The inputs of a job that a rerun cannot pin, each named with what its latest run record
 /// (`record`; none when no attempt began, or it began before Trainyard kept records) says it
 /// was: the `path` parameters with an absolute value (but a registered dataset version's folder
-/// that the engine read that version's content in), then the image when it is a tag or not the
-/// one this server runs now. Empty: the rerun runs exactly what the job ran.
+/// that the engine read that version's content in), then the image when the rerun cannot run it
+/// by digest ([`pinned_image`]: a tag no replica reported a digest for, different digests, or
+/// another executor than the original's). Empty: the rerun runs exactly what the job ran.
 pub fn unpinned_inputs(record: Option<&RunRecord>, rerun: &RerunInputs<'_>) -> Vec<UnpinnedInput> {
     let mut unpinned = Vec::new();
     for (name, path) in rerun.path_params {
@@ -141,6 +169,10 @@ fn path_message(path: &str, record: Option<&RunRecord>) -> String {
 /// The image's sentence when a rerun may run another image: this server runs another one, or
 /// the one recorded is a tag (not `repo@sha256:...`), which may point elsewhere now.
 fn image_message(record: &RunRecord, image_now: &str) -> Option<String> {
+    // A cluster runs the original's image by digest, whatever its image is configured as now.
+    if image_now != LOCAL_IMAGE && pinned_image(record).is_some() {
+        return None;
+    }
     let ran =
         if record.image_digests.is_empty() { String::new() } else { format!(" ({})", record.image_digests.join(", ")) };
     if record.image != image_now {
@@ -190,6 +222,7 @@ mod tests {
             resources: Default::default(),
             replicas: 1,
             template: None,
+            image: None,
             volumes: Vec::new(),
             code: None,
             time_limit_seconds: None,
@@ -290,32 +323,52 @@ mod tests {
     }
 
     #[test]
-    fn an_image_by_tag_is_unpinned_and_by_digest_pinned() {
+    fn an_image_by_tag_is_pinned_to_the_digest_its_replicas_ran_and_unpinned_without_one() {
         let none = BTreeMap::new();
         let tag = "ghcr.io/x/trainer:1";
+        let digest = format!("ghcr.io/x/trainer@sha256:{}", "ab".repeat(32));
+        let other = format!("ghcr.io/x/trainer@sha256:{}", "cd".repeat(32));
+        // No replica reported a digest: the tag is all there is.
         let found = unpinned(Some(&record(Some(tag), &[])), &none, tag);
         assert_eq!(found.len(), 1);
         assert!(found[0].starts_with("image: ghcr.io/x/trainer:1 is a tag") && found[0].contains("no digest"));
-        let digest = "ghcr.io/x/trainer@sha256:abc";
-        let found = unpinned(Some(&record(Some(tag), &[digest])), &none, tag);
-        assert!(found[0].contains("it was ghcr.io/x/trainer@sha256:abc when the job ran"), "{found:?}");
-        assert!(unpinned(Some(&record(Some(digest), &[digest])), &none, digest).is_empty());
+        assert_eq!(pinned_image(&record(Some(tag), &[])), None);
+        // One digest: the rerun runs it, whatever the tag points to now.
+        assert_eq!(pinned_image(&record(Some(tag), &[&digest])), Some(digest.clone()));
+        assert!(unpinned(Some(&record(Some(tag), &[&digest])), &none, tag).is_empty());
+        // Replicas that ran different digests (the tag moved while they started): none to pin.
+        let split = record(Some(tag), &[&digest, &other]);
+        assert_eq!(pinned_image(&split), None);
+        let found = unpinned(Some(&split), &none, tag);
+        assert!(found[0].contains(&format!("it was {digest}, {other} when the job ran")), "{found:?}");
+        // Named by digest already.
+        assert_eq!(pinned_image(&record(Some(&digest), &[&digest])), Some(digest.clone()));
+        assert!(unpinned(Some(&record(Some(&digest), &[&digest])), &none, &digest).is_empty());
+        // Not a digest: too short, or no repository.
+        assert_eq!(pinned_image(&record(Some(tag), &["ghcr.io/x/trainer@sha256:abc"])), None);
+        assert_eq!(pinned_image(&record(Some(tag), &[&format!("@sha256:{}", "ab".repeat(32))])), None);
         // The local executor runs the machine's programs: its packages are in the record.
         assert!(unpinned(Some(&record(None, &[])), &none, "local").is_empty());
+        assert_eq!(pinned_image(&record(None, &[])), None);
     }
 
     #[test]
-    fn another_image_on_this_server_is_named_with_both() {
+    fn another_image_on_this_server_is_named_with_both_unless_the_original_digest_runs() {
         let none = BTreeMap::new();
-        let old = "ghcr.io/x/trainer@sha256:abc";
-        let found = unpinned(Some(&record(Some(old), &[old])), &none, "ghcr.io/x/trainer@sha256:def");
+        let old = format!("ghcr.io/x/trainer@sha256:{}", "ab".repeat(32));
+        let new = format!("ghcr.io/x/trainer@sha256:{}", "cd".repeat(32));
+        // The cluster now runs another image, but the rerun runs the original's by digest.
+        assert!(unpinned(Some(&record(Some(&old), &[&old])), &none, &new).is_empty());
+        // A tag with no digest recorded, and the server's image changed since.
+        let found = unpinned(Some(&record(Some("ghcr.io/x/trainer:1"), &[])), &none, &new);
         assert_eq!(
             found,
-            [
-                "image: the job ran in image ghcr.io/x/trainer@sha256:abc (ghcr.io/x/trainer@sha256:abc); this server runs replicas in image ghcr.io/x/trainer@sha256:def"
-            ]
+            [format!("image: the job ran in image ghcr.io/x/trainer:1; this server runs replicas in image {new}")]
         );
+        // Executors changed: from the local one to a cluster, and back.
         let found = unpinned(Some(&record(None, &[])), &none, "ghcr.io/x/trainer:1");
         assert!(found[0].contains("ran on the local executor"), "{found:?}");
+        let found = unpinned(Some(&record(Some(&old), &[&old])), &none, "local");
+        assert!(found[0].contains("this server runs replicas on the local executor"), "{found:?}");
     }
 }

@@ -312,6 +312,8 @@ fn job(
     labels: &BTreeMap<String, String>,
 ) -> Job {
     let spec = &request.spec;
+    // A rerun's image by digest (the one its original ran), else the configured one.
+    let image = spec.image.as_deref().unwrap_or(&config.image);
     let resources = &spec.resources;
     let mut limits = BTreeMap::from([
         ("cpu".to_string(), format!("{}m", resources.cpu.millis())),
@@ -364,7 +366,7 @@ fn job(
         volumes.push(json!({ "name": "code", "configMap": { "name": name, "items": [{ "key": CODE_KEY, "path": "code.tar" }] } }));
         init_containers.push(json!({
             "name": "code",
-            "image": config.image,
+            "image": image,
             "imagePullPolicy": config.image_pull_policy,
             "command": ["tar", "-x", "-f", format!("{CODE_MOUNT}/code.tar"), "-C", workdir],
             "resources": { "requests": limits, "limits": limits },
@@ -407,7 +409,7 @@ fn job(
                     },
                     "containers": [{
                         "name": "replica",
-                        "image": config.image,
+                        "image": image,
                         "imagePullPolicy": config.image_pull_policy,
                         // An argv, never a shell line.
                         "command": spec.argv(),

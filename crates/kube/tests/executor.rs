@@ -179,6 +179,32 @@ async fn a_jobs_code_is_unpacked_into_the_working_directory_before_the_replica_s
     assert!(pod["volumes"].as_array().unwrap().iter().any(|v| v["name"] == "code"), "{pod}");
 }
 
+/// A rerun pinned to the image its original ran (`spec.image`, a digest) runs that image in
+/// every container, whatever the executor's configured image is now; without a pin, the
+/// configured one.
+#[tokio::test]
+async fn a_rerun_pinned_to_a_digest_runs_that_image_not_the_configured_tag() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let executor = executor(&fake, config(&logs)).await;
+    let digest = format!("ghcr.io/trainyard/runtime@sha256:{}", "2".repeat(64));
+    let mut request = examples::shell();
+    request.spec.image = Some(digest.clone());
+    request.code =
+        vec![trainyard_executor::CodeFile { path: "a.py".into(), executable: false, content: b"1".to_vec() }];
+    executor.launch(&request).await.unwrap();
+    let job = fake.get("jobs", NS, &trainyard_kube::names::attempt_object(request.job_id, request.attempt)).unwrap();
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["image"], digest.as_str());
+    assert_eq!(pod["initContainers"][0]["image"], digest.as_str(), "the code is unpacked by the same image");
+
+    let mut unpinned = examples::shell();
+    unpinned.job_id = uuid::Uuid::from_u128(77);
+    executor.launch(&unpinned).await.unwrap();
+    let job = fake.get("jobs", NS, &trainyard_kube::names::attempt_object(unpinned.job_id, unpinned.attempt)).unwrap();
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["image"], config(&logs).image.as_str());
+}
+
 /// An API server that fails (503) or is overloaded (429) says nothing about the job: the launch
 /// reports the executor unavailable, which the control plane retries without charging the job;
 /// one that refuses the request (422) fails the launch. A retried launch then goes through.

@@ -58,6 +58,7 @@ fn unreadable_spec() -> JobSpec {
         resources: Default::default(),
         replicas: 0,
         template: None,
+        image: None,
         volumes: Vec::new(),
         code: None,
         time_limit_seconds: None,

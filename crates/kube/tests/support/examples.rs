@@ -73,6 +73,7 @@ pub fn shell() -> LaunchRequest {
             code: None,
             time_limit_seconds: None,
             template: template("shell"),
+            image: None,
         },
         BTreeMap::new(),
     )
@@ -108,6 +109,7 @@ pub fn data_pack() -> LaunchRequest {
             code: None,
             time_limit_seconds: None,
             template: template("data-pack"),
+            image: None,
         },
         BTreeMap::new(),
     )
@@ -166,6 +168,7 @@ pub fn pytorch_ddp() -> LaunchRequest {
             code: None,
             time_limit_seconds: None,
             template: template("pytorch-ddp"),
+            image: None,
         },
         files,
     )

@@ -38,6 +38,8 @@ impl App {
             // must be the same request.
             let request_hash = Sha256::digest(serde_json::to_vec(&submission).map_err(Error::internal)?).to_vec();
             let mut valid = submission.validate()?;
+            // A rerun on a cluster runs its original's image by digest.
+            valid.spec.image = rerun.as_ref().and_then(|link| link.image.clone());
             valid.rerun = rerun;
             if let Some(code) = valid.spec.code.as_mut() {
                 code.size_bytes = self.code_size(caller.tenant_id, &code.digest).await?;

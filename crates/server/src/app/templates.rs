@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use trainyard_core::api::{DryRun, Job, Schedule, TemplateDetail, TemplateRun, TemplateSummary, TemplateUpload};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::job::JobSubmission;
-use trainyard_core::rerun::{RerunInputs, RerunLink, UnpinnedInput, unpinned_inputs};
+use trainyard_core::rerun::{RerunInputs, RerunLink, UnpinnedInput, pinned_image, unpinned_inputs};
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
 use trainyard_store::jobs::Submitted;
@@ -202,6 +202,8 @@ impl App {
         valid.spec.template = spec.template;
         valid.spec.volumes = volumes;
         valid.datasets = datasets;
+        // A rerun on a cluster runs its original's image by digest.
+        valid.spec.image = rerun.as_ref().and_then(|link| link.image.clone());
         valid.rerun = rerun;
         valid.expected_runtime_seconds =
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
@@ -321,7 +323,8 @@ impl App {
             })?;
         }
         let template = self.template_of(caller, &original).await?;
-        let unpinned = self.unpinned_of(caller, &original, template.as_deref(), &request.set).await?;
+        let RerunPins { unpinned, image } =
+            self.rerun_pins(caller, &original, template.as_deref(), &request.set).await?;
         if !unpinned.is_empty() && !request.accept_unpinned {
             let list: Vec<String> = unpinned.iter().map(|u| format!("- {u}")).collect();
             return Err(Error::Conflict(format!(
@@ -333,6 +336,7 @@ impl App {
             of: original_id,
             overrides: (!request.set.is_empty()).then(|| serde_json::Value::Object(request.set.clone())),
             unpinned,
+            image,
         };
         let mode = if request.what_if { RunMode::WhatIf } else { RunMode::Submit };
         let job = match (template, &original.spec.template, &original.params) {
@@ -399,7 +403,7 @@ impl App {
         caller.authorize(Action::ReadJobs)?;
         let original = self.store.job_get(caller.tenant_id, job_id).await?;
         let template = self.template_of(caller, &original).await?;
-        self.unpinned_of(caller, &original, template.as_deref(), &serde_json::Map::new()).await
+        Ok(self.rerun_pins(caller, &original, template.as_deref(), &serde_json::Map::new()).await?.unpinned)
     }
 
     /// The template a job from a template ran, by its digest; none for a direct job.
@@ -414,14 +418,14 @@ impl App {
 
     /// The inputs of `original` a rerun changing `changed` cannot pin, from its template's
     /// `path` parameters as it ran them, its latest run record, the tenant's registered datasets
-    /// at those paths and this server's image.
-    async fn unpinned_of(
+    /// at those paths and this server's image; and the image it runs by digest on a cluster.
+    async fn rerun_pins(
         &self,
         caller: &Caller,
         original: &Job,
         template: Option<&trainyard_templates::Template>,
         changed: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Vec<UnpinnedInput>> {
+    ) -> Result<RerunPins> {
         let mut path_params = BTreeMap::new();
         if let (Some(template), Some(serde_json::Value::Object(params))) = (template, &original.params) {
             // Defaults included: a template's default may be a path on the machine too.
@@ -442,6 +446,18 @@ impl App {
             if absolute.is_empty() { Vec::new() } else { self.store.datasets_at(caller.tenant_id, &absolute).await? };
         let image = self.executor.image().unwrap_or_else(|| self.executor.name().to_string());
         let rerun = RerunInputs { path_params: &path_params, changed, image: &image, registered: &registered };
-        Ok(unpinned_inputs(record.as_ref().map(|r| &r.record), &rerun))
+        let record = record.as_ref().map(|r| &r.record);
+        Ok(RerunPins {
+            unpinned: unpinned_inputs(record, &rerun),
+            // The local executor runs the machine's programs: no image to pin.
+            image: self.executor.image().and(record.and_then(pinned_image)),
+        })
     }
+}
+
+/// What a rerun pins beyond the original's own record, and what it cannot.
+struct RerunPins {
+    unpinned: Vec<UnpinnedInput>,
+    /// The image it runs by digest (a cluster only).
+    image: Option<String>,
 }

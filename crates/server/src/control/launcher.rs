@@ -249,7 +249,9 @@ impl LaunchContext {
         };
         // The server's part of the run record, written before any replica starts (a resumed
         // launch finds it written and leaves it as it was).
-        let record = ServerRecord::new(&job.spec, &files, self.executor.name(), self.executor.image().as_deref());
+        // The image the replicas run: the rerun's pinned digest, else the executor's.
+        let image = job.spec.image.clone().or_else(|| self.executor.image());
+        let record = ServerRecord::new(&job.spec, &files, self.executor.name(), image.as_deref());
         self.store
             .run_record_begin(job.id, attempt, &record)
             .await
