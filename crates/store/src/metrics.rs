@@ -23,24 +23,6 @@ pub struct JobCaller {
 }
 
 impl Store {
-    /// A new token for one attempt of a job. The secret is returned once and only its hash
-    /// is kept; the token dies with the attempt.
-    pub async fn job_token_create(&self, job_id: Uuid, tenant_id: Uuid, attempt: i32) -> Result<String> {
-        let mut bytes = [0u8; 32];
-        rand::fill(&mut bytes);
-        let secret = format!("{JOB_TOKEN_PREFIX}{}", hex::encode(bytes));
-        // language=PostgreSQL
-        sqlx::query("INSERT INTO job_tokens (token_hash, job_id, tenant_id, attempt) VALUES ($1, $2, $3, $4)")
-            .bind(token_hash(&secret))
-            .bind(job_id)
-            .bind(tenant_id)
-            .bind(attempt)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
-        Ok(secret)
-    }
-
     /// The job a job token stands for, while its job has not ended.
     pub async fn job_token_authenticate(&self, secret: &str) -> Result<JobCaller> {
         // language=PostgreSQL
@@ -192,4 +174,27 @@ impl Store {
         }
         Ok(rows.into_iter().filter_map(|(name, value)| Some((name?, value?))).collect())
     }
+}
+
+/// Makes a job token for an attempt in `executor` (the caller's transaction); returns the
+/// secret, of which only the hash is stored.
+pub(crate) async fn job_token_insert<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    job_id: Uuid,
+    tenant_id: Uuid,
+    attempt: i32,
+) -> Result<String> {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    let secret = format!("{JOB_TOKEN_PREFIX}{}", hex::encode(bytes));
+    // language=PostgreSQL
+    sqlx::query("INSERT INTO job_tokens (token_hash, job_id, tenant_id, attempt) VALUES ($1, $2, $3, $4)")
+        .bind(token_hash(&secret))
+        .bind(job_id)
+        .bind(tenant_id)
+        .bind(attempt)
+        .execute(executor)
+        .await
+        .map_err(db_error)?;
+    Ok(secret)
 }

@@ -389,13 +389,22 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the server's part of an attempt's run record, before its replicas start: `server`
-    /// with the job's parameters and datasets (and a rerun's accepted unpinned inputs) taken
-    /// from its row in the same statement. Once written it stays as it is: a resumed launch of
-    /// the same attempt finds it and changes nothing (and the table's trigger refuses any change
-    /// but the engine's part arriving).
-    pub async fn run_record_begin(&self, job_id: Uuid, attempt: i32, server: &ServerRecord) -> Result<()> {
+    /// Prepares an attempt's launch in one transaction (one commit): writes the server's part of
+    /// its run record, before its replicas start (`server` with the job's parameters and datasets,
+    /// and a rerun's accepted unpinned inputs, taken from its row in the same statement), and
+    /// makes a job token for its engine, returned. Once written the record stays as it is: a
+    /// resumed launch of the same attempt finds it and changes nothing (and the table's trigger
+    /// refuses any change but the engine's part arriving), and makes another token for the same
+    /// attempt (the replicas started before keep theirs; all of them die with the attempt).
+    pub async fn attempt_prepare(
+        &self,
+        job_id: Uuid,
+        tenant_id: Uuid,
+        attempt: i32,
+        server: &ServerRecord,
+    ) -> Result<String> {
         let server = serde_json::to_value(server).map_err(Error::internal)?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
         // language=PostgreSQL
         sqlx::query(
             "INSERT INTO run_records (job_id, attempt, tenant_id, server)
@@ -412,10 +421,12 @@ impl Store {
         .bind(attempt)
         .bind(&server)
         .bind(self.control_epoch())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(db_error)?;
-        Ok(())
+        let token = crate::metrics::job_token_insert(&mut *tx, job_id, tenant_id, attempt).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(token)
     }
 
     /// Records the images an attempt's replicas run, once they are known (containers started).

@@ -1,7 +1,7 @@
 //! Run records (see [`trainyard_core::record`]) as requests reach them: the engine's part,
 //! posted once with the attempt's job token, and a job's records read for its tenant. The
 //! server's part is written by the control loop when an attempt begins
-//! ([`Store::run_record_begin`](crate::Store::run_record_begin), in `reconcile`). The table
+//! ([`Store::attempt_prepare`](crate::Store::attempt_prepare), in `reconcile`). The table
 //! `run_records` (migration 15) refuses by trigger every change but the engine's part arriving
 //! once.
 

@@ -248,21 +248,17 @@ impl LaunchContext {
             }
         };
         // The server's part of the run record, written before any replica starts (a resumed
-        // launch finds it written and leaves it as it was).
+        // launch finds it written and leaves it as it was), and a job token for the engine, in
+        // one commit. A resumed launch makes another token for the same attempt: the replicas
+        // started before keep theirs, and all of them die with the attempt.
         // The image the replicas run: the rerun's pinned digest, else the executor's.
         let image = job.spec.image.clone().or_else(|| self.executor.image());
         let record = ServerRecord::new(&job.spec, &files, self.executor.name(), image.as_deref());
-        self.store
-            .run_record_begin(job.id, attempt, &record)
-            .await
-            .map_err(|e| LaunchFailure::of_control_plane(e, "writing the run record"))?;
-        // A resumed launch makes another token for the same attempt: the replicas started before
-        // keep theirs, and all of them die with the attempt.
         let token = self
             .store
-            .job_token_create(job.id, job.tenant_id, attempt)
+            .attempt_prepare(job.id, job.tenant_id, attempt, &record)
             .await
-            .map_err(|e| LaunchFailure::of_control_plane(e, "creating the job token"))?;
+            .map_err(|e| LaunchFailure::of_control_plane(e, "writing the run record and the job token"))?;
         let mut env = std::collections::BTreeMap::new();
         env.insert("TRAINYARD_URL".to_string(), self.api_url.clone());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
