@@ -141,6 +141,26 @@ fn container(state: serde_json::Value) -> serde_json::Value {
         "ready": true, "restartCount": 0, "state": state }])
 }
 
+/// A rerun pinned to its original's image digest: the real API server takes the digest
+/// reference, and the Job's pods run it (not the configured tag).
+#[tokio::test]
+async fn a_rerun_pinned_to_a_digest_runs_it_on_a_real_api_server() {
+    let Some(cluster) = cluster().await else { return };
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let (mut request, namespace) = fresh_request(1);
+    let digest = format!("ghcr.io/trainyard/runtime@sha256:{}", "2".repeat(64));
+    request.spec.image = Some(digest.clone());
+    executor.launch(&request).await.expect("launch on a real API server");
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
+    let job = jobs.get(&names::attempt_object(request.job_id, request.attempt)).await.expect("the Job exists");
+    let pods = pods_of(&cluster.admin, &namespace, &job, 1).await;
+    let pod: k8s_openapi::api::core::v1::Pod =
+        Api::namespaced(cluster.admin.clone(), &namespace).get(&pods[0]).await.expect("its pod");
+    let images: Vec<String> = pod.spec.unwrap().containers.into_iter().filter_map(|c| c.image).collect();
+    assert_eq!(images, [digest], "the pod runs the pinned digest");
+}
+
 #[tokio::test]
 async fn an_attempt_runs_succeeds_and_is_cleaned_up_on_a_real_api_server() {
     let Some(cluster) = cluster().await else { return };
