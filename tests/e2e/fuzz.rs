@@ -188,7 +188,10 @@ async fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
                     "not_a_server_error,status_code_conformance,response_schema_conformance,content_type_conformance",
                 ])
                 .args(["--phases", "examples,coverage,fuzzing,stateful"])
-                .args(["--max-examples", &FUZZ_EXAMPLES.to_string(), "--workers", "2", "--seed", "1"])
+                // One worker: with two threads, Python 3.11's `ast` (which Hypothesis uses to
+                // describe its strategies) now and then fails with "AST constructor recursion depth
+                // mismatch", a tool error that failed a run with no server error in it.
+                .args(["--max-examples", &FUZZ_EXAMPLES.to_string(), "--workers", "1", "--seed", "1"])
                 .args(["--request-timeout", "20", "--no-color", "--continue-on-failure"])
                 .args(["--suppress-health-check", "filter_too_much", "--generation-database", "none"])
                 .output()
