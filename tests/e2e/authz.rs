@@ -188,15 +188,7 @@ impl World {
         // Tenant A's objects the paths name.
         let job = env.submit(json!({"command": ["true"]})).await;
         env.wait_state(&job, "succeeded", Duration::from_secs(30)).await;
-        let response = reqwest::Client::new()
-            .put(format!("{}/api/v1/jobs/{job}/artifacts/model.bin", env.server.url))
-            .bearer_auth(&admin)
-            .header("content-type", "application/octet-stream")
-            .body("weights")
-            .send()
-            .await
-            .unwrap();
-        assert!(response.status().is_success());
+        env.artifact_put(&job, "model.bin", &admin, "weights").await;
         let (status, body) =
             env.post("/api/v1/datasets", &admin, &json!({"name": "ds", "version": "1", "uri": "/data/ds", "content_hash": format!("sha256:{}", "ab".repeat(32))})).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");

@@ -50,15 +50,7 @@ async fn lineage_walks_from_a_dataset_to_the_jobs_that_made_it_and_read_it_and_s
         (done["datasets"][0]["name"].as_str(), done["datasets"][0]["version"].as_str()),
         (Some("photos"), Some("1"))
     );
-    let response = reqwest::Client::new()
-        .put(format!("{}/api/v1/jobs/{t}/artifacts/model.bin", env.server.url))
-        .bearer_auth(&token)
-        .header("content-type", "application/octet-stream")
-        .body("weights")
-        .send()
-        .await
-        .unwrap();
-    assert!(response.status().is_success());
+    env.artifact_put(&t, "model.bin", &token, "weights").await;
     let rerun = yard(&["rerun", &t]).trim().to_string();
     env.wait_state(&rerun, "succeeded", Duration::from_secs(30)).await;
     // A name that is no registered version is refused, saying how to name such a folder.

@@ -150,15 +150,7 @@ async fn a_job_cannot_read_another_tenants_files_or_the_control_planes() {
     // Tenant A (the default tenant): a job that leaves a file and a log line, an artefact, a volume.
     let a = env.submit(json!({"command": ["sh", "-c", "echo A-WORKDIR-SECRET > secret.txt; echo A-LOG-SECRET"]})).await;
     let job = env.wait_state(&a, "succeeded", Duration::from_secs(30)).await;
-    let response = reqwest::Client::new()
-        .put(format!("{}/api/v1/jobs/{a}/artifacts/model.bin", env.server.url))
-        .bearer_auth(&env.admin_token)
-        .header("content-type", "application/octet-stream")
-        .body("A-ARTIFACT-SECRET")
-        .send()
-        .await
-        .unwrap();
-    assert!(response.status().is_success());
+    env.artifact_put(&a, "model.bin", &env.admin_token, "A-ARTIFACT-SECRET").await;
     let (status, volume) = env.post("/api/v1/volumes", &env.admin_token, &json!({"name": "avol", "size": "1Gi"})).await;
     assert_eq!(status, StatusCode::CREATED, "{volume}");
     let (_, attempts) = env.get(&format!("/api/v1/jobs/{a}/attempts"), &env.admin_token).await;

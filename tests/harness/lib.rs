@@ -273,6 +273,20 @@ impl TestEnv {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
+    /// Uploads `body` as artefact `path` of `job` with `token`; panics unless it is stored.
+    pub async fn artifact_put(&self, job: &str, path: &str, token: &str, body: &'static str) {
+        let response = self
+            .http
+            .put(format!("{}/api/v1/jobs/{job}/artifacts/{path}", self.server.url))
+            .bearer_auth(token)
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+            .await
+            .expect("HTTP request");
+        assert!(response.status().is_success(), "uploading {path}: {}", response.status());
+    }
+
     pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
         self.call(reqwest::Method::GET, path, Some(token), None).await
     }

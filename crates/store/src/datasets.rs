@@ -9,6 +9,18 @@ use crate::audit::{self, Audit, Outcome};
 use crate::templates::Published;
 use crate::{Store, db_error, violated_constraint};
 
+/// A `SELECT` of a dataset version with the name of who registered it, followed by the rest of
+/// the statement (a macro so the SQL stays a static string).
+macro_rules! dataset_select {
+    ($rest:literal) => {
+        concat!(
+            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
+                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by ",
+            $rest
+        )
+    };
+}
+
 impl Store {
     /// Registers a version; the same content again is harmless, other content under a
     /// registered version is a conflict.
@@ -59,61 +71,47 @@ impl Store {
     }
 
     pub async fn datasets_list(&self, tenant_id: Uuid) -> Result<Vec<Dataset>> {
-        // language=PostgreSQL
-        let rows: Vec<DatasetRow> = sqlx::query_as(
-            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
-                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
-             WHERE d.tenant_id = $1 ORDER BY d.name, d.created_at",
-        )
-        .bind(tenant_id)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_error)?;
+        let rows: Vec<DatasetRow> =
+            sqlx::query_as(dataset_select!("WHERE d.tenant_id = $1 ORDER BY d.name, d.created_at"))
+                .bind(tenant_id)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_error)?;
         Ok(rows.into_iter().map(Dataset::from).collect())
     }
 
     /// The tenant's registered dataset versions whose URI is one of `uris`.
     pub async fn datasets_at(&self, tenant_id: Uuid, uris: &[String]) -> Result<Vec<Dataset>> {
-        // language=PostgreSQL
-        let rows: Vec<DatasetRow> = sqlx::query_as(
-            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
-                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
-             WHERE d.tenant_id = $1 AND d.uri = ANY($2) ORDER BY d.name, d.created_at",
-        )
-        .bind(tenant_id)
-        .bind(uris)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_error)?;
+        let rows: Vec<DatasetRow> =
+            sqlx::query_as(dataset_select!("WHERE d.tenant_id = $1 AND d.uri = ANY($2) ORDER BY d.name, d.created_at"))
+                .bind(tenant_id)
+                .bind(uris)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_error)?;
         Ok(rows.into_iter().map(Dataset::from).collect())
     }
 
     pub async fn dataset_get(&self, tenant_id: Uuid, name: &str, version: &str) -> Result<Dataset> {
-        // language=PostgreSQL
-        let row: DatasetRow = sqlx::query_as(
-            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
-                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
-             WHERE d.tenant_id = $1 AND d.name = $2 AND d.version = $3",
-        )
-        .bind(tenant_id)
-        .bind(name)
-        .bind(version)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db_error)?
-        .ok_or_else(|| Error::not_found(trainyard_core::error::ObjectKind::Dataset))?;
+        let row: DatasetRow =
+            sqlx::query_as(dataset_select!("WHERE d.tenant_id = $1 AND d.name = $2 AND d.version = $3"))
+                .bind(tenant_id)
+                .bind(name)
+                .bind(version)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db_error)?
+                .ok_or_else(|| Error::not_found(trainyard_core::error::ObjectKind::Dataset))?;
         Ok(row.into())
     }
+
     /// The tenant's dataset versions among `refs` (name, version); those not registered are
     /// left out.
     pub async fn datasets_by_refs(&self, tenant_id: Uuid, refs: &[(String, String)]) -> Result<Vec<Dataset>> {
         let (names, versions): (Vec<&str>, Vec<&str>) = refs.iter().map(|(n, v)| (n.as_str(), v.as_str())).unzip();
-        // language=PostgreSQL
-        let rows: Vec<DatasetRow> = sqlx::query_as(
-            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
-                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
-             WHERE d.tenant_id = $1 AND (d.name, d.version) IN (SELECT * FROM unnest($2::text[], $3::text[]))",
-        )
+        let rows: Vec<DatasetRow> = sqlx::query_as(dataset_select!(
+            "WHERE d.tenant_id = $1 AND (d.name, d.version) IN (SELECT * FROM unnest($2::text[], $3::text[]))"
+        ))
         .bind(tenant_id)
         .bind(names)
         .bind(versions)
@@ -125,17 +123,13 @@ impl Store {
 
     /// The tenant's dataset versions registered from the output of one of `jobs`.
     pub async fn datasets_produced_by(&self, tenant_id: Uuid, jobs: &[Uuid]) -> Result<Vec<Dataset>> {
-        // language=PostgreSQL
-        let rows: Vec<DatasetRow> = sqlx::query_as(
-            "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
-                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by
-             WHERE d.tenant_id = $1 AND d.source_job = ANY($2) ORDER BY d.created_at",
-        )
-        .bind(tenant_id)
-        .bind(jobs)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_error)?;
+        let rows: Vec<DatasetRow> =
+            sqlx::query_as(dataset_select!("WHERE d.tenant_id = $1 AND d.source_job = ANY($2) ORDER BY d.created_at"))
+                .bind(tenant_id)
+                .bind(jobs)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db_error)?;
         Ok(rows.into_iter().map(Dataset::from).collect())
     }
 }
