@@ -500,6 +500,12 @@ async fn path_traversal_is_refused_and_reads_nothing(backend: Backend) {
     let tenant = tenant_of_job(&env, &id).await;
     let (status, _) = upload(&env, &env.admin_token, &id, "real.txt", b"real".to_vec()).await;
     assert_eq!(status, StatusCode::CREATED);
+    // The job's log is archived in the background: wait for it, so that it is not taken for
+    // something the attacks wrote.
+    let log_key = format!("tenants/{tenant}/jobs/{id}/logs/1/0.log");
+    let artifact_key = format!("tenants/{tenant}/jobs/{id}/artifacts/real.txt");
+    let both = [artifact_key, log_key];
+    wait_until("log archived", Duration::from_secs(10), || async { store.keys() == both }).await;
     let before = store.all_files();
 
     let attacks = [
