@@ -137,3 +137,57 @@ async fn lineage_walks_from_a_dataset_to_the_jobs_that_made_it_and_read_it_and_s
     let b_web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &bob).await;
     assert_eq!(b_web.get(&format!("/jobs/{t}/lineage")).await.0, StatusCode::NOT_FOUND);
 }
+
+/// The lineage page in a real Chromium: the two trees, a node's link leads to its page, and the
+/// page fits a phone's width without scrolling sideways. Screenshots land under
+/// `target/test-output/screenshots/`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lineage_page_draws_both_trees_and_fits_a_phone() {
+    use fantoccini::Locator;
+    let Some(browser) = trainyard_tests::web::browser_or_skip("lineage browser test").await else { return };
+    let env = TestEnv::start().await;
+    let token = env.admin_token.clone();
+    let source = env.dir.path().join("src");
+    std::fs::create_dir_all(&source).unwrap();
+    for i in 0..6 {
+        std::fs::write(source.join(format!("s{i}.txt")), format!("sample {i}")).unwrap();
+    }
+    let pack = env.data_pack(&source, &env.dir.path().join("photos"), &[])["id"].as_str().unwrap().to_string();
+    let registered = env.yard(&token, &["datasets", "register", "photos@1", "--from-job", &pack]);
+    assert!(registered.status.success(), "{}", stderr(&registered));
+    let (status, body) = env.post("/api/v1/templates", &token, &json!({"manifest": COUNT})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (_, reader) = env.post("/api/v1/templates/count/jobs", &token, &json!({"params": {"data": "photos@1"}})).await;
+    let reader = reader["id"].as_str().unwrap().to_string();
+    env.wait_state(&reader, "succeeded", Duration::from_secs(30)).await;
+
+    let c = &browser.client;
+    let base = &env.server.url;
+    c.goto(&format!("{base}/login")).await.unwrap();
+    c.find(Locator::Id("token")).await.unwrap().send_keys(&token).await.unwrap();
+    c.find(Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser.wait_text("#who", Duration::from_secs(15), |t| t.starts_with("admin")).await;
+    // From the datasets page, the version's name leads to its lineage.
+    c.goto(&format!("{base}/datasets")).await.unwrap();
+    c.find(Locator::LinkText("photos@1")).await.unwrap().click().await.unwrap();
+    browser.wait_text("h1", Duration::from_secs(15), |t| t == "Lineage of dataset photos@1").await;
+    let upstream = c.find(Locator::Css("#upstream li")).await.unwrap().text().await.unwrap();
+    assert!(upstream.contains(&format!("produced by job {pack} data-pack")), "{upstream}");
+    let downstream = c.find(Locator::Css("#downstream li")).await.unwrap().text().await.unwrap();
+    assert!(downstream.contains(&format!("read by job {reader} count")) && downstream.contains("data"), "{downstream}");
+    browser.screenshot("lineage", 1280).await;
+    browser.screenshot("lineage", 390).await;
+    let overflow = c
+        .execute("return document.documentElement.scrollWidth - document.documentElement.clientWidth;", vec![])
+        .await
+        .unwrap();
+    assert!(overflow.as_i64().unwrap() <= 0, "the page scrolls sideways at 390 px by {overflow} px");
+    c.set_window_size(1280, 900).await.unwrap();
+    // A job's link opens its page, whose "Lineage" link walks from it.
+    c.find(Locator::LinkText(&format!("{reader} count"))).await.unwrap().click().await.unwrap();
+    c.find(Locator::Id("job-lineage")).await.unwrap().click().await.unwrap();
+    browser.wait_text("h1", Duration::from_secs(15), |t| t.starts_with("Lineage of job")).await;
+    let upstream = c.find(Locator::Css("#upstream")).await.unwrap().text().await.unwrap();
+    assert!(upstream.contains("read dataset photos@1") && upstream.contains("produced by job"), "{upstream}");
+    browser.close().await;
+}
