@@ -259,10 +259,14 @@ class InputPipeline:
     limits), so every rank takes the same decision at the same step and the run record speaks
     for all of them. A change rebuilds the loader at the next batch: the batches stay the same."""
 
-    def __init__(self, args, dataset, local_world, pin_memory, seed):
+    def __init__(self, args, dataset, local_world, pin_memory, seed, resumed=None):
+        """`resumed`: the settings the checkpoint resumed from was written with ({workers,
+        prefetch}), where a parameter left `auto` starts instead of autotune.START, so that a
+        resumed attempt does not tune again from one worker."""
         self.tuned = [k for k in ("workers", "prefetch") if getattr(args, k) == "auto" and args.workers != 0]
-        workers = autotune.START["workers"] if args.workers == "auto" else args.workers
-        prefetch = autotune.START["prefetch"] if args.prefetch == "auto" else args.prefetch
+        start = resumed_start(resumed, self.tuned)
+        workers = start["workers"] if args.workers == "auto" else args.workers
+        prefetch = start["prefetch"] if args.prefetch == "auto" else args.prefetch
         self.stream = shards.BatchStream(dataset, workers, prefetch, pin_memory, seed)
         self.cores = autotune.process_cores(args.cpu or None, local_world)
         memory = autotune.process_memory(autotune.quantity_bytes(args.memory), local_world)
@@ -271,8 +275,9 @@ class InputPipeline:
         self.meter.restart(max(1, workers * prefetch))
         self.tuner, self.settled, self.held, self.batch_bytes = None, not self.tuned, 0, None
         if self.tuned:
+            since = " (the checkpoint's)" if start != autotune.START else ""
             print(f"input pipeline: tuning {' and '.join(self.tuned)} from {workers} workers x {prefetch} "
-                  f"prefetch, within {self.cores:g} cores", flush=True)
+                  f"prefetch{since}, within {self.cores:g} cores", flush=True)
 
     def confirmed(self):
         """Pinned, or autotune settled and its setting held for HELD_WINDOWS more windows: what
@@ -349,6 +354,18 @@ class InputPipeline:
         return decision
 
 
+def resumed_start(saved, tuned):
+    """Where autotune starts: the settings a checkpoint carries for the knobs it tunes (a whole
+    number in range, else ignored), autotune.START for the rest and on a first start."""
+    start = dict(autotune.START)
+    for knob in tuned:
+        value = (saved or {}).get(knob)
+        low = 0 if knob == "workers" else 1
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= 64:
+            start[knob] = value
+    return start
+
+
 def resume_state(directory, rank, device):
     """Rank 0 loads the latest checkpoint (None on a first start) and every rank gets it; a
     checkpoint that cannot be loaded fails every rank with the same message."""
@@ -394,14 +411,6 @@ def main():
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     dataset = shards.ShardDataset(args.data, user.decode, rank, world, args.seed, args.batch_size, args.shuffle_block)
-    run_record = RunRecord(args, world, local_world, backend, device, dataset.plan) if rank == 0 else None
-    # Starts no decode worker yet, and draws from no generator of this process.
-    pipeline = InputPipeline(args, dataset, local_world, pin_memory=device.type == "cuda",
-                             seed=seeds.rank_seed(args.seed, rank))
-    if run_record is not None:
-        AT_EXIT.append(lambda code: run_record.post(pipeline.settings(), quiet=code != 0))
-        if pipeline.confirmed():
-            run_record.post(pipeline.settings())
     epoch_steps = steps_per_epoch(dataset.plan.samples_per_rank, args.batch_size, args.grad_accum)
     if epoch_steps == 0:
         raise EngineError(f"{args.data} holds {dataset.plan.samples_total} samples, too few for one step of {world} "
@@ -425,9 +434,10 @@ def main():
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
-    epoch, step, cursor, rng = 0, 0, 0, None
+    epoch, step, cursor, rng, resumed_pipeline = 0, 0, 0, None, None
     state = resume_state(args.output, rank, collectives)
     if state is not None:
+        resumed_pipeline = state.get("input_pipeline")
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -442,6 +452,14 @@ def main():
                   f"batch_size and grad_accum); epoch {epoch} starts again from its beginning", flush=True)
         print(f"resuming from step {step} (epoch {epoch}, {cursor} samples into it)", flush=True)
         del state
+    run_record = RunRecord(args, world, local_world, backend, device, dataset.plan) if rank == 0 else None
+    # Starts no decode worker yet, and draws from no generator of this process.
+    pipeline = InputPipeline(args, dataset, local_world, pin_memory=device.type == "cuda",
+                             seed=seeds.rank_seed(args.seed, rank), resumed=resumed_pipeline)
+    if run_record is not None:
+        AT_EXIT.append(lambda code: run_record.post(pipeline.settings(), quiet=code != 0))
+        if pipeline.confirmed():
+            run_record.post(pipeline.settings())
 
     def checkpoint():
         """Every rank's state goes to rank 0, which writes the checkpoint; the others wait."""
@@ -454,6 +472,9 @@ def main():
                 "model": net.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                 "step": step, "epoch": at_epoch, "ranks": gathered,
+                # What the input pipeline ran with (every rank alike): where a resumed attempt's
+                # autotune starts.
+                "input_pipeline": {"workers": pipeline.stream.workers, "prefetch": pipeline.stream.prefetch},
             }, step, args.keep_checkpoints)
         dist.barrier()
 

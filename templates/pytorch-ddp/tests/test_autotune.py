@@ -8,6 +8,7 @@ import pytest
 
 import autotune
 import shards
+import train
 from autotune import Counters, Limits, Setting, Tuner, Window
 from fake_trainyard import FakeTrainyard
 from jobs import Job
@@ -242,3 +243,33 @@ def test_the_engine_raises_its_workers_on_a_slow_decode_until_the_stall_falls_an
         expected = [plan_of._index(shard)[index]["key"] for shard, index in plan_of.plan.samples(entry["epoch"], first, 8)]
         assert entry["keys"] == expected, entry["step"]
     assert len(job.steps(0)) == 160
+
+
+def test_a_resumed_attempt_starts_autotune_from_the_settings_its_checkpoint_carries(uneven_dataset, tmp_path):
+    """The checkpoint carries the decode settings the run had; a resumed run that leaves them
+    `auto` starts there instead of at one worker (a restart after a failure or a preemption does
+    not pay for tuning again)."""
+    data, _ = uneven_dataset
+    first = Job(tmp_path, data, replicas=1, workers=3, prefetch=4, epochs=10, max_steps=8, checkpoint_every=1000)
+    assert first.start().wait(90) == [0], first.logs()
+    trainyard = FakeTrainyard()
+    try:
+        resumed = Job(tmp_path, data, replicas=1, workers="auto", prefetch="auto", env=trainyard.env(), epochs=10,
+                      max_steps=16, log_every=4, checkpoint_every=1000)
+        assert resumed.start().wait(90) == [0], resumed.logs()
+    finally:
+        trainyard.close()
+    log = resumed.log(0)
+    assert "resuming from step 8 " in log, log
+    assert "tuning workers and prefetch from 3 workers x 4 prefetch (the checkpoint's)" in log, log
+    assert trainyard.series("input_workers")[0][1] == 3, trainyard.series("input_workers")
+
+
+def test_where_autotune_starts_on_resume():
+    assert train.resumed_start(None, ["workers", "prefetch"]) == autotune.START
+    assert train.resumed_start({"workers": 5, "prefetch": 8}, ["workers", "prefetch"]) == {"workers": 5, "prefetch": 8}
+    # A pinned knob is not autotune's to start: only the tuned ones come from the checkpoint.
+    assert train.resumed_start({"workers": 5, "prefetch": 8}, ["prefetch"]) == dict(autotune.START, prefetch=8)
+    # What is no setting (a checkpoint of an older engine, a damaged value) is ignored.
+    for saved in ({}, {"workers": "3"}, {"workers": True}, {"workers": 65}, {"prefetch": 0}):
+        assert train.resumed_start(saved, ["workers", "prefetch"]) == autotune.START, saved
