@@ -265,6 +265,13 @@ pub trait Executor: Send + Sync + 'static {
     /// returns the same placement without sending anything.
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError>;
 
+    /// Told, before the launch of an interrupted attempt is resumed, that it is this attempt's
+    /// again: a backend that chose where its replicas run when the launch began (the local
+    /// backend's GPUs, in the launch's intent) holds that at once, before any other launch of the
+    /// same pass can choose it. The resumed launch runs later, as a task of its own. Backends
+    /// that choose nothing themselves keep the default.
+    fn launch_resuming(&self, _job_id: Uuid, _attempt: i32) {}
+
     /// The status of each replica of an attempt, in rank order.
     async fn observe(&self, attempt: &AttemptRef) -> Vec<ReplicaStatus>;
 

@@ -417,6 +417,15 @@ impl Executor for LocalExecutor {
         self.inventory.clone()
     }
 
+    fn launch_resuming(&self, job_id: Uuid, attempt: i32) {
+        // The GPUs its launch's intent chose are its own again, from now: a launch of another
+        // job in the same pass (after a restart nothing else holds them yet) must not take them.
+        if let Some(intent) = read_intent(&self.attempt_dir(job_id, attempt).join("intent.json")) {
+            let held = intent.gpus.iter().flatten().copied().collect();
+            self.gpus_held.lock().expect("gpu table poisoned").insert((job_id, attempt), held);
+        }
+    }
+
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError> {
         let attempt_dir = self.attempt_dir(request.job_id, request.attempt);
         std::fs::create_dir_all(&attempt_dir)?;

@@ -624,7 +624,12 @@ impl Reconciler {
             && !job.preempt_requested
         {
             // Begun but never recorded as launched: a crash or a control-plane error interrupted
-            // the launch. Launch it again; only the ranks that did not start are started.
+            // the launch. Launch it again; only the ranks that did not start are started. What
+            // the launch chose (its GPUs) is held now, before this pass admits and launches
+            // other jobs beside it.
+            if !self.is_launching(job.id) {
+                self.executor.launch_resuming(job.id, record.number);
+            }
             self.launcher().start(job, Launch::Resume(record.number));
             return Ok(false);
         }
