@@ -301,3 +301,52 @@ async fn a_database_outage_during_launches_and_submits_fails_nothing() {
         "the interrupted launch's job names the retried error: {events}"
     );
 }
+
+/// After a restart the local executor knows nothing held until it sees attempts. The launch of
+/// an interrupted attempt is resumed as a task of its own, so the pass first tells the executor
+/// (`Executor::launch_resuming`), which holds the GPUs the launch's intent chose from that
+/// moment: a new launch beside it cannot take them. (A chaos run once found two jobs on one GPU
+/// when the hold came only with the resumed task.) Two executors on one data directory stand
+/// for the server before and after its restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
+    use trainyard_executor::local::{LocalConfig, LocalExecutor};
+    use trainyard_executor::{AttemptRef, Executor, LaunchRequest};
+    use uuid::Uuid;
+    let dir = tempfile::tempdir().unwrap();
+    let config = || LocalConfig {
+        data_dir: dir.path().to_path_buf(),
+        supervisor: trainyard_tests::bin("trainyard"),
+        cpus: Some(4.0),
+        memory_bytes: None,
+        simulated_gpus: Some((2, "simulated-gpu".into())),
+    };
+    let request = |job: u128| LaunchRequest {
+        job_id: Uuid::from_u128(job),
+        tenant_id: Uuid::from_u128(1),
+        tenant: "default".into(),
+        attempt: 1,
+        spec: serde_json::from_value(json!({"command": ["sleep", "30"], "args": [], "env": {},
+            "resources": {"cpu": 0.25, "memory": "64Mi", "gpus": 2}, "replicas": 1}))
+        .unwrap(),
+        files: BTreeMap::new(),
+        env: BTreeMap::new(),
+        code: Vec::new(),
+    };
+    let before = LocalExecutor::new(config()).unwrap();
+    let placement = before.launch(&request(10)).await.expect("the first job takes both GPUs");
+    drop(before);
+
+    let after = LocalExecutor::new(config()).unwrap();
+    after.launch_resuming(Uuid::from_u128(10), 1);
+    let refused = after.launch(&request(11)).await.expect_err("both GPUs are the resumed attempt's");
+    assert!(refused.to_string().contains("not free"), "{refused}");
+    let attempt = AttemptRef { job_id: Uuid::from_u128(10), attempt: 1, replicas: 1, placement: Some(placement) };
+    after.terminate(&attempt, Duration::from_secs(1)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while after.observe(&attempt).await.iter().any(|s| *s == trainyard_executor::ReplicaStatus::Running) {
+        assert!(Instant::now() < deadline, "the first job's replica did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    after.release(&attempt).await;
+}
