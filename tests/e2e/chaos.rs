@@ -344,7 +344,7 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
     let attempt = AttemptRef { job_id: Uuid::from_u128(10), attempt: 1, replicas: 1, placement: Some(placement) };
     after.terminate(&attempt, Duration::from_secs(1)).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while after.observe(&attempt).await.iter().any(|s| *s == trainyard_executor::ReplicaStatus::Running) {
+    while after.observe(&attempt).await.contains(&trainyard_executor::ReplicaStatus::Running) {
         assert!(Instant::now() < deadline, "the first job's replica did not stop");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
