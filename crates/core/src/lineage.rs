@@ -233,10 +233,6 @@ impl Walk {
         self.truncated = true;
     }
 
-    pub fn contains(&self, key: &str) -> bool {
-        self.index.contains_key(key)
-    }
-
     fn place(&mut self, facts: NodeFacts, depth: i32, via: Option<Via>) {
         self.index.insert(facts.key.clone(), self.nodes.len());
         self.nodes.push(LineageNode {
@@ -263,7 +259,7 @@ impl Walk {
 impl Lineage {
     /// The nodes first reached from `key` going `direction`, in the order found: a node's
     /// children in the tree.
-    pub fn children<'a>(&'a self, key: &'a str, direction: Direction) -> impl Iterator<Item = &'a LineageNode> + 'a {
+    fn children<'a>(&'a self, key: &'a str, direction: Direction) -> impl Iterator<Item = &'a LineageNode> + 'a {
         self.nodes.iter().filter(move |n| {
             n.via.as_ref().is_some_and(|v| v.key == key)
                 && match direction {

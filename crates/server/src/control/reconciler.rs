@@ -611,8 +611,9 @@ impl Reconciler {
         self.collected = Some(Instant::now());
     }
 
-    /// Looks at a launched job's current attempt; records its end when it has ended. True when
-    /// the job ended or left its attempt (so it holds no capacity any more).
+    /// Looks at a launched job's current attempt (never one whose launch is under way: the pass
+    /// leaves those alone); records its end when it has ended. True when the job ended or left
+    /// its attempt (so it holds no capacity any more).
     async fn observe(&mut self, job: &UnfinishedJob) -> Result<bool> {
         let Some(record) = &job.attempt else {
             return Ok(false);
@@ -627,9 +628,7 @@ impl Reconciler {
             // the launch. Launch it again; only the ranks that did not start are started. What
             // the launch chose (its GPUs) is held now, before this pass admits and launches
             // other jobs beside it.
-            if !self.is_launching(job.id) {
-                self.executor.launch_resuming(job.id, record.number);
-            }
+            self.executor.launch_resuming(job.id, record.number);
             self.launcher().start(job, Launch::Resume(record.number));
             return Ok(false);
         }
