@@ -101,6 +101,11 @@ impl Launcher {
         self.launches.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The jobs whose launch is under way now.
+    pub(crate) fn launching(&self) -> std::collections::HashSet<Uuid> {
+        self.launches().in_flight.keys().copied().collect()
+    }
+
     /// Whether a launch of the job is under way.
     pub(crate) fn is_launching(&self, job_id: Uuid) -> bool {
         self.launches().in_flight.contains_key(&job_id)

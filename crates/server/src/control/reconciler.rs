@@ -353,6 +353,11 @@ impl Reconciler {
                 Step::Panicked(message) => self.job_panicked(job_id, "launching it", message).await,
             }
         }
+        // A launch under way when the snapshot is read may end (its placement stored) while this
+        // pass runs, and the snapshot would still show its job `starting` with no placement, as
+        // an interrupted launch looks: its job is left to the next pass, whose snapshot has what
+        // the launch stored. (Resuming it here would start again a rank that already exited.)
+        let launching = self.launcher.as_ref().map(Launcher::launching).unwrap_or_default();
         let Unfinished { jobs, unhandled } = self.store.jobs_unfinished().await?;
         self.report_unhandled(&unhandled).await;
         self.gauges_update(&jobs).await;
@@ -363,7 +368,7 @@ impl Reconciler {
         for job in jobs.iter().filter(|j| matches!(j.state, JobState::Starting | JobState::Running)) {
             // A job being launched is looked at once its launch has ended: until then what the
             // executor reports of it is half a launch.
-            if self.is_quarantined(job.id) || self.is_launching(job.id) {
+            if self.is_quarantined(job.id) || launching.contains(&job.id) || self.is_launching(job.id) {
                 continue;
             }
             match guarded(self.observe(job)).await {
@@ -376,7 +381,10 @@ impl Reconciler {
             }
         }
         for job in jobs.iter().filter(|j| {
-            j.state == JobState::Restarting && (j.cancel_requested || j.preempt_requested) && !self.is_launching(j.id)
+            j.state == JobState::Restarting
+                && (j.cancel_requested || j.preempt_requested)
+                && !launching.contains(&j.id)
+                && !self.is_launching(j.id)
         }) {
             // Between attempts nothing runs: a cancel or a preemption takes effect at once.
             let to = if job.cancel_requested { JobState::Cancelled } else { JobState::Queued };
