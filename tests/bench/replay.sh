@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Kueue's scheduler baseline (15,000 jobs, 30 tenants in 5 cohorts) replayed end to end through
-# the real server, release build, local executor with real processes on one simulated node of
-# 600 GPUs; prints Kueue's figures beside the measured ones (tests/e2e/replay.rs).
-# Usage: tests/bench/replay.sh
+# Kueue's scheduler scenarios replayed end to end through the real server (release build),
+# printing Kueue's figures beside the measured ones (tests/e2e/replay.rs):
+#   tests/bench/replay.sh             the baseline (15,000 jobs, 30 tenants in 5 cohorts), local
+#                                     executor with real processes on one simulated node of 600 GPUs
+#   tests/bench/replay.sh kubernetes  the baseline on the Kubernetes executor against the in-memory
+#                                     API server (crates/kube/examples/fake_apiserver.rs), 40-GPU nodes
+#   tests/bench/replay.sh large       the large scale (50,000 jobs, 1,000 tenants in 10 cohorts),
+#                                     Kubernetes executor as above
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+case "${1:-local}" in
+  local) test=replay::kueues_baseline_full ;;
+  kubernetes) test=replay::kueues_baseline_full_on_kubernetes ;;
+  large) test=replay::kueues_large_scale_on_kubernetes ;;
+  *) echo "usage: $0 [local|kubernetes|large]" >&2; exit 2 ;;
+esac
 source deploy/ensure-postgres
 cargo build --release --locked --workspace --bins
+cargo build --release --locked -p trainyard-kube --example fake_apiserver
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-replay.XXXXXX")
 chmod 755 "$work" # Postgres runs as its own user
 trap 'target/release/trainyard postgres stop --dir "$work/pg" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 export TRAINYARD_TEST_DATABASE_URL=$(target/release/trainyard postgres start --dir "$work/pg")
-cargo test --release --locked -p trainyard-tests --test e2e replay::kueues_baseline_full -- --ignored --nocapture
+cargo test --release --locked -p trainyard-tests --test e2e "$test" -- --exact --ignored --nocapture

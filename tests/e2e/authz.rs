@@ -58,6 +58,12 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /api/v1/datasets", "401 ok ok ok ok 401"),
     ("POST /api/v1/datasets", "401 403 ok ok ok 401"),
     ("GET /api/v1/datasets/{name}/{version}", "401 ok ok 404 ok 401"),
+    // A pushed dataset's files: the tenant's members, and the engine of a job that records
+    // reading the version (tenant B's job does not: 404, as for tenant B's admin).
+    ("GET /api/v1/datasets/{name}/{version}/files/{file}", "401 ok ok 404 ok 404"),
+    // Uploading a push's files: members, into their own tenant's store (the body `{}` is no
+    // manifest: refused as input, past authorization).
+    ("PUT /api/v1/dataset-content/{hash}/{file}", "401 403 ok ok ok 401"),
     ("PATCH /api/v1/admin/tenants/{tenant}", "401 403 403 403 ok 401"),
     ("DELETE /api/v1/admin/tenants/{tenant}", "401 403 403 403 ok 401"),
     ("PUT /api/v1/admin/tenants/{tenant}/quotas/{flavor}", "401 403 403 403 ok 401"),
@@ -84,6 +90,8 @@ const EXPECTED: &[(&str, &str)] = &[
     // Run records: read by the job's tenant; completed by the job's engine with its token only.
     ("GET /api/v1/jobs/{id}/record", "401 ok ok 404 ok 401"),
     ("POST /api/v1/jobs/{id}/record", "401 401 401 401 401 ok"),
+    // A job's engine reports what its node's shard cache holds: its own job token only.
+    ("POST /api/v1/jobs/{id}/cached-datasets", "401 401 401 401 401 ok"),
     // Comparing runs: tenant A's job with itself, read like a job (the query is filled in).
     ("GET /api/v1/compare", "401 ok ok 404 ok 401"),
     // Lineage: the tenant's own, walked from a job or a dataset version.
@@ -148,6 +156,8 @@ struct World {
     /// API tokens by caller index (none for anonymous; the job token for the last).
     tokens: Vec<Option<String>>,
     job: String,
+    /// The content hash (hex) of tenant A's pushed dataset `pushed@1`.
+    pushed: String,
 }
 
 fn classify(status: StatusCode, location: Option<&str>) -> String {
@@ -192,8 +202,9 @@ impl World {
         let (status, body) =
             env.post("/api/v1/datasets", &admin, &json!({"name": "ds", "version": "1", "uri": "/data/ds", "content_hash": format!("sha256:{}", "ab".repeat(32))})).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
+        let pushed = crate::store_datasets::push_tiny(&env, &admin, "pushed", "1").await;
         let tokens = vec![None, Some(viewer), Some(member), Some(other), Some(admin), Some(job_token)];
-        World { env, counter: Default::default(), tokens, job }
+        World { env, counter: Default::default(), tokens, job, pushed }
     }
 
     /// The concrete path for a caller: tenant A's objects, and a fresh target for destructive
@@ -205,9 +216,13 @@ impl World {
             .replace("{tenant}", "default")
             .replace("{flavor}", "simulated-gpu")
             .replace("{template}", "shell");
+        if route.ends_with("/files/{file}") {
+            path = path.replace("{name}", "pushed").replace("{version}", "1").replace("{file}", "dataset.json");
+        }
         if route.starts_with("/api/v1/datasets/") || route.starts_with("/datasets/") {
             path = path.replace("{name}", "ds").replace("{version}", "1");
         }
+        path = path.replace("{hash}", &self.pushed).replace("{file}", "dataset.json");
         if route.contains("/templates/") {
             path = path.replace("{name}", "shell");
         }

@@ -208,6 +208,13 @@ async fn state_of(env: &TestEnv, id: &str) -> String {
 async fn a_leader_paused_past_its_lease_is_fenced_and_nothing_runs_twice() {
     // The default lease (3 s): the takeover asserted below is the one users get.
     let env = TestEnv::start_with_env(&[], &[(PAUSE.into(), "1:6000".into())]).await;
+    // The first server leads before the standby starts (else the standby may win the lease,
+    // and the server paused below would not be the one launching: a CI run saw that).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while env.call(reqwest::Method::GET, "/readyz", None, None).await.1["leader"] != true {
+        assert!(Instant::now() < deadline, "the first server never took the lead");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let standby = trainyard_tests::ServerProcess::start(&env.db.url, &env.data_dir());
     let markers = marker_dir(&env);
 
@@ -320,6 +327,8 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
         cpus: Some(4.0),
         memory_bytes: None,
         simulated_gpus: Some((2, "simulated-gpu".into())),
+        shard_cache_bytes: None,
+        shard_cache_tenant_bytes: None,
     };
     let request = |job: u128| LaunchRequest {
         job_id: Uuid::from_u128(job),
@@ -332,6 +341,7 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
         files: BTreeMap::new(),
         env: BTreeMap::new(),
         code: Vec::new(),
+        nodes: Vec::new(),
     };
     let before = LocalExecutor::new(config()).unwrap();
     let placement = before.launch(&request(10)).await.expect("the first job takes both GPUs");

@@ -291,51 +291,15 @@ async fn a_rerun_of_user_code_from_a_changed_file_is_refused_naming_it_and_runs_
     assert!(page.contains("id=\"rerun-unpinned\"") && page.contains(&changed), "{page}");
 }
 
-/// The in-memory API server's process, ended when dropped (a failed assertion included).
-struct FakeApiServer(std::process::Child);
-
-impl Drop for FakeApiServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The in-memory API server of the executor's tests, served over HTTP by its example binary (it
-/// also places and runs the pods, reporting the image digest they run), with a kubeconfig for
-/// it.
-fn fake_api_server(dir: &Path) -> (FakeApiServer, std::path::PathBuf) {
-    use std::io::BufRead;
-    let binary = trainyard_tests::bin("examples/fake_apiserver");
-    assert!(binary.exists(), "{} is built with the tests (cargo nextest run builds examples)", binary.display());
-    let mut child = std::process::Command::new(binary)
-        .arg("2")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the fake API server");
-    let stdout = child.stdout.take().unwrap();
-    let child = FakeApiServer(child);
-    let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
-    let url = line.trim().strip_prefix("listening on ").expect("its address").to_string();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\nusers:\n- name: t\n  user: {{token: \"t\"}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: t}}\ncurrent-context: fake\n"
-        ),
-    )
-    .unwrap();
-    (child, kubeconfig)
-}
-
 /// On Kubernetes a job's image is a tag, which may move; its replicas report the digest they
 /// ran (the pod's imageID), and a rerun runs that digest: the tag is no unpinned input, the new
 /// job's spec and run record name the digest, and the Job applied runs it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rerun_on_kubernetes_runs_the_digest_its_original_ran_not_the_tag() {
     let scratch = tempfile::tempdir().unwrap();
-    let (_fake, kubeconfig) = fake_api_server(scratch.path());
+    // The fake also places and runs the pods, reporting the image digest they run.
+    let fake = trainyard_tests::FakeApiServer::start(scratch.path(), &["2"]);
+    let kubeconfig = &fake.kubeconfig;
     let tag = "registry.example/runtime:1";
     let env = TestEnv::start_with_env(
         &["--executor", "kubernetes", "--kube-image", tag],

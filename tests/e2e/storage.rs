@@ -22,14 +22,14 @@ const PREFIX: &str = "cluster-a";
 const PART_SIZE: usize = 5 * 1024 * 1024;
 
 /// Where the tests' objects go.
-enum Backend {
+pub(crate) enum Backend {
     Local,
     S3,
 }
 
 /// A store for one test: the temporary folder the bytes end up in (the local store's root, or
 /// the S3 server's), and the S3 server when there is one.
-struct StoreUnderTest {
+pub(crate) struct StoreUnderTest {
     root: tempfile::TempDir,
     s3: Option<S3Server>,
 }
@@ -140,7 +140,7 @@ impl StoreUnderTest {
     }
 
     /// Every stored key (files under the key root), sorted.
-    fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<String> {
         fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let path = entry.path();
@@ -159,6 +159,11 @@ impl StoreUnderTest {
         keys
     }
 
+    /// The bytes stored under a key, as the store keeps them on disk.
+    pub(crate) fn read(&self, key: &str) -> Vec<u8> {
+        std::fs::read(self.key_root().join(key)).unwrap_or_else(|err| panic!("{key}: {err}"))
+    }
+
     /// Every file the store holds anywhere under its root (to prove nothing landed outside).
     fn all_files(&self) -> Vec<String> {
         let mut files = Vec::new();
@@ -169,7 +174,7 @@ impl StoreUnderTest {
     }
 }
 
-fn walkdir(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn walkdir(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();
@@ -182,14 +187,21 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-async fn start(backend: &Backend) -> (TestEnv, StoreUnderTest) {
+/// A test server whose object store is `backend`'s.
+pub(crate) async fn start(backend: &Backend) -> (TestEnv, StoreUnderTest) {
+    start_with(backend, &[]).await
+}
+
+/// [`start`] with more `trainyard serve` arguments.
+pub(crate) async fn start_with(backend: &Backend, extra: &[&str]) -> (TestEnv, StoreUnderTest) {
     let store = StoreUnderTest::start(backend);
     let (args, env) = store.server_config();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
     (TestEnv::start_with_env(&args, &env).await, store)
 }
 
-async fn tenant_of_job(env: &TestEnv, job: &str) -> String {
+pub(crate) async fn tenant_of_job(env: &TestEnv, job: &str) -> String {
     sqlx::query_scalar::<_, uuid::Uuid>("SELECT tenant_id FROM jobs WHERE id = $1::uuid")
         .bind(job)
         .fetch_one(&env.db.pool)

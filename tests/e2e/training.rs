@@ -16,8 +16,18 @@ async fn packed_dataset(env: &TestEnv) -> PathBuf {
 /// [`packed_dataset`], and the id of the data-pack job that packed it.
 pub(crate) async fn packed_dataset_by(env: &TestEnv) -> (PathBuf, String) {
     let source = env.dir.path().join("images");
-    let mut noise: u32 = 12345;
-    for i in 0..1200u32 {
+    write_images(&source, 12345, 1200);
+    let dest = env.dir.path().join("shards");
+    let packed = env.data_pack(&source, &dest, &["shard_size=32Ki", "threads=1"]);
+    assert_eq!(packed["state"], "succeeded");
+    (dest, packed["id"].as_str().unwrap().to_string())
+}
+
+/// `count` 8x8 images of 4 classes (a lit quadrant and noise from `seed`) as `c<class>/img<i>.bin`
+/// and `.cls` files in `source`: what the pytorch-ddp example trains on.
+pub(crate) fn write_images(source: &std::path::Path, seed: u32, count: u32) {
+    let mut noise: u32 = seed;
+    for i in 0..count {
         let class = i % 4;
         let dir = source.join(format!("c{class}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -33,10 +43,6 @@ pub(crate) async fn packed_dataset_by(env: &TestEnv) -> (PathBuf, String) {
         std::fs::write(dir.join(format!("img{i:05}.bin")), bytes).unwrap();
         std::fs::write(dir.join(format!("img{i:05}.cls")), class.to_string()).unwrap();
     }
-    let dest = env.dir.path().join("shards");
-    let packed = env.data_pack(&source, &dest, &["shard_size=32Ki", "threads=1"]);
-    assert_eq!(packed["state"], "succeeded");
-    (dest, packed["id"].as_str().unwrap().to_string())
 }
 
 fn train_args<'a>(data: &'a str, extra: &[&'a str]) -> Vec<String> {

@@ -46,10 +46,13 @@ fn job_path() -> String {
     }
 }
 
-/// A database of its own for one test, with all migrations applied.
+/// A database of its own for one test, with all migrations applied. Dropped when its test
+/// passes (a full run makes hundreds, about 10 MB each: enough to fill a small CI disk); a
+/// failed test's database stays for a look.
 pub struct TestDb {
     pub url: String,
     pub pool: PgPool,
+    name: String,
 }
 
 impl TestDb {
@@ -69,7 +72,34 @@ impl TestDb {
         let url = format!("{base}/{name}");
         let store = Store::connect(&url, 4).await.expect("connect to the fresh database");
         store.migrate().await.expect("every migration applies to an empty database");
-        TestDb { url, pool: store.pool().clone() }
+        TestDb { url, pool: store.pool().clone(), name }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let Ok(admin_url) = std::env::var("TRAINYARD_TEST_DATABASE_URL") else { return };
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime, which cannot block on a future: a thread with
+        // a runtime of its own does the work. FORCE ends the sessions still open on it.
+        let dropped = std::thread::spawn(move || -> Result<(), sqlx::Error> {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let admin = PgPoolOptions::new().max_connections(1).connect(&admin_url).await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                    .execute(&admin)
+                    .await?;
+                admin.close().await;
+                Ok(())
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("could not drop the test database {}: {e}", self.name);
+        }
     }
 }
 
@@ -447,4 +477,45 @@ pub fn stdout(output: &Output) -> String {
 
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The in-memory API server's process (`crates/kube/examples/fake_apiserver.rs`), ended when
+/// dropped (a failed assertion included).
+pub struct FakeApiServer {
+    child: Child,
+    /// Its address, for a test that reads what Trainyard applied (`/api/v1/pods`, ...).
+    pub url: String,
+    /// A kubeconfig for it, to give `trainyard serve --executor kubernetes` as `KUBECONFIG`.
+    pub kubeconfig: PathBuf,
+}
+
+impl FakeApiServer {
+    /// Starts the in-memory API server of the executor's tests, served over HTTP by its example
+    /// binary (it also places and runs the pods; see its arguments there), and writes a
+    /// kubeconfig for it in `dir`.
+    pub fn start(dir: &Path, args: &[&str]) -> FakeApiServer {
+        let binary = bin("examples/fake_apiserver");
+        let mut child =
+            Command::new(binary).args(args).stdout(Stdio::piped()).spawn().expect("start the fake API server");
+        let stdout = child.stdout.take().expect("its stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("its first line");
+        let url = line.trim().strip_prefix("listening on ").expect("its address").to_string();
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\nusers:\n- name: t\n  user: {{token: \"t\"}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: t}}\ncurrent-context: fake\n"
+            ),
+        )
+        .expect("the kubeconfig");
+        FakeApiServer { child, url, kubeconfig }
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

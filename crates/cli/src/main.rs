@@ -5,6 +5,7 @@ mod accounting;
 mod client;
 mod code;
 mod config;
+mod datasets;
 mod output;
 mod record;
 mod storage;
@@ -338,6 +339,15 @@ enum DatasetsCommand {
     /// One version: NAME@VERSION.
     Show {
         dataset: String,
+    },
+    /// Upload a packed folder (data-pack's) to Trainyard's object store and register it as a
+    /// new version: NAME takes the next whole-number version, NAME@VERSION that one. Jobs read it
+    /// as store:NAME@VERSION.
+    Push {
+        /// NAME or NAME@VERSION.
+        dataset: String,
+        /// The packed folder (holding dataset.json).
+        folder: std::path::PathBuf,
     },
     /// Register NAME@VERSION from a data-pack job (--from-job) or by description.
     Register {
@@ -718,6 +728,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let d: Dataset = client.get(&format!("/api/v1/datasets/{name}/{version}")).await?;
             output::print(out, &d, output::dataset_detail)
         }
+        Command::Datasets { command: DatasetsCommand::Push { dataset, folder } } => {
+            datasets::push(&client, out, &dataset, &folder).await
+        }
         Command::Datasets { command: DatasetsCommand::Register { dataset, from_job, uri, content_hash, format } } => {
             let (name, version) = split_dataset(&dataset)?;
             let body = DatasetRegister {
@@ -729,6 +742,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 content_hash,
                 size_bytes: None,
                 samples: None,
+                from_store: None,
             };
             let d: Dataset = client.post("/api/v1/datasets", &body).await?;
             output::print(out, &d, |d| format!("registered {}@{} ({})\n", d.name, d.version, d.content_hash))

@@ -226,7 +226,7 @@ fn cut(text: &str, chars: usize) -> String {
 /// The tenant's datasets, one version a row (the content hash cut to what tells them apart).
 pub fn datasets_table(list: &[trainyard_core::api::Dataset]) -> String {
     if list.is_empty() {
-        return "no datasets yet: `yard datasets register NAME@VERSION --from-job ID`\n".into();
+        return "no datasets yet: `yard datasets push NAME FOLDER`, or `yard datasets register NAME@VERSION --from-job ID`\n".into();
     }
     let mut t = table(&["DATASET", "SAMPLES", "SIZE", "CONTENT HASH", "URI", "REGISTERED"]);
     for d in list {
@@ -246,14 +246,16 @@ pub fn datasets_table(list: &[trainyard_core::api::Dataset]) -> String {
 pub fn dataset_detail(d: &trainyard_core::api::Dataset) -> String {
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     format!(
-        "dataset:      {}@{}\nuri:          {}\nformat:       {}\nsamples:      {}\nsize:         {}\ncontent hash: {}\nfrom job:     {}\nregistered:   {} by {}\n",
+        "dataset:      {}@{}\nuri:          {}\n{}format:       {}\nsamples:      {}\nsize:         {}\ncontent hash: {}\ncached on:    {}\nfrom job:     {}\nregistered:   {} by {}\n",
         d.name,
         d.version,
         d.uri,
+        d.store_prefix.as_ref().map(|p| format!("stored at:    {p} (Trainyard's object store)\n")).unwrap_or_default(),
         d.format,
         or_dash(d.samples.map(|s| s.to_string())),
         or_dash(d.size_bytes.map(|b| human_memory(b.max(0) as u64))),
         d.content_hash,
+        if d.cached_on.is_empty() { "no node's shard cache".to_string() } else { d.cached_on.join(", ") },
         or_dash(d.source_job.map(|j| j.to_string())),
         when(d.created_at),
         d.created_by
@@ -306,7 +308,7 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
     if nodes.items.is_empty() {
         return "no nodes: the executor has not reported any yet\n".into();
     }
-    let mut t = table(&["NODE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE"]);
+    let mut t = table(&["NODE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE", "CACHED"]);
     for n in &nodes.items {
         let cores = |millis: u64| format!("{:.1}", millis as f64 / 1000.0);
         let free_gpus = n.gpus.saturating_sub(n.gpus_allocated);
@@ -325,6 +327,7 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
                 human_cpus(free_cpu),
                 human_memory(free_memory)
             ),
+            if n.cached_datasets.is_empty() { "-".into() } else { n.cached_datasets.join(", ") },
         ]);
     }
     format!("{t}\n")
@@ -552,8 +555,9 @@ pub fn sparkline(values: &[f64], width: usize) -> String {
 
 /// "Would start now", or why it waits, where, and until when.
 pub fn schedule(schedule: &Schedule) -> String {
+    let data = schedule.cached_on.map(|c| format!("data:     {c}\n")).unwrap_or_default();
     if schedule.admitted_now {
-        return "would start now\n".to_string();
+        return format!("would start now\n{data}");
     }
     let mut text = String::new();
     if let Some(reason) = &schedule.reason {
@@ -570,7 +574,7 @@ pub fn schedule(schedule: &Schedule) -> String {
         Some(at) => text.push_str(&format!("estimate: starts around {}\n", when(at))),
         None => text.push_str("estimate: no start within the horizon of running jobs' expected ends\n"),
     }
-    text
+    text + &data
 }
 
 /// The tenant's quota and use per GPU type. A tenant without any gets what is true instead of an
@@ -957,6 +961,7 @@ mod tests {
             memory_bytes: 8 << 30,
             memory_bytes_allocated: 0,
             replicas: 0,
+            cached_datasets: Vec::new(),
         }
     }
 
@@ -1047,10 +1052,13 @@ mod tests {
             samples: Some(400),
             content_hash: "sha256:0123456789abcdef0123".into(),
             source_job: None,
+            store_prefix: None,
             created_by: "alice".into(),
             created_at: Utc.with_ymd_and_hms(2026, 11, 24, 10, 5, 9).unwrap(),
+            cached_on: vec!["node-2".into()],
         };
         assert!(dataset_detail(&dataset).contains("size:         23.5 GiB\n"), "{}", dataset_detail(&dataset));
+        assert!(dataset_detail(&dataset).contains("cached on:    node-2\n"), "{}", dataset_detail(&dataset));
         let table = datasets_table(std::slice::from_ref(&dataset));
         assert!(line_with(&table.lines().map(str::to_string).collect::<Vec<_>>(), "images@1").contains("23.5 GiB"));
         assert!(!table.contains("24684084Ki"), "{table}");

@@ -431,6 +431,24 @@ pub struct Schedule {
     pub behind_higher_priority: usize,
     /// Estimated from the expected ends of running jobs; absent when beyond the horizon.
     pub estimated_start: Option<DateTime<Utc>>,
+    /// For a job reading registered datasets: how many of the cluster's nodes hold its data in
+    /// their shard cache (the scheduler prefers them; it never waits for them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_on: Option<CacheLocality>,
+}
+
+/// How many of the cluster's nodes hold a job's data in their shard cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CacheLocality {
+    pub nodes: usize,
+    pub of: usize,
+}
+
+impl std::fmt::Display for CacheLocality {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plural = if self.of == 1 { "" } else { "s" };
+        write!(f, "cached on {} of {} node{plural}", self.nodes, self.of)
+    }
 }
 
 /// One waiting job in the cluster's queue.
@@ -483,6 +501,10 @@ pub struct NodeUsage {
     pub memory_bytes_allocated: u64,
     /// Replicas of unfinished jobs placed on it (every tenant's, counted, not named).
     pub replicas: u32,
+    /// The caller's tenant's dataset versions its shard cache holds (`NAME@VERSION`, as its jobs'
+    /// engines reported them within the last day); never another tenant's.
+    #[serde(default)]
+    pub cached_datasets: Vec<String>,
 }
 
 /// Every node the scheduler may place on, by name.
@@ -506,8 +528,30 @@ pub struct Dataset {
     pub content_hash: String,
     /// The job that produced it, when registered from one.
     pub source_job: Option<Uuid>,
+    /// Where its files are in Trainyard's object store (a key prefix under the tenant's), when
+    /// it was pushed there (`yard datasets push`); none for a dataset kept elsewhere. Jobs read
+    /// such a version as `store:NAME@VERSION` (its `uri`).
+    #[serde(default)]
+    pub store_prefix: Option<String>,
     pub created_by: String,
     pub created_at: DateTime<Utc>,
+    /// The nodes whose shard cache holds all of it (reported by the engines of jobs that read
+    /// it, within the last day): the scheduler prefers them for jobs reading it.
+    #[serde(default)]
+    pub cached_on: Vec<String>,
+}
+
+/// A job's engine saying that its node's shard cache holds every shard of a dataset version
+/// the job reads (`POST /api/v1/jobs/{id}/cached-datasets`, with the job token).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCacheReport {
+    /// The node the replica runs on (`TRAINYARD_NODE`): one the job was placed on.
+    pub node: String,
+    pub name: String,
+    pub version: String,
+    /// Bytes of the version's shards in the cache.
+    pub bytes: i64,
 }
 
 /// Registers a dataset version: either described in full, or taken from a data-pack job's
@@ -529,6 +573,24 @@ pub struct DatasetRegister {
     pub size_bytes: Option<i64>,
     #[serde(default)]
     pub samples: Option<i64>,
+    /// The content hash (`sha256:...`) of a dataset whose manifest and files were uploaded to
+    /// the tenant's object store (`PUT /api/v1/dataset-content/{hash}/{file}`): registered only
+    /// when every file the manifest names is there with its size. Its location, size, samples
+    /// and format come from the manifest.
+    #[serde(default)]
+    pub from_store: Option<String>,
+}
+
+/// What an upload of one file of a pushed dataset stored.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DatasetFileUploaded {
+    /// The file's name, as the manifest gives it (`dataset.json` for the manifest).
+    pub file: String,
+    /// `manifest`, `shard` or `index`.
+    pub kind: String,
+    pub size_bytes: u64,
+    /// Hex SHA-256 of what was stored.
+    pub sha256: String,
 }
 
 /// A dataset version a job used, as recorded with the job.

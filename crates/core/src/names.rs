@@ -78,6 +78,10 @@ fn dataset_part_check(what: &str, text: &str) -> Result<(), NameError> {
     }
 }
 
+/// What a job's data parameter starts with to name a dataset version kept on Trainyard's
+/// object store: `store:NAME@VERSION` (the engine fetches its files from the server).
+pub const STORE_DATASET_PREFIX: &str = "store:";
+
 /// A registered dataset version, written `name@version`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DatasetRef {
@@ -98,6 +102,18 @@ impl DatasetRef {
             .split_once('@')
             .ok_or_else(|| format!("{text:?} does not name a dataset version: write it as name@version"))?;
         DatasetRef::new(name, version)
+    }
+
+    /// The version a job names as `store:NAME@VERSION` (a dataset kept on Trainyard's object
+    /// store); `None` when `text` does not start with `store:`.
+    pub fn parse_store(text: &str) -> Option<Result<DatasetRef, NameError>> {
+        let rest = text.strip_prefix(STORE_DATASET_PREFIX)?;
+        Some(DatasetRef::parse(rest).map_err(|why| why.replace("name@version", "store:name@version")))
+    }
+
+    /// `store:name@version`: how a job names this version when it is kept on the object store.
+    pub fn store_uri(&self) -> String {
+        format!("{STORE_DATASET_PREFIX}{self}")
     }
 
     pub fn name(&self) -> &str {
@@ -150,5 +166,17 @@ mod tests {
             let err = DatasetRef::parse(text).unwrap_err();
             assert!(err.contains(message), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn store_refs() {
+        let parsed = DatasetRef::parse_store("store:photos@1").unwrap().unwrap();
+        assert_eq!((parsed.name(), parsed.version()), ("photos", "1"));
+        assert_eq!(parsed.store_uri(), "store:photos@1");
+        assert!(DatasetRef::parse_store("photos@1").is_none(), "not a store reference");
+        assert!(DatasetRef::parse_store("/data/store:x@1").is_none());
+        let err = DatasetRef::parse_store("store:photos").unwrap().unwrap_err();
+        assert!(err.contains("write it as store:name@version"), "{err}");
+        assert!(DatasetRef::parse_store("store:../x@1").unwrap().is_err());
     }
 }

@@ -12,6 +12,8 @@
 //! One path is as pinned as a dataset parameter: the folder of a dataset version the tenant
 //! registered, when the engine recorded reading exactly that version's content there (a
 //! registered version is immutable, which is what a `name@version` parameter rests on too).
+//! A `store:NAME@VERSION` value names a version kept on Trainyard's object store, by content:
+//! pinned as well, and never described as a file or folder on the machine.
 //!
 //! Pure: the server gathers the facts. Nothing here (and nothing in the server) reads the files
 //! to see whether they changed: that would let a tenant learn about files it cannot read.
@@ -25,6 +27,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::api::Dataset;
+use crate::names::STORE_DATASET_PREFIX;
 use crate::record::RunRecord;
 
 /// An input a rerun cannot pin: it may not be what the job ran.
@@ -111,8 +114,13 @@ pub fn unpinned_inputs(record: Option<&RunRecord>, rerun: &RerunInputs<'_>) -> V
     let mut unpinned = Vec::new();
     for (name, path) in rerun.path_params {
         // A relative path lies in the job's working folder: the code archive or the template's
-        // files, both kept by content.
-        if !path.starts_with('/') || rerun.changed.contains_key(name) || registered_read(path, record, rerun) {
+        // files, both kept by content; a `store:` dataset is a registered version on the object
+        // store, immutable.
+        if !path.starts_with('/')
+            || is_store_dataset(path)
+            || rerun.changed.contains_key(name)
+            || registered_read(path, record, rerun)
+        {
             continue;
         }
         unpinned.push(UnpinnedInput { input: format!("params.{name}"), message: path_message(path, record) });
@@ -136,8 +144,26 @@ fn registered_read(path: &str, record: Option<&RunRecord>, rerun: &RerunInputs<'
     rerun.registered.iter().any(|d| d.uri == path && d.content_hash == read)
 }
 
+/// Whether a path parameter's value names a dataset version on Trainyard's object store
+/// (`store:NAME@VERSION`) rather than a file or folder.
+fn is_store_dataset(path: &str) -> bool {
+    path.starts_with(STORE_DATASET_PREFIX)
+}
+
 /// A path parameter's sentence, with what the engine recorded of the file or folder there.
 fn path_message(path: &str, record: Option<&RunRecord>) -> String {
+    let recorded_hash =
+        record.and_then(|r| r.data.as_ref()).filter(|data| data.get("path").and_then(Value::as_str) == Some(path));
+    if is_store_dataset(path) {
+        // Not a file on the machine: a registered version, kept by content on the store.
+        let hash = recorded_hash.and_then(|data| data.get("content_hash")?.as_str());
+        return match hash {
+            Some(hash) => format!(
+                "{path} is a dataset version on Trainyard's object store; its content hash was {hash} when the job ran"
+            ),
+            None => format!("{path} is a dataset version on Trainyard's object store"),
+        };
+    }
     let Some(record) = record else {
         return format!(
             "{path} is a path on the machine, not shipped with the job; no run record says what it held when the job ran, and it may have changed"
@@ -264,8 +290,10 @@ mod tests {
             samples: None,
             content_hash: content_hash.into(),
             source_job: None,
+            store_prefix: None,
             created_by: "ada".into(),
             created_at: chrono::DateTime::UNIX_EPOCH,
+            cached_on: Vec::new(),
         }
     }
 
@@ -304,6 +332,18 @@ mod tests {
         let changed = json!({"data": "/scratch/other"}).as_object().unwrap().clone();
         let rerun = RerunInputs { path_params: &params, changed: &changed, image: "local", registered: &[] };
         assert!(unpinned_inputs(Some(&record(None, &[])), &rerun).is_empty());
+    }
+
+    #[test]
+    fn a_store_dataset_is_pinned_and_never_called_a_folder_on_the_machine() {
+        let mut ran = record(None, &[]);
+        ran.data = Some(json!({"path": "store:digits@1", "content_hash": "sha256:da7a"}));
+        assert!(unpinned(Some(&ran), &paths(&[("data", "store:digits@1")]), "local").is_empty());
+        let message = path_message("store:digits@1", Some(&ran));
+        assert!(!message.contains("on the machine") && !message.contains("folder"), "{message}");
+        assert!(message.contains("object store") && message.contains("sha256:da7a"), "{message}");
+        let message = path_message("store:digits@1", None);
+        assert!(!message.contains("on the machine"), "{message}");
     }
 
     #[test]

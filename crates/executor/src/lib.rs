@@ -61,6 +61,9 @@ pub struct LaunchRequest {
     /// The code shipped with the job (`spec.code`, unpacked): every replica's working directory
     /// starts with these files.
     pub code: Vec<CodeFile>,
+    /// The node the scheduler placed each replica on, by rank (empty when it did not say): a
+    /// cluster executor steers the replicas there; replicas see theirs as `TRAINYARD_NODE`.
+    pub nodes: Vec<String>,
 }
 
 /// One file of the code shipped with a job.

@@ -42,14 +42,32 @@ pub struct Cache {
 /// The objects of each attempt (job id, attempt number), by their keys in the store.
 type ByAttempt<K> = HashMap<(Uuid, i32), Vec<ObjectRef<K>>>;
 
-/// Which watched objects belong to each attempt, kept by the watcher beside its store.
+/// How many deleted objects an index remembers (the oldest forgotten first): far more than can
+/// be deleted between two observations of their attempts.
+const GONE_KEPT: usize = 20_000;
+
+/// Which watched objects belong to each attempt, kept by the watcher beside its store, and the
+/// last state of those deleted lately.
 pub struct AttemptIndex<K: Resource<DynamicType = ()>> {
     refs: Mutex<ByAttempt<K>>,
+    /// Kept only where something reads it (pods).
+    gone: Option<Mutex<Gone<K>>>,
+}
+
+/// Objects deleted lately, as the watch's delete event last showed them, by attempt, with the
+/// order they went in (to forget the oldest).
+struct Gone<K> {
+    by_attempt: HashMap<(Uuid, i32), Vec<Arc<K>>>,
+    order: std::collections::VecDeque<(Uuid, i32)>,
 }
 
 impl<K: Resource<DynamicType = ()> + Clone> AttemptIndex<K> {
-    fn new() -> Self {
-        AttemptIndex { refs: Mutex::new(HashMap::new()) }
+    /// `keep_gone`: whether to keep the last state of deleted objects ([`AttemptIndex::gone`]).
+    fn new(keep_gone: bool) -> Self {
+        AttemptIndex {
+            refs: Mutex::new(HashMap::new()),
+            gone: keep_gone.then(|| Mutex::new(Gone { by_attempt: HashMap::new(), order: Default::default() })),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ByAttempt<K>> {
@@ -67,17 +85,47 @@ impl<K: Resource<DynamicType = ()> + Clone> AttemptIndex<K> {
         }
     }
 
-    /// Forgets an object that went away.
+    /// Forgets an object that went away, keeping its last state (see [`AttemptIndex::gone`]).
     fn remove(&self, object: &K) {
         let Some(key) = names::attempt_of(object.labels()) else { return };
         let reference = ObjectRef::from_obj(object);
-        let mut refs = self.lock();
-        if let Some(entry) = refs.get_mut(&key) {
-            entry.retain(|r| *r != reference);
-            if entry.is_empty() {
-                refs.remove(&key);
+        {
+            let mut refs = self.lock();
+            if let Some(entry) = refs.get_mut(&key) {
+                entry.retain(|r| *r != reference);
+                if entry.is_empty() {
+                    refs.remove(&key);
+                }
             }
         }
+        let Some(gone) = &self.gone else { return };
+        let mut gone = gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        gone.by_attempt.entry(key).or_default().push(Arc::new(object.clone()));
+        gone.order.push_back(key);
+        while gone.order.len() > GONE_KEPT {
+            let oldest = gone.order.pop_front().expect("not empty");
+            if let Some(entry) = gone.by_attempt.get_mut(&oldest) {
+                entry.remove(0);
+                if entry.is_empty() {
+                    gone.by_attempt.remove(&oldest);
+                }
+            }
+        }
+    }
+
+    /// The attempt's objects deleted lately, in their last state as the delete event showed it.
+    fn gone(&self, job_id: Uuid, attempt: i32) -> Vec<Arc<K>> {
+        let Some(gone) = &self.gone else { return Vec::new() };
+        let gone = gone.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        gone.by_attempt.get(&(job_id, attempt)).cloned().unwrap_or_default()
+    }
+
+    /// Whether one of the attempt's objects is being taken out: the store no longer has it and
+    /// the watcher has not yet noted it gone (the reflector applies a deletion to the store
+    /// before the watcher's loop sees the event).
+    fn in_flux(&self, store: &Store<K>, job_id: Uuid, attempt: i32) -> bool {
+        let refs = self.lock();
+        refs.get(&(job_id, attempt)).is_some_and(|entry| entry.iter().any(|r| store.get(r).is_none()))
     }
 
     /// After a relist: forgets what the store no longer holds (deleted while the watch was down).
@@ -110,8 +158,8 @@ impl Cache {
     /// Starts the three watchers. They retry with backoff on errors, forever.
     pub fn start(client: &Client, changes: Arc<Notify>) -> Cache {
         let managed = watcher::Config::default().labels(MANAGED_SELECTOR);
-        let pods_by_attempt = Arc::new(AttemptIndex::new());
-        let jobs_by_attempt = Arc::new(AttemptIndex::new());
+        let pods_by_attempt = Arc::new(AttemptIndex::new(true));
+        let jobs_by_attempt = Arc::new(AttemptIndex::new(false));
         let (pods, pods_task) = watch(
             Api::<Pod>::all(client.clone()),
             managed.clone(),
@@ -160,6 +208,19 @@ impl Cache {
             .into_iter()
             .filter_map(|pod| Some((rank_of(&pod)?, pod)))
             .collect()
+    }
+
+    /// The pods of an attempt deleted lately, with their rank, in their last state: a pod that
+    /// ran to its end just before a deletion (a stop that crossed its exit) is not there any
+    /// more, but how it ended is.
+    pub fn pods_gone_of(&self, job_id: Uuid, attempt: i32) -> Vec<(u32, Arc<Pod>)> {
+        self.pods_by_attempt.gone(job_id, attempt).into_iter().filter_map(|pod| Some((rank_of(&pod)?, pod))).collect()
+    }
+
+    /// Whether a pod of the attempt is being taken out of the cache right now (see
+    /// [`AttemptIndex::in_flux`]): until it is, how it ended is not known yet.
+    pub fn pods_in_flux(&self, job_id: Uuid, attempt: i32) -> bool {
+        self.pods_by_attempt.in_flux(&self.pods, job_id, attempt)
     }
 
     /// Whether the node watcher holds a node of this name.

@@ -266,6 +266,20 @@ impl KubernetesExecutor {
     fn details_now(&self, attempt: &AttemptRef) -> Vec<ReplicaDetail> {
         let key = (attempt.job_id, attempt.attempt);
         let pods: HashMap<u32, Arc<Pod>> = newest_by_rank(self.cache.pods_of(attempt.job_id, attempt.attempt));
+        let in_flux = self.cache.pods_in_flux(attempt.job_id, attempt.attempt);
+        // Pods deleted once they had ended (succeeded or failed): how they ended.
+        let ended_then_gone: HashMap<u32, Arc<Pod>> = newest_by_rank(
+            self.cache
+                .pods_gone_of(attempt.job_id, attempt.attempt)
+                .into_iter()
+                .filter(|(_, pod)| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|s| s.phase.as_deref())
+                        .is_some_and(|p| p == "Succeeded" || p == "Failed")
+                })
+                .collect(),
+        );
         let job = self.cache.job_of(attempt.job_id, attempt.attempt);
         let launched_recently =
             self.launched.lock().expect("launched poisoned").get(&key).is_some_and(|at| at.elapsed() < WATCH_LAG);
@@ -287,8 +301,10 @@ impl KubernetesExecutor {
                 if let Some(detail) = ended.get(&(attempt.job_id, attempt.attempt, rank)) {
                     return detail.clone();
                 }
-                let detail = match pods.get(&rank) {
+                let detail = match pods.get(&rank).or_else(|| ended_then_gone.get(&rank)) {
                     Some(pod) => status::replica_from_pod(rank, pod, &ctx),
+                    // A deletion half taken in: how the pod ended shows at the next look.
+                    None if in_flux => return ReplicaDetail::from_status(rank, ReplicaStatus::Running),
                     None => without_pod(rank, job.as_deref(), launched_recently, stopped),
                 };
                 if matches!(detail.phase, ReplicaPhase::Succeeded | ReplicaPhase::Failed) {

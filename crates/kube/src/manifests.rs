@@ -399,6 +399,7 @@ fn job(
                     "enableServiceLinks": false,
                     "terminationGracePeriodSeconds": config.termination_grace.as_secs(),
                     "nodeSelector": node_selector,
+                    "affinity": placement_affinity(&request.nodes),
                     "tolerations": tolerations,
                     "securityContext": {
                         "runAsNonRoot": true,
@@ -438,6 +439,23 @@ fn template_items(files: &BTreeMap<String, Vec<u8>>) -> Vec<Value> {
     files.keys().filter_map(|path| config_map_key(path).ok().map(|key| json!({ "key": key, "path": path }))).collect()
 }
 
+/// Steers the replicas to the nodes Trainyard's scheduler chose for them (its accounting of
+/// each node's room assumes them there, and it may have chosen nodes whose shard cache holds the
+/// job's data): a preferred node affinity, so that a node gone or full since (a restart after
+/// its node was drained, ranks the kube-scheduler packed otherwise) never leaves a pod pending.
+/// None when it named no node.
+fn placement_affinity(nodes: &[String]) -> Option<Value> {
+    let mut nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    (!nodes.is_empty()).then(|| {
+        json!({ "nodeAffinity": { "preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "preference": { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": nodes }] },
+        }] } })
+    })
+}
+
 /// The variables every replica gets. Secrets come from the Secret (`envFrom`), the rank from
 /// the completion index Kubernetes gives each pod of an Indexed Job.
 fn replica_env(config: &KubeConfig, request: &LaunchRequest, ns: &str) -> Vec<Value> {
@@ -460,6 +478,8 @@ fn replica_env(config: &KubeConfig, request: &LaunchRequest, ns: &str) -> Vec<Va
         "name": "RANK",
         "valueFrom": { "fieldRef": { "fieldPath": format!("metadata.annotations['{COMPLETION_INDEX}']") } },
     }));
+    // The node the pod landed on: the engine's shard cache reports name it.
+    env.push(json!({ "name": "TRAINYARD_NODE", "valueFrom": { "fieldRef": { "fieldPath": "spec.nodeName" } } }));
     env.extend(fixed.into_iter().map(|(name, value)| json!({ "name": name, "value": value })));
     env
 }

@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use support::examples;
-use trainyard_executor::{AttemptRef, Executor, ReplicaPhase};
+use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaPhase};
 use trainyard_kube::{KubernetesExecutor, names};
 use uuid::Uuid;
 
@@ -143,6 +143,59 @@ fn container(state: serde_json::Value) -> serde_json::Value {
 
 /// A rerun pinned to its original's image digest: the real API server takes the digest
 /// reference, and the Job's pods run it (not the configured tag).
+/// An attempt of two replicas launched by `executor`, its pods Running (played by the admin) and
+/// seen running by the executor.
+struct Running {
+    namespace: String,
+    name: String,
+    attempt: AttemptRef,
+    pods: Vec<String>,
+    request: trainyard_executor::LaunchRequest,
+}
+
+async fn launched_and_running(cluster: &Cluster, executor: &KubernetesExecutor) -> Running {
+    let (request, namespace) = fresh_request(2);
+    executor.launch(&request).await.expect("launch on a real API server");
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
+    let name = names::attempt_object(request.job_id, request.attempt);
+    let job = jobs.get(&name).await.expect("the Job exists");
+    let attempt = AttemptRef { job_id: request.job_id, attempt: request.attempt, replicas: 2, placement: None };
+    let pods = pods_of(&cluster.admin, &namespace, &job, 2).await;
+    for pod in &pods {
+        let running = json!({ "phase": "Running", "containerStatuses": container(json!({ "running": {} })) });
+        pod_status_set(&cluster.admin, &namespace, pod, running).await;
+    }
+    eventually(10, || async {
+        let details = executor.replica_details(&attempt).await;
+        details.iter().all(|d| d.phase == ReplicaPhase::Running).then_some(())
+    })
+    .await;
+    Running { namespace, name, attempt, pods, request }
+}
+
+/// Plays the kubelet for pods whose replica exited 0.
+async fn succeed(cluster: &Cluster, namespace: &str, pods: &[String]) {
+    for pod in pods {
+        let terminated = json!({ "terminated": { "exitCode": 0, "reason": "Completed" } });
+        let succeeded = json!({ "phase": "Succeeded", "containerStatuses": container(terminated) });
+        pod_status_set(&cluster.admin, namespace, pod, succeeded).await;
+    }
+}
+
+/// Launches a one-replica request and returns its pod, as the Job controller made it.
+async fn launched_pod(
+    cluster: &Cluster,
+    executor: &KubernetesExecutor,
+    request: &LaunchRequest,
+    namespace: &str,
+) -> Pod {
+    executor.launch(request).await.expect("launch on a real API server");
+    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), namespace);
+    let job = jobs.get(&names::attempt_object(request.job_id, request.attempt)).await.expect("the Job exists");
+    let pods = pods_of(&cluster.admin, namespace, &job, 1).await;
+    Api::namespaced(cluster.admin.clone(), namespace).get(&pods[0]).await.expect("its pod")
+}
+
 #[tokio::test]
 async fn a_rerun_pinned_to_a_digest_runs_it_on_a_real_api_server() {
     let Some(cluster) = cluster().await else { return };
@@ -151,14 +204,39 @@ async fn a_rerun_pinned_to_a_digest_runs_it_on_a_real_api_server() {
     let (mut request, namespace) = fresh_request(1);
     let digest = format!("ghcr.io/trainyard/runtime@sha256:{}", "2".repeat(64));
     request.spec.image = Some(digest.clone());
-    executor.launch(&request).await.expect("launch on a real API server");
-    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
-    let job = jobs.get(&names::attempt_object(request.job_id, request.attempt)).await.expect("the Job exists");
-    let pods = pods_of(&cluster.admin, &namespace, &job, 1).await;
-    let pod: k8s_openapi::api::core::v1::Pod =
-        Api::namespaced(cluster.admin.clone(), &namespace).get(&pods[0]).await.expect("its pod");
+    let pod = launched_pod(&cluster, &executor, &request, &namespace).await;
     let images: Vec<String> = pod.spec.unwrap().containers.into_iter().filter_map(|c| c.image).collect();
     assert_eq!(images, [digest], "the pod runs the pinned digest");
+}
+
+/// The placement Trainyard's scheduler chose reaches the pods as a preferred node affinity on
+/// the nodes' names, and each replica's node as `TRAINYARD_NODE` from the downward API: the real
+/// API server takes both as written.
+#[tokio::test]
+async fn the_scheduler_s_placement_reaches_the_pods_on_a_real_api_server() {
+    let Some(cluster) = cluster().await else { return };
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let (mut request, namespace) = fresh_request(1);
+    request.nodes = vec!["gpu-node-7".into()];
+    let pod = launched_pod(&cluster, &executor, &request, &namespace).await;
+    let spec = pod.spec.unwrap();
+    let terms = spec
+        .affinity
+        .and_then(|a| a.node_affinity)
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution)
+        .expect("a preferred node affinity");
+    assert_eq!(terms[0].weight, 100);
+    let fields = terms[0].preference.match_fields.clone().unwrap();
+    assert_eq!(
+        (fields[0].key.as_str(), fields[0].values.clone().unwrap()),
+        ("metadata.name", vec!["gpu-node-7".into()])
+    );
+    let env = spec.containers[0].env.clone().unwrap();
+    let node = env.iter().find(|e| e.name == "TRAINYARD_NODE").expect("TRAINYARD_NODE");
+    let field = node.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).expect("from the downward API");
+    assert_eq!(field.field_path, "spec.nodeName");
+    namespace_delete(&cluster, &namespace).await;
 }
 
 #[tokio::test]
@@ -166,40 +244,9 @@ async fn an_attempt_runs_succeeds_and_is_cleaned_up_on_a_real_api_server() {
     let Some(cluster) = cluster().await else { return };
     let logs = tempfile::tempdir().unwrap();
     let executor = executor_for(&cluster, &logs).await;
-    let (request, namespace) = fresh_request(2);
-    executor.launch(&request).await.expect("launch on a real API server");
+    let Running { namespace, name, attempt, pods, request } = launched_and_running(&cluster, &executor).await;
     executor.launch(&request).await.expect("a repeated launch is harmless");
-
-    let jobs: Api<Job> = Api::namespaced(cluster.admin.clone(), &namespace);
-    let name = names::attempt_object(request.job_id, request.attempt);
-    let job = jobs.get(&name).await.expect("the Job exists");
-    let attempt = AttemptRef { job_id: request.job_id, attempt: request.attempt, replicas: 2, placement: None };
-
-    let pods = pods_of(&cluster.admin, &namespace, &job, 2).await;
-    for pod in &pods {
-        pod_status_set(
-            &cluster.admin,
-            &namespace,
-            pod,
-            json!({ "phase": "Running", "containerStatuses": container(json!({ "running": {} })) }),
-        )
-        .await;
-    }
-    eventually(10, || async {
-        let details = executor.replica_details(&attempt).await;
-        details.iter().all(|d| d.phase == ReplicaPhase::Running).then_some(())
-    })
-    .await;
-    for pod in &pods {
-        let terminated = json!({ "terminated": { "exitCode": 0, "reason": "Completed" } });
-        pod_status_set(
-            &cluster.admin,
-            &namespace,
-            pod,
-            json!({ "phase": "Succeeded", "containerStatuses": container(terminated) }),
-        )
-        .await;
-    }
+    succeed(&cluster, &namespace, &pods).await;
     let details = eventually(10, || async {
         let details = executor.replica_details(&attempt).await;
         details.iter().all(|d| d.phase == ReplicaPhase::Succeeded).then_some(details)
@@ -209,6 +256,28 @@ async fn an_attempt_runs_succeeds_and_is_cleaned_up_on_a_real_api_server() {
 
     executor.release(&attempt).await;
     job_goes(&cluster, &namespace, &name).await;
+    namespace_delete(&cluster, &namespace).await;
+}
+
+/// Replicas that ran to their end just before their Job was deleted (a stop crossing their own
+/// end, as a preemption can) are gone with it, but the watch's delete events show how they
+/// ended: the attempt succeeded, it was not stopped.
+#[tokio::test]
+async fn replicas_that_ended_before_their_job_was_deleted_succeeded_on_a_real_api_server() {
+    let Some(cluster) = cluster().await else { return };
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let Running { namespace, name, attempt, pods, request } = launched_and_running(&cluster, &executor).await;
+    succeed(&cluster, &namespace, &pods).await;
+    // Stopped before the executor is asked about the attempt again; asked once the pods are gone.
+    executor.terminate(&attempt, Duration::from_secs(1)).await;
+    job_goes(&cluster, &namespace, &name).await;
+    let pod_api: Api<Pod> = Api::namespaced(cluster.admin.clone(), &namespace);
+    let of_the_job = ListParams::default().labels(&format!("{}={}", names::LABEL_JOB, request.job_id));
+    eventually(30, || async { pod_api.list(&of_the_job).await.unwrap().items.is_empty().then_some(()) }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // the executor's watch takes in the deletions
+    let details = executor.replica_details(&attempt).await;
+    assert!(details.iter().all(|d| d.phase == ReplicaPhase::Succeeded), "they ended by themselves: {details:#?}");
     namespace_delete(&cluster, &namespace).await;
 }
 

@@ -338,6 +338,33 @@ async fn an_attempt_goes_from_pending_to_running_to_succeeded_and_wakes_the_reco
     assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Exited(0); 2]);
 }
 
+/// A stop that crosses the replicas' own end: both pods ran to their end (exit 0), and the
+/// attempt's Job was deleted (a preemption's stop) before anyone looked at the attempt again.
+/// The pods are gone, but the watch's delete events carried how they ended: the attempt
+/// succeeded, it was not stopped (as on the local executor, where the exit records stay). Before,
+/// such an attempt counted as stopped and its job ran again (Kueue's replay on Kubernetes saw a
+/// job run to its end in two attempts).
+#[tokio::test]
+async fn replicas_that_ended_before_their_job_was_deleted_keep_how_they_ended() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    let pods: Vec<String> = (0..2).map(|r| fake.pod_create(NS, JOB_NAME, r, "gpu-1", running())).collect();
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
+    for pod in &pods {
+        fake.pod_status_set(NS, pod, exited(0, "Completed"));
+    }
+    // Deleted at once, before the executor is asked about the attempt again; asked only once its
+    // watch has taken in the deletions (they wake the reconciler; then a moment for the rest).
+    let changes = executor.changes();
+    let woken = changes.notified();
+    executor.terminate(&attempt(2), Duration::from_secs(10)).await;
+    assert!(fake.list("pods").is_empty(), "the pods went with their Job");
+    tokio::time::timeout(Duration::from_secs(5), woken).await.expect("the deletions wake the reconciler");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Succeeded; 2]).await;
+    assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Exited(0); 2], "they ended by themselves");
+}
+
 /// Launches, runs both replicas, then lets `fail` happen to replica 0; returns its detail.
 async fn failure_of(config_change: impl FnOnce(&mut KubeConfig), fail: impl FnOnce(&FakeApi, &str)) -> ReplicaDetail {
     let logs = tempfile::tempdir().unwrap();
@@ -552,6 +579,33 @@ async fn the_inventory_follows_nodes_appearing_draining_and_vanishing() {
     executor.launch(&examples::pytorch_ddp()).await.unwrap();
     let job = fake.get("jobs", NS, JOB_NAME).unwrap();
     assert_eq!(job["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3");
+}
+
+/// The replicas are steered to the nodes Trainyard's scheduler chose (a preferred node affinity
+/// on the nodes' names: never a pod left pending for a node gone since), and each learns its node
+/// from the downward API; without a placement the pod may go anywhere its GPU type allows.
+#[tokio::test]
+async fn replicas_are_kept_on_the_nodes_the_scheduler_chose() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let placed = executor(&fake, config(&logs)).await;
+    let mut request = examples::pytorch_ddp();
+    request.nodes = vec!["gpu-7".into(), "gpu-3".into()];
+    placed.launch(&request).await.unwrap();
+    let pod = &fake.get("jobs", NS, JOB_NAME).unwrap()["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"],
+        json!({ "preferredDuringSchedulingIgnoredDuringExecution": [{ "weight": 100,
+            "preference": { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["gpu-3", "gpu-7"] }] } }] })
+    );
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    let node_env = env.iter().find(|e| e["name"] == "TRAINYARD_NODE").expect("TRAINYARD_NODE is set");
+    assert_eq!(node_env["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+
+    let fake = FakeApi::default();
+    let unplaced = executor(&fake, config(&logs)).await;
+    unplaced.launch(&examples::pytorch_ddp()).await.unwrap();
+    assert!(fake.get("jobs", NS, JOB_NAME).unwrap()["spec"]["template"]["spec"].get("affinity").is_none());
 }
 
 async fn wait(done: impl Fn() -> bool) {

@@ -85,6 +85,7 @@ pub fn cluster(pending: usize) -> Snapshot {
                     memory_bytes: 32 << 30,
                 },
                 expected_runtime: Some(1800),
+                warm_nodes: Vec::new(),
             }
         })
         .collect();

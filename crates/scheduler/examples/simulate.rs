@@ -214,6 +214,7 @@ fn main() {
                 submitted_at: jobs[i].arrival_ms / 1000,
                 demand: demand(&jobs[i]),
                 expected_runtime: Some(jobs[i].duration_ms / 1000),
+                warm_nodes: Vec::new(),
             })
             .collect();
         let result = admission_cycle(&snap);

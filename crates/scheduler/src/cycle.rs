@@ -289,9 +289,11 @@ fn try_admit(
     flavors: &[FlavorId],
 ) -> Result<Admission, (PendingReason, bool)> {
     let demand = *state.shape(job.shape);
+    let warm = &state.snap.pending[job.index as usize].warm_nodes;
     if demand.gpus == 0 {
         return match state.place_remembered(job.shape, None) {
             Some(nodes) => {
+                let nodes = state.place_warm(&demand, None, warm).unwrap_or(nodes);
                 state.allocate(t, None, &demand, &nodes);
                 Ok(admission(state, job.id, None, &nodes))
             }
@@ -303,6 +305,8 @@ fn try_admit(
         let reason = match state.quota_check(t, flavor, demand.total_gpus()) {
             Ok(QuotaCheck::Fits) => match state.place_remembered(job.shape, Some(flavor)) {
                 Some(nodes) => {
+                    // Nodes holding its data when they have room; never waits for them.
+                    let nodes = state.place_warm(&demand, Some(flavor), warm).unwrap_or(nodes);
                     state.allocate(t, Some(flavor), &demand, &nodes);
                     return Ok(admission(state, job.id, Some(flavor), &nodes));
                 }

@@ -106,6 +106,9 @@ pub struct PendingJob {
     pub demand: Demand,
     /// Expected run time in seconds (from the template or the job), for start estimates.
     pub expected_runtime: Option<i64>,
+    /// Nodes whose shard cache holds its datasets, by name: preferred when they have room,
+    /// never waited for.
+    pub warm_nodes: Vec<String>,
 }
 
 /// A job holding resources: admitted, starting, running, or being stopped.
@@ -191,6 +194,7 @@ impl Snapshot {
             submitted_at: now,
             demand: r.demand,
             expected_runtime: r.expected_runtime,
+            warm_nodes: Vec::new(),
         }));
     }
 }

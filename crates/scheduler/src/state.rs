@@ -405,6 +405,34 @@ impl<'a> State<'a> {
     /// (best fit keeps whole nodes free). Gangs: one rack when any rack can hold them all (the
     /// tightest such rack), then as few nodes as possible, preferring the fullest.
     pub fn place(&self, demand: &Shape, flavor: Option<FlavorId>) -> Option<Placement> {
+        self.place_among(demand, flavor, |_| true)
+    }
+
+    /// A placement on the named nodes only (those whose shard cache holds the job's data), as
+    /// [`State::place`] would choose among them; `None` when they cannot hold every replica now.
+    pub fn place_warm(&self, demand: &Shape, flavor: Option<FlavorId>, warm: &[String]) -> Option<Placement> {
+        if warm.is_empty() {
+            return None;
+        }
+        // A node's membership in one load, whatever the number of warm nodes.
+        let mut is_warm = vec![false; self.snap.nodes.len()];
+        for name in warm {
+            if let Some(&i) = self.node_by_name.get(name.as_str()) {
+                is_warm[i] = true;
+            }
+        }
+        if !is_warm.contains(&true) {
+            return None;
+        }
+        self.place_among(demand, flavor, |i| is_warm[i])
+    }
+
+    fn place_among(
+        &self,
+        demand: &Shape,
+        flavor: Option<FlavorId>,
+        allowed: impl Fn(usize) -> bool,
+    ) -> Option<Placement> {
         let replicas = demand.replicas as usize;
         let candidates: Vec<(usize, u32)> = match flavor {
             Some(f) => {
@@ -413,7 +441,7 @@ impl<'a> State<'a> {
                 }
                 let nodes = self.buckets[f].range(demand.gpus..).flat_map(|(_, nodes)| nodes.iter());
                 if replicas == 1 {
-                    return nodes.copied().find(|&i| self.fits_on(i, demand) >= 1).map(|i| vec![i]);
+                    return nodes.copied().find(|&i| allowed(i) && self.fits_on(i, demand) >= 1).map(|i| vec![i]);
                 }
                 // An upper bound from the buckets alone, before looking at any node.
                 let bound: u64 = self.buckets[f]
@@ -426,12 +454,17 @@ impl<'a> State<'a> {
                 // The fullest nodes that fit, up to a bound: enough to choose racks and nodes
                 // well without visiting thousands of nodes per gang.
                 let cap = MAX_GANG_CANDIDATES.max(4 * replicas);
-                nodes.map(|&i| (i, self.fits_on(i, demand))).filter(|(_, n)| *n > 0).take(cap).collect()
+                nodes
+                    .filter(|&&i| allowed(i))
+                    .map(|&i| (i, self.fits_on(i, demand)))
+                    .filter(|(_, n)| *n > 0)
+                    .take(cap)
+                    .collect()
             }
             None => {
                 // CPU-only: nodes without GPUs first, then the fullest.
                 let mut nodes: Vec<(usize, u32)> = (0..self.snap.nodes.len())
-                    .filter(|&i| self.reserved[i].is_none())
+                    .filter(|&i| self.reserved[i].is_none() && allowed(i))
                     .map(|i| (i, self.fits_on(i, demand)))
                     .filter(|(_, n)| *n > 0)
                     .collect();

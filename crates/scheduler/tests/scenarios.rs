@@ -130,6 +130,59 @@ fn a_gang_takes_as_few_nodes_as_possible_in_one_rack() {
     assert!(nodes.iter().all(|n| n.starts_with("r1")), "{nodes:?}");
 }
 
+/// A job whose dataset node-2's shard cache holds: placed there while node 2 has room, even
+/// though best fit alone would pick the busier node 1.
+#[test]
+fn a_job_goes_to_the_node_that_holds_its_data_when_it_has_room() {
+    let warm_job = || {
+        let mut job = pending("reader", "a", 0, 1, demand(1, 2, Some(A100)));
+        job.warm_nodes = vec!["node-2".into()];
+        job
+    };
+    let snap = snapshot(
+        vec![node("node-1", "r1", A100, 8), node("node-2", "r1", A100, 8)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["node-1"], 4, 0)],
+        vec![warm_job()],
+    );
+    assert_eq!(admission_cycle(&snap).admissions[0].nodes, ["node-2"]);
+
+    // Node 2 full: the job starts on node 1 in the same cycle, never held back for its data.
+    let snap = snapshot(
+        vec![node("node-1", "r1", A100, 8), node("node-2", "r1", A100, 8)],
+        vec![tenant("a", None, &[(A100, quota(64, None, None))])],
+        vec![running("x", "a", 0, A100, &["node-2"], 8, 0)],
+        vec![warm_job()],
+    );
+    let result = admission_cycle(&snap);
+    assert_eq!(result.admissions.len(), 1, "{:?}", result.pending);
+    assert_eq!(result.admissions[0].nodes, ["node-1"]);
+}
+
+/// A gang prefers the warm nodes only when they hold every replica; otherwise the usual
+/// placement (fewest nodes, one rack), and a warm node the cluster does not know is ignored.
+#[test]
+fn a_gang_uses_warm_nodes_only_when_they_hold_all_of_it() {
+    let nodes = || vec![node("n1", "r1", A100, 8), node("n2", "r1", A100, 8), node("n3", "r1", A100, 8)];
+    let gang = |warm: &[&str]| {
+        let mut job = pending("gang", "a", 0, 1, demand(2, 4, Some(A100)));
+        job.warm_nodes = warm.iter().map(|n| n.to_string()).collect();
+        job
+    };
+    let tenants = || vec![tenant("a", None, &[(A100, quota(64, None, None))])];
+    let placed = |warm: &[&str]| {
+        let snap = snapshot(nodes(), tenants(), vec![running("x", "a", 0, A100, &["n1"], 4, 0)], vec![gang(warm)]);
+        let mut nodes = admission_cycle(&snap).admissions[0].nodes.clone();
+        nodes.sort();
+        nodes
+    };
+    assert_eq!(placed(&[]), ["n2"; 2], "without warm nodes: one whole node");
+    assert_eq!(placed(&["n3"]), ["n3"; 2]);
+    assert_eq!(placed(&["n1", "n3"]), ["n3"; 2], "among the warm ones, the fewest nodes");
+    assert_eq!(placed(&["n1"]), ["n2"; 2], "n1 has room for one replica of two: the usual placement");
+    assert_eq!(placed(&["gone"]), ["n2"; 2]);
+}
+
 #[test]
 fn a_small_job_goes_where_it_keeps_whole_nodes_free() {
     let snap = snapshot(

@@ -45,6 +45,15 @@ pub struct LocalExecutorArgs {
     /// The type of the simulated GPUs.
     #[arg(long, default_value = "simulated-gpu")]
     pub simulate_gpu_type: String,
+    /// The budget of this machine's shard cache (shared by every job here), in bytes: what the
+    /// cache may hold before it evicts shards no job is reading. Default: a tenth of the data
+    /// directory's file system, at least 1 GiB.
+    #[arg(long, value_name = "BYTES")]
+    pub shard_cache_bytes: Option<u64>,
+    /// What one tenant's shards may take of this machine's shard cache, in bytes (evicting only
+    /// that tenant's shards no job is reading). Default: no bound of its own.
+    #[arg(long, value_name = "BYTES")]
+    pub shard_cache_tenant_bytes: Option<u64>,
 }
 
 /// A server with the local executor, its job folders under `data_dir`.
@@ -62,6 +71,8 @@ pub fn local_server(
         cpus: local.cpus,
         memory_bytes: None,
         simulated_gpus: local.simulate_gpus.map(|n| (n, local.simulate_gpu_type.clone())),
+        shard_cache_bytes: local.shard_cache_bytes,
+        shard_cache_tenant_bytes: local.shard_cache_tenant_bytes,
     })
     .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
     let storage = storage.open(data_dir).context("opening the object store")?;

@@ -116,7 +116,7 @@ impl FromRequestParts<AppState> for Auth {
         let token = bearer_token(parts)?;
         if token.starts_with(JOB_TOKEN_PREFIX) {
             return Err(Error::Unauthenticated(
-                "a job token can only post metrics, outputs, artefacts and the run record of its own job".into(),
+                "a job token can only post metrics, outputs, artefacts and the run record of its own job, and read the datasets it uses".into(),
             )
             .into());
         }
@@ -154,6 +154,24 @@ impl FromRequestParts<AppState> for UploadAuth {
             Uploader::Job(state.app.job_token_authenticate(token, client_ip(parts)).await?)
         } else {
             Uploader::User(state.app.token_authenticate(token, client_ip(parts)).await?)
+        }))
+    }
+}
+
+/// Who reads a pushed dataset's files: a job's engine with its job token, or a member with an
+/// API token (the operation decides what each may read).
+pub struct DatasetReaderAuth(pub crate::app::datasets::DatasetReader);
+
+impl FromRequestParts<AppState> for DatasetReaderAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        use crate::app::datasets::DatasetReader;
+        let token = bearer_token(parts)?;
+        Ok(DatasetReaderAuth(if token.starts_with(JOB_TOKEN_PREFIX) {
+            DatasetReader::Job(state.app.job_token_authenticate(token, client_ip(parts)).await?)
+        } else {
+            DatasetReader::Member(state.app.token_authenticate(token, client_ip(parts)).await?)
         }))
     }
 }

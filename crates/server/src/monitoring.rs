@@ -9,7 +9,8 @@
 //!
 //! Who feeds what: the HTTP middleware ([`track_requests`]) the request metrics; the reconciler
 //! the job, admission, launch, quota and executor metrics (each pass, from what it read anyway);
-//! the archiving loop its backlog; engines' `input_stall_share` points the stall histogram.
+//! the archiving loop its backlog; engines' `input_stall_share` points the stall histogram;
+//! the dataset file route the bytes it sends.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +60,12 @@ pub struct TenantGpu {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabel {
     pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantKind {
+    pub tenant: String,
+    pub kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,6 +120,7 @@ pub struct Monitoring {
     pub log_archive_backlog: Gauge,
     pub input_stall_share: HistogramFamily<TenantLabel>,
     pub gpu_hours: Family<TenantGpu, FloatCounter>,
+    pub dataset_bytes_served: Family<TenantKind, Counter>,
 }
 
 impl Default for Monitoring {
@@ -146,6 +154,7 @@ impl Monitoring {
             log_archive_backlog: Gauge::default(),
             input_stall_share: Family::new_with_constructor(share_histogram),
             gpu_hours: Family::default(),
+            dataset_bytes_served: Family::default(),
             registry: Registry::default(),
         };
         // Counters get `_total` appended by the encoder.
@@ -207,6 +216,11 @@ impl Monitoring {
             m.input_stall_share.clone(),
         );
         r.register("gpu_hours", "GPU-hours allocated to attempts, by tenant and GPU type", m.gpu_hours.clone());
+        r.register(
+            "dataset_bytes_served",
+            "Bytes of pushed datasets' files sent to jobs and members, by tenant and kind (shard, index, manifest)",
+            m.dataset_bytes_served.clone(),
+        );
         Monitoring { registry, ..m }
     }
 
@@ -225,6 +239,11 @@ impl Monitoring {
 
     pub fn job_finished(&self, tenant: &str, state: &str) {
         self.jobs_finished.get_or_create(&TenantState { tenant: tenant.into(), state: state.into() }).inc();
+    }
+
+    /// The counter of a pushed dataset's bytes sent, for one tenant and kind of file.
+    pub fn dataset_bytes_counter(&self, tenant: &str, kind: &str) -> Counter {
+        self.dataset_bytes_served.get_or_create(&TenantKind { tenant: tenant.into(), kind: kind.into() }).clone()
     }
 
     pub fn executor_error(&self, operation: &str) {
@@ -422,6 +441,7 @@ mod tests {
             admitted_at: None,
             flavor: Some("h100".into()),
             assigned_nodes: None,
+            warm_nodes: Vec::new(),
             expected_runtime_seconds: None,
             attempt: None,
         }

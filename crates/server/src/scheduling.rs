@@ -10,8 +10,7 @@ use trainyard_scheduler::{Demand, Node, PendingJob, Quota, RunningJob, Settings,
 use trainyard_store::reconcile::{TenantPolicyRow, UnfinishedJob};
 use uuid::Uuid;
 
-/// The name of the local executor's machine as a scheduling node.
-pub const LOCAL_NODE: &str = "local";
+pub use trainyard_executor::local::LOCAL_NODE;
 
 /// The nodes the scheduler may place on: the executor's own machines when it knows them (a
 /// cluster: only schedulable nodes), else its inventory as [`nodes_of`] splits it.
@@ -126,6 +125,7 @@ pub fn node_usage(nodes: &[Node], jobs: &[UnfinishedJob]) -> Vec<trainyard_core:
             memory_bytes: n.memory_bytes,
             memory_bytes_allocated: 0,
             replicas: 0,
+            cached_datasets: Vec::new(),
         })
         .collect();
     usage.sort_by(|a, b| a.name.cmp(&b.name));
@@ -199,6 +199,7 @@ pub fn snapshot(
             submitted_at: seconds(j.created_at),
             demand: demand_of(j),
             expected_runtime: j.expected_runtime_seconds.map(i64::from),
+            warm_nodes: j.warm_nodes.clone(),
         })
         .collect();
     Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default() }

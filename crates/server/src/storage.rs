@@ -159,6 +159,9 @@ pub(crate) fn storage_error(err: StorageError) -> Error {
     match err {
         StorageError::TooLarge(limit) => Error::invalid("body", format!("an artefact is at most {limit} bytes")),
         StorageError::Body(cause) => Error::invalid("body", format!("the upload broke off: {cause}")),
+        StorageError::Mismatch { size, sha256 } => {
+            Error::invalid("body", format!("{size} bytes with sha256 {sha256} arrived, not the content expected"))
+        }
         other => Error::internal(other),
     }
 }

@@ -4,6 +4,8 @@
 //! ```text
 //! tenants/<tenant_id>/jobs/<job_id>/logs/<attempt>/<replica>.log
 //! tenants/<tenant_id>/jobs/<job_id>/artifacts/<path>
+//! tenants/<tenant_id>/code/<sha256 hex>.tar
+//! tenants/<tenant_id>/datasets/content/<content hash hex>/<file>
 //! ```
 
 use object_store::path::{Path, PathPart};
@@ -31,12 +33,25 @@ pub fn log_key(tenant_id: Uuid, job_id: Uuid, attempt: i32, replica: u32) -> Pat
     logs_prefix(tenant_id, job_id).join(attempt.to_string()).join(format!("{replica}.log"))
 }
 
-/// A job's artefacts.
 /// A code archive of the tenant, by the hex of its SHA-256 (content-addressed: one per content).
 pub fn code_key(tenant_id: Uuid, sha256_hex: &str) -> Path {
     tenant_prefix(tenant_id).join("code").join(format!("{sha256_hex}.tar"))
 }
 
+/// The files of a pushed dataset (`yard datasets push`), by the hex of its manifest's content
+/// hash: one copy per content and tenant, whatever name and version it is registered under.
+/// The caller checks `content_hex` (64 hex digits) first.
+pub fn dataset_content_prefix(tenant_id: Uuid, content_hex: &str) -> Path {
+    tenant_prefix(tenant_id).join("datasets").join("content").join(content_hex)
+}
+
+/// One file of a pushed dataset: its manifest (`dataset.json`), a shard or an index. `file` is
+/// a plain file name the manifest gives, checked by the caller (one [`RelPath`] segment).
+pub fn dataset_file_key(prefix: &Path, file: &str) -> Path {
+    prefix.clone().join(PathPart::from(file))
+}
+
+/// A job's artefacts.
 pub fn artifacts_prefix(tenant_id: Uuid, job_id: Uuid) -> Path {
     job_prefix(tenant_id, job_id).join("artifacts")
 }
@@ -89,6 +104,11 @@ mod tests {
         assert_eq!(key.as_ref(), format!("tenants/{t}/jobs/{j}/artifacts/ckpt/model.pt"));
         assert_eq!(artifact_path_of(t, j, &key).as_deref(), Some("ckpt/model.pt"));
         assert_eq!(tenant_of(&key), Some(t));
+        let hex = "ab".repeat(32);
+        let prefix = dataset_content_prefix(t, &hex);
+        assert_eq!(prefix.as_ref(), format!("tenants/{t}/datasets/content/{hex}"));
+        assert_eq!(dataset_file_key(&prefix, "data-000000.tar").as_ref(), format!("{prefix}/data-000000.tar"));
+        assert_eq!(tenant_of(&prefix), Some(t));
     }
 
     #[test]

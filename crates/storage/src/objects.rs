@@ -33,6 +33,9 @@ pub enum StorageError {
     TooLarge(u64),
     #[error("reading the upload failed: {0}")]
     Body(String),
+    /// The bytes are not the ones expected ([`ObjectStorage::upload_expecting`]): what came.
+    #[error("{size} bytes with sha256 {sha256} arrived, not the content expected")]
+    Mismatch { size: u64, sha256: String },
     #[error("object store: {0}")]
     Backend(#[from] object_store::Error),
     #[error("{0}")]
@@ -155,6 +158,51 @@ impl ObjectStorage {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
     {
+        self.upload_checked(key, body, max_bytes, None).await
+    }
+
+    /// [`ObjectStorage::upload`] of content known in advance: exactly `size` bytes with the hex
+    /// SHA-256 `sha256`. Other bytes are [`StorageError::Mismatch`] and are never visible at
+    /// `key`: a body longer than `size` is refused as soon as it passes it, and the hash is
+    /// checked before the put (or the multipart upload's completion) that makes the object.
+    pub async fn upload_expecting<S, E>(
+        &self,
+        key: &Path,
+        body: S,
+        size: u64,
+        sha256: &str,
+    ) -> Result<Uploaded, StorageError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        self.upload_checked(key, body, size, Some(sha256)).await
+    }
+
+    /// The upload: with `expected` (a hex SHA-256), `max_bytes` is the exact size expected and
+    /// the content is checked before the object is made.
+    async fn upload_checked<S, E>(
+        &self,
+        key: &Path,
+        body: S,
+        max_bytes: u64,
+        expected: Option<&str>,
+    ) -> Result<Uploaded, StorageError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        // Over the size expected: what arrived so far is not the content, whatever follows.
+        let too_large = |size: u64, hasher: &Sha256| match expected {
+            Some(_) => StorageError::Mismatch { size, sha256: hex::encode(hasher.clone().finalize()) },
+            None => StorageError::TooLarge(max_bytes),
+        };
+        let check = |size: u64, sha256: &str| match expected {
+            Some(want) if size != max_bytes || !sha256.eq_ignore_ascii_case(want) => {
+                Err(StorageError::Mismatch { size, sha256: sha256.to_string() })
+            }
+            _ => Ok(()),
+        };
         let location = self.location(key);
         let mut body = body.map_err(|e| StorageError::Body(e.to_string()));
         let mut hasher = Sha256::new();
@@ -165,10 +213,10 @@ impl ObjectStorage {
         while let Some(chunk) = body.next().await {
             let chunk = chunk?;
             size += chunk.len() as u64;
-            if size > max_bytes {
-                return Err(StorageError::TooLarge(max_bytes));
-            }
             hasher.update(&chunk);
+            if size > max_bytes {
+                return Err(too_large(size, &hasher));
+            }
             if first.len() + chunk.len() > self.part_size {
                 rest = Some(chunk);
                 break;
@@ -176,8 +224,10 @@ impl ObjectStorage {
             first.extend_from_slice(&chunk);
         }
         let Some(overflow) = rest else {
+            let sha256 = hex::encode(hasher.finalize());
+            check(size, &sha256)?;
             self.store.put(&location, PutPayload::from(first)).await?;
-            return Ok(Uploaded { size, sha256: hex::encode(hasher.finalize()), parts: 1 });
+            return Ok(Uploaded { size, sha256, parts: 1 });
         };
         let upload = self.store.put_multipart(&location).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
@@ -187,25 +237,30 @@ impl ObjectStorage {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk?;
                 size += chunk.len() as u64;
-                if size > max_bytes {
-                    return Err(StorageError::TooLarge(max_bytes));
-                }
                 hasher.update(&chunk);
+                if size > max_bytes {
+                    return Err(too_large(size, &hasher));
+                }
                 writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
                 writer.write(&chunk);
             }
-            Ok(())
+            let sha256 = hex::encode(hasher.clone().finalize());
+            check(size, &sha256)?;
+            Ok(sha256)
         }
         .await;
-        if let Err(err) = streamed {
-            if let Err(abort) = writer.abort().await {
-                tracing::warn!(%abort, key = %location, "aborting a failed multipart upload");
+        let sha256 = match streamed {
+            Ok(sha256) => sha256,
+            Err(err) => {
+                if let Err(abort) = writer.abort().await {
+                    tracing::warn!(%abort, key = %location, "aborting a failed multipart upload");
+                }
+                return Err(err);
             }
-            return Err(err);
-        }
+        };
         writer.finish().await?;
         let parts = size.div_ceil(self.part_size as u64) as usize;
-        Ok(Uploaded { size, sha256: hex::encode(hasher.finalize()), parts })
+        Ok(Uploaded { size, sha256, parts })
     }
 
     /// Copies a local file to `key`, in parts when it is large.
@@ -363,6 +418,34 @@ mod tests {
         assert!(matches!(err, StorageError::TooLarge(_)), "{err}");
         assert!(storage.download(&key).await.unwrap().is_none());
         assert!(storage.list(&Path::default()).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_upload_of_other_content_than_expected_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = local(dir.path());
+        let data: Vec<u8> = (0..(MIN_PART_SIZE + 4321)).map(|i| (i % 253) as u8).collect();
+        let sha256 = hex::encode(Sha256::digest(&data));
+        let key = Path::from("t/shard.tar");
+        // One byte changed, in a plain put and in a multipart upload; one byte short; one over.
+        for (body, size) in [(&data[..1000], 1000u64), (&data[..], data.len() as u64)] {
+            let mut changed = body.to_vec();
+            changed[7] ^= 0xff;
+            let want = hex::encode(Sha256::digest(body));
+            let err = storage.upload_expecting(&key, chunks(&changed, 65536), size, &want).await.unwrap_err();
+            assert!(matches!(err, StorageError::Mismatch { size: s, .. } if s == size), "{err}");
+        }
+        let short = storage.upload_expecting(&key, chunks(&data[1..], 65536), data.len() as u64, &sha256).await;
+        assert!(matches!(short, Err(StorageError::Mismatch { .. })), "{short:?}");
+        let mut long = data.clone();
+        long.push(0);
+        let long = storage.upload_expecting(&key, chunks(&long, 65536), data.len() as u64, &sha256).await;
+        assert!(matches!(long, Err(StorageError::Mismatch { .. })), "{long:?}");
+        assert!(storage.download(&key).await.unwrap().is_none(), "nothing was made at the key");
+        assert!(storage.list(&Path::default()).await.unwrap().is_empty());
+        // The content itself is stored.
+        let uploaded = storage.upload_expecting(&key, chunks(&data, 65536), data.len() as u64, &sha256).await.unwrap();
+        assert_eq!((uploaded.size, uploaded.sha256, uploaded.parts), (data.len() as u64, sha256, 2));
     }
 
     #[tokio::test]

@@ -15,7 +15,11 @@ macro_rules! dataset_select {
     ($rest:literal) => {
         concat!(
             "SELECT d.name, d.version, d.uri, d.format, d.size_bytes, d.samples, d.content_hash, d.source_job,
-                    u.name AS created_by_name, d.created_at FROM datasets d JOIN users u ON u.id = d.created_by ",
+                    d.store_prefix, u.name AS created_by_name, d.created_at,
+                    ARRAY(SELECT c.node FROM node_datasets c
+                          WHERE c.tenant_id = d.tenant_id AND c.content_hash = d.content_hash
+                            AND c.reported_at > now() - interval '1 day' ORDER BY c.node) AS cached_on
+             FROM datasets d JOIN users u ON u.id = d.created_by ",
             $rest
         )
     };
@@ -29,8 +33,8 @@ impl Store {
         // language=PostgreSQL
         let inserted = sqlx::query(
             "INSERT INTO datasets (tenant_id, name, version, uri, format, size_bytes, samples, content_hash,
-                                   source_job, created_by)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                   source_job, created_by, store_prefix)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
              ON CONFLICT (tenant_id, name, version) DO NOTHING",
         )
         .bind(caller.tenant_id)
@@ -43,11 +47,15 @@ impl Store {
         .bind(&d.content_hash)
         .bind(d.source_job)
         .bind(caller.user_id)
+        .bind(&d.store_prefix)
         .execute(&mut *tx)
         .await
         .map_err(|err| match violated_constraint(&err) {
             Some("datasets_name_format") => Error::invalid("name", "1 to 128 letters, digits, '.', '_' or '-'"),
             Some("datasets_version_format") => Error::invalid("version", "1 to 64 letters, digits, '.', '_' or '-'"),
+            Some("datasets_store_prefix_in_tenant") => {
+                Error::internal(format!("a dataset's store prefix {:?} is not its tenant's", d.store_prefix))
+            }
             _ => db_error(err),
         })?
         .rows_affected();
@@ -58,7 +66,7 @@ impl Store {
         }
         drop(tx);
         let existing = self.dataset_get(caller.tenant_id, &d.name, &d.version).await?;
-        if existing.content_hash == d.content_hash && existing.uri == d.uri {
+        if existing.content_hash == d.content_hash && existing.uri == d.uri && existing.store_prefix == d.store_prefix {
             audit::append(&self.pool, audit, Outcome::Ok, Some("unchanged: registered before with this content"))
                 .await?;
             Ok(Published::Unchanged)
@@ -121,6 +129,121 @@ impl Store {
         Ok(rows.into_iter().map(Dataset::from).collect())
     }
 
+    /// Whether a version of the tenant's datasets keeps its files under `store_prefix`.
+    pub async fn dataset_content_registered(&self, tenant_id: Uuid, store_prefix: &str) -> Result<bool> {
+        // language=PostgreSQL
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM datasets WHERE tenant_id = $1 AND store_prefix = $2)")
+            .bind(tenant_id)
+            .bind(store_prefix)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+
+    /// Whether the tenant's job `job_id` recorded reading dataset version `name@version` (its
+    /// `datasets`, written with the job): what a job token may fetch the files of.
+    pub async fn job_reads_dataset(&self, tenant_id: Uuid, job_id: Uuid, name: &str, version: &str) -> Result<bool> {
+        // language=PostgreSQL
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE id = $1 AND tenant_id = $2 AND datasets IS NOT NULL
+                              AND datasets @> jsonb_build_array(jsonb_build_object('name', $3::text, 'version', $4::text)))",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .bind(name)
+        .bind(version)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
+    /// Records that the shard cache of `node` holds every shard of the version `name@version`
+    /// that job `job_id` of the tenant read (its engine's report), when the job recorded reading
+    /// it and runs on that node. One statement: the check and the write cannot be torn apart.
+    pub async fn node_dataset_report(
+        &self,
+        tenant_id: Uuid,
+        job_id: Uuid,
+        name: &str,
+        version: &str,
+        node: &str,
+        bytes: i64,
+    ) -> Result<NodeReport> {
+        // language=PostgreSQL
+        let (reads, on_node, _written): (bool, bool, bool) = sqlx::query_as(
+            "WITH used AS (SELECT j.assigned_nodes, d->>'content_hash' AS content_hash
+                           FROM jobs j, jsonb_array_elements(j.datasets) d
+                           WHERE j.id = $1 AND j.tenant_id = $2 AND jsonb_typeof(j.datasets) = 'array'
+                             AND d->>'name' = $3 AND d->>'version' = $4
+                           LIMIT 1),
+                  written AS (INSERT INTO node_datasets (tenant_id, content_hash, node, bytes, job_id)
+                              SELECT $2, content_hash, $5, $6, $1 FROM used WHERE $5 = ANY(assigned_nodes)
+                              ON CONFLICT (tenant_id, content_hash, node)
+                              DO UPDATE SET bytes = EXCLUDED.bytes, job_id = EXCLUDED.job_id, reported_at = now()
+                              RETURNING 1)
+             SELECT EXISTS (SELECT 1 FROM used),
+                    EXISTS (SELECT 1 FROM used WHERE $5 = ANY(assigned_nodes)),
+                    EXISTS (SELECT 1 FROM written)",
+        )
+        .bind(job_id)
+        .bind(tenant_id)
+        .bind(name)
+        .bind(version)
+        .bind(node)
+        .bind(bytes)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(match (reads, on_node) {
+            (false, _) => NodeReport::NotRead,
+            (true, false) => NodeReport::NotItsNode,
+            (true, true) => NodeReport::Recorded,
+        })
+    }
+
+    /// Per node, the tenant's dataset versions (`NAME@VERSION`) whose content its shard cache
+    /// holds (reported within the last day).
+    pub async fn node_cached_datasets(&self, tenant_id: Uuid) -> Result<Vec<(String, String)>> {
+        // language=PostgreSQL
+        sqlx::query_as(
+            "SELECT c.node, d.name || '@' || d.version FROM node_datasets c
+             JOIN datasets d ON d.tenant_id = c.tenant_id AND d.content_hash = c.content_hash
+             WHERE c.tenant_id = $1 AND c.reported_at > now() - interval '1 day'
+             ORDER BY c.node, d.name, d.version",
+        )
+        .bind(tenant_id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
+    /// Forgets cache reports older than a day (no longer trusted: a cache evicts without
+    /// telling); the number forgotten.
+    pub async fn node_datasets_forget_stale(&self) -> Result<u64> {
+        // language=PostgreSQL
+        let done = sqlx::query("DELETE FROM node_datasets WHERE reported_at <= now() - interval '1 day'")
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(done.rows_affected())
+    }
+
+    /// The nodes whose shard cache holds any of the tenant's `content_hashes` (reported within
+    /// the last day), by name.
+    pub async fn nodes_caching(&self, tenant_id: Uuid, content_hashes: &[String]) -> Result<Vec<String>> {
+        // language=PostgreSQL
+        sqlx::query_scalar(
+            "SELECT DISTINCT node FROM node_datasets
+             WHERE tenant_id = $1 AND content_hash = ANY($2) AND reported_at > now() - interval '1 day'
+             ORDER BY node",
+        )
+        .bind(tenant_id)
+        .bind(content_hashes)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
     /// The tenant's dataset versions registered from the output of one of `jobs`.
     pub async fn datasets_produced_by(&self, tenant_id: Uuid, jobs: &[Uuid]) -> Result<Vec<Dataset>> {
         let rows: Vec<DatasetRow> =
@@ -134,6 +257,16 @@ impl Store {
     }
 }
 
+/// What became of a node's cache report ([`Store::node_dataset_report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeReport {
+    Recorded,
+    /// The job did not record reading that version (or is not the tenant's).
+    NotRead,
+    /// The job does not run on that node.
+    NotItsNode,
+}
+
 #[derive(sqlx::FromRow)]
 struct DatasetRow {
     name: String,
@@ -144,8 +277,10 @@ struct DatasetRow {
     samples: Option<i64>,
     content_hash: String,
     source_job: Option<Uuid>,
+    store_prefix: Option<String>,
     created_by_name: String,
     created_at: chrono::DateTime<chrono::Utc>,
+    cached_on: Vec<String>,
 }
 
 impl From<DatasetRow> for Dataset {
@@ -159,8 +294,10 @@ impl From<DatasetRow> for Dataset {
             samples: row.samples,
             content_hash: row.content_hash,
             source_job: row.source_job,
+            store_prefix: row.store_prefix,
             created_by: row.created_by_name,
             created_at: row.created_at,
+            cached_on: row.cached_on,
         }
     }
 }

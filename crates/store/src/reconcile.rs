@@ -3,6 +3,8 @@
 //! on the state it expects, so a loop that raced a user (a cancel) or another loop simply
 //! finds nothing to change.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row};
 use trainyard_core::job::{JobSpec, JobState};
@@ -37,6 +39,9 @@ pub struct UnfinishedJob {
     /// The GPU type its quota is counted in, and the node of each replica, once admitted.
     pub flavor: Option<String>,
     pub assigned_nodes: Option<Vec<String>>,
+    /// Queued jobs only: the nodes whose shard cache holds content the job reads (reported
+    /// within the last day), which the scheduler prefers.
+    pub warm_nodes: Vec<String>,
     pub expected_runtime_seconds: Option<i32>,
     /// The latest attempt, if the job was ever launched.
     pub attempt: Option<AttemptRecord>,
@@ -99,6 +104,14 @@ pub struct TenantPolicyRow {
     pub quotas: Vec<QuotaRow>,
 }
 
+/// One job the scheduler admits, and where ([`Store::jobs_admit`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Admission<'a> {
+    pub id: Uuid,
+    pub flavor: Option<&'a str>,
+    pub nodes: &'a [String],
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct QuotaRow {
     pub flavor: String,
@@ -119,7 +132,7 @@ impl Store {
                      j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
                      j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
                      a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at,
-                     j.name AS job_name, a.started_at AS attempt_started_at
+                     j.name AS job_name, a.started_at AS attempt_started_at, NULL::jsonb AS content_hashes
               FROM jobs j
               JOIN tenants n ON n.id = j.tenant_id
               LEFT JOIN LATERAL (SELECT attempt, placement, started_at, ended_at FROM job_attempts
@@ -130,7 +143,12 @@ impl Store {
              UNION ALL
              (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
                      false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL, NULL,
-                     j.name, NULL
+                     j.name, NULL,
+                     -- The content its datasets hold: one function call, not a subquery a row
+                     -- (matched with the nodes' caches below: 50,000 queued jobs, +23 ms, where
+                     -- a join per row took a second).
+                     CASE WHEN jsonb_typeof(j.datasets) = 'array' AND j.datasets <> '[]'
+                          THEN jsonb_path_query_array(j.datasets, '$[*].content_hash') END
               FROM tenants t
               CROSS JOIN LATERAL (SELECT * FROM jobs q WHERE q.tenant_id = t.id AND q.state = 'queued'
                                   ORDER BY q.priority DESC, q.id LIMIT $1) j)",
@@ -140,16 +158,52 @@ impl Store {
         .await
         .map_err(db_error)?;
         let mut unfinished = Unfinished::default();
+        let mut reads_data: Vec<(usize, Vec<String>)> = Vec::new();
         for row in &rows {
             match unfinished_job_decode(row) {
-                Ok(job) => unfinished.jobs.push(job),
+                Ok((job, hashes)) => {
+                    if !hashes.is_empty() {
+                        reads_data.push((unfinished.jobs.len(), hashes));
+                    }
+                    unfinished.jobs.push(job);
+                }
                 Err(problem) => {
                     let id: Uuid = row.try_get("id").map_err(Error::internal)?;
                     unfinished.unhandled.push(UnhandledJob { id, problem });
                 }
             }
         }
+        if !reads_data.is_empty() {
+            let warm = self.warm_nodes_by_content().await?;
+            for (index, hashes) in reads_data {
+                let job = &mut unfinished.jobs[index];
+                let mut nodes: Vec<String> = hashes
+                    .iter()
+                    .filter_map(|hash| warm.get(&(job.tenant_id, hash.clone())))
+                    .flatten()
+                    .cloned()
+                    .collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                job.warm_nodes = nodes;
+            }
+        }
         Ok(unfinished)
+    }
+
+    /// Per tenant and content hash, the nodes whose shard cache holds it (reported within the
+    /// last day): one small read (tenants x datasets x nodes) per pass that has queued jobs
+    /// reading datasets.
+    async fn warm_nodes_by_content(&self) -> Result<std::collections::HashMap<(Uuid, String), Vec<String>>> {
+        // language=PostgreSQL
+        let rows: Vec<(Uuid, String, Vec<String>)> = sqlx::query_as(
+            "SELECT tenant_id, content_hash, array_agg(node ORDER BY node) FROM node_datasets
+             WHERE reported_at > now() - interval '1 day' GROUP BY tenant_id, content_hash",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(rows.into_iter().map(|(tenant, hash, nodes)| ((tenant, hash), nodes)).collect())
     }
 
     /// Records a note on a job without changing its state: the reason says it and an event
@@ -221,17 +275,44 @@ impl Store {
         .map_err(db_error)
     }
 
-    /// Admits a still-queued job with the scheduler's placement. False when it moved meanwhile.
-    pub async fn job_admit(&self, job_id: Uuid, flavor: Option<&str>, nodes: &[String]) -> Result<bool> {
+    /// Admits still-queued jobs with the scheduler's placements, in one statement (a pass admits
+    /// many at once). Returns the ids admitted; a job that moved meanwhile is not among them.
+    pub async fn jobs_admit(&self, admissions: &[Admission<'_>]) -> Result<HashSet<Uuid>> {
+        if admissions.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let admissions = serde_json::to_value(admissions).map_err(Error::internal)?;
+        // language=PostgreSQL
+        let admitted: Vec<Uuid> = sqlx::query_scalar(
+            "UPDATE jobs SET state = 'admitted', reason = NULL, last_actor = 'scheduler', flavor = u.flavor,
+                             assigned_nodes = u.nodes, preempt_requested_at = NULL
+             FROM jsonb_to_recordset($1) AS u(id uuid, flavor text, nodes text[])
+             WHERE jobs.id = u.id AND jobs.state = 'queued' AND (SELECT control_fence($2))
+             RETURNING jobs.id",
+        )
+        .bind(admissions)
+        .bind(self.control_epoch())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(admitted.into_iter().collect())
+    }
+
+    /// Marks a job whose every replica started `running` (it was `starting`), and records the
+    /// images its replicas run when known, in one statement. False when it was not `starting`.
+    pub async fn job_running(&self, job_id: Uuid, attempt: i32, image_digests: &[String], actor: &str) -> Result<bool> {
         // language=PostgreSQL
         let result = sqlx::query(
-            "UPDATE jobs SET state = 'admitted', reason = NULL, last_actor = 'scheduler', flavor = $2,
-                             assigned_nodes = $3, preempt_requested_at = NULL
-             WHERE id = $1 AND state = 'queued' AND (SELECT control_fence($4))",
+            "WITH images AS (
+                 UPDATE job_attempts SET image_digests = $3
+                 WHERE job_id = $1 AND attempt = $2 AND cardinality($3::text[]) > 0 AND (SELECT control_fence($5)))
+             UPDATE jobs SET state = 'running', reason = NULL, last_actor = $4
+             WHERE id = $1 AND state = 'starting' AND (SELECT control_fence($5))",
         )
         .bind(job_id)
-        .bind(flavor)
-        .bind(nodes)
+        .bind(attempt)
+        .bind(image_digests)
+        .bind(actor)
         .bind(self.control_epoch())
         .execute(&self.pool)
         .await
@@ -325,9 +406,47 @@ impl Store {
 
     /// Moves an admitted or restarting job to `starting` and opens its next attempt and its row
     /// of the usage ledger (what it holds, from now), in one transaction. Returns the attempt
-    /// number, or `None` when the job was no longer launchable.
+    /// number, or `None` when the job was no longer launchable. For an attempt that will not
+    /// start (its launch failed before anything ran); a launch uses [`Store::attempt_open`].
     pub async fn attempt_begin(&self, job_id: Uuid, actor: &str, held: Held) -> Result<Option<i32>> {
         let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let Some((_, attempt)) = self.attempt_begin_in(&mut tx, job_id, actor, held).await? else {
+            return Ok(None);
+        };
+        tx.commit().await.map_err(db_error)?;
+        Ok(Some(attempt))
+    }
+
+    /// Opens a job's next attempt and prepares its launch, in one transaction (one commit): what
+    /// [`Store::attempt_begin`] does, then what [`Store::attempt_prepare`] does. Returns the
+    /// attempt number and the job token for its engine, or `None` when the job was no longer
+    /// launchable (cancelled or moved meanwhile).
+    pub async fn attempt_open(
+        &self,
+        job_id: Uuid,
+        actor: &str,
+        held: Held,
+        server: &ServerRecord,
+    ) -> Result<Option<(i32, String)>> {
+        let server = serde_json::to_value(server).map_err(Error::internal)?;
+        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let Some((tenant_id, attempt)) = self.attempt_begin_in(&mut tx, job_id, actor, held).await? else {
+            return Ok(None);
+        };
+        let token = self.attempt_prepare_in(&mut tx, job_id, tenant_id, attempt, &server).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(Some((attempt, token)))
+    }
+
+    /// [`Store::attempt_begin`]'s statements, in the caller's transaction: the job's tenant and
+    /// the new attempt's number.
+    async fn attempt_begin_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        job_id: Uuid,
+        actor: &str,
+        held: Held,
+    ) -> Result<Option<(Uuid, i32)>> {
         // language=PostgreSQL
         let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "UPDATE jobs SET state = 'starting', reason = NULL, last_actor = $2
@@ -344,34 +463,29 @@ impl Store {
         let Some(tenant_id) = tenant_id else {
             return Ok(None);
         };
+        // The attempt and its ledger row in one statement.
         // language=PostgreSQL
         let attempt: i32 = sqlx::query_scalar(
-            "INSERT INTO job_attempts (job_id, tenant_id, attempt)
-             SELECT $1, $2, coalesce(max(attempt), 0) + 1 FROM job_attempts WHERE job_id = $1
-             RETURNING attempt",
+            "WITH opened AS (
+                 INSERT INTO job_attempts (job_id, tenant_id, attempt)
+                 SELECT $1, $2, coalesce(max(attempt), 0) + 1 FROM job_attempts WHERE job_id = $1
+                 RETURNING attempt, started_at),
+             ledger AS (
+                 INSERT INTO usage_ledger (job_id, attempt, tenant_id, user_id, template, gpu_type, gpus, cpu_millis,
+                                           memory_bytes, started_at)
+                 SELECT j.id, o.attempt, j.tenant_id, j.created_by, j.template_name, j.flavor, $3, $4, $5, o.started_at
+                 FROM jobs j, opened o WHERE j.id = $1)
+             SELECT attempt FROM opened",
         )
         .bind(job_id)
         .bind(tenant_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db_error)?;
-        // language=PostgreSQL
-        sqlx::query(
-            "INSERT INTO usage_ledger (job_id, attempt, tenant_id, user_id, template, gpu_type, gpus, cpu_millis,
-                                       memory_bytes, started_at)
-             SELECT j.id, a.attempt, j.tenant_id, j.created_by, j.template_name, j.flavor, $3, $4, $5, a.started_at
-             FROM jobs j JOIN job_attempts a ON a.job_id = j.id AND a.attempt = $2 WHERE j.id = $1",
-        )
-        .bind(job_id)
-        .bind(attempt)
         .bind(i32::try_from(held.gpus).unwrap_or(i32::MAX))
         .bind(i64::try_from(held.cpu_millis).unwrap_or(i64::MAX))
         .bind(i64::try_from(held.memory_bytes).unwrap_or(i64::MAX))
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(db_error)?;
-        tx.commit().await.map_err(db_error)?;
-        Ok(Some(attempt))
+        Ok(Some((tenant_id, attempt)))
     }
 
     pub async fn attempt_placement_set(&self, job_id: Uuid, attempt: i32, placement: &serde_json::Value) -> Result<()> {
@@ -405,6 +519,20 @@ impl Store {
     ) -> Result<String> {
         let server = serde_json::to_value(server).map_err(Error::internal)?;
         let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let token = self.attempt_prepare_in(&mut tx, job_id, tenant_id, attempt, &server).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(token)
+    }
+
+    /// [`Store::attempt_prepare`]'s statements, in the caller's transaction.
+    async fn attempt_prepare_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        job_id: Uuid,
+        tenant_id: Uuid,
+        attempt: i32,
+        server: &serde_json::Value,
+    ) -> Result<String> {
         // language=PostgreSQL
         sqlx::query(
             "INSERT INTO run_records (job_id, attempt, tenant_id, server)
@@ -419,31 +547,12 @@ impl Store {
         )
         .bind(job_id)
         .bind(attempt)
-        .bind(&server)
+        .bind(server)
         .bind(self.control_epoch())
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
-        let token = crate::metrics::job_token_insert(&mut *tx, job_id, tenant_id, attempt).await?;
-        tx.commit().await.map_err(db_error)?;
-        Ok(token)
-    }
-
-    /// Records the images an attempt's replicas run, once they are known (containers started).
-    pub async fn attempt_images_set(&self, job_id: Uuid, attempt: i32, image_digests: &[String]) -> Result<()> {
-        // language=PostgreSQL
-        sqlx::query(
-            "UPDATE job_attempts SET image_digests = $3
-             WHERE job_id = $1 AND attempt = $2 AND (SELECT control_fence($4))",
-        )
-        .bind(job_id)
-        .bind(attempt)
-        .bind(image_digests)
-        .bind(self.control_epoch())
-        .execute(&self.pool)
-        .await
-        .map_err(db_error)?;
-        Ok(())
+        crate::metrics::job_token_insert(&mut *tx, job_id, tenant_id, attempt).await
     }
 
     /// Closes an attempt with its exit codes and moves the job on, in one transaction:
@@ -661,14 +770,23 @@ struct UnfinishedRow {
     attempt_ended: Option<bool>,
     attempt_ended_at: Option<DateTime<Utc>>,
     attempt_started_at: Option<DateTime<Utc>>,
+    content_hashes: Option<serde_json::Value>,
 }
 
 /// One row of [`Store::jobs_unfinished`], or what is wrong with it.
-fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<UnfinishedJob, String> {
+/// Also the content hashes of a queued job's datasets (strings only: a malformed entry is
+/// skipped, never the job).
+fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<(UnfinishedJob, Vec<String>), String> {
     let row = UnfinishedRow::from_row(row).map_err(|err| err.to_string())?;
     let spec: JobSpec =
         serde_json::from_value(row.spec).map_err(|err| format!("its stored spec does not decode: {err}"))?;
-    Ok(UnfinishedJob {
+    let hashes: Vec<String> = match &row.content_hashes {
+        Some(serde_json::Value::Array(values)) => {
+            values.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
+        }
+        _ => Vec::new(),
+    };
+    let job = UnfinishedJob {
         id: row.id,
         tenant_id: row.tenant_id,
         tenant: row.tenant_name,
@@ -685,6 +803,7 @@ fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<Unf
         admitted_at: row.admitted_at,
         flavor: row.flavor,
         assigned_nodes: row.assigned_nodes,
+        warm_nodes: Vec::new(),
         expected_runtime_seconds: row.expected_runtime_seconds,
         attempt: row.attempt.map(|number| AttemptRecord {
             number,
@@ -693,7 +812,8 @@ fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<Unf
             started_at: row.attempt_started_at,
             ended_at: row.attempt_ended_at,
         }),
-    })
+    };
+    Ok((job, hashes))
 }
 
 #[cfg(test)]

@@ -114,7 +114,10 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
         }
         ParamKind::Dataset => {
             let s = text(value)?;
-            trainyard_core::names::DatasetRef::parse(s).map(|_| Value::from(s))
+            // `name@version`, or `store:name@version` for a version kept on the object store.
+            let parsed = trainyard_core::names::DatasetRef::parse_store(s)
+                .unwrap_or_else(|| trainyard_core::names::DatasetRef::parse(s));
+            parsed.map(|_| Value::from(s))
         }
         ParamKind::Volume => {
             let s = text(value)?;

@@ -5,7 +5,7 @@ where the bytes come from is the `fetch` callable passed to `ShardCache.open`.
 
 Layout. A shard is stored by content, under its hex SHA-256 (the dataset manifest's):
 `<root>/<namespace>/<sha[:2]>/<sha>`, with an empty `<sha>.lock` beside it (the fill lock, kept)
-and, while a fill runs, a `.fill-*` temporary file. `namespace` is the tenant's name. Tenants
+and, while a fill runs, a `.fill-*` temporary file. `namespace` is the tenant's id. Tenants
 never share cached files, even for the same shard: one tenant cannot read another's data through
 the cache, nor plant a file another tenant would trust. The namespace folder is made with mode
 0o700 and must belong to the process's user: jobs of different tenants run as different Unix
@@ -18,18 +18,28 @@ fetch that gives the wrong bytes is tried once more, then `ShardCorrupt`. Concur
 one shard on the node take turns on an exclusive `flock` of its lock file: the second finds the
 shard cached when its turn comes.
 
-Verification. A cached file can rot or be damaged on disk. The first time a `ShardCache`
-(one per process) opens a cached shard it hashes it again; a mismatch deletes it and fetches it
-again (`refetched`). Later opens by the same instance trust it: hashing on every open would read
-each shard twice.
+Verification. A cached file can rot or be damaged on disk. A shard is hashed when it is filled
+and whenever it may have changed since: its lock file records the file it vouches for (inode,
+size and modification time, `verified <ino> <size> <mtime_ns>`) when a fill or a check found
+the right bytes, and an open that finds the file as recorded trusts it without reading it.
+Records are trusted only where the namespace is the tenant's alone (`trust_records`: the
+executor says so, TRAINYARD_CACHE_PRIVATE=1; where tenants share a Unix user, one could forge
+another's record, so every process hashes as before). Anything else (a file written since, a
+record missing or torn) is hashed again under the lock;
+a mismatch deletes it and fetches it again (`refetched`). Re-hashing every cached shard in every
+new process made a warm job's start read its whole dataset once more (docs/PERFORMANCE.md,
+"Datasets from the object store"). What this does not see is damage that keeps the file's
+modification time (bit rot on the disk itself); the file system's own checksums, where it has
+them, do. Later opens by the same instance trust what it checked.
 
 In use, never evicted. A file `open` returns holds a shared `flock` for as long as the caller
 keeps it open; eviction takes an exclusive non-blocking `flock` and skips a shard it cannot
-lock. The engine keeps the current epoch's shards open, so they are never evicted mid-epoch.
+lock. The engine (remote.py) keeps every shard of its dataset open for the whole run, so none is
+evicted under it.
 
 Budgets. After each fill, if the cached shards under `<root>` (all namespaces: the budget is the
-node's) take more than `budget_bytes`, the least recently used shards (by mtime, which every
-open sets) that are not in use are deleted until the cache is within budget. An optional
+node's) take more than `budget_bytes`, the least recently used shards (by access time, which
+every open sets; the modification time is left as the fill wrote it) that are not in use are deleted until the cache is within budget. An optional
 `namespace_budget_bytes` bounds one tenant's share the same way, evicting only its own shards.
 When everything left is in use the cache stays over budget and counts `over_budget`. A process
 sees (and evicts) only the namespaces its user can read: with one Unix user per tenant, a
@@ -42,6 +52,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import json
 import os
 import re
 import stat
@@ -92,7 +103,8 @@ def lock_path(path):
 
 def cached_files(root):
     """What the cache under `root` holds, in the namespaces this process can read:
-    (shards, stale_fills), shards as (mtime_ns, size, namespace, sha256, path) and stale_fills
+    (shards, stale_fills), shards as (used_ns, size, namespace, sha256, path) (used_ns: the last
+    open, the file's access time) and stale_fills
     the paths of `.fill-*` files untouched for STALE_FILL_SECONDS."""
     shards, stale_fills = [], []
     stale_before = time.time_ns() - STALE_FILL_SECONDS * 1_000_000_000
@@ -110,7 +122,7 @@ def cached_files(root):
                 if not stat.S_ISREG(info.st_mode):
                     continue
                 if SHA256.fullmatch(name) and name[:2] == prefix:
-                    shards.append((info.st_mtime_ns, info.st_size, namespace, name, path))
+                    shards.append((info.st_atime_ns, info.st_size, namespace, name, path))
                 elif name.startswith(FILL_PREFIX) and info.st_mtime_ns < stale_before:
                     stale_fills.append(path)
     return shards, stale_fills
@@ -120,7 +132,7 @@ def inventory(root):
     """{namespace: {sha256: size}}: the shards the node's cache holds (those this process can
     see), for reporting to the scheduler. Namespaces holding no shard are left out."""
     held = {}
-    for _mtime, size, namespace, sha256, _path in cached_files(root)[0]:
+    for _used, size, namespace, sha256, _path in cached_files(root)[0]:
         held.setdefault(namespace, {})[sha256] = size
     return held
 
@@ -130,10 +142,13 @@ class ShardCache:
     process: it remembers which shards it has verified. `budget_bytes` bounds the whole cache,
     `namespace_budget_bytes` (None: no bound) this tenant's part."""
 
-    def __init__(self, root, namespace, budget_bytes, namespace_budget_bytes=None):
+    def __init__(self, root, namespace, budget_bytes, namespace_budget_bytes=None, trust_records=True):
         check_namespace(namespace)
         self.root, self.namespace = os.fspath(root), namespace
         self.budget_bytes, self.namespace_budget_bytes = budget_bytes, namespace_budget_bytes
+        # Only where no other tenant can write this namespace (the executor says so) may a
+        # verification record spare a hash: otherwise anyone could write one.
+        self.trust_records = trust_records
         self._verified = set()
         self._stats = {"hits": 0, "misses": 0, "bytes_fetched": 0, "refetched": 0, "evicted": 0, "over_budget": 0}
         os.makedirs(self.root, exist_ok=True)
@@ -153,18 +168,21 @@ class ShardCache:
         when two fetches give the wrong bytes; an exception from `fetch` leaves nothing behind."""
         check_sha256(sha256)
         path = shard_path(self.root, self.namespace, sha256)
-        if sha256 in self._verified:
-            file = _open_held(path)
-            if file is not None:
+        file = _open_held(path)
+        if file is not None:
+            if sha256 in self._verified or (self.trust_records and _vouched_for(path, file.fileno(), size)):
                 _touch(file.fileno())
+                self._verified.add(sha256)
                 self._stats["hits"] += 1
                 return file
+            file.close()
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         # Under the shard's lock: another process may be filling it, or may be about to replace
         # a file this one finds damaged.
-        with _locked(lock_path(path)):
+        with _locked(lock_path(path)) as lock_fd:
             file = _open_held(path)
             if file is not None and _has_content(file.fileno(), sha256, size):
+                _vouch(lock_fd, file.fileno())
                 _touch(file.fileno())
                 self._verified.add(sha256)
                 self._stats["hits"] += 1
@@ -177,6 +195,7 @@ class ShardCache:
             else:
                 self._stats["misses"] += 1
             file = self._fill(path, sha256, size, fetch)
+            _vouch(lock_fd, file.fileno())
         self._verified.add(sha256)
         try:
             self._enforce_budgets()
@@ -184,6 +203,38 @@ class ShardCache:
             file.close()
             raise
         return file
+
+    def index(self, content_sha256, name, fetch):
+        """The bytes of index file `name` of the dataset whose manifest has the content hash
+        `content_sha256` (hex), from `<namespace>/indexes/<content hash>/<name>`, or `fetch()`ed
+        and kept there (written to a temporary file, then renamed). A registered dataset version
+        cannot change, its indexes included, so its content hash and the index's name identify
+        them. Indexes are small and are not counted against the budgets nor evicted."""
+        check_sha256(content_sha256)
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+            raise ValueError(f"index name {name!r} is not a plain file name")
+        folder = os.path.join(self.root, self.namespace, "indexes", content_sha256)
+        path = os.path.join(folder, name)
+        with contextlib.suppress(FileNotFoundError):
+            with open(path, "rb") as cached:
+                data = cached.read()
+            if _is_json(data):
+                return data
+            # Torn or damaged (an index is JSON): fetched again below, replacing it.
+        data = fetch()
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=folder, prefix=FILL_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+            _fsync_folder(folder)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        return data
 
     def _fill(self, path, sha256, size, fetch):
         """Fetches the shard into place (the caller holds its lock) and returns it open and held;
@@ -236,7 +287,7 @@ class ShardCache:
         for stale in stale_fills:
             with contextlib.suppress(FileNotFoundError, PermissionError):
                 os.unlink(stale)
-        shards.sort()  # oldest mtime first
+        shards.sort()  # least recently used first
         evicted = set()
         over = False
         if self.namespace_budget_bytes is not None:
@@ -251,7 +302,7 @@ class ShardCache:
         """Evicts from `shards` (oldest first) until their total is within `budget`, adding the
         paths no longer cached to `evicted`; True if still over budget."""
         total = sum(s[1] for s in shards)
-        for _mtime, size, _namespace, _sha256, path in shards:
+        for _used, size, _namespace, _sha256, path in shards:
             if total <= budget:
                 break
             outcome = _evict(path)
@@ -352,11 +403,36 @@ def _has_content(fd, sha256, size):
 
 
 def _touch(fd):
-    """Marks the file open as `fd` as used now, for least-recently-used eviction. The time is
-    set from the clock in nanoseconds rather than left to the file system, whose timestamps
-    can be a few milliseconds coarse: opens in quick succession still keep their order."""
+    """Marks the file open as `fd` as used now, for least-recently-used eviction: its access
+    time, set from the clock in nanoseconds rather than left to the file system, whose
+    timestamps can be a few milliseconds coarse (opens in quick succession still keep their
+    order). The modification time stays the fill's: the verification record names it."""
     now = time.time_ns()
-    os.utime(fd, ns=(now, now))
+    os.utime(fd, ns=(now, os.fstat(fd).st_mtime_ns))
+
+
+def _identity(fd):
+    """What the verification record says of the file open as `fd`."""
+    info = os.fstat(fd)
+    return f"verified {info.st_ino} {info.st_size} {info.st_mtime_ns}\n".encode()
+
+
+def _vouch(lock_fd, fd):
+    """Records in the shard's lock file (open as `lock_fd`, held exclusively) that the file open
+    as `fd` has been found to hold the right bytes."""
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, _identity(fd), 0)
+
+
+def _vouched_for(path, fd, size):
+    """Whether the lock file beside `path` vouches for the file open as `fd` (of `size` bytes) as
+    it is now. A record being rewritten reads as torn, not as a match."""
+    try:
+        with open(lock_path(path), "rb") as lock:
+            record = lock.read(128)
+    except OSError:
+        return False
+    return os.fstat(fd).st_size == size and record == _identity(fd)
 
 
 @contextlib.contextmanager
@@ -366,7 +442,7 @@ def _locked(path):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield fd
     finally:
         os.close(fd)
 
@@ -384,6 +460,15 @@ def _make_private_folder(path):
         raise PermissionError(f"cache namespace {path} belongs to user {info.st_uid}, not to this process's user")
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(path, 0o700)
+
+
+def _is_json(data):
+    """Whether `data` parses as JSON (what every index is)."""
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 def _fsync_folder(folder):

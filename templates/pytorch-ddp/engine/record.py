@@ -23,7 +23,7 @@ import seeds
 import shards
 
 # The engine's version: the pytorch-ddp template's (a test checks they agree).
-ENGINE = {"name": "pytorch-ddp", "version": "1.5.0"}
+ENGINE = {"name": "pytorch-ddp", "version": "1.7.0"}
 # Above this many shards the record gives the rule and its inputs, not every rank's list: the
 # assignment is a pure function of the shard counts (in dataset.json, covered by its content
 # hash), the seed and the world size.
@@ -95,7 +95,8 @@ def shard_assignment(shard_samples, world_size, seed, epoch=0, max_listed=MAX_LI
 def build(facts, run):
     """The engine's record (the body of POST /api/v1/jobs/{id}/record) from `facts` about this
     machine (see `gather`) and `run`, this run's settings: seed, deterministic, world_size,
-    replicas, processes_per_replica, backend, device_type, data_path, content_hash,
+    replicas, processes_per_replica, backend, device_type, data_path (the folder, or
+    `store:NAME@VERSION`: the manifest's content_hash is the same either way), content_hash,
     shard_samples, user_module, user_module_sha256, user_repo, user_commit, and input_pipeline:
     the decode settings the run trained with ({workers, prefetch, autotuned, settled}: the
     parameters autotune chose, and whether it had settled), which `yard rerun --set` can pin."""

@@ -5,7 +5,9 @@ TRAINYARD_TOKEN and TRAINYARD_JOB_ID are set; without them it trains and reports
 
 Device and backend: placement.py (NCCL on the process's own GPU, gloo on CPU). Seeds: seeds.py
 (each rank its own, restored per rank on resume). Data order: shards.py (equal batches per rank,
-each sample at most once per epoch, resumable at any step). Decode workers and prefetch: pinned,
+each sample at most once per epoch, resumable at any step); a dataset on Trainyard's object store
+(`--data store:NAME@VERSION`) is read through the node's shard cache (remote.py, cache.py), its
+cache hits, misses and bytes fetched reported as metrics. Decode workers and prefetch: pinned,
 or tuned while training (`auto`, autotune.py; `InputPipeline` below). Checkpoints:
 checkpoints.py. The run record (packages, hardware, seeds, data, the input pipeline's settings):
 record.py, gathered by rank 0 before the first step and posted once the input pipeline's
@@ -41,6 +43,7 @@ import autotune  # noqa: E402
 import checkpoints  # noqa: E402
 import placement  # noqa: E402
 import record  # noqa: E402
+import remote  # noqa: E402
 import seeds  # noqa: E402
 import shards  # noqa: E402
 
@@ -63,7 +66,9 @@ class EngineError(Exception):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--data", required=True, help="folder of shards written by yard-data / data-pack")
+    p.add_argument("--data", required=True,
+                   help="folder of shards written by yard-data / data-pack, or store:NAME@VERSION (a registered "
+                        "dataset on Trainyard's object store, read through the node's shard cache)")
     p.add_argument("--user-module", default="", help="python file with build_model, loss_fn, decode")
     p.add_argument("--user-repo", default="", help="git repository of the user code (fetched by launch.py)")
     p.add_argument("--user-commit", default="", help="the commit of --user-repo to run")
@@ -354,6 +359,20 @@ class InputPipeline:
         return decision
 
 
+def report_data_counts(data_view, data, reporter, step, collectives):
+    """Reports what the shard cache did for the job's store dataset (every rank's view summed:
+    each fetched through its own), as metrics at `step` and in rank 0's log."""
+    counts = data_view.counts()
+    totals = torch.tensor(list(counts.values()), dtype=torch.float64, device=collectives)
+    dist.all_reduce(totals)
+    counts = dict(zip(counts, (int(v) for v in totals.tolist())))
+    reporter.add(step, **counts)
+    reporter.flush()
+    if dist.get_rank() == 0:
+        print(f"data: {data} through the shard cache: {counts['data/cache_hits']} shard opens cached, "
+              f"{counts['data/cache_misses']} fetched ({counts['data/bytes_fetched']} bytes)", flush=True)
+
+
 def resumed_start(saved, tuned):
     """Where autotune starts: the settings a checkpoint carries for the knobs it tunes (a whole
     number in range, else ignored), autotune.START for the rest and on a first start."""
@@ -410,7 +429,14 @@ def main():
     # DDP starts every rank from rank 0's parameters and buffers (it broadcasts them).
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-    dataset = shards.ShardDataset(args.data, user.decode, rank, world, args.seed, args.batch_size, args.shuffle_block)
+    data_folder, data_view = args.data, None
+    store_dataset = remote.store_dataset(args.data)
+    if store_dataset is not None:
+        data_view = remote.dataset_view(store_dataset, local_rank, local_world)
+        AT_EXIT.append(lambda _code: data_view.close())
+        data_folder = data_view.folder
+    dataset = shards.ShardDataset(data_folder, user.decode, rank, world, args.seed, args.batch_size,
+                                  args.shuffle_block)
     epoch_steps = steps_per_epoch(dataset.plan.samples_per_rank, args.batch_size, args.grad_accum)
     if epoch_steps == 0:
         raise EngineError(f"{args.data} holds {dataset.plan.samples_total} samples, too few for one step of {world} "
@@ -479,6 +505,8 @@ def main():
         dist.barrier()
 
     reporter = Reporter(rank == 0)
+    if data_view is not None:
+        report_data_counts(data_view, args.data, reporter, step, collectives)
     sample_log = SampleLog(rank)
     if rng is not None:
         # Last, so that nothing between here and the first step draws from them.
@@ -575,7 +603,7 @@ def run():
         if isinstance(exit_.code, str):
             print(exit_.code, file=sys.stderr)
         code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
-    except (EngineError, checkpoints.CheckpointError) as err:
+    except (EngineError, checkpoints.CheckpointError, remote.DatasetError) as err:
         print(f"trainyard: {err}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:

@@ -81,6 +81,39 @@ def test_a_damaged_cached_file_is_detected_by_the_next_process_and_fetched_again
     assert store.fetches == 2 and first.stats()["hits"] == 1
 
 
+def test_the_next_process_trusts_a_shard_found_whole_without_reading_it_again(tmp_path, monkeypatch):
+    data, sha256 = shard(5, 10_000)
+    store = Store()
+    open_and_read(ShardCache(tmp_path, "team-a", 100 * MB), data, sha256, store)
+    path = tmp_path / "team-a" / sha256[:2] / sha256
+    assert (tmp_path / "team-a" / sha256[:2] / f"{sha256}.lock").read_bytes().startswith(b"verified ")
+    hashed = []
+    real = cache._has_content
+    monkeypatch.setattr(cache, "_has_content", lambda *a: hashed.append(a) or real(*a))
+    second = ShardCache(tmp_path, "team-a", 100 * MB)
+    assert open_and_read(second, data, sha256, store) == data
+    assert hashed == [] and second.stats()["hits"] == 1, "filled and checked once: not hashed again"
+    # Opens move the access time (least recently used), never the modification time it vouches for.
+    before = path.stat().st_mtime_ns
+    open_and_read(ShardCache(tmp_path, "team-a", 100 * MB), data, sha256, store)
+    assert path.stat().st_mtime_ns == before and hashed == []
+
+    # Written since (same size, same bytes even): hashed again, found whole, vouched for anew.
+    path.write_bytes(data)
+    third = ShardCache(tmp_path, "team-a", 100 * MB)
+    assert open_and_read(third, data, sha256, store) == data
+    assert len(hashed) == 1 and third.stats()["hits"] == 1 and store.fetches == 1
+    open_and_read(ShardCache(tmp_path, "team-a", 100 * MB), data, sha256, store)
+    assert len(hashed) == 1, "the new record vouches for it"
+    # A torn or missing record: hashed again, never trusted.
+    (tmp_path / "team-a" / sha256[:2] / f"{sha256}.lock").write_bytes(b"verif")
+    open_and_read(ShardCache(tmp_path, "team-a", 100 * MB), data, sha256, store)
+    assert len(hashed) == 2 and store.fetches == 1
+    # Where tenants share a Unix user (anyone could write a record) a record spares nothing.
+    open_and_read(ShardCache(tmp_path, "team-a", 100 * MB, trust_records=False), data, sha256, store)
+    assert len(hashed) == 3
+
+
 def test_a_fetch_giving_the_wrong_bytes_is_retried_once_then_refused(tmp_path):
     data, sha256 = shard(3)
     wrong = b"not the shard"
@@ -254,3 +287,28 @@ def test_a_stale_fill_is_removed_and_others_fills_and_locks_are_left(tmp_path):
     open_and_read(cache_, data, sha256, Store())
     assert not stale.exists()
     assert running.exists() and lock.exists()
+
+
+def test_a_datasets_indexes_are_fetched_once_per_node_and_named_safely(tmp_path):
+    content = hashlib.sha256(b"a manifest").hexdigest()
+    fetched = []
+
+    def fetch():
+        fetched.append(1)
+        return b'{"offsets": []}'
+
+    assert ShardCache(tmp_path, "team-a", MB).index(content, "data-000000.idx.json", fetch) == b'{"offsets": []}'
+    assert ShardCache(tmp_path, "team-a", MB).index(content, "data-000000.idx.json", fetch) == b'{"offsets": []}'
+    assert len(fetched) == 1, "the next process reads it from the node"
+    kept = tmp_path / "team-a" / "indexes" / content / "data-000000.idx.json"
+    kept.write_bytes(b'{"offs')  # torn
+    assert ShardCache(tmp_path, "team-a", MB).index(content, "data-000000.idx.json", fetch) == b'{"offsets": []}'
+    assert len(fetched) == 2 and kept.read_bytes() == b'{"offsets": []}', "a torn index is fetched again"
+    ShardCache(tmp_path, "team-b", MB).index(content, "data-000000.idx.json", fetch)
+    assert len(fetched) == 3, "tenants never share cached files"
+    assert cache.inventory(tmp_path) == {}, "indexes are not shards"
+    for name in ("../x", "", "a/b", ".."):
+        with pytest.raises(ValueError):
+            ShardCache(tmp_path, "team-a", MB).index(content, name, fetch)
+    with pytest.raises(ValueError):
+        ShardCache(tmp_path, "team-a", MB).index("../" + content[3:], "i.json", fetch)

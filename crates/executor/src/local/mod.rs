@@ -10,6 +10,18 @@
 //!   the supervisor before its replica starts;
 //! - `jobs/<job>/attempt-<n>/replica-<r>.exit`: how it ended, written by the supervisor.
 //!
+//! And for every job on the machine, `shard-cache/<tenant id>/`: the node's dataset shard cache
+//! (the engine's `cache.py`), one namespace folder per tenant, given to each replica as
+//! `TRAINYARD_CACHE_DIR` (the root), `TRAINYARD_CACHE_NAMESPACE` (the tenant's id: the folder
+//! names say no tenant's name to a replica that lists the root) and
+//! `TRAINYARD_CACHE_BUDGET_BYTES` (`--shard-cache-bytes`, else a tenth of the data directory's
+//! file system, so the cache cannot fill the disk the supervisors' records are written to) and,
+//! when set, `TRAINYARD_CACHE_TENANT_BUDGET_BYTES` (`--shard-cache-tenant-bytes`: one tenant's
+//! share). The root is the server's and
+//! only readable to others (0755), so no replica can make or take a namespace folder; each
+//! tenant's folder is made here, belongs to the tenant's user and is private to it (0700), so
+//! tenants never read or plant each other's cached shards.
+//!
 //! **Launching is resumable.** A control plane killed in the middle of a launch (or one whose
 //! database went away before it stored the placement) launches the same attempt again, and
 //! that launch starts only the ranks that never started: it reads the intent back (same GPUs,
@@ -56,6 +68,11 @@ pub struct LocalConfig {
     /// scheduling where there are no GPUs. Replicas get indices in `CUDA_VISIBLE_DEVICES` that
     /// name no device.
     pub simulated_gpus: Option<(u32, String)>,
+    /// The shard cache's budget on this machine, in bytes; a tenth of the data directory's file
+    /// system (at least 1 GiB) when `None`.
+    pub shard_cache_bytes: Option<u64>,
+    /// What one tenant's shards may take of it, in bytes; no bound of its own when `None`.
+    pub shard_cache_tenant_bytes: Option<u64>,
 }
 
 /// Where one replica ran, as stored in Postgres.
@@ -109,6 +126,11 @@ struct LaunchIntent {
 impl LocalExecutor {
     pub fn new(config: LocalConfig) -> std::io::Result<LocalExecutor> {
         std::fs::create_dir_all(config.data_dir.join("jobs"))?;
+        let cache_root = config.data_dir.join(SHARD_CACHE_DIR);
+        std::fs::create_dir_all(&cache_root)?;
+        // Replicas list it (cache.py's budget sees the namespaces it can read) and enter their
+        // own tenant's folder; none may create anything in it.
+        isolation::chmod(&cache_root, 0o755)?;
         let isolation = Isolation::detect();
         match &isolation {
             Isolation::TenantUsers => {
@@ -168,6 +190,40 @@ impl LocalExecutor {
             (Isolation::None(why), None) => format!("none: {why}"),
             (Isolation::TenantUsers, None) => "none".into(),
         }
+    }
+
+    /// The node's shard cache root.
+    fn shard_cache_root(&self) -> PathBuf {
+        self.config.data_dir.join(SHARD_CACHE_DIR)
+    }
+
+    /// Makes the tenant's namespace folder in the shard cache, private to the user its replicas
+    /// run as (the server's own when replicas are not isolated): cache.py refuses a namespace
+    /// folder another user owns. Cheap when it is there already.
+    fn shard_cache_prepare(&self, tenant_id: Uuid, user: Option<&TenantUser>) -> Result<PathBuf, ExecutorError> {
+        use std::os::unix::fs::MetadataExt;
+        let namespace = self.shard_cache_root().join(tenant_id.to_string());
+        match std::fs::create_dir(&namespace) {
+            Ok(()) => isolation::chmod(&namespace, 0o700)?,
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Only a real folder (a link planted there would send the chmod below elsewhere).
+                if !std::fs::symlink_metadata(&namespace)?.file_type().is_dir() {
+                    return Err(ExecutorError::Launch(format!(
+                        "{} is not a folder; remove it so that the tenant's shard cache can be made",
+                        namespace.display()
+                    )));
+                }
+            }
+            Err(err) => return Err(err.into()),
+        }
+        if let Some(user) = user
+            && std::fs::symlink_metadata(&namespace)?.uid() != user.uid
+        {
+            // Made while replicas were not isolated (the server ran as another user): the
+            // tenant's user takes it over, with what it holds.
+            isolation::give_to(&namespace, user)?;
+        }
+        Ok(self.shard_cache_root())
     }
 
     fn attempt_dir(&self, job_id: Uuid, attempt: i32) -> PathBuf {
@@ -236,7 +292,16 @@ impl LocalExecutor {
         // The replica's environment (its job token among it) goes to the shim in a file only
         // root reads, never on a command line, and never into the shim's own environment.
         let env_file = attempt_dir.join(format!("replica-{rank}.env"));
-        let mut env = replica_env(request, rank, gpus, master_port, &workdir, self.config.supervisor.parent());
+        let cache = self.shard_cache_prepare(request.tenant_id, user.as_ref())?;
+        let places = ReplicaPlaces {
+            workdir: &workdir,
+            tools: self.config.supervisor.parent(),
+            shard_cache: &cache,
+            shard_cache_bytes: self.config.shard_cache_bytes.unwrap_or_else(|| shard_cache_budget(&cache)),
+            shard_cache_private: self.isolation == Isolation::TenantUsers,
+            shard_cache_tenant_bytes: self.config.shard_cache_tenant_bytes,
+        };
+        let mut env = replica_env(request, rank, gpus, master_port, &places);
         if user.is_some()
             && let Some(path) = env.get_mut("PATH")
         {
@@ -364,6 +429,20 @@ fn deliver_files(workdir: &Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::
     Ok(())
 }
 
+/// The folders a replica's environment names.
+struct ReplicaPlaces<'a> {
+    /// Its working directory (and `HOME`).
+    workdir: &'a Path,
+    /// Trainyard's own tools (the supervisor's folder).
+    tools: Option<&'a Path>,
+    /// The node's shard cache root.
+    shard_cache: &'a Path,
+    shard_cache_bytes: u64,
+    /// Each tenant's part of the cache is its own Unix user's (replicas are isolated).
+    shard_cache_private: bool,
+    shard_cache_tenant_bytes: Option<u64>,
+}
+
 /// The environment of one replica: a clean base, the job's own variables, then the
 /// distributed-training variables Trainyard owns.
 fn replica_env(
@@ -371,9 +450,10 @@ fn replica_env(
     rank: u32,
     gpus: &[u32],
     master_port: u16,
-    workdir: &Path,
-    tools: Option<&Path>,
+    places: &ReplicaPlaces<'_>,
 ) -> BTreeMap<String, String> {
+    let ReplicaPlaces { workdir, tools, shard_cache, shard_cache_bytes, shard_cache_private, shard_cache_tenant_bytes } =
+        *places;
     let mut env = BTreeMap::new();
     let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
     // Trainyard's own tools (yard-data, yard) sit beside the supervisor and come first.
@@ -401,8 +481,20 @@ fn replica_env(
         ("CUDA_VISIBLE_DEVICES", gpu_list.join(",")),
         ("TRAINYARD_JOB_ID", request.job_id.to_string()),
         ("TRAINYARD_ATTEMPT", request.attempt.to_string()),
+        // The scheduler's name for this machine, which the engine's cache reports give.
+        ("TRAINYARD_NODE", request.nodes.get(rank as usize).cloned().unwrap_or_else(|| LOCAL_NODE.to_string())),
+        // The node's shard cache, shared by every job here, and the tenant's part of it.
+        ("TRAINYARD_CACHE_DIR", shard_cache.display().to_string()),
+        ("TRAINYARD_CACHE_NAMESPACE", request.tenant_id.to_string()),
+        ("TRAINYARD_CACHE_BUDGET_BYTES", shard_cache_bytes.to_string()),
+        // Whether no other tenant can write there: the engine then trusts what earlier jobs
+        // verified instead of hashing every cached shard again.
+        ("TRAINYARD_CACHE_PRIVATE", if shard_cache_private { "1" } else { "0" }.to_string()),
     ] {
         env.insert(key.to_string(), value);
+    }
+    if let Some(bytes) = shard_cache_tenant_bytes {
+        env.insert("TRAINYARD_CACHE_TENANT_BUDGET_BYTES".into(), bytes.to_string());
     }
     env
 }
@@ -606,6 +698,14 @@ impl Executor for LocalExecutor {
         Arc::clone(&self.changes)
     }
 
+    async fn tenant_remove(&self, tenant_id: Uuid, _tenant: &str) -> Result<(), ExecutorError> {
+        // Its cached shards: nobody may read them any more.
+        match std::fs::remove_dir_all(self.shard_cache_root().join(tenant_id.to_string())) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err.into()),
+            _ => Ok(()),
+        }
+    }
+
     async fn volume_dir_prepare(&self, tenant_id: Uuid, dir: &Path) -> Result<(), ExecutorError> {
         let Some(user) = self.tenant_user(tenant_id)? else { return Ok(()) };
         // `<volumes>/<tenant>/<name>`: the folders above it let only the tenant's user through.
@@ -614,6 +714,23 @@ impl Executor for LocalExecutor {
         }
         isolation::give_to(dir, &user)?;
         Ok(())
+    }
+}
+
+/// The node's shard cache, under the data directory.
+const SHARD_CACHE_DIR: &str = "shard-cache";
+
+/// The scheduler's name for this machine (a node of its GPU type when it has several is named
+/// `local-<type>`).
+pub const LOCAL_NODE: &str = "local";
+
+/// The shard cache's budget on this machine: a tenth of the file system holding it (at least
+/// 1 GiB), so that cached shards never fill the disk the supervisors write their records to.
+fn shard_cache_budget(root: &Path) -> u64 {
+    const FLOOR: u64 = 1 << 30;
+    match nix::sys::statvfs::statvfs(root) {
+        Ok(fs) => (fs.blocks().saturating_mul(fs.fragment_size()) / 10).max(FLOOR),
+        Err(_) => FLOOR,
     }
 }
 

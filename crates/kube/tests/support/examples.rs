@@ -53,6 +53,7 @@ fn request(spec: JobSpec, files: BTreeMap<String, Vec<u8>>) -> LaunchRequest {
         files,
         env: secrets(),
         code: Vec::new(),
+        nodes: Vec::new(),
     }
 }
 

@@ -51,6 +51,9 @@ impl Recorded {
     }
 }
 
+/// Events kept for watches to resume from (at least; at most twice as many).
+const EVENTS_KEPT: usize = 100_000;
+
 #[derive(Default)]
 struct State {
     objects: BTreeMap<Key, Value>,
@@ -65,6 +68,11 @@ struct State {
     /// Status codes to answer the next writes (PATCH) with, in order, instead of applying them:
     /// an API server failing (5xx), overloaded (429) or refusing (4xx).
     failing_writes: std::collections::VecDeque<u16>,
+    /// The objects each object owns (by its uid), as the garbage collector's graph: deleting a
+    /// Job finds its pods without going over every object.
+    dependents: std::collections::HashMap<String, Vec<Key>>,
+    /// Requests are not kept (`FakeApi::unrecorded`: a long benchmark run).
+    unrecorded: bool,
 }
 
 #[derive(Clone)]
@@ -134,6 +142,14 @@ fn reply(code: StatusCode, value: &Value) -> Response<Body> {
 }
 
 impl FakeApi {
+    /// A fake that keeps no record of the requests it answers (`writes_and_reads` stays empty):
+    /// for long benchmark runs served over HTTP.
+    pub fn unrecorded() -> FakeApi {
+        let fake = FakeApi::default();
+        fake.state.lock().unwrap().unrecorded = true;
+        fake
+    }
+
     pub fn client(&self) -> kube::Client {
         kube::Client::new(self.clone(), "default")
     }
@@ -167,15 +183,55 @@ impl FakeApi {
         self.state.lock().unwrap().objects.iter().filter(|(k, _)| k.0 == plural).map(|(_, v)| v.clone()).collect()
     }
 
+    /// The objects of one kind added after resource version `after`, and the newest version:
+    /// what a controller's watch would hand it, without going over every stored object.
+    pub fn added_since(&self, plural: &str, after: u64) -> (Vec<Value>, u64) {
+        let state = self.state.lock().unwrap();
+        if state.events.first().is_some_and(|e| e.0 > after + 1) {
+            // Events since `after` were dropped: every stored one, which the caller dedups.
+            let all = state.objects.iter().filter(|(k, _)| k.0 == plural).map(|(_, v)| v.clone()).collect();
+            return (all, state.version);
+        }
+        let start = state.events.partition_point(|e| e.0 <= after);
+        let added = state.events[start..]
+            .iter()
+            .filter(|(_, p, _, kind, _)| p == plural && *kind == "ADDED")
+            .map(|(_, _, _, _, object)| object.clone())
+            .collect();
+        (added, state.version)
+    }
+
     fn record_event(&self, state: &mut State, key: &Key, kind: &'static str, object: Value) {
         state.events.push((state.version, key.0.clone(), key.1.clone(), kind, object));
+        // As etcd compacts: the oldest events go, and a watch from before them is told its
+        // version expired (410), so it lists again. Keeps a long benchmark's memory bounded.
+        if state.events.len() > 2 * EVENTS_KEPT {
+            state.events.drain(..EVENTS_KEPT);
+        }
         let _ = self.changed.send(state.version);
+    }
+
+    /// Replaces a stored object, unless it is gone (deleted meanwhile): a controller's update
+    /// never brings back what was deleted. False when it was gone.
+    pub fn replace_if_present(&self, plural: &str, object: Value) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        if !state.objects.contains_key(&(plural.to_string(), namespace, name)) {
+            return false;
+        }
+        self.put_locked(&mut state, plural, object);
+        true
     }
 
     /// Stores an object as the API server would: a uid and creation time on first write, a new
     /// resource version on each.
-    pub fn put(&self, plural: &str, mut object: Value) -> Value {
+    pub fn put(&self, plural: &str, object: Value) -> Value {
         let mut state = self.state.lock().unwrap();
+        self.put_locked(&mut state, plural, object)
+    }
+
+    fn put_locked(&self, state: &mut State, plural: &str, mut object: Value) -> Value {
         let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
         let name = object["metadata"]["name"].as_str().expect("object has a name").to_string();
         let key = (plural.to_string(), namespace, name);
@@ -198,9 +254,16 @@ impl FakeApi {
             }
         }
         meta["resourceVersion"] = json!(state.version.to_string());
+        if previous.is_none() {
+            for owner in object["metadata"]["ownerReferences"].as_array().into_iter().flatten() {
+                if let Some(uid) = owner["uid"].as_str() {
+                    state.dependents.entry(uid.to_string()).or_default().push(key.clone());
+                }
+            }
+        }
         state.objects.insert(key.clone(), object.clone());
         let kind = if previous.is_some() { "MODIFIED" } else { "ADDED" };
-        self.record_event(&mut state, &key, kind, object.clone());
+        self.record_event(state, &key, kind, object.clone());
         object
     }
 
@@ -215,15 +278,7 @@ impl FakeApi {
         let object = state.objects.remove(key)?;
         state.version += 1;
         self.record_event(state, key, "DELETED", object.clone());
-        let uid = object["metadata"]["uid"].clone();
-        let owned: Vec<Key> = state
-            .objects
-            .iter()
-            .filter(|(_, o)| {
-                o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let owned = object["metadata"]["uid"].as_str().and_then(|uid| state.dependents.remove(uid)).unwrap_or_default();
         // As the namespace controller does: a namespace takes everything in it along.
         let contained: Vec<Key> = if key.0 == "namespaces" {
             state.objects.keys().filter(|k| k.1 == key.2).cloned().collect()
@@ -336,12 +391,17 @@ impl FakeApi {
         let query: BTreeMap<String, String> =
             form_urlencoded::parse(parts.uri.query().unwrap_or_default().as_bytes()).into_owned().collect();
         let path = parts.uri.path().to_string();
-        self.state.lock().unwrap().requests.push(Recorded {
-            method: parts.method.clone(),
-            path: path.clone(),
-            query: query.clone(),
-            body: body.clone(),
-        });
+        {
+            let mut state = self.state.lock().unwrap();
+            if !state.unrecorded {
+                state.requests.push(Recorded {
+                    method: parts.method.clone(),
+                    path: path.clone(),
+                    query: query.clone(),
+                    body: body.clone(),
+                });
+            }
+        }
         let Some(target) = parse_path(&path) else {
             return reply(StatusCode::NOT_FOUND, &status(404, "NotFound", format!("no route {path}")));
         };
@@ -423,40 +483,48 @@ impl FakeApi {
         let changed = self.changed.subscribe();
         let plural = target.plural;
         let namespace = target.namespace;
-        let stream = futures::stream::unfold(
-            (from, Vec::<Bytes>::new(), changed),
-            move |(mut seen, mut pending, mut changed)| {
-                let state = Arc::clone(&state);
-                let selector = selector.clone();
-                let plural = plural.clone();
-                let namespace = namespace.clone();
-                async move {
-                    loop {
-                        if let Some(line) = pending.pop() {
-                            return Some((Ok::<_, Infallible>(http_body::Frame::data(line)), (seen, pending, changed)));
+        // Each frame carries every matching event since the last one, a line each.
+        let stream = futures::stream::unfold((Some(from), changed), move |(seen, mut changed)| {
+            let state = Arc::clone(&state);
+            let selector = selector.clone();
+            let plural = plural.clone();
+            let namespace = namespace.clone();
+            async move {
+                // `None`: the stream ended after telling the watcher its version expired.
+                let mut seen = seen?;
+                loop {
+                    let mut lines = String::new();
+                    {
+                        let state = state.lock().unwrap();
+                        if seen > 0 && state.events.first().is_some_and(|e| e.0 > seen + 1) {
+                            let expired = status(410, "Expired", format!("too old resource version: {seen}"));
+                            let line = json!({ "type": "ERROR", "object": expired }).to_string() + "\n";
+                            let frame = http_body::Frame::data(Bytes::from(line));
+                            return Some((Ok::<_, Infallible>(frame), (None, changed)));
                         }
-                        {
-                            let state = state.lock().unwrap();
-                            // Events are in version order: start after the last one seen.
-                            let start = state.events.partition_point(|e| e.0 <= seen);
-                            for (version, p, ns, kind, object) in &state.events[start..] {
-                                seen = *version;
-                                let matches = *p == plural
-                                    && namespace.as_ref().is_none_or(|n| n == ns)
-                                    && labels_match(object, selector.as_ref());
-                                if matches {
-                                    let line = json!({ "type": kind, "object": object }).to_string() + "\n";
-                                    pending.insert(0, Bytes::from(line));
-                                }
+                        // Events are in version order: start after the last one seen.
+                        let start = state.events.partition_point(|e| e.0 <= seen);
+                        for (version, p, ns, kind, object) in &state.events[start..] {
+                            seen = *version;
+                            let matches = *p == plural
+                                && namespace.as_ref().is_none_or(|n| n == ns)
+                                && labels_match(object, selector.as_ref());
+                            if matches {
+                                lines.push_str(&json!({ "type": kind, "object": object }).to_string());
+                                lines.push('\n');
                             }
                         }
-                        if pending.is_empty() && changed.changed().await.is_err() {
-                            return None;
-                        }
+                    }
+                    if !lines.is_empty() {
+                        let frame = http_body::Frame::data(Bytes::from(lines));
+                        return Some((Ok::<_, Infallible>(frame), (Some(seen), changed)));
+                    }
+                    if changed.changed().await.is_err() {
+                        return None;
                     }
                 }
-            },
-        );
+            }
+        });
         Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("response")
     }
 }

@@ -61,6 +61,7 @@ pub fn pending(name: &str, tenant: &str, priority: i32, seq: u64, demand: Demand
         submitted_at: 1_000_000 + seq as i64,
         demand,
         expected_runtime: Some(600),
+        warm_nodes: Vec::new(),
     }
 }
 

@@ -1,13 +1,17 @@
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use trainyard_core::api::{Dataset, DatasetRegister, ErrorBody};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use trainyard_core::api::{Dataset, DatasetFileUploaded, DatasetRegister, ErrorBody, NodeCacheReport};
 
 use crate::AppState;
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth};
+use crate::extract::{ApiJson, Auth, DatasetReaderAuth, JobAuth, JobId};
 
-/// Register a dataset version (immutable): described in full, or from a data-pack job's output.
+/// Register a dataset version (immutable): described in full, from a data-pack job's output, or
+/// from files pushed to the object store (`from_store`: refused, naming the file, unless every
+/// file its manifest names is there with its size).
 #[utoipa::path(post, path = "/api/v1/datasets", tag = "datasets", request_body = DatasetRegister, security(("bearer" = [])),
     responses(
         (status = 201, body = Dataset),
@@ -41,4 +45,82 @@ pub async fn dataset_get(
     Path((name, version)): Path<(String, String)>,
 ) -> ApiResult<Json<Dataset>> {
     Ok(Json(state.app.dataset_get(&caller, &name, &version).await?))
+}
+
+/// Upload one file of a dataset being pushed (`yard datasets push`), under the manifest's
+/// content hash: the manifest (`dataset.json`) first, then each shard and index it names. A
+/// shard streams to the tenant's object store and is kept only when its bytes have the SHA-256
+/// and size the manifest gives (422 naming the file otherwise, and nothing is stored).
+#[utoipa::path(put, path = "/api/v1/dataset-content/{hash}/{file}", tag = "datasets",
+    params(
+        ("hash" = String, Path, description = "The manifest's content hash: its 64 hex digits"),
+        ("file" = String, Path, description = "dataset.json, or a shard or index name the manifest gives"),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, body = DatasetFileUploaded),
+        (status = 409, description = "A manifest naming other files was pushed under this hash", body = ErrorBody),
+        (status = 422, description = "A file the manifest does not name, a shard whose bytes do not match it, a manifest whose content hash is not the path's", body = ErrorBody),
+    ))]
+pub async fn dataset_file_upload(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    Path((hash, file)): Path<(String, String)>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<DatasetFileUploaded>)> {
+    let uploaded = state.app.dataset_file_upload(&caller, &hash, &file, body.into_data_stream()).await?;
+    Ok((StatusCode::CREATED, Json(uploaded)))
+}
+
+/// One file of a dataset version pushed to the object store, streamed: `dataset.json` or a
+/// shard or index its manifest names. For members of its tenant, and for the engine of a job
+/// that records reading this version (its job token). Anything else is 404.
+#[utoipa::path(get, path = "/api/v1/datasets/{name}/{version}/files/{file}", tag = "datasets",
+    params(
+        ("name" = String, Path, description = "Dataset name"),
+        ("version" = String, Path, description = "Version"),
+        ("file" = String, Path, description = "dataset.json, or a shard or index name the manifest gives"),
+    ),
+    security(("bearer" = []), ("job_token" = [])),
+    responses(
+        (status = 200, description = "The file", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, body = ErrorBody),
+    ))]
+pub async fn dataset_file_get(
+    State(state): State<AppState>,
+    DatasetReaderAuth(reader): DatasetReaderAuth,
+    Path((name, version, file)): Path<(String, String, String)>,
+) -> ApiResult<Response> {
+    let found = state.app.dataset_file_read(&reader, &name, &version, &file).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, found.size.to_string()),
+            (header::CACHE_CONTROL, "private, no-store".to_string()),
+        ],
+        Body::from_stream(found.stream),
+    )
+        .into_response())
+}
+
+/// The job's engine reports that its node's shard cache holds every shard of a dataset version
+/// the job reads; the scheduler prefers that node for the tenant's jobs reading the same
+/// content (`cached_on` of the version). Only with the job's own token.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/cached-datasets", tag = "datasets",
+    params(("id" = String, Path, description = "Job id")), request_body = NodeCacheReport, security(("job_token" = [])),
+    responses(
+        (status = 204, description = "Recorded"),
+        (status = 401, description = "Not a live job token", body = ErrorBody),
+        (status = 404, description = "Not this token's job, or a version it does not read", body = ErrorBody),
+        (status = 422, description = "A node the job does not run on, negative bytes", body = ErrorBody),
+    ))]
+pub async fn node_cache_report(
+    State(state): State<AppState>,
+    JobAuth(caller): JobAuth,
+    JobId(job_id): JobId,
+    ApiJson(report): ApiJson<NodeCacheReport>,
+) -> ApiResult<StatusCode> {
+    state.app.node_cache_report(&caller, job_id, report).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -46,6 +46,7 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/jobs/{id}/metrics", get(metrics::metrics_get).post(metrics::metrics_post))
         .route("/api/v1/jobs/{id}/outputs", get(metrics::outputs_get).post(metrics::output_post))
         .route("/api/v1/jobs/{id}/record", get(records::record_get).post(records::record_post))
+        .route("/api/v1/jobs/{id}/cached-datasets", post(datasets::node_cache_report))
         .route("/api/v1/compare", get(compare::compare_get))
         .route("/api/v1/jobs/{id}/lineage", get(lineage::job_lineage))
         .route("/api/v1/datasets/{name}/{version}/lineage", get(lineage::dataset_lineage))
@@ -56,6 +57,13 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/nodes", get(scheduling::nodes_get))
         .route("/api/v1/datasets", get(datasets::datasets_list).post(datasets::dataset_register))
         .route("/api/v1/datasets/{name}/{version}", get(datasets::dataset_get))
+        .route("/api/v1/datasets/{name}/{version}/files/{file}", get(datasets::dataset_file_get))
+        .route(
+            "/api/v1/dataset-content/{hash}/{file}",
+            // Shards stream to the store: no body limit here (each is held to the size its
+            // manifest gives while it streams; the manifest itself to its own limit).
+            put(datasets::dataset_file_upload).layer(DefaultBodyLimit::disable()),
+        )
         .route("/api/v1/admin/tenants/{tenant}", patch(scheduling::tenant_patch).delete(admin::tenant_remove))
         .route("/api/v1/admin/tenants/{tenant}/quotas/{flavor}", put(scheduling::quota_put))
         .route("/api/v1/templates", get(templates::templates_list).post(templates::template_publish))
@@ -122,6 +130,9 @@ fn storage_routes() -> RouteTable {
         datasets::dataset_register,
         datasets::datasets_list,
         datasets::dataset_get,
+        datasets::dataset_file_upload,
+        datasets::dataset_file_get,
+        datasets::node_cache_report,
         scheduling::quota_put,
         scheduling::tenant_patch,
         scheduling::job_schedule,
@@ -153,7 +164,7 @@ fn storage_routes() -> RouteTable {
         (name = "jobs", description = "Submit, list, watch and cancel jobs"),
         (name = "templates", description = "Task templates: list, show, publish, run"),
         (name = "metrics", description = "Metrics reported by jobs' engines"),
-        (name = "datasets", description = "The dataset registry: named, immutable versions"),
+        (name = "datasets", description = "The dataset registry: named, immutable versions; datasets pushed to the object store and their files"),
         (name = "storage", description = "Artefacts with signed downloads, volumes, the storage policy"),
         (name = "scheduling", description = "Quotas, the queue, nodes, queue positions, start estimates, what-if"),
         (name = "tokens", description = "Your identity and API tokens"),

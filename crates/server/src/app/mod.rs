@@ -74,6 +74,9 @@ pub struct App {
     monitoring: Arc<Monitoring>,
     /// The bearer token Prometheus scrapes `/metrics` with, when the operator set one.
     metrics_token: Option<Arc<str>>,
+    /// Registered pushed datasets' manifests, by object-store prefix (see
+    /// [`datasets::ManifestCache`]).
+    manifests: Arc<datasets::ManifestCache>,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -106,6 +109,7 @@ impl App {
             cluster_grows: false,
             monitoring,
             metrics_token: None,
+            manifests: Default::default(),
         }
     }
 

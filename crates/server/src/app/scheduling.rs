@@ -1,7 +1,7 @@
 //! Scheduling seen from the API: why a job waits and when it should start, what-if, the quota
 //! report, quotas and tenant policies, the executor's nodes.
 
-use trainyard_core::api::{FlavorUsage, QuotaReport, QuotaSet, Schedule, TenantPolicyUpdate};
+use trainyard_core::api::{CacheLocality, FlavorUsage, QuotaReport, QuotaSet, Schedule, TenantPolicyUpdate};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::job::JobSubmission;
@@ -61,7 +61,16 @@ impl App {
         caller.authorize(Action::ReadJobs)?;
         let jobs = self.store.jobs_unfinished().await?.jobs;
         let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
-        Ok(trainyard_core::api::Nodes { items: crate::scheduling::node_usage(&nodes, &jobs) })
+        let mut items = crate::scheduling::node_usage(&nodes, &jobs);
+        // What each node's cache holds of the caller's tenant's datasets.
+        let mut cached: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for (node, version) in self.store.node_cached_datasets(caller.tenant_id).await? {
+            cached.entry(node).or_default().push(version);
+        }
+        for node in &mut items {
+            node.cached_datasets = cached.remove(&node.name).unwrap_or_default();
+        }
+        Ok(trainyard_core::api::Nodes { items })
     }
 
     /// Why a queued job waits, where it stands, and when it should start.
@@ -90,23 +99,43 @@ impl App {
                     cluster_position: None,
                     behind_higher_priority: higher as usize,
                     estimated_start: None,
+                    cached_on: self.cache_locality(caller.tenant_id, &job.datasets).await?.map(|(l, _)| l),
                 }));
             }
             // Submitted after the board was computed (through another server): compute anew.
             self.schedule.changed();
             board = self.schedule.get(|| self.board_input()).await?;
         }
-        Ok(Some(match board.standing(job_id) {
+        let mut schedule = match board.standing(job_id) {
             Some(standing) => standing.schedule(),
             None => schedule_of(false, None, None),
-        }))
+        };
+        schedule.cached_on = self.cache_locality(caller.tenant_id, &job.datasets).await?.map(|(l, _)| l);
+        Ok(Some(schedule))
+    }
+
+    /// For a job reading `datasets`: how many of the cluster's nodes hold its data in their
+    /// shard cache, and their names; `None` for a job reading no registered dataset.
+    pub(crate) async fn cache_locality(
+        &self,
+        tenant_id: Uuid,
+        datasets: &[trainyard_core::api::DatasetUse],
+    ) -> Result<Option<(CacheLocality, Vec<String>)>> {
+        if datasets.is_empty() {
+            return Ok(None);
+        }
+        let hashes: Vec<String> = datasets.iter().map(|d| d.content_hash.clone()).collect();
+        let caching = self.store.nodes_caching(tenant_id, &hashes).await?;
+        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
+        let warm: Vec<String> = nodes.iter().filter(|n| caching.contains(&n.name)).map(|n| n.name.clone()).collect();
+        Ok(Some((CacheLocality { nodes: warm.len(), of: nodes.len() }, warm)))
     }
 
     /// What would happen to a job submitted now. Checks it like a submit; queues nothing.
     pub async fn job_what_if(&self, caller: &Caller, submission: JobSubmission) -> Result<Schedule> {
         caller.authorize(Action::WriteJobs)?;
         let valid = submission.validate()?;
-        self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await
+        self.what_if_of(caller, &valid.spec, &[], valid.priority, valid.expected_runtime_seconds).await
     }
 
     /// Whether jobs larger than today's cluster are queued (it grows) rather than refused.
@@ -134,10 +163,12 @@ impl App {
         &self,
         caller: &Caller,
         spec: &trainyard_core::job::JobSpec,
+        datasets: &[trainyard_core::api::DatasetUse],
         priority: i32,
         expected_runtime: Option<u32>,
     ) -> Result<Schedule> {
         self.fits_cluster(spec)?;
+        let locality = self.cache_locality(caller.tenant_id, datasets).await?;
         let snapshot = self.scheduling_snapshot().await?;
         let now = snapshot.now;
         let probe = trainyard_scheduler::PendingJob {
@@ -148,11 +179,14 @@ impl App {
             submitted_at: now,
             demand: crate::scheduling::demand_of_spec(spec),
             expected_runtime: expected_runtime.map(i64::from),
+            warm_nodes: locality.as_ref().map(|(_, warm)| warm.clone()).unwrap_or_default(),
         };
         let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if(&snapshot, probe))
             .await
             .map_err(|err| Error::internal(format!("answering what-if: {err}")))?;
-        Ok(schedule_of(answer.admitted_now, answer.pending.as_ref(), answer.estimated_start))
+        let mut schedule = schedule_of(answer.admitted_now, answer.pending.as_ref(), answer.estimated_start);
+        schedule.cached_on = locality.map(|(l, _)| l);
+        Ok(schedule)
     }
 
     /// The caller's tenant: quotas and usage per GPU type.

@@ -88,39 +88,57 @@ impl App {
         // A dataset parameter names a registered version: the job gets its URI and records
         // exactly which version and content it used. So does a path parameter given as
         // NAME@VERSION (a folder name with '@' in it is written `./name@x`); a path parameter
-        // given as a registered version's folder records that version too.
+        // given as a registered version's folder records that version too. A version pushed to
+        // the object store reaches the job as `store:NAME@VERSION` (its URI), which the engine
+        // reads from this server; written so, the parameter must name such a version.
         let mut datasets = Vec::new();
         let mut folders: Vec<(String, String)> = Vec::new();
         for (param, spec) in &template.manifest.parameters {
             let Some(reference) = values.get(param).and_then(|v| v.as_str()).map(str::to_string) else { continue };
-            match spec.kind {
-                trainyard_templates::ParamKind::Dataset => {}
-                trainyard_templates::ParamKind::Path if reference.contains('@') && !reference.contains('/') => {}
-                trainyard_templates::ParamKind::Path if reference.starts_with('/') => {
+            let field = || format!("params.{param}");
+            let is_path = spec.kind == trainyard_templates::ParamKind::Path;
+            let named_store = trainyard_core::names::DatasetRef::parse_store(&reference);
+            let dataset_ref = match (spec.kind, named_store) {
+                (trainyard_templates::ParamKind::Dataset | trainyard_templates::ParamKind::Path, Some(parsed)) => {
+                    parsed.map_err(|message| Error::invalid(field(), message))?
+                }
+                (trainyard_templates::ParamKind::Dataset, None) => trainyard_core::names::DatasetRef::parse(&reference)
+                    .map_err(|message| Error::invalid(field(), message))?,
+                (trainyard_templates::ParamKind::Path, None) if reference.contains('@') && !reference.contains('/') => {
+                    match trainyard_core::names::DatasetRef::parse(&reference) {
+                        Ok(dataset_ref) => dataset_ref,
+                        // Not a dataset version's name: a path after all.
+                        Err(_) => continue,
+                    }
+                }
+                (trainyard_templates::ParamKind::Path, None) if reference.starts_with('/') => {
                     folders.push((param.clone(), reference));
                     continue;
                 }
                 _ => continue,
-            }
-            let is_path = spec.kind == trainyard_templates::ParamKind::Path;
-            let dataset_ref = match trainyard_core::names::DatasetRef::parse(&reference) {
-                Ok(dataset_ref) => dataset_ref,
-                // Not a dataset version's name: a path after all.
-                Err(_) if is_path => continue,
-                Err(message) => return Err(Error::invalid(format!("params.{param}"), message)),
             };
+            let store_named = reference.starts_with(trainyard_core::names::STORE_DATASET_PREFIX);
             let (name, version) = (dataset_ref.name(), dataset_ref.version());
             let dataset = self.store.dataset_get(caller.tenant_id, name, version).await.map_err(|err| match err {
                 Error::NotFound { .. } => Error::invalid(
-                    format!("params.{param}"),
-                    if is_path {
+                    field(),
+                    if is_path && !store_named {
                         format!("no dataset {reference} is registered in your tenant (a file or folder named so: ./{reference})")
                     } else {
-                        format!("no dataset {reference} is registered in your tenant")
+                        format!("no dataset {dataset_ref} is registered in your tenant")
                     },
                 ),
                 other => other,
             })?;
+            if store_named && dataset.store_prefix.is_none() {
+                return Err(Error::invalid(
+                    field(),
+                    format!(
+                        "{dataset_ref} is registered at {}, not on Trainyard's object store; name it {dataset_ref} (or push it: `yard datasets push`)",
+                        dataset.uri
+                    ),
+                ));
+            }
             values.insert(param.clone(), serde_json::Value::String(dataset.uri.clone()));
             datasets.push(trainyard_core::api::DatasetUse {
                 param: param.clone(),
@@ -209,7 +227,9 @@ impl App {
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
         self.fits_cluster(&valid.spec)?;
         if mode == RunMode::WhatIf {
-            let schedule = self.what_if_of(caller, &valid.spec, valid.priority, valid.expected_runtime_seconds).await?;
+            let schedule = self
+                .what_if_of(caller, &valid.spec, &valid.datasets, valid.priority, valid.expected_runtime_seconds)
+                .await?;
             return Ok(TemplateRunOutcome::WhatIf(schedule));
         }
         if mode == RunMode::DryRun {

@@ -165,9 +165,11 @@ pub async fn logs_archive(
 }
 
 /// One retention pass: removes the archived logs and the artefacts of jobs that ended longer
-/// ago than their tenant keeps them, then records it. Idempotent: a job whose objects are gone
-/// but whose record failed is simply swept again.
+/// ago than their tenant keeps them, then records it, and forgets nodes' cache reports no longer
+/// trusted. Idempotent: a job whose objects are gone but whose record failed is simply swept
+/// again.
 pub async fn retention_sweep(store: &Store, storage: &Storage, executor: &dyn Executor) -> Result<usize> {
+    store.node_datasets_forget_stale().await?;
     let due = store.retention_due(chrono::Utc::now(), RETENTION_BATCH).await?;
     for job in &due {
         retention_apply(storage, executor, job).await.map_err(storage_error)?;

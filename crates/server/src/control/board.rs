@@ -66,6 +66,7 @@ pub fn schedule_of(admitted_now: bool, pending: Option<&Pending>, estimate: Opti
         cluster_position: pending.map(|p| p.cluster_position),
         behind_higher_priority: pending.map_or(0, |p| p.behind_higher_priority),
         estimated_start: estimate.and_then(|s| DateTime::from_timestamp(s, 0)),
+        cached_on: None,
     }
 }
 

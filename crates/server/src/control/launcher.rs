@@ -198,39 +198,58 @@ impl Drop for Launcher {
     }
 }
 
+/// What an attempt's launch needs besides its token: read before the attempt is opened, so that
+/// opening it and writing its record are one commit.
+struct LaunchInputs {
+    files: std::collections::BTreeMap<String, Vec<u8>>,
+    code: Vec<trainyard_executor::CodeFile>,
+    record: ServerRecord,
+}
+
 impl LaunchContext {
     async fn launch(&self, job: &UnfinishedJob, launch: Launch, registry: &Mutex<Launches>) -> Result<()> {
-        let attempt = match launch {
-            Launch::Resume(attempt) => attempt,
+        let (attempt, started) = match launch {
+            Launch::Resume(attempt) => (attempt, self.resume(job, attempt).await),
             Launch::Next => {
                 if let Some(marker) = &self.fault_panic_on_launch
                     && job.spec.command.iter().chain(&job.spec.args).any(|arg| arg == marker)
                 {
                     panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
                 }
-                let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, Held::of(&job.spec)).await? else {
-                    return Ok(()); // cancelled or moved meanwhile
-                };
-                if let Some(in_flight) =
-                    registry.lock().unwrap_or_else(PoisonError::into_inner).in_flight.get_mut(&job.id)
-                {
-                    in_flight.attempt = Some(attempt);
+                let held = Held::of(&job.spec);
+                match self.inputs(job).await {
+                    Ok(inputs) => {
+                        // The attempt, its ledger row, its run record and its job token: one commit.
+                        let Some((attempt, token)) =
+                            self.store.attempt_open(job.id, ACTOR_EXECUTOR, held, &inputs.record).await?
+                        else {
+                            return Ok(()); // cancelled or moved meanwhile
+                        };
+                        registry_attempt_set(registry, job.id, attempt);
+                        (attempt, self.start(job, attempt, inputs, token).await)
+                    }
+                    // Nothing was opened: the job stays admitted and the next pass tries again.
+                    Err(LaunchFailure::ControlPlane(error)) => {
+                        self.control_plane_interrupted(job, None, error).await;
+                        return Ok(());
+                    }
+                    // The job's own inputs are unusable: an attempt is opened to fail, as any
+                    // launch the executor refuses.
+                    Err(failure @ LaunchFailure::Job(_)) => {
+                        let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, held).await? else {
+                            return Ok(());
+                        };
+                        registry_attempt_set(registry, job.id, attempt);
+                        (attempt, Err(failure))
+                    }
                 }
-                attempt
             }
         };
-        self.launch_started(job, attempt).await
+        self.launch_ended(job, attempt, started).await
     }
 
-    /// Gathers what an attempt needs (the template's files, a job token for its engine), writes
-    /// the server's part of its run record, and starts it, or the ranks of it that did not start
-    /// yet (a launch resumed after a crash or a control-plane error: executors make launching
-    /// the same attempt again start only what is missing).
-    async fn launch_attempt(
-        &self,
-        job: &UnfinishedJob,
-        attempt: i32,
-    ) -> std::result::Result<serde_json::Value, LaunchFailure> {
+    /// The template's files, the job's code and the server's part of its run record.
+    async fn inputs(&self, job: &UnfinishedJob) -> std::result::Result<LaunchInputs, LaunchFailure> {
         let files = match &job.spec.template {
             Some(reference) => self
                 .templates
@@ -252,18 +271,35 @@ impl LaunchContext {
                 return Err(LaunchFailure::Job("this server has no storage to read the job's code from".into()));
             }
         };
-        // The server's part of the run record, written before any replica starts (a resumed
-        // launch finds it written and leaves it as it was), and a job token for the engine, in
-        // one commit. A resumed launch makes another token for the same attempt: the replicas
-        // started before keep theirs, and all of them die with the attempt.
         // The image the replicas run: the rerun's pinned digest, else the executor's.
         let image = job.spec.image.clone().or_else(|| self.executor.image());
         let record = ServerRecord::new(&job.spec, &files, self.executor.name(), image.as_deref());
+        Ok(LaunchInputs { files, code, record })
+    }
+
+    /// Starts what did not start of an attempt begun before (a launch that a crash or a
+    /// control-plane error interrupted: executors make launching the same attempt again start
+    /// only what is missing). Its run record was written then and stays as it was; it gets
+    /// another job token (the replicas started before keep theirs; all of them die with the
+    /// attempt).
+    async fn resume(&self, job: &UnfinishedJob, attempt: i32) -> std::result::Result<serde_json::Value, LaunchFailure> {
+        let inputs = self.inputs(job).await?;
         let token = self
             .store
-            .attempt_prepare(job.id, job.tenant_id, attempt, &record)
+            .attempt_prepare(job.id, job.tenant_id, attempt, &inputs.record)
             .await
             .map_err(|e| LaunchFailure::of_control_plane(e, "writing the run record and the job token"))?;
+        self.start(job, attempt, inputs, token).await
+    }
+
+    /// Asks the executor to start the attempt's replicas; returns where they run.
+    async fn start(
+        &self,
+        job: &UnfinishedJob,
+        attempt: i32,
+        inputs: LaunchInputs,
+        token: String,
+    ) -> std::result::Result<serde_json::Value, LaunchFailure> {
         let mut env = std::collections::BTreeMap::new();
         env.insert("TRAINYARD_URL".to_string(), self.api_url.clone());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
@@ -273,9 +309,10 @@ impl LaunchContext {
             tenant: job.tenant.clone(),
             attempt,
             spec: job.spec.clone(),
-            files,
+            files: inputs.files,
             env,
-            code,
+            code: inputs.code,
+            nodes: job.assigned_nodes.clone().unwrap_or_default(),
         };
         self.executor.launch(&request).await.map_err(|e| match e {
             ExecutorError::Unavailable(_) => LaunchFailure::ControlPlane(e.to_string()),
@@ -287,13 +324,30 @@ impl LaunchContext {
         self.interrupted.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts an attempt that is `starting` (just begun, or begun by a launch that a crash or a
-    /// control-plane error interrupted) and stores where it runs. A failure of the launch itself
-    /// (the executor refused it) ends the attempt like a failed run; a control-plane error
-    /// charges nothing to the job: it stays `starting`, a note says what is retried, and the
-    /// next pass resumes the launch.
-    async fn launch_started(&self, job: &UnfinishedJob, attempt: i32) -> Result<()> {
-        match self.launch_attempt(job, attempt).await {
+    /// A control-plane error stopped a launch (of `attempt`, or before any was opened): nothing
+    /// is charged to the job; a note says what is retried, and the next pass tries again.
+    async fn control_plane_interrupted(&self, job: &UnfinishedJob, attempt: Option<i32>, error: String) {
+        self.monitoring.executor_error("launch");
+        tracing::warn!(job = %job.id, attempt, %error, "launch interrupted by a control-plane error; retrying");
+        self.interrupted().insert(job.id, error.clone());
+        // Best effort: with the database away this fails too, and the note is written when the
+        // launch goes through.
+        let note = format!("launch interrupted by a control-plane error, retrying: {error}");
+        let _ = self.store.job_note(job.id, &note, ACTOR_RECONCILER).await;
+    }
+
+    /// Records how the launch of an attempt that is `starting` went: where it runs, once
+    /// started. A failure of the launch itself (the executor refused it, the job's inputs are
+    /// unusable) ends the attempt like a failed run; a control-plane error charges nothing to
+    /// the job: it stays `starting`, a note says what is retried, and the next pass resumes the
+    /// launch.
+    async fn launch_ended(
+        &self,
+        job: &UnfinishedJob,
+        attempt: i32,
+        started: std::result::Result<serde_json::Value, LaunchFailure>,
+    ) -> Result<()> {
+        match started {
             Ok(placement) => {
                 if let Err(err) = self.store.attempt_placement_set(job.id, attempt, &placement).await {
                     // Started but not recorded: the next pass resumes the launch and adopts it.
@@ -307,15 +361,7 @@ impl LaunchContext {
                 }
                 tracing::info!(job = %job.id, attempt, "attempt launched");
             }
-            Err(LaunchFailure::ControlPlane(error)) => {
-                self.monitoring.executor_error("launch");
-                tracing::warn!(job = %job.id, attempt, %error, "launch interrupted by a control-plane error; retrying");
-                self.interrupted().insert(job.id, error.clone());
-                // Best effort: with the database away this fails too, and the note is written
-                // when the launch goes through.
-                let note = format!("launch interrupted by a control-plane error, retrying: {error}");
-                let _ = self.store.job_note(job.id, &note, ACTOR_RECONCILER).await;
-            }
+            Err(LaunchFailure::ControlPlane(error)) => self.control_plane_interrupted(job, Some(attempt), error).await,
             Err(LaunchFailure::Job(reason)) => {
                 self.monitoring.executor_error("launch");
                 let to = state_after_failure(job.restart_count, job.max_restarts);
@@ -334,6 +380,13 @@ impl LaunchContext {
             }
         }
         Ok(())
+    }
+}
+
+/// Notes the attempt a launch opened, for garbage collection ([`Launcher::attempts_live`]).
+fn registry_attempt_set(registry: &Mutex<Launches>, job_id: Uuid, attempt: i32) {
+    if let Some(in_flight) = registry.lock().unwrap_or_else(PoisonError::into_inner).in_flight.get_mut(&job_id) {
+        in_flight.attempt = Some(attempt);
     }
 }
 

@@ -26,7 +26,9 @@ use trainyard_executor::{AttemptRef, Executor, ReplicaDetail, ReplicaPhase, Repl
 use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::audit::Audit;
-use trainyard_store::reconcile::{AttemptEnd, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob};
+use trainyard_store::reconcile::{
+    Admission, AttemptEnd, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
+};
 
 use crate::control::health::{LoopHealth, panic_message};
 use crate::control::launcher::{Launch, LaunchContext, Launcher};
@@ -413,9 +415,16 @@ impl Reconciler {
         let backoff = self.settings.restart_backoff;
         let launchable = jobs
             .iter()
-            .filter(|j| matches!(j.state, JobState::Admitted | JobState::Restarting) && !ended.contains(&j.id))
+            // A job whose launch was under way when the snapshot was read shows a state from
+            // before that launch: if the launch ended since, launching it again would only find it
+            // moved on (a wasted transaction a job, under a stream of launches).
+            .filter(|j| {
+                matches!(j.state, JobState::Admitted | JobState::Restarting)
+                    && !ended.contains(&j.id)
+                    && !launching.contains(&j.id)
+            })
             .filter(|j| j.state != JobState::Restarting || restart_due(j, backoff, now))
-            .chain(admitted.as_deref().unwrap_or_default().iter().copied())
+            .chain(admitted.as_deref().unwrap_or_default())
             .filter(|j| !self.is_quarantined(j.id))
             .collect::<Vec<&UnfinishedJob>>();
         // Launches run beside the passes, a bounded number at once (see `launcher`): this pass
@@ -677,12 +686,7 @@ impl Reconciler {
                 if job.state == JobState::Starting && all_started {
                     // Every container started: the images they run are known now.
                     let images = image_digests(&details);
-                    if !images.is_empty() {
-                        self.store.attempt_images_set(job.id, record.number, &images).await?;
-                    }
-                    self.store
-                        .job_transition(job.id, &[JobState::Starting], JobState::Running, ACTOR_EXECUTOR, None)
-                        .await?;
+                    self.store.job_running(job.id, record.number, &images, ACTOR_EXECUTOR).await?;
                     if let Some(admitted_at) = job.admitted_at {
                         let waited = (chrono::Utc::now() - admitted_at).num_milliseconds().max(0) as f64 / 1000.0;
                         self.monitoring.launch_time.get_or_create(&labels_of(job)).observe(waited);
@@ -765,8 +769,8 @@ impl Reconciler {
 
     /// Runs an admission cycle: admits what the scheduler admits (with its placement), asks
     /// preemption victims to stop, and keeps every waiting job's reason current. Returns the jobs
-    /// admitted in this pass.
-    async fn admit<'a>(&self, jobs: &'a [UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<&'a UnfinishedJob>> {
+    /// admitted in this pass, as admitted (their flavor and nodes set).
+    async fn admit(&self, jobs: &[UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<UnfinishedJob>> {
         if !jobs.iter().any(|j| j.state == JobState::Queued) {
             self.monitoring.pending_jobs.clear();
             return Ok(Vec::new());
@@ -779,18 +783,26 @@ impl Reconciler {
             .map_err(|err| trainyard_core::Error::internal(format!("running the admission cycle: {err}")))?;
         self.cycle_observed(cycle_started.elapsed(), &result, jobs);
         let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, j)).collect();
+        let admissions: Vec<Admission> = result
+            .admissions
+            .iter()
+            .map(|a| Admission { id: a.job, flavor: a.flavor.as_deref(), nodes: &a.nodes })
+            .collect();
+        let admitted_ids = self.store.jobs_admit(&admissions).await?;
         let mut admitted = Vec::new();
-        for admission in &result.admissions {
-            if self.store.job_admit(admission.job, admission.flavor.as_deref(), &admission.nodes).await? {
-                let job = by_id[&admission.job];
-                admitted.push(job);
-                let waited = (chrono::Utc::now() - job.created_at).num_milliseconds().max(0) as f64 / 1000.0;
-                let labels = TenantGpu {
-                    tenant: job.tenant.clone(),
-                    gpu_type: admission.flavor.clone().unwrap_or_else(|| "none".into()),
-                };
-                self.monitoring.admission_wait.get_or_create(&labels).observe(waited);
-            }
+        for admission in result.admissions.iter().filter(|a| admitted_ids.contains(&a.job)) {
+            let job = by_id[&admission.job];
+            // Launched with the placement just decided (a cluster executor steers replicas there).
+            let mut launching = job.clone();
+            launching.flavor = admission.flavor.clone();
+            launching.assigned_nodes = Some(admission.nodes.clone());
+            admitted.push(launching);
+            let waited = (chrono::Utc::now() - job.created_at).num_milliseconds().max(0) as f64 / 1000.0;
+            let labels = TenantGpu {
+                tenant: job.tenant.clone(),
+                gpu_type: admission.flavor.clone().unwrap_or_else(|| "none".into()),
+            };
+            self.monitoring.admission_wait.get_or_create(&labels).observe(waited);
         }
         for preemption in &result.preemptions {
             let (why, class) = match preemption.kind {

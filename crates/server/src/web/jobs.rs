@@ -208,6 +208,8 @@ pub struct ScheduleView {
     pub cluster_position: String,
     pub behind_higher_priority: usize,
     pub estimated_start: String,
+    /// "cached on N of M nodes" for a job reading registered datasets; empty otherwise.
+    pub cached_on: String,
 }
 
 impl ScheduleView {
@@ -220,6 +222,7 @@ impl ScheduleView {
             cluster_position: position(schedule.cluster_position),
             behind_higher_priority: schedule.behind_higher_priority,
             estimated_start: schedule.estimated_start.as_ref().map(when).unwrap_or_else(|| "unknown".into()),
+            cached_on: schedule.cached_on.map(|c| format!("Its data is {c}.")).unwrap_or_default(),
         }
     }
 }
