@@ -70,3 +70,42 @@ async fn an_illegal_transition_cannot_be_persisted() {
         sqlx::query("UPDATE jobs SET state = 'queued' WHERE id = $1").bind(job_id).execute(&db.pool).await.unwrap_err();
     assert!(err.to_string().contains("cancelled -> queued"), "terminal states are final: {err}");
 }
+
+/// A transaction whose caller is cancelled while it begins leaves no transaction open on the
+/// pooled connection. (sqlx 0.9.0's `Pool::begin` does, transact-rs/sqlx#4393: the next user of
+/// the connection writes into a transaction nobody commits. A chaos run lost a job's writes and
+/// stalled the control loops on the row locks it held.) The begin is cut off after each number
+/// of polls in turn, so that one of them lands while `BEGIN` is on the wire; a pool of one
+/// connection hands the same connection to the check that follows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_begin_leaves_no_open_transaction_on_the_pooled_connection() {
+    let db = TestDb::fresh().await;
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
+    let store = trainyard_store::Store::from_pool(pool.clone());
+    for polls in 1..=30 {
+        {
+            let mut begin = std::pin::pin!(store.begin());
+            for _ in 0..polls {
+                if futures_poll_once(begin.as_mut()).await {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        } // dropped here, finished or not
+        // The pool's one connection, used once more and back in the pool, is seen from another
+        // session: idle, not idle inside a transaction left open by the cut-off begin.
+        sqlx::query("SELECT 1").execute(&pool).await.unwrap();
+        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&pool).await.unwrap();
+        let state: String = sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+            .bind(backend)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(state, "idle", "a begin cut off after {polls} polls left its transaction open on the connection");
+    }
+}
+
+/// Polls a future once; true when it finished.
+async fn futures_poll_once<F: std::future::Future>(mut future: std::pin::Pin<&mut F>) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx).is_ready())).await
+}

@@ -436,6 +436,16 @@ impl Drop for TestEnv {
     /// Leaves no job process behind, whatever the test did.
     fn drop(&mut self) {
         self.server.kill_hard();
+        if std::thread::panicking() {
+            // The test failed: what the server said is the first thing to read, and a CI run
+            // keeps no data directory.
+            let log = std::fs::read_to_string(self.data_dir().join("server.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(SERVER_LOG_TAIL).collect();
+            eprintln!("--- the last {} lines of the server's log ---", tail.len());
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
         for pgid in job_process_groups(&self.data_dir()) {
             if let Ok(raw) = i32::try_from(pgid) {
                 let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL);
@@ -443,6 +453,9 @@ impl Drop for TestEnv {
         }
     }
 }
+
+/// How much of the server's log a failed test prints.
+const SERVER_LOG_TAIL: usize = 150;
 
 /// Every replica supervisor pid recorded under a data directory.
 pub fn job_process_groups(data_dir: &Path) -> Vec<u32> {

@@ -29,7 +29,7 @@ impl Store {
     /// Registers a version; the same content again is harmless, other content under a
     /// registered version is a conflict.
     pub async fn dataset_register(&self, caller: &Caller, d: &Dataset, audit: &Audit) -> Result<Published> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let inserted = sqlx::query(
             "INSERT INTO datasets (tenant_id, name, version, uri, format, size_bytes, samples, content_hash,

@@ -330,7 +330,7 @@ impl Store {
     /// job is harmless; cancelling a finished one is a conflict.
     pub async fn job_cancel(&self, caller: &Caller, job_id: Uuid, audit: &Audit) -> Result<Job> {
         let reason = format!("cancelled by {}", caller.actor());
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // One statement decides and writes, so a racing admission cannot slip between.
         // language=PostgreSQL
         let changed = sqlx::query(

@@ -75,6 +75,25 @@ impl Store {
         &self.pool
     }
 
+    /// Begins a transaction, safely even when the caller is cancelled (a launch aborted when
+    /// leadership is lost, a request whose client went away). Every transaction here begins
+    /// through this, never with `Pool::begin`.
+    ///
+    /// sqlx 0.9.0's `Pool::begin` is not cancellation-safe on Postgres (transact-rs/sqlx#4393,
+    /// fixed by #4394, not released yet): dropped while its `BEGIN` is on the wire, it counts
+    /// no transaction, queues no `ROLLBACK`, and the pool takes the connection back inside an
+    /// open transaction. Whoever gets it next writes into that transaction, which is never
+    /// committed: the writes are lost and their row locks held until the connection closes.
+    /// A chaos test hit it (a launch aborted by lost leadership; every later write to that
+    /// job's row waited forever, and with it the control loops). Here the begin runs as a
+    /// task of its own, which finishes even when its caller is gone: the transaction is then
+    /// dropped counted, and its `ROLLBACK` goes out as the connection returns to the pool.
+    pub async fn begin(&self) -> trainyard_core::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+        let pool = self.pool.clone();
+        #[allow(clippy::disallowed_methods)] // the one place it is used, made safe here
+        tokio::spawn(async move { pool.begin().await }).await.map_err(Error::internal)?.map_err(db_error)
+    }
+
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         MIGRATOR.run(&self.pool).await
     }

@@ -409,7 +409,7 @@ impl Store {
     /// number, or `None` when the job was no longer launchable. For an attempt that will not
     /// start (its launch failed before anything ran); a launch uses [`Store::attempt_open`].
     pub async fn attempt_begin(&self, job_id: Uuid, actor: &str, held: Held) -> Result<Option<i32>> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         let Some((_, attempt)) = self.attempt_begin_in(&mut tx, job_id, actor, held).await? else {
             return Ok(None);
         };
@@ -429,7 +429,7 @@ impl Store {
         server: &ServerRecord,
     ) -> Result<Option<(i32, String)>> {
         let server = serde_json::to_value(server).map_err(Error::internal)?;
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         let Some((tenant_id, attempt)) = self.attempt_begin_in(&mut tx, job_id, actor, held).await? else {
             return Ok(None);
         };
@@ -518,7 +518,7 @@ impl Store {
         server: &ServerRecord,
     ) -> Result<String> {
         let server = serde_json::to_value(server).map_err(Error::internal)?;
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         let token = self.attempt_prepare_in(&mut tx, job_id, tenant_id, attempt, &server).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(token)
@@ -558,7 +558,7 @@ impl Store {
     /// Closes an attempt with its exit codes and moves the job on, in one transaction:
     /// to `to` (succeeded, failed, cancelled) or, for `restarting`, counting one more restart.
     pub async fn attempt_end(&self, end: AttemptEnd<'_>) -> Result<bool> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         let codes: Vec<i32> = end.exit_codes.iter().copied().map(to_stored_exit_code).collect();
         // language=PostgreSQL
         sqlx::query(

@@ -46,7 +46,7 @@ impl Store {
         if let Some(token_expires) = token_expires {
             expires_at = expires_at.min(token_expires);
         }
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         let session = session_insert(&mut tx, caller.token_id, expires_at).await?;
         let audit = Audit::by(&caller, "session.open", format!("user:{}", caller.user));
         audit::append(&mut *tx, &audit, Outcome::Ok, Some("API token")).await?;

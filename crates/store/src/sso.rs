@@ -87,7 +87,7 @@ impl Store {
     /// memberships in step with the groups, and opens a dashboard session on a token that lives
     /// as long as the session.
     pub async fn sso_sign_in(&self, sign_in: &SsoSignIn<'_>) -> Result<(WebSession, Caller)> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let known: Option<Uuid> = sqlx::query_scalar(
             "UPDATE user_identities SET last_sign_in_at = now() WHERE issuer = $1 AND subject = $2 RETURNING user_id",

@@ -114,7 +114,7 @@ impl Store {
             .map(i64::try_from)
             .transpose()
             .map_err(|_| Error::invalid("storage_quota_bytes", "too large"))?;
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let tenant_id: Uuid = sqlx::query_scalar(
             "UPDATE tenants SET log_retention_days = $2, artifact_retention_days = $3, storage_quota_bytes = $4
@@ -162,7 +162,7 @@ impl Store {
     /// sum is taken, so two concurrent creations cannot both squeeze under the quota.
     pub async fn volume_create(&self, caller: &Caller, volume: &NewVolume<'_>, audit: &Audit) -> Result<Volume> {
         let size = i64::try_from(volume.size_bytes).map_err(|_| Error::invalid("size", "too large"))?;
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let quota: Option<i64> = sqlx::query_scalar("SELECT storage_quota_bytes FROM tenants WHERE id = $1 FOR UPDATE")
             .bind(caller.tenant_id)
@@ -256,7 +256,7 @@ impl Store {
     /// would start without their data), naming a few of them; the volume stays as it was.
     pub async fn volume_delete(&self, tenant_id: Uuid, name: &str, audit: &Audit) -> Result<Volume> {
         let volume = self.volume_get(tenant_id, name).await?;
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let locked = sqlx::query("SELECT 1 FROM volumes WHERE tenant_id = $1 AND name = $2 FOR UPDATE")
             .bind(tenant_id)

@@ -46,7 +46,7 @@ impl Store {
     /// Publishes a version, all or nothing. The same content again is harmless; other content
     /// under a published (name, version) is a conflict.
     pub async fn template_publish(&self, caller: &Caller, t: &StoredTemplate, audit: &Audit) -> Result<Published> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let inserted = sqlx::query(
             "INSERT INTO templates (tenant_id, name, version, digest, description, manifest, created_by)

@@ -163,7 +163,7 @@ impl Store {
         expires_in_days: Option<u32>,
         audit: &Audit,
     ) -> Result<TokenCreated> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         let created = token_create_in(&mut *tx, tenant_id, user_id, name, expires_in_days).await?;
         let audit = audit.clone().target(format!("token:{}", created.id));
         audit::append(&mut *tx, &audit, Outcome::Ok, None).await?;
@@ -202,7 +202,7 @@ impl Store {
     /// Revokes one of the caller's tokens (a tenant admin may revoke any token of the tenant).
     /// Revoking twice is harmless.
     pub async fn token_revoke(&self, caller: &Caller, token_id: Uuid, audit: &Audit) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let result = sqlx::query(
             "UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
@@ -238,7 +238,7 @@ impl Store {
     }
 
     pub async fn tenant_create(&self, name: &str, audit: &Audit) -> Result<Tenant> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let (id, name, created_at) =
             sqlx::query_as("INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at")
@@ -278,7 +278,7 @@ impl Store {
     /// harmless and changes nothing. `caller_tenant` is the tenant of the credential asking:
     /// removing it would lock the caller out mid-call, so that is refused.
     pub async fn tenant_remove_request(&self, name: &str, caller_tenant: Uuid, audit: &Audit) -> Result<Tenant> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let row: TenantRow = sqlx::query_as(concat!(tenant_select!(), " WHERE name = $1 FOR UPDATE"))
             .bind(name)
@@ -359,7 +359,7 @@ impl Store {
     /// when a job of the tenant is still unfinished (nothing is changed then) or it was finished
     /// before.
     pub async fn tenant_removed(&self, tenant_id: Uuid, audit: &Audit) -> Result<bool> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let finished: Option<Uuid> = sqlx::query_scalar(
             "UPDATE tenants SET removed_at = now()
@@ -403,7 +403,7 @@ impl Store {
     ) -> Result<MemberAdded> {
         let (user_name, role) = (member.user.as_str(), member.role);
         let (token_name, expires_in_days) = (member.token_name.as_str(), member.expires_in_days);
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let tenant_id: Uuid = sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1")
             .bind(tenant_name)
@@ -489,7 +489,7 @@ impl Store {
     /// and that user's token. Returns `None` when any user exists already. Safe to race: the
     /// advisory lock lets only one caller bootstrap.
     pub async fn bootstrap(&self, tenant: &str, admin: &str) -> Result<Option<TokenCreated>> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('trainyard.bootstrap'))")
             .execute(&mut *tx)
@@ -554,7 +554,7 @@ impl Store {
                 format!("no platform admin named {user:?} with a tenant; other users get tokens from an admin"),
             )
         })?;
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         let created = token_create_in(&mut *tx, tenant_id, user_id, name, Some(30)).await?;
         let audit = Audit::local("admin-token", "token.create", format!("token:{}", created.id))
             .on_tenant(Some(tenant_id), &tenant)
@@ -610,7 +610,7 @@ impl Store {
         audit: &Audit,
     ) -> Result<()> {
         let as_db = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "INSERT INTO quotas (tenant_id, flavor, nominal, borrowing_limit, lending_limit)
@@ -658,7 +658,7 @@ impl Store {
         preempt_lower_priority: Option<bool>,
         audit: &Audit,
     ) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(db_error)?;
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "UPDATE tenants SET
