@@ -1,7 +1,8 @@
 //! Scheduling that prefers warm nodes (issue 23): on a cluster of two GPU nodes (the in-memory
 //! API server plays them and runs the pods), a job whose dataset one node's shard cache holds is
 //! placed there while that node has room, even where best fit alone would choose the other
-//! node; with that node full it starts on the other at once. The cache reports come from a
+//! node; with that node full it starts on the other at once, unless it asked to wait for the
+//! warm node (`cache_wait_seconds`), which it then does. The cache reports come from a
 //! job's engine with its job token, here sent by the test as the engine sends them (the engine's
 //! side: templates/pytorch-ddp/tests/test_remote.py); a report naming a node the job does not
 //! run on, or a version it does not read, is refused. The dataset's page in the API, the job's
@@ -68,7 +69,7 @@ async fn cancel_and_wait(env: &TestEnv, job: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_job_starts_on_the_node_that_caches_its_data_and_never_waits_for_it() {
+async fn a_job_starts_on_the_node_that_caches_its_data_and_waits_for_it_only_when_asked() {
     let scratch = tempfile::tempdir().unwrap();
     let fake = FakeApiServer::start(scratch.path(), &["2", "--gpus", "4", "--gpu-product", GPU]);
     let env = TestEnv::start_with_env(
@@ -158,6 +159,39 @@ async fn a_job_starts_on_the_node_that_caches_its_data_and_never_waits_for_it() 
     assert_eq!(running_on(&env, &fake, &fill).await, [a.as_str()]);
     let third = reader(&env, "third", 1).await;
     assert_eq!(running_on(&env, &fake, &third).await, [other.as_str()], "never held back for its data");
+
+    // Unless the job asks to wait for its data's node (`yard run --cache-wait`): with A full
+    // and room on B it stays queued, saying why and until when, and starts on A once A frees.
+    cancel_and_wait(&env, &third).await;
+    let (status, body) = env
+        .post(
+            "/api/v1/templates/pytorch-ddp/jobs",
+            &admin,
+            &json!({"params": {"data": "digits@1", "gpus": 1, "gpu_type": GPU}, "cache_wait_seconds": 7200}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "cache_wait_seconds", "{body}");
+    let gpu_type = format!("gpu_type={GPU}");
+    let mut args = vec!["run", "pytorch-ddp", "--name", "patient", "--cache-wait", "10m"];
+    for set in [gpu_type.as_str(), "data=digits@1", "gpus=1", "cpu=1", "memory=1Gi", "checkpoint_volume="] {
+        args.extend(["--set", set]);
+    }
+    let ran = env.yard(&admin, &args);
+    assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
+    let patient = String::from_utf8_lossy(&ran.stdout).trim().lines().last().unwrap().to_string();
+    let waiting_for_a = |job: &Value| {
+        job["state"] == "queued"
+            && job["reason"].as_str().is_some_and(|r| {
+                r.starts_with("waiting for room on the node that caches its data, as the job asked, until ")
+            })
+    };
+    env.wait_job(&patient, Duration::from_secs(15), waiting_for_a).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // passes go by; B's free GPU stays free
+    let (_, job) = env.get(&format!("/api/v1/jobs/{patient}"), &admin).await;
+    assert!(waiting_for_a(&job), "{job}");
+    cancel_and_wait(&env, &fill).await;
+    assert_eq!(running_on(&env, &fake, &patient).await, [a.as_str()], "started where its data is");
 
     // A reader that must wait says where its data is, on its page and in `yard jobs show`.
     let waiting = reader(&env, "waiting", 4).await;

@@ -232,6 +232,10 @@ struct SubmitArgs {
     /// --time); start estimates assume it takes this long: 90m, 2h, 1d 12h.
     #[arg(long, value_name = "DURATION", value_parser = parse_time_limit)]
     time: Option<u32>,
+    /// Wait up to this long for room on a node whose cache holds the job's datasets before
+    /// taking any node (at most 1h): 5m, 90s. Without it such nodes are only preferred.
+    #[arg(long, value_name = "DURATION", value_parser = parse_cache_wait)]
+    cache_wait: Option<u32>,
     /// Environment variables, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -283,6 +287,10 @@ struct RunArgs {
     max_restarts: u32,
     #[arg(long)]
     idempotency_key: Option<String>,
+    /// Wait up to this long for room on a node whose cache holds the job's datasets before
+    /// taking any node (at most 1h): 5m, 90s. Without it such nodes are only preferred.
+    #[arg(long, value_name = "DURATION", value_parser = parse_cache_wait)]
+    cache_wait: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -679,6 +687,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 priority: args.priority,
                 max_restarts: args.max_restarts,
                 idempotency_key: args.idempotency_key,
+                cache_wait_seconds: args.cache_wait,
             };
             if args.what_if {
                 let schedule = templates::what_if(&client, &args.template, &run).await?;
@@ -865,7 +874,18 @@ fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
         idempotency_key: args.idempotency_key,
         code: None,
         time_limit_seconds: args.time,
+        cache_wait_seconds: args.cache_wait,
     })
+}
+
+/// `--cache-wait`: a duration as people write it, at most an hour.
+fn parse_cache_wait(text: &str) -> Result<u32, String> {
+    let duration = humantime::parse_duration(text).map_err(|err| format!("{err}; for example 5m or 90s"))?;
+    let seconds = duration.as_secs();
+    if seconds > u64::from(trainyard_core::job::MAX_CACHE_WAIT_SECONDS) {
+        return Err("must be at most an hour".into());
+    }
+    Ok(seconds as u32)
 }
 
 /// `--time`: a duration as people write it (90m, 2h, 1d 12h), in whole seconds.

@@ -333,6 +333,11 @@ pub struct TemplateRun {
     pub max_restarts: u32,
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Wait up to this many seconds for room on a node whose shard cache holds the run's
+    /// datasets before taking any node (as a job's `cache_wait_seconds`). At most an hour.
+    #[serde(default)]
+    #[schema(maximum = 3600)]
+    pub cache_wait_seconds: Option<u32>,
 }
 
 /// What a template run would be, without queueing anything.

@@ -29,6 +29,8 @@ pub const TEMPLATE_FILES_DIR: &str = "template";
 
 /// The longest time limit a job may ask for: 30 days.
 pub const MAX_TIME_LIMIT_SECONDS: u32 = 30 * 86_400;
+/// The longest a job may wait for room on a node that caches its data (`cache_wait_seconds`).
+pub const MAX_CACHE_WAIT_SECONDS: u32 = 3600;
 
 /// A job as submitted. Unknown fields are rejected so that a typo never goes unnoticed.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -73,6 +75,12 @@ pub struct JobSubmission {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2592000)]
     pub time_limit_seconds: Option<u32>,
+    /// Wait up to this many seconds after submission for room on a node whose shard cache
+    /// holds the job's datasets, before taking any node. Absent or 0: never wait (such nodes
+    /// are still preferred when they have room). At most an hour.
+    #[serde(default)]
+    #[schema(maximum = 3600)]
+    pub cache_wait_seconds: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -107,6 +115,9 @@ pub struct JobSpec {
     /// An attempt that runs this many seconds is stopped and the job fails (no restart).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_seconds: Option<u32>,
+    /// How long after submission the job waits for room on a node that caches its datasets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_wait_seconds: Option<u32>,
 }
 
 /// Code shipped with a job: a tar archive in the tenant's storage, by content.
@@ -231,6 +242,16 @@ impl JobSubmission {
                 format!("must be 1 to {MAX_TIME_LIMIT_SECONDS} (30 days)"),
             ));
         }
+        if let Some(wait) = self.cache_wait_seconds
+            && wait > MAX_CACHE_WAIT_SECONDS
+        {
+            return Err(Error::invalid(
+                "cache_wait_seconds",
+                format!(
+                    "must be at most {MAX_CACHE_WAIT_SECONDS} (an hour): data locality is worth minutes of waiting, not hours"
+                ),
+            ));
+        }
         if self.max_restarts > MAX_RESTARTS {
             return Err(Error::invalid("max_restarts", format!("must be at most {MAX_RESTARTS}")));
         }
@@ -256,6 +277,7 @@ impl JobSubmission {
                 // The archive's size is filled in where its upload is found.
                 code: self.code.map(|digest| CodeRef { digest, size_bytes: 0 }),
                 time_limit_seconds: self.time_limit_seconds,
+                cache_wait_seconds: self.cache_wait_seconds.filter(|&wait| wait > 0),
             },
             priority: self.priority,
             max_restarts: self.max_restarts,

@@ -358,6 +358,7 @@ mod tests {
             volumes: Vec::new(),
             code: None,
             time_limit_seconds: None,
+            cache_wait_seconds: None,
         }
     }
 

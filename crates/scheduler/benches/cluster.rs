@@ -86,6 +86,7 @@ pub fn cluster(pending: usize) -> Snapshot {
                 },
                 expected_runtime: Some(1800),
                 warm_nodes: Vec::new(),
+                cache_wait_secs: 0,
             }
         })
         .collect();

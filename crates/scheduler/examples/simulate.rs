@@ -215,6 +215,7 @@ fn main() {
                 demand: demand(&jobs[i]),
                 expected_runtime: Some(jobs[i].duration_ms / 1000),
                 warm_nodes: Vec::new(),
+                cache_wait_secs: 0,
             })
             .collect();
         let result = admission_cycle(&snap);

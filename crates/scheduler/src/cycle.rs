@@ -87,7 +87,10 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                 let mut reason = reason;
                 // Preemption is searched for the first waiting job of each tenant only, and for at
                 // most a few jobs per cycle: bounded work, and the next cycle serves the rest.
-                let may_search = options.preempt && searches < MAX_PREEMPTION_SEARCHES && !searched[tenant];
+                // A job waiting by choice for a node that caches its data preempts nothing.
+                let by_choice = matches!(reason, PendingReason::WaitingForCache { .. });
+                let may_search =
+                    options.preempt && !by_choice && searches < MAX_PREEMPTION_SEARCHES && !searched[tenant];
                 if may_search {
                     searched[tenant] = true;
                     searches += 1;
@@ -289,21 +292,42 @@ fn try_admit(
     flavors: &[FlavorId],
 ) -> Result<Admission, (PendingReason, bool)> {
     let demand = *state.shape(job.shape);
-    let warm = &state.snap.pending[job.index as usize].warm_nodes;
+    let pending = &state.snap.pending[job.index as usize];
+    let warm = &pending.warm_nodes;
+    // The job asked to wait for room on a node that caches its data, and such a node is in the
+    // cluster: until its wait is over, only those nodes will do. Otherwise they are preferred
+    // when they have room, never waited for.
+    let holding = (pending.cache_wait_secs > 0
+        && state.snap.now < pending.submitted_at + i64::from(pending.cache_wait_secs))
+    .then(|| state.nodes_known(warm))
+    .filter(|&nodes| nodes > 0)
+    .map(|nodes| PendingReason::WaitingForCache {
+        nodes,
+        until: pending.submitted_at + i64::from(pending.cache_wait_secs),
+    });
     if demand.gpus == 0 {
-        return match state.place_remembered(job.shape, None) {
-            Some(nodes) => {
-                let nodes = state.place_warm(&demand, None, warm).unwrap_or(nodes);
-                state.allocate(t, None, &demand, &nodes);
-                Ok(admission(state, job.id, None, &nodes))
-            }
-            None => Err((never_or_no_room(state, job.id, &demand, None), false)),
-        };
+        let nodes = match &holding {
+            Some(waiting) => state.place_warm(&demand, None, warm).ok_or_else(|| (waiting.clone(), false)),
+            None => match state.place_remembered(job.shape, None) {
+                Some(nodes) => Ok(state.place_warm(&demand, None, warm).unwrap_or(nodes)),
+                None => Err((never_or_no_room(state, job.id, &demand, None), false)),
+            },
+        }?;
+        state.allocate(t, None, &demand, &nodes);
+        return Ok(admission(state, job.id, None, &nodes));
     }
     let mut best: Option<(PendingReason, bool)> = None;
     for &flavor in flavors {
-        let reason = match state.quota_check(t, flavor, demand.total_gpus()) {
-            Ok(QuotaCheck::Fits) => match state.place_remembered(job.shape, Some(flavor)) {
+        let reason = match (state.quota_check(t, flavor, demand.total_gpus()), &holding) {
+            (Ok(QuotaCheck::Fits), Some(waiting)) => match state.place_warm(&demand, Some(flavor), warm) {
+                Some(nodes) => {
+                    state.allocate(t, Some(flavor), &demand, &nodes);
+                    return Ok(admission(state, job.id, Some(flavor), &nodes));
+                }
+                // Nothing is preempted for it, and it reserves nothing, while it waits by choice.
+                None => (waiting.clone(), false),
+            },
+            (Ok(QuotaCheck::Fits), None) => match state.place_remembered(job.shape, Some(flavor)) {
                 Some(nodes) => {
                     // Nodes holding its data when they have room; never waits for them.
                     let nodes = state.place_warm(&demand, Some(flavor), warm).unwrap_or(nodes);
@@ -312,7 +336,11 @@ fn try_admit(
                 }
                 None => (never_or_no_room(state, job.id, &demand, Some(flavor)), true),
             },
-            Ok(QuotaCheck::Reclaimable) => (
+            // Reclaiming quota for it is worth it only when a warm node has room for it.
+            (Ok(QuotaCheck::Reclaimable), Some(waiting)) if state.place_warm(&demand, Some(flavor), warm).is_none() => {
+                (waiting.clone(), false)
+            }
+            (Ok(QuotaCheck::Reclaimable), _) => (
                 PendingReason::CohortExhausted {
                     flavor: state.flavor_names[flavor].clone(),
                     used: t.map_or(0, |t| state.usage(t, flavor)),
@@ -322,7 +350,7 @@ fn try_admit(
                 },
                 true,
             ),
-            Err(reason) => (reason, false),
+            (Err(reason), _) => (reason, false),
         };
         // Prefer a reason that says the job will run once something moves over "never".
         let rank = |r: &(PendingReason, bool)| match r.0 {

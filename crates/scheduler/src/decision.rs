@@ -77,6 +77,9 @@ pub enum PendingReason {
     Reserved { for_job: Uuid },
     /// Jobs are being preempted to make room for this one.
     WaitingForPreemption { victims: usize },
+    /// The job asked to wait for room on a node whose cache holds its data, until `until`
+    /// (seconds since the epoch); `nodes` of the cluster's nodes hold it.
+    WaitingForCache { nodes: usize, until: i64 },
 }
 
 /// Every amount in a reason is in the units people use (`2.5 CPUs`, `16 GiB`, `8 GPUs of
@@ -124,6 +127,16 @@ impl fmt::Display for PendingReason {
             }
             PendingReason::WaitingForPreemption { victims } => {
                 write!(f, "preempting {victims} job(s) to make room; starts when they have stopped")
+            }
+            PendingReason::WaitingForCache { nodes, until } => {
+                let until = chrono::DateTime::from_timestamp(*until, 0)
+                    .map_or_else(|| until.to_string(), |t| t.format("%H:%M:%S UTC").to_string());
+                write!(
+                    f,
+                    "waiting for room on the {} that {} its data, as the job asked, until {until}; then on any node",
+                    if *nodes == 1 { "node".to_string() } else { format!("{nodes} nodes") },
+                    if *nodes == 1 { "caches" } else { "cache" },
+                )
             }
         }
     }

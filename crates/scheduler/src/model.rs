@@ -106,9 +106,11 @@ pub struct PendingJob {
     pub demand: Demand,
     /// Expected run time in seconds (from the template or the job), for start estimates.
     pub expected_runtime: Option<i64>,
-    /// Nodes whose shard cache holds its datasets, by name: preferred when they have room,
-    /// never waited for.
+    /// Nodes whose shard cache holds its datasets, by name: preferred when they have room.
     pub warm_nodes: Vec<String>,
+    /// How long after submission it waits for room on a warm node, when one is in the
+    /// cluster, before it takes any node (0: never waits; the job asked for it).
+    pub cache_wait_secs: u32,
 }
 
 /// A job holding resources: admitted, starting, running, or being stopped.
@@ -195,6 +197,7 @@ impl Snapshot {
             demand: r.demand,
             expected_runtime: r.expected_runtime,
             warm_nodes: Vec::new(),
+            cache_wait_secs: 0,
         }));
     }
 }

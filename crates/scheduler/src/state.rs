@@ -427,6 +427,14 @@ impl<'a> State<'a> {
         self.place_among(demand, flavor, |i| is_warm[i])
     }
 
+    /// How many of the named nodes are in the cluster.
+    pub fn nodes_known(&self, names: &[String]) -> usize {
+        let mut known: Vec<usize> = names.iter().filter_map(|n| self.node_by_name.get(n.as_str()).copied()).collect();
+        known.sort_unstable();
+        known.dedup();
+        known.len()
+    }
+
     fn place_among(
         &self,
         demand: &Shape,

@@ -161,6 +161,8 @@ fn no_kind_of_reason_prints_millicores_or_bytes() {
         },
         PendingReason::Reserved { for_job: id("holder") },
         PendingReason::WaitingForPreemption { victims: 2 },
+        // 2026-11-29 22:05:00 UTC
+        PendingReason::WaitingForCache { nodes: 2, until: 1_795_989_900 },
     ];
     for sample in &samples {
         // Exhaustive on purpose: no wildcard.
@@ -170,6 +172,9 @@ fn no_kind_of_reason_prints_millicores_or_bytes() {
             PendingReason::NoRoom { flavor: Some(_), .. } => "2 x 8 GPUs of nvidia-a100-40gb",
             PendingReason::NoRoom { flavor: None, .. } => "2 replicas of 2.5 CPUs and 16 GiB of memory",
             PendingReason::Reserved { .. } | PendingReason::WaitingForPreemption { .. } => "",
+            PendingReason::WaitingForCache { .. } => {
+                "the 2 nodes that cache its data, as the job asked, until 22:05:00 UTC"
+            }
         };
         let text = sample.to_string();
         assert_in_human_units(&text);

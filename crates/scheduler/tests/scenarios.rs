@@ -159,6 +159,64 @@ fn a_job_goes_to_the_node_that_holds_its_data_when_it_has_room() {
     assert_eq!(result.admissions[0].nodes, ["node-1"]);
 }
 
+/// A job that asked to wait for its data's node (`cache_wait_secs`) waits while node 2 is full,
+/// with a reason that says so and until when, preempting nothing (its tenant could reclaim a
+/// borrower on node 1) and reserving nothing; once its wait is over it takes node 1. A job
+/// whose warm node is not in the cluster never waits, and a CPU-only job waits the same way.
+#[test]
+fn a_job_that_asked_waits_for_its_datas_node_until_its_wait_is_over() {
+    let reader = |gpus: u32, wait: u32, warm: &str| {
+        let mut job = pending("reader", "a", 0, 1, demand(1, gpus, (gpus > 0).then_some(A100)));
+        job.warm_nodes = vec![warm.into()];
+        job.cache_wait_secs = wait;
+        job
+    };
+    // Tenant b borrows every GPU, its quota is 0: tenant a's nominal quota would reclaim some.
+    let world = |job: trainyard_scheduler::PendingJob, now_after_submit: i64| {
+        let mut snap = snapshot(
+            vec![node("node-1", "r1", A100, 8), node("node-2", "r1", A100, 8)],
+            vec![
+                tenant("a", Some("c"), &[(A100, quota(16, None, None))]),
+                tenant("b", Some("c"), &[(A100, quota(0, None, None))]),
+            ],
+            vec![
+                running("filler", "b", 0, A100, &["node-2"], 8, 0),
+                running("borrower", "b", 0, A100, &["node-1"], 8, 0),
+            ],
+            vec![job],
+        );
+        snap.now = snap.pending[0].submitted_at + now_after_submit;
+        snap.settings.starvation_after_secs = 60;
+        snap
+    };
+    let result = admission_cycle(&world(reader(2, 600, "node-2"), 120));
+    assert!(result.admissions.is_empty() && result.preemptions.is_empty(), "{result:?}");
+    let until = world(reader(2, 600, "node-2"), 0).now + 600;
+    assert_eq!(reason_of(&result, "reader"), PendingReason::WaitingForCache { nodes: 1, until });
+    let said = reason_of(&result, "reader").to_string();
+    assert!(said.starts_with("waiting for room on the node that caches its data, as the job asked, until "), "{said}");
+
+    // Its wait over: the usual rules, which reclaim node 1 from the borrower.
+    let result = admission_cycle(&world(reader(2, 600, "node-2"), 600));
+    assert_eq!(result.preemptions.len(), 1, "{result:?}");
+    // Without a wait, or with a warm node the cluster does not have: the same at once.
+    assert_eq!(admission_cycle(&world(reader(2, 0, "node-2"), 120)).preemptions.len(), 1);
+    assert_eq!(admission_cycle(&world(reader(2, 600, "gone"), 120)).preemptions.len(), 1);
+
+    // Its tenant's quota is lent out but node 2 has room: reclaiming quota serves it there.
+    let mut roomy = world(reader(2, 600, "node-2"), 120);
+    roomy.nodes[1].gpus = 16;
+    assert_eq!(admission_cycle(&roomy).preemptions.len(), 1);
+
+    // A CPU-only reader waits too, though node 1 has room; after its wait it goes there.
+    let mut cpu_world = world(reader(0, 600, "node-2"), 120);
+    cpu_world.nodes[1].cpu_millis = 0;
+    let result = admission_cycle(&cpu_world);
+    assert!(matches!(reason_of(&result, "reader"), PendingReason::WaitingForCache { nodes: 1, .. }), "{result:?}");
+    cpu_world.now += 600;
+    assert_eq!(admission_cycle(&cpu_world).admissions[0].nodes, ["node-1"]);
+}
+
 /// A gang prefers the warm nodes only when they hold every replica; otherwise the usual
 /// placement (fewest nodes, one rack), and a warm node the cluster does not know is ignored.
 #[test]

@@ -294,6 +294,7 @@ pub fn reason_class(reason: &trainyard_scheduler::PendingReason) -> &'static str
         R::NoRoom { .. } | R::NeverFits { .. } => "capacity",
         R::Reserved { .. } => "fair_share",
         R::WaitingForPreemption { .. } => "preemption",
+        R::WaitingForCache { .. } => "data_locality",
     }
 }
 

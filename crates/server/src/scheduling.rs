@@ -200,6 +200,7 @@ pub fn snapshot(
             demand: demand_of(j),
             expected_runtime: j.expected_runtime_seconds.map(i64::from),
             warm_nodes: j.warm_nodes.clone(),
+            cache_wait_secs: j.spec.cache_wait_seconds.unwrap_or(0),
         })
         .collect();
     Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default() }

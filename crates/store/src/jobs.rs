@@ -62,6 +62,7 @@ fn unreadable_spec() -> JobSpec {
         volumes: Vec::new(),
         code: None,
         time_limit_seconds: None,
+        cache_wait_seconds: None,
     }
 }
 

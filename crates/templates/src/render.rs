@@ -72,6 +72,7 @@ impl Template {
             idempotency_key: None,
             code: None,
             time_limit_seconds: None,
+            cache_wait_seconds: None,
         }
         .validate()?;
         let mut spec = valid.spec;

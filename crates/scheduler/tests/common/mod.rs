@@ -62,6 +62,7 @@ pub fn pending(name: &str, tenant: &str, priority: i32, seq: u64, demand: Demand
         demand,
         expected_runtime: Some(600),
         warm_nodes: Vec::new(),
+        cache_wait_secs: 0,
     }
 }
 

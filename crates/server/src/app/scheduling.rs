@@ -180,6 +180,7 @@ impl App {
             demand: crate::scheduling::demand_of_spec(spec),
             expected_runtime: expected_runtime.map(i64::from),
             warm_nodes: locality.as_ref().map(|(_, warm)| warm.clone()).unwrap_or_default(),
+            cache_wait_secs: spec.cache_wait_seconds.unwrap_or(0),
         };
         let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if(&snapshot, probe))
             .await

@@ -215,6 +215,7 @@ impl App {
             idempotency_key: run.idempotency_key.clone(),
             code: None,
             time_limit_seconds: None,
+            cache_wait_seconds: run.cache_wait_seconds,
         }
         .validate()?;
         valid.spec.template = spec.template;
@@ -371,6 +372,7 @@ impl App {
                     priority: original.priority,
                     max_restarts: original.max_restarts.max(0) as u32,
                     idempotency_key: None,
+                    cache_wait_seconds: original.spec.cache_wait_seconds,
                 };
                 let audit = Audit::by(caller, "job.submit", format!("rerun:{original_id}"));
                 let rerun = PinnedRerun { template, link };
@@ -404,6 +406,7 @@ impl App {
                     idempotency_key: None,
                     code: original.spec.code.as_ref().map(|c| c.digest.clone()),
                     time_limit_seconds: original.spec.time_limit_seconds,
+                    cache_wait_seconds: original.spec.cache_wait_seconds,
                 };
                 if request.what_if {
                     return Ok(RerunOutcome::WhatIf(self.job_what_if(caller, submission).await?));
