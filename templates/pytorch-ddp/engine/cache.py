@@ -47,6 +47,11 @@ tenant's process holds the node budget by its own shards only, and the node-wide
 enforced in full by a process that can read every namespace. Eviction leaves other fills'
 `.lock` and `.fill-*` files alone, except `.fill-*` files untouched for an hour (a crashed
 fill's leftovers: a running fill writes to its file, which moves its mtime).
+
+Indexes. A dataset's index files are kept beside its shards, by the dataset's content hash
+(`<namespace>/indexes/<content hash>/<name>`, see `ShardCache.index`). They count against the
+same budgets and are evicted by the same least-recently-used rule; an index is read whole when
+used, never held, so evicting one costs at most its fetch again.
 """
 import contextlib
 import fcntl
@@ -64,6 +69,9 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 # A `.fill-*` file untouched this long belongs to a fill that crashed.
 STALE_FILL_SECONDS = 3600
 FILL_PREFIX = ".fill-"
+# The folder of a namespace that holds dataset indexes (shards are in folders named by two hex
+# digits, so it cannot be mistaken for one).
+INDEXES = "indexes"
 READ_CHUNK = 1 << 20
 
 
@@ -103,29 +111,51 @@ def lock_path(path):
 
 def cached_files(root):
     """What the cache under `root` holds, in the namespaces this process can read:
-    (shards, stale_fills), shards as (used_ns, size, namespace, sha256, path) (used_ns: the last
-    open, the file's access time) and stale_fills
-    the paths of `.fill-*` files untouched for STALE_FILL_SECONDS."""
-    shards, stale_fills = [], []
+    (entries, stale_fills). Entries are the cached shards and indexes, each as (used_ns, size,
+    namespace, sha256, path): used_ns the last use (the file's access time), sha256 the shard's
+    (None for an index). stale_fills are the paths of `.fill-*` files untouched for
+    STALE_FILL_SECONDS."""
+    entries, stale_fills = [], []
     stale_before = time.time_ns() - STALE_FILL_SECONDS * 1_000_000_000
+
+    def look_in(folder, namespace, kind_of):
+        for name in _listdir(folder):
+            path = os.path.join(folder, name)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue  # evicted or renamed meanwhile
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            if name.startswith(FILL_PREFIX):
+                if info.st_mtime_ns < stale_before:
+                    stale_fills.append(path)
+            elif (kind := kind_of(name)) is not False:
+                entries.append((info.st_atime_ns, info.st_size, namespace, kind, path))
+
     for namespace in _listdir(root):
         if not NAMESPACE.fullmatch(namespace):
             continue
         for prefix in _listdir(os.path.join(root, namespace)):
             folder = os.path.join(root, namespace, prefix)
-            for name in _listdir(folder):
-                path = os.path.join(folder, name)
-                try:
-                    info = os.lstat(path)
-                except FileNotFoundError:
-                    continue  # evicted or renamed meanwhile
-                if not stat.S_ISREG(info.st_mode):
-                    continue
-                if SHA256.fullmatch(name) and name[:2] == prefix:
-                    shards.append((info.st_atime_ns, info.st_size, namespace, name, path))
-                elif name.startswith(FILL_PREFIX) and info.st_mtime_ns < stale_before:
-                    stale_fills.append(path)
-    return shards, stale_fills
+            if prefix == INDEXES:
+                for content in _listdir(folder):
+                    if SHA256.fullmatch(content):
+                        look_in(os.path.join(folder, content), namespace, _index_kind)
+            else:
+                look_in(folder, namespace, lambda name, prefix=prefix: _shard_kind(name, prefix))
+    return entries, stale_fills
+
+
+def _shard_kind(name, prefix):
+    """A shard's file name is its sha256, in the folder of its first two digits; the lock and
+    anything else is not an entry (False)."""
+    return name if SHA256.fullmatch(name) and name[:2] == prefix else False
+
+
+def _index_kind(name):
+    """Every plain file in an index folder is an index (None: no shard sha256)."""
+    return None
 
 
 def inventory(root):
@@ -133,7 +163,8 @@ def inventory(root):
     see), for reporting to the scheduler. Namespaces holding no shard are left out."""
     held = {}
     for _used, size, namespace, sha256, _path in cached_files(root)[0]:
-        held.setdefault(namespace, {})[sha256] = size
+        if sha256 is not None:  # an index is no shard
+            held.setdefault(namespace, {})[sha256] = size
     return held
 
 
@@ -209,7 +240,8 @@ class ShardCache:
         `content_sha256` (hex), from `<namespace>/indexes/<content hash>/<name>`, or `fetch()`ed
         and kept there (written to a temporary file, then renamed). A registered dataset version
         cannot change, its indexes included, so its content hash and the index's name identify
-        them. Indexes are small and are not counted against the budgets nor evicted."""
+        them. Indexes count against the budgets and are evicted like shards (the module's
+        "Indexes")."""
         check_sha256(content_sha256)
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
             raise ValueError(f"index name {name!r} is not a plain file name")
@@ -218,8 +250,9 @@ class ShardCache:
         with contextlib.suppress(FileNotFoundError):
             with open(path, "rb") as cached:
                 data = cached.read()
-            if _is_json(data):
-                return data
+                if _is_json(data):
+                    _touch(cached.fileno())  # used now: the last to be evicted
+                    return data
             # Torn or damaged (an index is JSON): fetched again below, replacing it.
         data = fetch()
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -234,6 +267,7 @@ class ShardCache:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
+        self._enforce_budgets()
         return data
 
     def _fill(self, path, sha256, size, fetch):

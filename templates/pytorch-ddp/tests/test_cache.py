@@ -312,3 +312,33 @@ def test_a_datasets_indexes_are_fetched_once_per_node_and_named_safely(tmp_path)
             ShardCache(tmp_path, "team-a", MB).index(content, name, fetch)
     with pytest.raises(ValueError):
         ShardCache(tmp_path, "team-a", MB).index("../" + content[3:], "i.json", fetch)
+
+
+def test_indexes_count_against_the_budget_and_the_least_recently_used_goes_first(tmp_path):
+    content = hashlib.sha256(b"a manifest").hexdigest()
+    index = b'{"offsets": "' + b"7" * 600_000 + b'"}'
+    fetched = []
+
+    def fetch():
+        fetched.append(1)
+        return index
+
+    store = Store()
+    (s1, sha1), (s2, sha2), (s3, sha3) = shard(1, MB), shard(2, MB), shard(3, MB)
+    cache_ = ShardCache(tmp_path, "team-a", 2_500_000)
+    cache_.index(content, "data.idx.json", fetch)
+    open_and_read(cache_, s1, sha1, store)
+    time.sleep(0.01)
+    cache_.index(content, "data.idx.json", fetch)  # used again: now more recent than shard 1
+    open_and_read(cache_, s2, sha2, store)  # 2.6 MB: shard 1 goes, not the index used since
+    kept = tmp_path / "team-a" / "indexes" / content / "data.idx.json"
+    assert kept.exists() and set(cache.inventory(tmp_path)["team-a"]) == {sha2}
+    assert len(fetched) == 1
+    open_and_read(cache_, s3, sha3, store)  # 2.6 MB again: the index is the oldest now
+    assert not kept.exists(), "an index is evicted like a shard"
+    assert set(cache.inventory(tmp_path)["team-a"]) == {sha2, sha3}
+    assert cache_.stats()["evicted"] == 2
+    assert ShardCache(tmp_path, "team-a", 2_500_000).index(content, "data.idx.json", fetch) == index
+    assert len(fetched) == 2, "an evicted index is fetched again"
+    total = sum(f.stat().st_size for f in (tmp_path / "team-a").rglob("*") if f.is_file())
+    assert total <= 2_500_000 + 1_000, "the index's fill kept the budget too (lock files are empty)"
