@@ -360,3 +360,32 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
     }
     after.release(&attempt).await;
 }
+
+/// `yard` goes on through a short database outage: a listing, and a submit with the code it
+/// ships, are answered 503 while the database is away; yard sends them again after the
+/// server's `Retry-After` (doubling), saying so, and both succeed once it is back. The submit
+/// carries an idempotency key yard made, so however often it was sent, one job exists.
+#[tokio::test(flavor = "multi_thread")]
+async fn yard_tries_again_through_a_short_database_outage_and_submits_once() {
+    let (env, proxy) = TestEnv::start_behind_proxy(&[], &[]).await;
+    proxy.cut();
+    let token = env.admin_token.clone();
+    let (listed, submitted) = tokio::task::block_in_place(|| {
+        std::thread::scope(|threads| {
+            let listed = threads.spawn(|| env.yard(&token, &["jobs", "ls"]));
+            let submitted = threads.spawn(|| env.yard(&token, &["submit", "--name", "through", "--", "true"]));
+            std::thread::sleep(Duration::from_millis(2500));
+            proxy.restore();
+            (listed.join().unwrap(), submitted.join().unwrap())
+        })
+    });
+    for (what, ran) in [("jobs ls", &listed), ("submit", &submitted)] {
+        let err = trainyard_tests::stderr(ran);
+        assert!(ran.status.success(), "yard {what} gave up: {err}");
+        assert!(err.contains("the database is not answering") && err.contains("trying again in"), "{what}: {err}");
+    }
+    let (_, jobs) = env.get("/api/v1/jobs?name=through", &env.admin_token).await;
+    let items = jobs["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "one job however often its submit was sent: {jobs}");
+    assert!(items[0]["idempotency_key"].as_str().is_some_and(|k| k.starts_with("yard-")), "{jobs}");
+}

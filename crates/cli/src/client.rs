@@ -1,6 +1,10 @@
 //! A small typed client of the REST API. Non-2xx answers become [`ApiFailure`] carrying the
 //! server's message, which `yard` prints as it is.
 
+use std::time::Duration;
+
+use anyhow::Context;
+
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -16,6 +20,11 @@ pub struct ApiFailure {
     pub message: String,
     pub field: Option<String>,
 }
+
+/// How many more times a request the server answered 503 (its database away, or too busy) is
+/// sent, and the longest wait before one: about 15 s in all, the length of a database failover.
+const RETRIES: u32 = 4;
+const RETRY_WAIT_MAX: Duration = Duration::from_secs(8);
 
 pub struct Client {
     http: reqwest::Client,
@@ -41,6 +50,12 @@ impl Client {
 
     pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
         decode(self.send(self.request(Method::POST, path).json(body)).await?).await
+    }
+
+    /// POST of a body that carries an idempotency key (a submit): sending it again returns what
+    /// the first did, so a 503 is retried as an idempotent method's is.
+    pub async fn post_idempotent<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        decode(self.send_retrying(self.request(Method::POST, path).json(body), true).await?).await
     }
 
     /// The job a full id or a short one (its first hex digits, at least 6) names, among the
@@ -98,6 +113,53 @@ impl Client {
         decode(self.send(request).await?).await
     }
 
+    /// PUT of a file's bytes streamed from disk (a dataset's shard, an artefact); the JSON answer
+    /// decoded. `bar` counts the bytes sent. A 503 is retried as [`Client::send`] retries, the
+    /// file read again from its start (a streamed body cannot be sent twice) and the failed
+    /// try's bytes taken back from `bar`.
+    pub async fn put_file<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        file: &std::path::Path,
+        len: u64,
+        bar: &indicatif::ProgressBar,
+    ) -> anyhow::Result<T> {
+        use futures::StreamExt;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let mut tries = 0;
+        loop {
+            let handle = tokio::fs::File::open(file).await.with_context(|| format!("opening {}", file.display()))?;
+            let sent = Arc::new(AtomicU64::new(0));
+            let (counted, counter) = (bar.clone(), Arc::clone(&sent));
+            let stream = tokio_util::io::ReaderStream::new(handle).inspect(move |chunk| {
+                if let Ok(bytes) = chunk {
+                    counted.inc(bytes.len() as u64);
+                    counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+            });
+            match self.put_body(path, reqwest::Body::wrap_stream(stream), len).await {
+                Err(err)
+                    if tries < RETRIES
+                        && err.downcast_ref::<ApiFailure>().is_some_and(|f| f.status == StatusCode::SERVICE_UNAVAILABLE) =>
+                {
+                    tries += 1;
+                    bar.dec(sent.load(Ordering::Relaxed));
+                    let wait = backoff(Duration::from_secs(1), tries);
+                    bar.suspend(|| {
+                        eprintln!(
+                            "yard: {} ({err}); trying again in {} ({tries} of {RETRIES})",
+                            file.display(),
+                            humantime::format_duration(wait)
+                        );
+                    });
+                    tokio::time::sleep(wait).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
     /// A URL the server gave: absolute as it is, relative against the server's URL.
     pub fn resolve(&self, url: &str) -> anyhow::Result<reqwest::Url> {
         let base = reqwest::Url::parse(&self.config.url)?;
@@ -109,25 +171,74 @@ impl Client {
         self.send(self.request(Method::GET, path)).await
     }
 
+    /// Sends the request; a 503 answer to a request that may be sent again (GET, PUT, DELETE,
+    /// with a body that is not a stream) is retried after the server's `Retry-After`, doubling,
+    /// saying so on standard error. Any other failure is an [`ApiFailure`].
     async fn send(&self, request: RequestBuilder) -> anyhow::Result<Response> {
-        let response = request
-            .send()
-            .await
-            .map_err(|err| anyhow::anyhow!("cannot reach Trainyard at {}: {}", self.config.url, root_cause(&err)))?;
+        self.send_retrying(request, false).await
+    }
+
+    /// [`Client::send`], retrying a POST too when `keyed` (its body has an idempotency key).
+    async fn send_retrying(&self, request: RequestBuilder, keyed: bool) -> anyhow::Result<Response> {
+        let request = request.build()?;
+        let mut tries = 0;
+        let mut next = request.try_clone().filter(|_| keyed || is_idempotent(request.method()));
+        let mut response = self.execute(request).await?;
+        while response.status() == StatusCode::SERVICE_UNAVAILABLE
+            && tries < RETRIES
+            && let Some(again) = next.take()
+        {
+            tries += 1;
+            let wait = retry_wait(&response, tries);
+            let failure = failure_of(response).await;
+            eprintln!("yard: {failure}; trying again in {} ({tries} of {RETRIES})", humantime::format_duration(wait));
+            tokio::time::sleep(wait).await;
+            next = again.try_clone();
+            response = self.execute(again).await?;
+        }
         if response.status().is_success() {
             return Ok(response);
         }
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        let failure = match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => {
-                ApiFailure { status, code: body.error.code, message: body.error.message, field: body.error.field }
-            }
-            Err(_) => {
-                ApiFailure { status, code: "http".into(), message: format!("{status}: {}", text.trim()), field: None }
-            }
-        };
-        Err(failure.into())
+        Err(failure_of(response).await.into())
+    }
+
+    async fn execute(&self, request: reqwest::Request) -> anyhow::Result<Response> {
+        self.http
+            .execute(request)
+            .await
+            .map_err(|err| anyhow::anyhow!("cannot reach Trainyard at {}: {}", self.config.url, root_cause(&err)))
+    }
+}
+
+/// Whether sending the request twice does what sending it once does.
+fn is_idempotent(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE)
+}
+
+/// How long to wait before try `tries` (1-based): the server's `Retry-After` (seconds) or half a
+/// second, doubled for each try before, at most [`RETRY_WAIT_MAX`].
+fn retry_wait(response: &Response, tries: u32) -> Duration {
+    let asked = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_millis(500), Duration::from_secs);
+    backoff(asked, tries)
+}
+
+/// `first`, doubled for each try before try `tries` (1-based), at most [`RETRY_WAIT_MAX`].
+fn backoff(first: Duration, tries: u32) -> Duration {
+    (first * 2u32.saturating_pow(tries.saturating_sub(1))).min(RETRY_WAIT_MAX)
+}
+
+/// The server's error answer as an [`ApiFailure`].
+async fn failure_of(response: Response) -> ApiFailure {
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    match serde_json::from_str::<ErrorBody>(&text) {
+        Ok(body) => ApiFailure { status, code: body.error.code, message: body.error.message, field: body.error.field },
+        Err(_) => ApiFailure { status, code: "http".into(), message: format!("{status}: {}", text.trim()), field: None },
     }
 }
 

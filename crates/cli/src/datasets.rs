@@ -131,16 +131,8 @@ async fn upload(
     len: u64,
     bar: &ProgressBar,
 ) -> anyhow::Result<()> {
-    let path = folder.join(file);
-    let handle = tokio::fs::File::open(&path).await.with_context(|| format!("opening {}", path.display()))?;
-    let counted = bar.clone();
-    let stream = tokio_util::io::ReaderStream::new(handle).inspect(move |chunk| {
-        if let Ok(bytes) = chunk {
-            counted.inc(bytes.len() as u64);
-        }
-    });
     let _: DatasetFileUploaded = client
-        .put_body(&file_api_path(hex, file)?, reqwest::Body::wrap_stream(stream), len)
+        .put_file(&file_api_path(hex, file)?, &folder.join(file), len, bar)
         .await
         .with_context(|| format!("uploading {file}"))?;
     Ok(())

@@ -569,7 +569,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(dir) = ship {
                 submission.code = Some(code_upload(&client, &dir).await?);
             }
-            let job: Job = client.post("/api/v1/jobs", &submission).await?;
+            // Every submit is keyed, so that one sent again (after a 503) makes no second job.
+            submission.idempotency_key.get_or_insert_with(templates::idempotency_key);
+            let job: Job = client.post_idempotent("/api/v1/jobs", &submission).await?;
             output::print(out, &job, |job| format!("{}\n", job.id))
         }
         Command::Jobs { command: JobsCommand::Ls { state, name, search, user, template, limit, cursor } } => {

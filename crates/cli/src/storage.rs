@@ -117,17 +117,9 @@ pub async fn artifacts(client: &Client, out: Output, command: ArtifactsCommand) 
         }
         ArtifactsCommand::Put { job, path, file } => {
             let job = client.job_id(&job).await?;
-            let handle = tokio::fs::File::open(&file).await.with_context(|| format!("opening {}", file.display()))?;
-            let len = handle.metadata().await?.len();
+            let len = tokio::fs::metadata(&file).await.with_context(|| format!("opening {}", file.display()))?.len();
             let bar = progress_bar(len, "uploading");
-            let counted = bar.clone();
-            let stream = tokio_util::io::ReaderStream::new(handle).inspect(move |chunk| {
-                if let Ok(bytes) = chunk {
-                    counted.inc(bytes.len() as u64);
-                }
-            });
-            let uploaded: ArtifactUploaded =
-                client.put_body(&artifact_api_path(job, &path)?, reqwest::Body::wrap_stream(stream), len).await?;
+            let uploaded: ArtifactUploaded = client.put_file(&artifact_api_path(job, &path)?, &file, len, &bar).await?;
             bar.finish_and_clear();
             output::print(out, &uploaded, |u| {
                 format!("uploaded {} ({}, sha256 {})\n", u.path, human_memory(u.size_bytes), u.sha256)

@@ -79,8 +79,16 @@ pub async fn run(client: &Client, reference: &str, run: &TemplateRun, dry_run: b
     if dry_run {
         Ok(RunResult::DryRun(client.post(&format!("/api/v1/templates/{name}/jobs?dry_run=true"), run).await?))
     } else {
-        Ok(RunResult::Job(client.post(&format!("/api/v1/templates/{name}/jobs"), run).await?))
+        // Every run is keyed, so that one sent again (after a 503) makes no second job.
+        let mut run = run.clone();
+        run.idempotency_key.get_or_insert_with(idempotency_key);
+        Ok(RunResult::Job(client.post_idempotent(&format!("/api/v1/templates/{name}/jobs"), &run).await?))
     }
+}
+
+/// An idempotency key for a submit the user gave none: unique to this submit.
+pub fn idempotency_key() -> String {
+    format!("yard-{}", uuid::Uuid::now_v7())
 }
 
 /// Reads a template folder: `template.yaml` and every other file below it (hidden ones aside).

@@ -80,6 +80,10 @@ impl IntoResponse for ApiError {
         if let ApiError::Domain(Error::TooManyRequests { retry_after_secs, .. }) = &self {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
         }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // The database away or the pool exhausted: soon over, and clients may say so.
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         response
     }
 }
