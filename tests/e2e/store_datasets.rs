@@ -372,6 +372,18 @@ async fn a_store_dataset_push_with_a_wrong_shard_is_refused_naming_it_and_nothin
     let (status, body) = put_file(&env, &token, &"0".repeat(64), "dataset.json", raw).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("not the sha256:0000"), "{body}");
+    // A manifest of the same content hash with a wrong size (sizes are not hashed): while no
+    // version is registered on the content it replaces the one pushed before, and the right
+    // one replaces it again, so a push that went wrong never blocks its content for good.
+    let mut wrong_size = manifest.clone();
+    wrong_size["shards"][0]["bytes"] = json!(shards[0]["bytes"].as_u64().unwrap() + 1);
+    wrong_size["bytes"] = json!(manifest["bytes"].as_u64().unwrap() + 1);
+    let wrong_size = serde_json::to_vec(&wrong_size).unwrap();
+    for body in [wrong_size.clone(), std::fs::read(folder.join("dataset.json")).unwrap()] {
+        let (status, answer) = put_file(&env, &token, &hex, "dataset.json", body.clone()).await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+        assert_eq!(answer["sha256"].as_str(), Some(sha256_hex(&body).as_str()), "{answer}");
+    }
 
     // Registering before every file is there is refused, naming the missing file: the push
     // above stored every file but the wrong shard.
@@ -422,6 +434,10 @@ async fn a_store_dataset_push_with_a_wrong_shard_is_refused_naming_it_and_nothin
     let dataset: Value = serde_json::from_slice(&pushed.stdout).unwrap();
     assert_eq!((dataset["version"].as_str(), dataset["uri"].as_str()), (Some("1"), Some("store:photos@1")));
     assert_eq!(dataset["samples"], 40);
+    // Registered now: a manifest naming other sizes under its content hash is refused.
+    let (status, body) = put_file(&env, &token, &hex, "dataset.json", wrong_size).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("cannot change"), "{body}");
     // The version is immutable: the same content again is harmless, other content a conflict.
     let (status, _) = env.post("/api/v1/datasets", &token, &register).await;
     assert_eq!(status, StatusCode::OK);

@@ -141,7 +141,9 @@ impl Client {
             match self.put_body(path, reqwest::Body::wrap_stream(stream), len).await {
                 Err(err)
                     if tries < RETRIES
-                        && err.downcast_ref::<ApiFailure>().is_some_and(|f| f.status == StatusCode::SERVICE_UNAVAILABLE) =>
+                        && err
+                            .downcast_ref::<ApiFailure>()
+                            .is_some_and(|f| f.status == StatusCode::SERVICE_UNAVAILABLE) =>
                 {
                     tries += 1;
                     bar.dec(sent.load(Ordering::Relaxed));
@@ -238,7 +240,9 @@ async fn failure_of(response: Response) -> ApiFailure {
     let text = response.text().await.unwrap_or_default();
     match serde_json::from_str::<ErrorBody>(&text) {
         Ok(body) => ApiFailure { status, code: body.error.code, message: body.error.message, field: body.error.field },
-        Err(_) => ApiFailure { status, code: "http".into(), message: format!("{status}: {}", text.trim()), field: None },
+        Err(_) => {
+            ApiFailure { status, code: "http".into(), message: format!("{status}: {}", text.trim()), field: None }
+        }
     }
 }
 

@@ -229,7 +229,7 @@ impl App {
         dataset_file_name(file).map_err(|why| Error::invalid("file", why))?;
         let prefix = keys::dataset_content_prefix(caller.tenant_id, hex);
         if file == MANIFEST_FILE {
-            return self.manifest_upload(&prefix, hex, body).await;
+            return self.manifest_upload(caller.tenant_id, &prefix, hex, body).await;
         }
         let manifest = self.pushed_manifest(&prefix).await?.ok_or_else(|| {
             Error::invalid(
@@ -290,10 +290,19 @@ impl App {
     }
 
     /// Stores a push's manifest after checking it. A manifest kept under this hash already
-    /// stays when it names the same shards (another packer's `created_by`, say); one naming
-    /// other files under the same hash is refused (409): it would change what a registered
-    /// version reads.
-    async fn manifest_upload<S, E>(&self, prefix: &Key, hex: &str, body: S) -> Result<DatasetFileUploaded>
+    /// stays when it names the same shards (another packer's `created_by`, say). One naming
+    /// other files or sizes under the same hash (the content hash covers the shards' names,
+    /// samples and digests, not their sizes or index names) replaces it while no version is
+    /// registered on the content (a push that went wrong is pushed again: shards are checked
+    /// against the manifest as they arrive, so none stored under the old one can be wrong), and
+    /// is refused (409) once one is: it would change what the version reads.
+    async fn manifest_upload<S, E>(
+        &self,
+        tenant_id: Uuid,
+        prefix: &Key,
+        hex: &str,
+        body: S,
+    ) -> Result<DatasetFileUploaded>
     where
         S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
         E: std::fmt::Display,
@@ -301,10 +310,13 @@ impl App {
         let bytes = body_whole(body, MAX_MANIFEST_BYTES).await?;
         let manifest = manifest_checked(&bytes, hex)?;
         let key = keys::dataset_file_key(prefix, MANIFEST_FILE);
-        if let Some(existing) = self.pushed_manifest(prefix).await? {
+        if let Some(existing) = self.pushed_manifest(prefix).await?
+            && (existing.shards == manifest.shards
+                || self.store.dataset_content_registered(tenant_id, prefix.as_ref()).await?)
+        {
             if existing.shards != manifest.shards {
                 return Err(Error::Conflict(format!(
-                    "a manifest naming other files was pushed with content hash sha256:{hex} before; push that dataset's own {MANIFEST_FILE}"
+                    "sha256:{hex} is registered as a dataset version with a manifest naming other files or sizes; its files cannot change"
                 )));
             }
             let size = self.storage.objects.size_of(&key).await.map_err(storage_error)?.unwrap_or_default();
