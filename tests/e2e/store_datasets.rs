@@ -490,7 +490,8 @@ fn cached_shards(env: &TestEnv) -> Vec<(String, u64)> {
 /// those three and half of a fourth read before: the fourth's shards are evicted (no job reads
 /// them), none of the three's (each job fetches each of its shards once and succeeds), and the
 /// cache ends within its budget. Tenant B's job finds nothing of tenant A's in the cache it can
-/// read: not A's folder's listing, not a shard by its path.
+/// read: not A's folder's listing, not a shard by its path. B's own data takes the machine's
+/// cache over its budget (B's engine sees only B's part), and the server sweeps it back.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_machine_cache_keeps_its_budget_under_three_jobs_and_evicts_no_shard_in_use() {
     // The budget depends on the datasets' sizes, known only once they are packed: pack first,
@@ -572,4 +573,27 @@ async fn the_machine_cache_keeps_its_budget_under_three_jobs_and_evicts_no_shard
     assert!(log.contains("Permission denied"), "{log}");
     // What the machine's settings gave the replica: the budgets, and that its namespace is its own.
     assert!(log.contains(&format!("SETTINGS {budget} 99000000 1")), "{log}");
+
+    // Tenant B trains on its own copy of set0. Its engine sees only B's namespace, which is
+    // within the budget, so it evicts nothing, and the machine's cache goes over it; the server,
+    // which reads every namespace, evicts the least recently used (tenant A's) once B's job ends.
+    let pushed = env.yard(&bob, &["datasets", "push", "set0@1", folders[0].to_str().unwrap()]);
+    assert!(pushed.status.success(), "{} {}", stdout(&pushed), stderr(&pushed));
+    let b_job = train_as(&env, &bob, "store:set0@1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let total: u64 = cached_shards(&env).iter().map(|(_, size)| size).sum();
+        if total <= budget {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the machine's cache stayed at {total} bytes, over {budget}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let tenant_b = tenant_of_job(&env, b_job["id"].as_str().unwrap()).await;
+    assert_ne!(tenant_b, tenant_a);
+    let held: Vec<String> = walkdir(&env.data_dir().join("shard-cache").join(&tenant_b))
+        .iter()
+        .filter_map(|p| Some(p.file_name()?.to_str()?.to_string()))
+        .collect();
+    assert!(shards_of(0).iter().all(|sha| held.contains(sha)), "B's shards, the newest, stay: {held:?}");
 }

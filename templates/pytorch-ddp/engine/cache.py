@@ -44,7 +44,9 @@ every open sets; the modification time is left as the fill wrote it) that are no
 When everything left is in use the cache stays over budget and counts `over_budget`. A process
 sees (and evicts) only the namespaces its user can read: with one Unix user per tenant, a
 tenant's process holds the node budget by its own shards only, and the node-wide budget is
-enforced in full by a process that can read every namespace. Eviction leaves other fills'
+enforced in full by a process that can read every namespace: on the local executor the server,
+after each attempt ends, with this module's rules (crates/executor/src/local/cache_sweep.rs).
+Eviction leaves other fills'
 `.lock` and `.fill-*` files alone, except `.fill-*` files untouched for an hour (a crashed
 fill's leftovers: a running fill writes to its file, which moves its mtime).
 

@@ -33,6 +33,7 @@
 //! stopping a replica stops everything it started, a Ctrl-C to the server does not reach jobs,
 //! and replicas keep running (and are re-adopted) when the server restarts.
 
+mod cache_sweep;
 pub mod gpus;
 pub mod isolation;
 pub mod process;
@@ -113,6 +114,8 @@ pub struct LocalExecutor {
     isolation: Isolation,
     /// Tenant users looked up or created so far.
     users: Mutex<HashMap<Uuid, TenantUser>>,
+    /// Set while a sweep of the shard cache runs (one at a time).
+    sweeping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a launch will start where, stored before its first replica starts.
@@ -167,6 +170,7 @@ impl LocalExecutor {
             fault_pause,
             isolation,
             users: Mutex::new(HashMap::new()),
+            sweeping: Arc::default(),
         })
     }
 
@@ -195,6 +199,25 @@ impl LocalExecutor {
     /// The node's shard cache root.
     fn shard_cache_root(&self) -> PathBuf {
         self.config.data_dir.join(SHARD_CACHE_DIR)
+    }
+
+    /// Holds the machine's shard cache budget across every tenant's namespace (`cache_sweep`),
+    /// beside the control loops; one sweep at a time, the next after an attempt ends.
+    fn shard_cache_sweep(&self) {
+        use std::sync::atomic::Ordering;
+        if self.sweeping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let root = self.shard_cache_root();
+        let budget = self.config.shard_cache_bytes.unwrap_or_else(|| shard_cache_budget(&root));
+        let sweeping = Arc::clone(&self.sweeping);
+        tokio::task::spawn_blocking(move || {
+            let swept = cache_sweep::sweep(&root, budget);
+            if swept.evicted > 0 {
+                tracing::info!(evicted = swept.evicted, bytes_left = swept.bytes_left, budget, "shard cache swept");
+            }
+            sweeping.store(false, Ordering::SeqCst);
+        });
     }
 
     /// Makes the tenant's namespace folder in the shard cache, private to the user its replicas
@@ -659,6 +682,7 @@ impl Executor for LocalExecutor {
             }
         }
         self.gpus_free(attempt.job_id, attempt.attempt);
+        self.shard_cache_sweep();
     }
 
     async fn log_last_line(&self, job_id: Uuid, attempt: i32, replica: u32) -> Option<String> {
