@@ -432,3 +432,66 @@ async fn the_cli_ends_quietly_when_its_reader_goes_away() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stderr.is_empty(), "nothing on stderr: {stderr}");
 }
+
+/// A client that stops following a quiet job's log frees its stream at once, though the job
+/// prints nothing more: `trainyard_log_streams` counts the stream while it is read and falls
+/// back within seconds of the client going. On the local executor the follower polls the log
+/// file; on a cluster it reads the kubelet's followed stream, which sends nothing while the pod
+/// is quiet: there the follower waited for the pod's next line (or its end) before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_that_goes_away_frees_its_stream_though_the_job_is_quiet() {
+    let env = TestEnv::start().await;
+    let id = env.submit(json!({"command": ["sh", "-c", "echo started; sleep 300"]})).await;
+    env.wait_state(&id, "running", Duration::from_secs(30)).await;
+    follower_goes_away(&env, &id, "started").await;
+
+    let scratch = tempfile::tempdir().unwrap();
+    let fake = trainyard_tests::FakeApiServer::start(scratch.path(), &["1"]);
+    let env = TestEnv::start_with_env(
+        &["--executor", "kubernetes", "--kube-image", "registry.example/runtime:1"],
+        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
+    )
+    .await;
+    let id = env.submit(json!({"command": ["sleep", "300"]})).await;
+    env.wait_state(&id, "running", Duration::from_secs(30)).await;
+    follower_goes_away(&env, &id, "").await;
+}
+
+/// Follows the job's log until it has shown `first`, checks the stream is counted, goes away,
+/// and waits for the count to fall.
+async fn follower_goes_away(env: &TestEnv, id: &str, first: &str) {
+    let streams = || async {
+        let response = reqwest::Client::new()
+            .get(format!("{}/metrics", env.server.url))
+            .bearer_auth(&env.admin_token)
+            .send()
+            .await
+            .unwrap();
+        let text = response.text().await.unwrap();
+        let line = text.lines().find(|l| l.starts_with("trainyard_log_streams ")).unwrap_or_else(|| panic!("{text}"));
+        line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap()
+    };
+    let mut follower = reqwest::Client::new()
+        .get(format!("{}/api/v1/jobs/{id}/logs?follow=true", env.server.url))
+        .bearer_auth(&env.admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(follower.status(), StatusCode::OK);
+    let mut seen = String::new();
+    while !seen.contains(first) {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), follower.chunk()).await.unwrap().unwrap().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while streams().await != 1.0 {
+        assert!(Instant::now() < deadline, "the stream was never counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(follower);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while streams().await != 0.0 {
+        assert!(Instant::now() < deadline, "the stream of a client that went away stayed open");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -315,18 +315,21 @@ pub trait Executor: Send + Sync + 'static {
     /// The last non-empty line a replica wrote (its error, when it failed), if any.
     async fn log_last_line(&self, job_id: Uuid, attempt: i32, replica: u32) -> Option<String> {
         use tokio::io::AsyncReadExt;
-        let mut reader = self.log_reader(job_id, attempt, replica).await.ok()??;
+        let mut reader = self.log_reader(job_id, attempt, replica, false).await.ok()??;
         let mut text = Vec::new();
         reader.read_to_end(&mut text).await.ok()?;
         last_line(&text)
     }
 
-    /// A replica's log: what it wrote so far, and more as it writes. `None` when there is none.
+    /// A replica's log: what it wrote so far, and, when `follow`, more as it writes (the read
+    /// waits for it while the replica runs); without `follow` the read ends where the log ends
+    /// now. `None` when there is none.
     async fn log_reader(
         &self,
         job_id: Uuid,
         attempt: i32,
         replica: u32,
+        follow: bool,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError>;
 
     /// Where replicas find a tenant's volume when this backend provisions volumes itself (a

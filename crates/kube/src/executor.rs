@@ -683,6 +683,7 @@ impl Executor for KubernetesExecutor {
         job_id: Uuid,
         attempt: i32,
         replica: u32,
+        follow: bool,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError> {
         // Kept after the attempt ended; else streamed from the pod.
         if let Some(kept) = trainyard_executor::log_file(&self.log_path(job_id, attempt, replica)).await? {
@@ -693,7 +694,10 @@ impl Executor for KubernetesExecutor {
             return Ok(None);
         };
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let params = LogParams { container: Some(CONTAINER.into()), follow: true, ..LogParams::default() };
+        // Followed, the kubelet's stream waits for the pod's next line until the pod ends; not
+        // followed, it ends where the log ends now (a reader of a running pod's log would
+        // otherwise wait for the pod to end).
+        let params = LogParams { container: Some(CONTAINER.into()), follow, ..LogParams::default() };
         match api.log_stream(&pod.name_any(), &params).await {
             Ok(stream) => Ok(Some(Box::new(stream.compat()))),
             // A pod still waiting for its container has no log yet.

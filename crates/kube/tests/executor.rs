@@ -495,7 +495,7 @@ async fn logs_stream_from_the_pod_and_are_kept_when_the_attempt_is_released() {
     until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
 
     let mut live = String::new();
-    executor.log_reader(JOB, 1, 0).await.unwrap().expect("a log").read_to_string(&mut live).await.unwrap();
+    executor.log_reader(JOB, 1, 0, false).await.unwrap().expect("a log").read_to_string(&mut live).await.unwrap();
     assert_eq!(live, "epoch 1 loss 0.5\nepoch 2 loss 0.25\n", "streamed from the pod");
 
     for pod in &pods {
@@ -514,7 +514,7 @@ async fn logs_stream_from_the_pod_and_are_kept_when_the_attempt_is_released() {
     // Retention removes the kept copies; the job then has no log here.
     executor.logs_remove(JOB).await.unwrap();
     assert!(!kept.exists());
-    assert!(executor.log_reader(JOB, 1, 0).await.unwrap().is_none(), "nothing left to serve");
+    assert!(executor.log_reader(JOB, 1, 0, false).await.unwrap().is_none(), "nothing left to serve");
 }
 
 #[tokio::test]
@@ -524,7 +524,7 @@ async fn a_log_the_api_server_cannot_fetch_is_unavailable_and_names_the_pod() {
     let pods: Vec<String> = (0..2).map(|r| fake.pod_create(NS, JOB_NAME, r, "gpu-1", running())).collect();
     fake.log_unreachable(NS, &pods[1]);
     until(&executor, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
-    match executor.log_reader(JOB, 1, 1).await {
+    match executor.log_reader(JOB, 1, 1, false).await {
         Err(ExecutorError::Unavailable(message)) => {
             assert!(message.contains(&pods[1]), "names the pod: {message}");
             assert!(message.contains("no preferred addresses found"), "says what the API server said: {message}");

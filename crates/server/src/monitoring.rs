@@ -118,6 +118,7 @@ pub struct Monitoring {
     pub quota_lent: Family<TenantGpu, Gauge>,
     pub executor_errors: Family<OperationLabel, Counter>,
     pub log_archive_backlog: Gauge,
+    pub log_streams: Gauge,
     pub input_stall_share: HistogramFamily<TenantLabel>,
     pub gpu_hours: Family<TenantGpu, FloatCounter>,
     pub dataset_bytes_served: Family<TenantKind, Counter>,
@@ -152,6 +153,7 @@ impl Monitoring {
             quota_lent: Family::default(),
             executor_errors: Family::default(),
             log_archive_backlog: Gauge::default(),
+            log_streams: Gauge::default(),
             input_stall_share: Family::new_with_constructor(share_histogram),
             gpu_hours: Family::default(),
             dataset_bytes_served: Family::default(),
@@ -209,6 +211,11 @@ impl Monitoring {
             "log_archive_backlog",
             "Ended attempts whose logs are not archived yet (at most the archiver's batch)",
             m.log_archive_backlog.clone(),
+        );
+        r.register(
+            "log_streams",
+            "Job log streams open now (clients reading or following a log)",
+            m.log_streams.clone(),
         );
         r.register(
             "input_stall_share",

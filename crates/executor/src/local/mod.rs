@@ -701,7 +701,9 @@ impl Executor for LocalExecutor {
         job_id: Uuid,
         attempt: i32,
         replica: u32,
+        _follow: bool,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError> {
+        // The file as it is: a follower reads it again as it grows.
         crate::log_file(&self.attempt_dir(job_id, attempt).join(format!("replica-{replica}.log"))).await
     }
 

@@ -335,6 +335,8 @@ impl FakeApi {
 
     pub fn log_set(&self, namespace: &str, pod: &str, text: &str) {
         self.state.lock().unwrap().logs.insert((namespace.into(), pod.into()), text.into());
+        // Followers of the log see it now.
+        self.changed.send_modify(|_| {});
     }
 
     /// A ready node with `gpus` GPUs of the given label value.
@@ -436,6 +438,9 @@ impl FakeApi {
                     let message = "no preferred addresses found; known addresses: []".to_string();
                     return reply(StatusCode::INTERNAL_SERVER_ERROR, &status(500, "InternalError", message));
                 }
+                if query.get("follow").is_some_and(|f| f == "true" || f == "1") {
+                    return self.log_follow(namespace, name.clone());
+                }
                 let text = self.state.lock().unwrap().logs.get(&(namespace, name.clone())).cloned().unwrap_or_default();
                 Response::builder().status(200).body(Full::new(Bytes::from(text)).boxed()).expect("response")
             }
@@ -476,6 +481,35 @@ impl FakeApi {
     }
 
     /// Streams every matching event after the given resource version, then new ones as they come.
+    /// A followed log, as the kubelet streams it: what the pod wrote, then each addition, until
+    /// the pod no longer runs (or is gone). A quiet running pod's stream stays open, sending
+    /// nothing.
+    fn log_follow(&self, namespace: String, pod: String) -> Response<Body> {
+        let this = self.clone();
+        let changed = self.changed.subscribe();
+        let stream = futures::stream::unfold((0usize, changed), move |(sent, mut changed)| {
+            let this = this.clone();
+            let (namespace, pod) = (namespace.clone(), pod.clone());
+            async move {
+                loop {
+                    let text = this.state.lock().unwrap().logs.get(&(namespace.clone(), pod.clone())).cloned();
+                    let text = text.unwrap_or_default();
+                    if text.len() > sent {
+                        let frame = http_body::Frame::data(Bytes::from(text[sent..].to_string()));
+                        return Some((Ok::<_, Infallible>(frame), (text.len(), changed)));
+                    }
+                    let running = this.get("pods", &namespace, &pod).is_some_and(|p| {
+                        p["status"]["phase"].as_str().is_none_or(|phase| phase == "Running" || phase == "Pending")
+                    });
+                    if !running || changed.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            }
+        });
+        Response::builder().status(200).body(StreamBody::new(stream).boxed()).expect("response")
+    }
+
     fn watch(&self, target: ParsedPath, query: BTreeMap<String, String>) -> Response<Body> {
         let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
         let selector = query.get("labelSelector").cloned();

@@ -88,6 +88,22 @@ impl From<Error> for Stop {
 
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
+/// One open log stream on `trainyard_log_streams`, counted down however its task ends.
+struct OpenStream(prometheus_client::metrics::gauge::Gauge);
+
+impl OpenStream {
+    fn counted(gauge: &prometheus_client::metrics::gauge::Gauge) -> OpenStream {
+        gauge.inc();
+        OpenStream(gauge.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 struct Follower {
     app: App,
     tenant_id: Uuid,
@@ -110,6 +126,7 @@ enum Next {
 impl Follower {
     /// Follows the log from `opened` (the attempt read first and its reader, if any attempt exists).
     async fn run(self, opened: Option<(i32, Option<Reader>)>) {
+        let _open = OpenStream::counted(&self.app.monitoring.log_streams);
         match self.follow(opened).await {
             Ok(()) => {
                 let rest = self.masked(|mask| mask.finish());
@@ -179,9 +196,10 @@ impl Follower {
 
     async fn open(&self, attempt: i32) -> Result<Option<Reader>> {
         let (job_id, replica) = (self.request.job_id, self.request.replica);
-        let live = self.app.executor.log_reader(job_id, attempt, replica).await.map_err(|err| {
-            Error::Unavailable(format!("cannot read the log of replica {replica} of attempt {attempt}: {err}"))
-        })?;
+        let live =
+            self.app.executor.log_reader(job_id, attempt, replica, self.request.follow).await.map_err(|err| {
+                Error::Unavailable(format!("cannot read the log of replica {replica} of attempt {attempt}: {err}"))
+            })?;
         if let Some(reader) = live {
             return Ok(Some(reader));
         }
@@ -192,7 +210,13 @@ impl Follower {
     /// Sends what the reader has now. True when it sent something.
     async fn forward(&self, reader: &mut (dyn AsyncRead + Send + Unpin)) -> std::result::Result<bool, Stop> {
         let mut buffer = vec![0u8; 64 * 1024];
-        let n = reader.read(&mut buffer).await.map_err(Error::internal)?;
+        // A quiet replica's read waits until it writes: a client that went away meanwhile ends
+        // the follow now, not at the replica's next line (its task and, on a cluster, its
+        // stream from the API server would be held until then).
+        let n = tokio::select! {
+            read = reader.read(&mut buffer) => read.map_err(Error::internal)?,
+            () = self.sender.closed() => return Err(Stop::Gone),
+        };
         if n == 0 {
             return Ok(false);
         }

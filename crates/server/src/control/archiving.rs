@@ -139,7 +139,8 @@ pub async fn logs_archive(
     let mut complete = true;
     for replica in 0..replicas {
         let copy = async {
-            let Some(reader) = executor.log_reader(job_id, attempt, replica).await.map_err(Error::internal)? else {
+            let Some(reader) = executor.log_reader(job_id, attempt, replica, false).await.map_err(Error::internal)?
+            else {
                 return Ok::<_, Error>(None);
             };
             let key = keys::log_key(tenant_id, job_id, attempt, replica);
