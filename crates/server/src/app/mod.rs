@@ -123,6 +123,20 @@ impl App {
     /// Runs one audited change. The store appends the audit entry in the transaction of the
     /// change itself; a refusal (by the checks here or by the store) changed nothing and is
     /// appended on its own, with its outcome and message.
+    /// Runs `operation` to its end even when the request that asked for it is cancelled (its
+    /// client went away, the server drains): an operation of several steps that no retry
+    /// repairs, such as a volume's row then the storage it stands for, is never cut between
+    /// them. The request still gets the outcome when it waits for it.
+    async fn uncancelled<T, F>(&self, operation: impl FnOnce(App) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::spawn(operation(self.clone()))
+            .await
+            .map_err(|err| trainyard_core::Error::internal(format!("an operation run to its end failed: {err}")))?
+    }
+
     async fn audited<T>(&self, audit: &Audit, change: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         let result = change.await;
         if let Err(error) = &result

@@ -195,11 +195,17 @@ impl App {
         Ok((size, name, stream.map_err(std::io::Error::other).boxed()))
     }
 
-    /// Creates a named volume (a directory under the data directory) within the tenant's
-    /// storage quota. A directory that cannot be made removes the record again.
+    /// Creates a named volume (a directory under the data directory, or the executor's claim)
+    /// within the tenant's storage quota. Storage that cannot be provisioned removes the record
+    /// again, and a request cancelled half-way does not stop it: no record stands without its
+    /// storage.
     pub async fn volume_create(&self, caller: &Caller, request: VolumeCreate) -> Result<Volume> {
-        let audit = Audit::by(caller, "volume.create", format!("volume:{}", request.name));
-        self.audited(&audit, self.volume_create_checked(caller, request, &audit)).await
+        let caller = caller.clone();
+        self.uncancelled(move |app| async move {
+            let audit = Audit::by(&caller, "volume.create", format!("volume:{}", request.name));
+            app.audited(&audit, app.volume_create_checked(&caller, request, &audit)).await
+        })
+        .await
     }
 
     async fn volume_create_checked(&self, caller: &Caller, request: VolumeCreate, audit: &Audit) -> Result<Volume> {
@@ -270,8 +276,14 @@ impl App {
         Ok(volumes)
     }
 
-    /// Deletes a volume and everything in it.
+    /// Deletes a volume and everything in it, to the end even when the request is cancelled
+    /// after the record went (the storage would stay, counted against no quota).
     pub async fn volume_delete(&self, caller: &Caller, name: &str) -> Result<()> {
+        let (caller, name) = (caller.clone(), name.to_string());
+        self.uncancelled(move |app| async move { app.volume_delete_whole(&caller, &name).await }).await
+    }
+
+    async fn volume_delete_whole(&self, caller: &Caller, name: &str) -> Result<()> {
         let audit = Audit::by(caller, "volume.delete", format!("volume:{name}"));
         let volume = self
             .audited(&audit, async {
