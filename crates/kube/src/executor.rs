@@ -237,14 +237,7 @@ impl KubernetesExecutor {
         let applied = async {
             let job = self.apply(&objects.job).await?;
             let uid = job.uid().ok_or_else(|| KubeError::NoUid(job.name_any()))?;
-            manifests::attempt_owned_by(&mut objects, &uid);
-            // All three to the end, so that none is still in flight when a failure cleans up.
-            let (service, config_map, secret) = futures::join!(
-                self.apply(&objects.service),
-                self.apply(&objects.config_map),
-                self.apply(&objects.secret),
-            );
-            service.and(config_map).and(secret).map(|_| ())
+            self.attempt_apply_owned(&mut objects, &uid).await
         }
         .await;
         if let Err(err) = &applied {
@@ -260,6 +253,28 @@ impl KubernetesExecutor {
                 .insert((request.job_id, request.attempt));
         }
         applied
+    }
+
+    /// Applies the attempt's Service, ConfigMap and Secret, owned by its Job (`uid`).
+    async fn attempt_apply_owned(&self, objects: &mut manifests::AttemptObjects, uid: &str) -> Result<(), KubeError> {
+        manifests::attempt_owned_by(objects, uid);
+        // All three to the end, so that none is still in flight when a failure cleans up.
+        let (service, config_map, secret) =
+            futures::join!(self.apply(&objects.service), self.apply(&objects.config_map), self.apply(&objects.secret),);
+        service.and(config_map).and(secret).map(|_| ())
+    }
+
+    /// Finishes a launch cut short after its Job was applied (a crash, or lost leadership,
+    /// between the Job and the objects it owns): applies the Service, ConfigMap and Secret
+    /// again (applying is idempotent), owned by the Job there is. Without them the Job's pods
+    /// wait for their ConfigMap forever, holding the job's quota and nodes.
+    async fn attempt_apply_rest(&self, request: &LaunchRequest, job: &Job) -> Result<(), KubeError> {
+        let gpu_label = request.spec.resources.gpu_type.as_deref().map(|gpu_type| {
+            inventory::gpu_label_value(&self.cache.nodes.state(), &self.config.gpu_label_key, gpu_type)
+        });
+        let mut objects = manifests::attempt_objects(&self.config, request, gpu_label.as_deref())?;
+        let uid = job.uid().ok_or_else(|| KubeError::NoUid(job.name_any()))?;
+        self.attempt_apply_owned(&mut objects, &uid).await
     }
 
     /// Each replica's detail, from the watched pods, what this process saw end, and the Job.
@@ -504,9 +519,11 @@ impl Executor for KubernetesExecutor {
         inventory::total(&self.nodes().unwrap_or_default())
     }
 
-    /// Applies the tenant's objects (once per tenant) and the attempt's four. An attempt whose
-    /// Job exists already is left as it is: a repeated launch sends nothing and returns the
-    /// same placement.
+    /// Applies the tenant's objects (once per tenant) and the attempt's four. An attempt this
+    /// process launched is left as it is: a repeated launch sends nothing and returns the same
+    /// placement. One whose Job exists but which this process did not launch (a launch resumed
+    /// after a crash or lost leadership) gets the Job's other objects applied again, in case
+    /// the launch was cut short between them.
     async fn launch(&self, request: &LaunchRequest) -> Result<serde_json::Value, ExecutorError> {
         if !self.ready_soon().await {
             return Err(KubeError::NotObserved.into());
@@ -517,11 +534,15 @@ impl Executor for KubernetesExecutor {
             .within(&names::namespace(&self.config.namespace_prefix, &request.tenant, request.tenant_id));
         // A launch that failed and was cleaned up is made afresh, whatever the watch still shows.
         let relaunch = self.relaunch.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
-        let known = !relaunch
-            && (self.launched.lock().expect("launched poisoned").contains_key(&key)
-                || self.cache.jobs.get(&job_ref).is_some());
-        if known {
-            tracing::info!(job = %request.job_id, attempt = request.attempt, "attempt exists already; launching nothing");
+        if !relaunch && self.launched.lock().expect("launched poisoned").contains_key(&key) {
+            tracing::info!(job = %request.job_id, attempt = request.attempt, "attempt launched already; launching nothing");
+            return Ok(placement);
+        }
+        if !relaunch && let Some(job) = self.cache.jobs.get(&job_ref) {
+            // Its namespace and the tenant's objects are there: the Job is in it.
+            tracing::info!(job = %request.job_id, attempt = request.attempt, "attempt's Job exists; applying what it owns");
+            self.attempt_apply_rest(request, &job).await?;
+            self.launched.lock().expect("launched poisoned").insert(key, Instant::now());
             return Ok(placement);
         }
         self.tenant_ensure(&TenantRef { id: request.tenant_id, slug: request.tenant.clone() }).await?;

@@ -346,8 +346,9 @@ async fn a_launch_refused_part_way_leaves_nothing_behind() {
     namespace_delete(&cluster, &namespace).await;
 }
 
-/// A new executor (a restarted control plane) finds the attempt by its labels, launches nothing,
-/// observes it, and stops it.
+/// A new executor (a restarted control plane) finds the attempt by its labels, makes no second
+/// Job, applies again what the Job owns (here the ConfigMap was lost, as when the first launch
+/// was cut short after its Job), observes it, and stops it.
 #[tokio::test]
 async fn a_restarted_executor_adopts_the_attempt_and_can_stop_it() {
     let Some(cluster) = cluster().await else { return };
@@ -370,9 +371,15 @@ async fn a_restarted_executor_adopts_the_attempt_and_can_stop_it() {
     )
     .await;
 
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(cluster.admin.clone(), &namespace);
+    config_maps.delete(&name, &DeleteParams::default()).await.expect("the ConfigMap goes");
+
     let second = executor_for(&cluster, &logs).await;
     second.launch(&request).await.expect("a launch of an adopted attempt");
     assert_eq!(jobs.get(&name).await.unwrap().metadata.uid, uid, "the same Job, not a second one");
+    let config_map = config_maps.get(&name).await.expect("the ConfigMap is back");
+    let owner = config_map.metadata.owner_references.unwrap_or_default();
+    assert_eq!(owner.first().map(|o| Some(o.uid.clone())), Some(uid.clone()), "owned by the Job");
     let attempt = AttemptRef { job_id: request.job_id, attempt: request.attempt, replicas: 1, placement: None };
     eventually(10, || async {
         let details = second.replica_details(&attempt).await;

@@ -240,6 +240,52 @@ async fn a_repeated_launch_sends_nothing_and_gives_the_same_placement() {
     assert_eq!(second["master_addr"], format!("{JOB_NAME}-0.{JOB_NAME}.{NS}.svc"));
 }
 
+/// The three PATCHes of a resumed launch whose Job exists: its Service, ConfigMap and Secret.
+fn only_the_jobs_objects_applied(requests: &[support::fake_api::Recorded]) -> bool {
+    let mut kinds: Vec<&str> = requests
+        .iter()
+        .map(|r| {
+            assert_eq!(r.method, http::Method::PATCH, "{} {}", r.method, r.path);
+            ["/services/", "/configmaps/", "/secrets/"].into_iter().find(|k| r.path.contains(k)).unwrap_or(&r.path)
+        })
+        .collect();
+    kinds.sort();
+    kinds == ["/configmaps/", "/secrets/", "/services/"]
+}
+
+/// A launch cut short after its Job was applied (a crash, or lost leadership, before its
+/// Service, ConfigMap and Secret) is finished by the next process's launch of the attempt: it
+/// applies the three again, owned by the Job there is, and makes no second Job. (It launched
+/// nothing before, and the pods waited for their ConfigMap forever.)
+#[tokio::test]
+async fn a_launch_cut_short_after_its_job_is_finished_by_the_next_process() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, first) = launched(&logs).await;
+    drop(first); // the control plane dies; say it had applied the Job only
+    let job = fake.list("jobs").remove(0);
+    for plural in ["services", "configmaps", "secrets"] {
+        for object in fake.list(plural) {
+            let meta = &object["metadata"];
+            fake.delete(plural, meta["namespace"].as_str().unwrap(), meta["name"].as_str().unwrap());
+        }
+    }
+
+    let restarted = executor(&fake, config(&logs)).await;
+    fake.requests_clear();
+    restarted.launch(&examples::pytorch_ddp()).await.unwrap();
+    assert!(only_the_jobs_objects_applied(&fake.writes_and_reads()));
+    assert_eq!(fake.list("jobs").len(), 1, "no second Job");
+    for plural in ["services", "configmaps", "secrets"] {
+        let objects = fake.list(plural);
+        assert_eq!(objects.len(), 1, "{plural}: {objects:?}");
+        assert_eq!(objects[0]["metadata"]["ownerReferences"][0]["uid"], job["metadata"]["uid"], "{plural}");
+    }
+    // Launched by this process now: again, nothing is sent.
+    fake.requests_clear();
+    restarted.launch(&examples::pytorch_ddp()).await.unwrap();
+    assert!(fake.writes_and_reads().is_empty());
+}
+
 #[tokio::test]
 async fn after_a_restart_a_new_executor_adopts_the_attempt_by_labels_and_launches_nothing() {
     let logs = tempfile::tempdir().unwrap();
@@ -253,7 +299,8 @@ async fn after_a_restart_a_new_executor_adopts_the_attempt_by_labels_and_launche
     let restarted = executor(&fake, config(&logs)).await;
     fake.requests_clear();
     restarted.launch(&examples::pytorch_ddp()).await.unwrap();
-    assert!(fake.writes_and_reads().is_empty(), "the restarted executor found the Job and sent nothing");
+    // It found the Job, made no other, and applied again (unchanged) only what the Job owns.
+    assert!(only_the_jobs_objects_applied(&fake.writes_and_reads()));
     assert_eq!(fake.list("jobs").len(), 1);
     let details = until(&restarted, 2, |d| phases(d) == [ReplicaPhase::Running; 2]).await;
     assert_eq!(restarted.observe(&attempt(2)).await, [ReplicaStatus::Running; 2]);
