@@ -165,7 +165,9 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--packed", required=True, help="the packed folder (local path arm)")
     p.add_argument("--url", required=True, help="the Trainyard server")
-    p.add_argument("--token", required=True, help="a token of the dataset's tenant (and /metrics)")
+    # The token comes in the environment, never on a command line (where `ps` shows it).
+    p.add_argument("--token", default=os.environ.get("TRAINYARD_TOKEN"),
+                   help="default: $TRAINYARD_TOKEN, a token of the dataset's tenant (and /metrics)")
     p.add_argument("--tenant", default="default", help="the tenant's name in the server's metrics")
     p.add_argument("--dataset", required=True, help="NAME@VERSION")
     p.add_argument("--cache-dir", required=True)
@@ -175,6 +177,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", help="write every run here")
     args = p.parse_args()
+    if not args.token:
+        p.error("set TRAINYARD_TOKEN (a token of the dataset's tenant)")
 
     dataset = remote.store_dataset(f"store:{args.dataset}")
     environ = {"TRAINYARD_URL": args.url, "TRAINYARD_TOKEN": args.token, "TRAINYARD_CACHE_DIR": args.cache_dir,

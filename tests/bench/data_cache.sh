@@ -132,7 +132,7 @@ done
 
 echo "== reading: $rounds rounds of local, uncached, cached, cached-trusted (what-if), webdataset;" \
   "load: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$py" tests/bench/data_cache.py --packed "$work/packed" --url "$url" --token "$token" --dataset bench-data@1 \
+TRAINYARD_TOKEN=$token "$py" tests/bench/data_cache.py --packed "$work/packed" --url "$url" --dataset bench-data@1 \
   --cache-dir "$work/cache" --s3-urls "$work/s3-urls" --s3-counts "$work/s3-counts" \
   --cold "$work/packed" "$work/s3" "$work/cache" --rounds "$rounds" --json "${BENCH_JSON:-$work/runs.json}"
 if [ -n "$cgroup" ]; then
