@@ -15,8 +15,11 @@ use uuid::Uuid;
 
 use crate::storage::{Storage, storage_error};
 
-/// How long an attempt's end may wait for its logs to reach the store.
-const ARCHIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a log's copy to the store may go without reading a byte of the log: a stalled
+/// reader fails the copy (and the upload is aborted), while a large log taking minutes to
+/// stream goes on. (A bound on the whole copy failed every log too large to copy within it,
+/// again at each retry, and never archived it.) The store's own requests have their timeouts.
+const ARCHIVE_IDLE: Duration = Duration::from_secs(60);
 /// Attempts archived per query of the archiver's working set.
 const ARCHIVE_BATCH: i64 = 50;
 /// Failed tries after which an attempt's logs are no longer archived (about 2.5 hours of backoff).
@@ -144,25 +147,45 @@ pub async fn logs_archive(
                 return Ok::<_, Error>(None);
             };
             let key = keys::log_key(tenant_id, job_id, attempt, replica);
-            let uploaded = storage.objects.upload(&key, ReaderStream::new(reader), u64::MAX).await;
+            let chunks = stalls_fail(ReaderStream::new(reader), ARCHIVE_IDLE);
+            let uploaded = storage.objects.upload(&key, chunks, u64::MAX).await;
             Ok(Some(uploaded.map_err(storage_error)?))
         };
-        match tokio::time::timeout(ARCHIVE_TIMEOUT, copy).await {
-            Ok(Ok(Some(uploaded))) => {
+        match copy.await {
+            Ok(Some(uploaded)) => {
                 tracing::debug!(job = %job_id, attempt, replica, bytes = uploaded.size, "log archived")
             }
-            Ok(Ok(None)) => {}
-            Ok(Err(err)) => {
+            Ok(None) => {}
+            Err(err) => {
                 tracing::warn!(job = %job_id, attempt, replica, %err, "archiving a log failed");
-                complete = false;
-            }
-            Err(_) => {
-                tracing::warn!(job = %job_id, attempt, replica, "archiving a log timed out");
                 complete = false;
             }
         }
     }
     complete
+}
+
+/// The chunks of `stream`, or an error (and the end) when the next one takes longer than `idle`.
+fn stalls_fail<S>(
+    stream: S,
+    idle: Duration,
+) -> impl futures::Stream<Item = std::io::Result<axum::body::Bytes>> + Send + Unpin
+where
+    S: futures::Stream<Item = std::io::Result<axum::body::Bytes>> + Send + Unpin,
+{
+    use futures::StreamExt;
+    Box::pin(futures::stream::unfold(Some(stream), move |stream| async move {
+        let mut stream = stream?;
+        match tokio::time::timeout(idle, stream.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(stream))),
+            Ok(None) => None,
+            Err(_) => {
+                let stalled =
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no byte of the log in {idle:?}"));
+                Some((Err(stalled), None))
+            }
+        }
+    }))
 }
 
 /// One retention pass: removes the archived logs and the artefacts of jobs that ended longer
@@ -193,4 +216,38 @@ async fn retention_apply(
         storage.objects.delete_prefix(&keys::artifacts_prefix(job.tenant_id, job.job_id)).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn chunk() -> std::io::Result<axum::body::Bytes> {
+        Ok(axum::body::Bytes::from_static(b"a line\n"))
+    }
+
+    /// A reader that keeps delivering, however long in all, is copied whole; one that stops
+    /// delivering fails after the idle bound, and the copy ends there.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_log_is_copied_whole_and_a_stalled_one_fails() {
+        let idle = Duration::from_secs(60);
+        // 100 chunks, 50 s apart: 83 minutes in all.
+        let steady = futures::stream::iter(0..100).then(|_| async {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            chunk()
+        });
+        let copied: Vec<_> = stalls_fail(Box::pin(steady), idle).collect().await;
+        assert_eq!(copied.len(), 100);
+        assert!(copied.iter().all(Result::is_ok));
+
+        let stalling = futures::stream::iter(0..3).then(|i| async move {
+            tokio::time::sleep(Duration::from_secs(if i == 2 { 61 } else { 1 })).await;
+            chunk()
+        });
+        let copied: Vec<_> = stalls_fail(Box::pin(stalling), idle).collect().await;
+        assert_eq!(copied.len(), 3, "two chunks, then the error, then nothing");
+        assert!(copied[..2].iter().all(Result::is_ok));
+        assert_eq!(copied[2].as_ref().unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+    }
 }
