@@ -461,13 +461,7 @@ async fn a_follower_that_goes_away_frees_its_stream_though_the_job_is_quiet() {
 /// and waits for the count to fall.
 async fn follower_goes_away(env: &TestEnv, id: &str, first: &str) {
     let streams = || async {
-        let response = reqwest::Client::new()
-            .get(format!("{}/metrics", env.server.url))
-            .bearer_auth(&env.admin_token)
-            .send()
-            .await
-            .unwrap();
-        let text = response.text().await.unwrap();
+        let text = env.metrics_text().await;
         let line = text.lines().find(|l| l.starts_with("trainyard_log_streams ")).unwrap_or_else(|| panic!("{text}"));
         line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap()
     };

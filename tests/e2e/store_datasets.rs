@@ -83,14 +83,7 @@ pub(crate) async fn push_tiny(env: &TestEnv, token: &str, name: &str, version: &
 
 /// What the server counted as sent of `tenant`'s pushed datasets' shards.
 async fn shard_bytes_served(env: &TestEnv, tenant: &str) -> u64 {
-    let response = reqwest::Client::new()
-        .get(format!("{}/metrics", env.server.url))
-        .bearer_auth(&env.admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let text = response.text().await.unwrap();
+    let text = env.metrics_text().await;
     let series = format!("trainyard_dataset_bytes_served_total{{tenant=\"{tenant}\",kind=\"shard\"}} ");
     text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok()).unwrap_or(0)
 }

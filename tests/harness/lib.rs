@@ -351,6 +351,14 @@ impl TestEnv {
         }
     }
 
+    /// The server's `/metrics` exposition, read as the platform admin.
+    pub async fn metrics_text(&self) -> String {
+        let response =
+            self.http.get(format!("{}/metrics", self.server.url)).bearer_auth(&self.admin_token).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.text().await.unwrap()
+    }
+
     pub async fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> Value {
         self.wait_job(id, timeout, |job| job["state"] == state).await
     }
