@@ -130,8 +130,13 @@ pub struct CodeRef {
 
 /// Whether `text` is a content digest as Trainyard writes them: `sha256:` and 64 lowercase hex.
 pub fn is_sha256_digest(text: &str) -> bool {
-    text.strip_prefix("sha256:")
-        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    text.strip_prefix("sha256:").is_some_and(is_sha256_hex)
+}
+
+/// Whether `text` is a SHA-256 as 64 lowercase hex digits (a shard's name in the cache, a
+/// content hash in a path).
+pub fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// A shared volume as a job uses it.

@@ -18,6 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
+use trainyard_core::job::is_sha256_hex;
 
 /// One cached entry: when last used (ns since the epoch), its size and where it is.
 struct Entry {
@@ -67,14 +68,14 @@ fn entries(root: &Path) -> Vec<Entry> {
         for prefix in names(&namespace_dir) {
             let folder = namespace_dir.join(&prefix);
             if prefix == "indexes" {
-                for content in names(&folder).filter(|c| is_sha256(c)) {
+                for content in names(&folder).filter(|c| is_sha256_hex(c)) {
                     let content_dir = folder.join(&content);
                     for name in names(&content_dir).filter(|n| !n.starts_with(".fill-")) {
                         found.extend(entry(content_dir.join(name)));
                     }
                 }
             } else {
-                for name in names(&folder).filter(|n| is_sha256(n) && n.get(..2) == Some(prefix.as_str())) {
+                for name in names(&folder).filter(|n| is_sha256_hex(n) && n.get(..2) == Some(prefix.as_str())) {
                     found.extend(entry(folder.join(name)));
                 }
             }
@@ -146,10 +147,6 @@ fn is_namespace(name: &str) -> bool {
         && bytes.len() <= 63
         && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
         && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-}
-
-fn is_sha256(name: &str) -> bool {
-    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use trainyard_core::api::{Dataset, DatasetFileUploaded, DatasetRegister, NodeCacheReport};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
+use trainyard_core::job::is_sha256_hex;
 use trainyard_core::names::DatasetRef;
 use trainyard_core::{Error, Result};
 use trainyard_data::manifest::{DatasetManifest, FORMAT, MANIFEST_FILE, ShardEntry};
@@ -540,7 +541,7 @@ fn pushed_prefix(tenant_id: Uuid, dataset: &Dataset) -> Result<Key> {
 
 /// The hex digits of a content hash given as `sha256:<64 hex>`, or a 422 on `field`.
 fn content_hex<'a>(content_hash: &'a str, field: &str) -> Result<&'a str> {
-    content_hash.strip_prefix("sha256:").filter(|hex| is_hex64(hex)).ok_or_else(|| {
+    content_hash.strip_prefix("sha256:").filter(|hex| is_sha256_hex(hex)).ok_or_else(|| {
         Error::invalid(field, "must be sha256: and the 64 lowercase hex digits of the manifest's content hash")
     })
 }
@@ -548,15 +549,11 @@ fn content_hex<'a>(content_hash: &'a str, field: &str) -> Result<&'a str> {
 /// The content hash as a path segment: its 64 lowercase hex digits (or `sha256:` and them).
 fn content_hex_of_path(text: &str) -> Result<&str> {
     let hex = text.strip_prefix("sha256:").unwrap_or(text);
-    if is_hex64(hex) {
+    if is_sha256_hex(hex) {
         Ok(hex)
     } else {
         Err(Error::invalid("hash", "must be the 64 lowercase hex digits of the manifest's content hash"))
     }
-}
-
-fn is_hex64(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// A name a pushed dataset's file may have: one plain path segment (it becomes the last part of
@@ -600,7 +597,7 @@ pub fn manifest_checked(bytes: &[u8], hex: &str) -> Result<DatasetManifest> {
                 return Err(bad(format!("the file {name} is named twice")));
             }
         }
-        if !is_hex64(&shard.sha256) {
+        if !is_sha256_hex(&shard.sha256) {
             return Err(bad(format!("shard {}: sha256 must be 64 lowercase hex digits", shard.name)));
         }
         if i64::try_from(shard.bytes).is_err() {
