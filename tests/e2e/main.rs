@@ -2,6 +2,7 @@
 
 mod api;
 mod authz;
+mod cache_agent;
 mod chaos;
 mod compare;
 mod control;

@@ -194,10 +194,20 @@ pub(crate) async fn start(backend: &Backend) -> (TestEnv, StoreUnderTest) {
 
 /// [`start`] with more `trainyard serve` arguments.
 pub(crate) async fn start_with(backend: &Backend, extra: &[&str]) -> (TestEnv, StoreUnderTest) {
+    start_with_env(backend, extra, &[]).await
+}
+
+/// [`start_with`] with more environment for the server.
+pub(crate) async fn start_with_env(
+    backend: &Backend,
+    extra: &[&str],
+    extra_env: &[(String, String)],
+) -> (TestEnv, StoreUnderTest) {
     let store = StoreUnderTest::start(backend);
-    let (args, env) = store.server_config();
+    let (args, mut env) = store.server_config();
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend_from_slice(extra);
+    env.extend_from_slice(extra_env);
     (TestEnv::start_with_env(&args, &env).await, store)
 }
 

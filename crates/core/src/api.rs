@@ -546,6 +546,19 @@ pub struct Dataset {
     pub cached_on: Vec<String>,
 }
 
+/// The headers of `HEAD /api/v1/datasets/{name}/{version}/files/{file}`: what a node's cache
+/// agent learns of a file a job asks it for (lowercase, as HTTP/2 sends them).
+pub mod dataset_headers {
+    /// The version's tenant id: the agent keeps each tenant's copies apart.
+    pub const TENANT_HEADER: &str = "x-trainyard-tenant";
+    /// The version's content hash, 64 hex digits.
+    pub const CONTENT_HEADER: &str = "x-trainyard-content";
+    /// `manifest`, `shard` or `index`.
+    pub const KIND_HEADER: &str = "x-trainyard-file-kind";
+    /// A shard's SHA-256 from the manifest, 64 hex digits.
+    pub const SHA256_HEADER: &str = "x-trainyard-sha256";
+}
+
 /// A job's engine saying that its node's shard cache holds every shard of a dataset version
 /// the job reads (`POST /api/v1/jobs/{id}/cached-datasets`, with the job token).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

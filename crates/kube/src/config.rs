@@ -39,6 +39,10 @@ pub struct KubeConfig {
     pub log_dir: PathBuf,
     /// The storage class of volumes that name none; `None`: the cluster's default class.
     pub storage_class: Option<String>,
+    /// The node cache agent's URL as pods reach it (its node-local Service,
+    /// deploy/kubernetes/cache-agent.yaml): replicas read datasets on Trainyard's object store
+    /// through it (`TRAINYARD_DATASET_URL`). `None`: from the server, with no cache beyond the pod.
+    pub cache_agent_url: Option<String>,
 }
 
 impl KubeConfig {
@@ -63,6 +67,7 @@ impl KubeConfig {
             client_burst: 2000,
             log_dir: log_dir.into(),
             storage_class: None,
+            cache_agent_url: None,
         }
     }
 }

@@ -481,5 +481,9 @@ fn replica_env(config: &KubeConfig, request: &LaunchRequest, ns: &str) -> Vec<Va
     // The node the pod landed on: the engine's shard cache reports name it.
     env.push(json!({ "name": "TRAINYARD_NODE", "valueFrom": { "fieldRef": { "fieldPath": "spec.nodeName" } } }));
     env.extend(fixed.into_iter().map(|(name, value)| json!({ "name": name, "value": value })));
+    // Datasets on the object store come through the node's cache agent.
+    if let Some(url) = &config.cache_agent_url {
+        env.push(json!({ "name": "TRAINYARD_DATASET_URL", "value": url }));
+    }
     env
 }

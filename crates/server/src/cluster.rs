@@ -46,6 +46,12 @@ pub struct KubeExecutorArgs {
     /// The storage class of volumes that name none (default: the cluster's default class).
     #[arg(long)]
     pub kube_storage_class: Option<String>,
+    /// The node cache agent's URL as pods reach it, e.g.
+    /// `http://trainyard-cache-agent.trainyard-cache.svc:8470` (deploy/kubernetes/cache-agent.yaml):
+    /// jobs read datasets pushed to the object store through their node's cache. Without it they
+    /// read from the server, and only the pod keeps what it read.
+    #[arg(long)]
+    pub kube_cache_agent_url: Option<String>,
 }
 
 /// A server whose jobs run on Kubernetes; kept logs of ended attempts go under `data_dir/logs`.
@@ -64,6 +70,7 @@ pub async fn kube_server(
     config.client_qps = args.kube_qps;
     config.client_burst = args.kube_burst;
     config.storage_class = args.kube_storage_class.clone();
+    config.cache_agent_url = args.kube_cache_agent_url.clone();
     config.termination_grace = settings.grace;
     let executor = KubernetesExecutor::connect(config).await.context("connecting to Kubernetes")?;
     let storage = storage.open(data_dir).context("opening the object store")?;

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cache_agent;
 pub mod cluster;
 pub mod control;
 pub mod dev;

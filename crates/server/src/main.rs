@@ -169,6 +169,24 @@ enum Command {
         #[command(subcommand)]
         action: PostgresAction,
     },
+    /// The shard cache of one Kubernetes node, shared by every job on it (run by the platform as
+    /// a DaemonSet: deploy/kubernetes/cache-agent.yaml). Pods read dataset files from it
+    /// (`--kube-cache-agent-url`); it asks the server, with each job's own token, whether the
+    /// job may read a file, and fetches what the node lacks.
+    CacheAgent {
+        /// The node's cache folder.
+        #[arg(long, env = "TRAINYARD_CACHE_AGENT_DIR", default_value = "/var/lib/trainyard/shard-cache")]
+        dir: PathBuf,
+        #[arg(long, env = "TRAINYARD_CACHE_AGENT_LISTEN", default_value = "0.0.0.0:8470")]
+        listen: SocketAddr,
+        /// The Trainyard server's URL as the agent reaches it.
+        #[arg(long, env = "TRAINYARD_URL")]
+        server: String,
+        /// The most bytes the cache keeps of copies no job is reading (least recently used go
+        /// first).
+        #[arg(long, env = "TRAINYARD_CACHE_AGENT_BUDGET_BYTES")]
+        budget_bytes: u64,
+    },
     /// Supervises one replica (started by the local executor; not for people).
     #[command(hide = true)]
     Shim {
@@ -334,6 +352,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Postgres { action: PostgresAction::Stop { dir } } => {
             EmbeddedPostgres::stop_in(&dir).await?;
+            Ok(())
+        }
+        Command::CacheAgent { dir, listen, server, budget_bytes } => {
+            let agent = trainyard_server::cache_agent::Agent::new(trainyard_server::cache_agent::AgentConfig {
+                dir,
+                server,
+                budget_bytes,
+            })?;
+            let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+            println!("trainyard: cache agent listening on http://{}", listener.local_addr()?);
+            axum::serve(listener, agent.router()).with_graceful_shutdown(dev::shutdown_signal()).await?;
             Ok(())
         }
         Command::Shim { .. } => unreachable!("handled before the runtime starts"),

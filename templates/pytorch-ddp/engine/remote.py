@@ -38,6 +38,12 @@ The cache, from the environment (`CacheSettings.from_env`):
   own least recently used shards not in use go first). Unset: no bound of its own.
 - TRAINYARD_CACHE_PRIVATE: "1" when the executor keeps each tenant's namespace its own (a Unix
   user per tenant): a shard found whole by an earlier job is then not hashed again.
+- TRAINYARD_DATASET_URL: the node's cache agent (Kubernetes: `trainyard cache-agent`, one per
+  node, reached through a node-local Service). Files are read from it instead of the server, with
+  the same paths and token; it keeps the node's copies and asks the server whether the job may
+  read each file. Connection errors and 5xx from it send the reads to the server for
+  AGENT_RETRY_AFTER seconds: a cache's failure never fails the run. The pod's own cache is then
+  the view's private one (or TRAINYARD_CACHE_DIR's).
 
 Ranks. Every rank on a node makes its own view over the same cache; two ranks filling one shard
 take turns on its lock and the second finds it cached. Ranks start filling at different shards
@@ -46,9 +52,10 @@ take turns on its lock and the second finds it cached. Ranks start filling at di
 Warm nodes. Once a view holds every shard, each replica's first process tells the server that
 its node's cache holds the version (`POST {TRAINYARD_URL}/api/v1/jobs/{TRAINYARD_JOB_ID}/cached-datasets`
 with `{"node": TRAINYARD_NODE, "name", "version", "bytes"}`), and the scheduler prefers this node
-for the tenant's next jobs reading it. Only with a node cache (TRAINYARD_CACHE_DIR) and a node
-name (TRAINYARD_NODE); one try: a report that fails costs a preference, never the run. Replicas
-sharing a node report the same thing; the server keeps one entry.
+for the tenant's next jobs reading it. Only with a node cache (TRAINYARD_CACHE_DIR, or the agent
+when every file came through it) and a node name (TRAINYARD_NODE); one try: a report that fails
+costs a preference, never the run. Replicas sharing a node report the same thing; the server
+keeps one entry.
 """
 import http.client
 import io
@@ -74,6 +81,10 @@ DATASET_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 # Seconds one socket operation may wait (not a whole shard's download).
 SOCKET_TIMEOUT = 60
+# Seconds to connect to the node's cache agent (node-local: a healthy one answers at once), and
+# before asking it again after it failed.
+AGENT_CONNECT_TIMEOUT = 5
+AGENT_RETRY_AFTER = 300.0
 STREAM_CHUNK = 1 << 20
 # Open files a process needs besides the shards: libraries, sockets, ShardDataset's own.
 OTHER_OPEN_FILES = 1024
@@ -100,6 +111,10 @@ class Unavailable(Exception):
     """A request that may succeed if tried again: the connection failed or the server answered 5xx."""
 
 
+class AgentUnavailable(Unavailable):
+    """The node's cache agent could not be reached or answered 5xx: the server is asked instead."""
+
+
 class DatasetRef:
     """A registered dataset version, `NAME@VERSION`."""
 
@@ -123,17 +138,28 @@ def store_dataset(data):
 
 
 class DatasetFiles:
-    """The files of one dataset version on the server, read with the job's token."""
+    """The files of one dataset version on the server, read with the job's token; through the
+    node's cache agent when there is one (`agent_url`), from the server itself while the agent
+    cannot be reached (it is a cache: its failure never fails the run)."""
 
-    def __init__(self, base_url, token, dataset, retry_delays=RETRY_DELAYS):
+    def __init__(self, base_url, token, dataset, retry_delays=RETRY_DELAYS, agent_url=None):
         self.base_url, self.dataset, self.retry_delays = base_url.rstrip("/"), dataset, retry_delays
+        self.agent_url = agent_url.rstrip("/") if agent_url else None
+        # True once a file came from the server instead of the agent: the node's cache may then
+        # lack it.
+        self.bypassed_agent = False
+        self._agent_down_until = 0.0
         self._token = token
         self._opener = urllib.request.build_opener(TokenStaysHome)
+        self._agent_opener = urllib.request.build_opener(TokenStaysHome, QuickConnectHandler)
 
-    def url(self, file):
+    def _agent_now(self):
+        return self.agent_url is not None and time.monotonic() >= self._agent_down_until
+
+    def url(self, file, base=None):
         parts = (self.dataset.name, self.dataset.version, file)
         name, version, file = (urllib.parse.quote(part, safe="") for part in parts)
-        return f"{self.base_url}/api/v1/datasets/{name}/{version}/files/{file}"
+        return f"{base or self.base_url}/api/v1/datasets/{name}/{version}/files/{file}"
 
     def read(self, file):
         """The bytes of `file`, tried again on connection errors and 5xx."""
@@ -157,22 +183,38 @@ class DatasetFiles:
                 out.write(chunk)
 
     def with_retries(self, file, action):
-        """`action()`, tried again after each of `retry_delays` while it raises Unavailable."""
-        for delay in (*self.retry_delays, None):
+        """`action()`, tried again after each of `retry_delays` while it raises Unavailable. The
+        cache agent failing is no try: the server is asked at once, and the agent again only
+        after AGENT_RETRY_AFTER seconds."""
+        delays = [*self.retry_delays, None]
+        while True:
             try:
                 return action()
+            except AgentUnavailable as err:
+                self._agent_down_until = time.monotonic() + AGENT_RETRY_AFTER
+                print(f"data: the node's cache agent ({self.agent_url}) failed: {err}; reading {self.dataset} from "
+                      f"the server for {AGENT_RETRY_AFTER:.0f} s", flush=True)
+                continue
             except Unavailable as err:
+                delay = delays.pop(0)
                 if delay is None:
                     raise DatasetError(f"could not fetch {file} of dataset {self.dataset} from {self.base_url}: "
                                        f"{err} ({len(self.retry_delays) + 1} tries)") from err
                 time.sleep(delay)
 
     def _open(self, file):
-        request = urllib.request.Request(self.url(file), headers={"Authorization": f"Bearer {self._token}"})
+        through_agent = self._agent_now()
+        if not through_agent:
+            self.bypassed_agent = self.bypassed_agent or self.agent_url is not None
+        base = self.agent_url if through_agent else self.base_url
+        request = urllib.request.Request(self.url(file, base), headers={"Authorization": f"Bearer {self._token}"})
+        opener = self._agent_opener if through_agent else self._opener
         try:
-            return self._opener.open(request, timeout=SOCKET_TIMEOUT)
+            return opener.open(request, timeout=SOCKET_TIMEOUT)
         except urllib.error.HTTPError as err:
             err.close()
+            if through_agent and err.code >= 500:
+                raise AgentUnavailable(f"HTTP {err.code} {err.reason}") from None
             if err.code in (401, 403):
                 raise DatasetError(f"the job token was refused for dataset {self.dataset} "
                                    f"(HTTP {err.code} for {file})") from None
@@ -184,7 +226,28 @@ class DatasetFiles:
             raise DatasetError(f"the server refused {file} of dataset {self.dataset}: "
                                f"HTTP {err.code} {err.reason}") from None
         except (OSError, http.client.HTTPException) as err:  # URLError is an OSError
+            if through_agent:
+                raise AgentUnavailable(f"{getattr(err, 'reason', err)}") from err
             raise Unavailable(f"{getattr(err, 'reason', err)}") from err
+
+
+class QuickConnect(http.client.HTTPConnection):
+    """A connection that gives up connecting after AGENT_CONNECT_TIMEOUT seconds (a node whose
+    agent is gone may drop the packets), then waits as long as any request for the answer (a
+    fill on a cold node takes the agent a while before its first byte)."""
+
+    def connect(self):
+        timeout, self.timeout = self.timeout, AGENT_CONNECT_TIMEOUT
+        try:
+            super().connect()
+        finally:
+            self.timeout = timeout
+        self.sock.settimeout(timeout)
+
+
+class QuickConnectHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(QuickConnect, req)
 
 
 class TokenStaysHome(urllib.request.HTTPRedirectHandler):
@@ -370,10 +433,13 @@ def dataset_view(dataset, local_rank=0, local_world=1, environ=os.environ):
         raise DatasetError(f"dataset {dataset} is read from Trainyard, which needs TRAINYARD_URL and "
                            f"TRAINYARD_TOKEN (Trainyard sets them for its jobs)")
     settings = CacheSettings.from_env(environ)
-    view = DatasetView(DatasetFiles(url, token, dataset), settings, local_rank, local_world)
-    # A dataset larger than the budget does not stay cached after the run: no report of it.
+    files = DatasetFiles(url, token, dataset, agent_url=environ.get("TRAINYARD_DATASET_URL") or None)
+    view = DatasetView(files, settings, local_rank, local_world)
+    # A dataset larger than the budget does not stay cached after the run: no report of it. Nor
+    # one read past the agent: the node's cache may lack some of it.
     budget = min(settings.budget_bytes, settings.tenant_budget_bytes or math.inf)
-    if local_rank == 0 and settings.root is not None and view.shard_bytes <= budget:
+    node_cache = settings.root is not None or (files.agent_url is not None and not files.bypassed_agent)
+    if local_rank == 0 and node_cache and view.shard_bytes <= budget:
         report_cached(url, token, environ, dataset, view.shard_bytes)
     return view
 

@@ -5,6 +5,7 @@ a clear line, and the view holds its shards against eviction until it is closed.
 import hashlib
 import json
 import os
+import socket
 
 import pytest
 
@@ -323,3 +324,64 @@ def test_a_redirect_to_another_host_does_not_carry_the_job_token():
     elsewhere = redirect.redirect_request(request, None, 302, "Found", {}, "https://bucket.example/x?sig=1")
     home = redirect.redirect_request(request, None, 302, "Found", {}, "http://trainyard:8080/y")
     assert not elsewhere.has_header("Authorization") and home.get_header("Authorization") == "Bearer t"
+
+
+# The node's cache agent (Kubernetes: `trainyard cache-agent`, TRAINYARD_DATASET_URL).
+
+def closed_port_url():
+    """The URL of a port nothing listens on."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return f"http://127.0.0.1:{port}"
+
+
+def agent_env(trainyard, agent_url, tmp_path):
+    return {**trainyard.env(), "TRAINYARD_DATASET_URL": agent_url, "TRAINYARD_NODE": "node-a", "TMPDIR": str(tmp_path)}
+
+
+def test_through_the_nodes_cache_agent_every_file_comes_from_it_and_the_report_goes_to_the_server(
+        trainyard, packed, tmp_path):
+    agent = serving(packed)  # the agent speaks the server's protocol, with the same job token
+    try:
+        env = agent_env(trainyard, f"http://127.0.0.1:{agent.server.server_address[1]}", tmp_path)
+        with remote.dataset_view(remote.DatasetRef("tiny", "1"), environ=env) as view:
+            with open(os.path.join(view.folder, "shard-000001.tar"), "rb") as ours, \
+                    open(os.path.join(packed[0], "shard-000001.tar"), "rb") as packed_:
+                assert ours.read() == packed_.read()
+        names = {s["name"] for s in packed[1]["shards"]} | {s["index"] for s in packed[1]["shards"]}
+        assert set(agent.files_served) == names | {"dataset.json"}
+        assert trainyard.files_served == {}, "nothing from the server itself"
+        assert [r["node"] for r in trainyard.cache_reports] == ["node-a"], "the node's agent holds it all"
+        assert agent.cache_reports == []
+    finally:
+        agent.close()
+
+
+def test_an_agent_that_is_down_or_failing_costs_the_run_nothing_but_the_report(trainyard, packed, tmp_path, capsys):
+    for agent_url, failing in [(closed_port_url(), None), (None, serving(packed))]:
+        if failing is not None:
+            agent_url = f"http://127.0.0.1:{failing.server.server_address[1]}"
+            failing.unavailable["dataset.json"] = 1  # a 503 from the agent
+        env = agent_env(trainyard, agent_url, tmp_path)
+        before = sum(trainyard.files_served.values())
+        with remote.dataset_view(remote.DatasetRef("tiny", "1"), environ=env):
+            pass
+        assert sum(trainyard.files_served.values()) - before == 1 + 2 * len(SHARDS), "all of it from the server"
+        assert "the node's cache agent" in capsys.readouterr().out
+        assert trainyard.cache_reports == [], "read past the agent: its node may not hold it"
+        if failing is not None:
+            assert failing.files_served == {}, "not asked again within AGENT_RETRY_AFTER"
+            failing.close()
+
+
+def test_the_agents_refusal_is_the_servers_and_ends_the_view_with_a_clear_error(trainyard, packed, tmp_path):
+    agent = FakeTrainyard(token="another-token")  # refuses this job's token: 401
+    try:
+        env = agent_env(trainyard, f"http://127.0.0.1:{agent.server.server_address[1]}", tmp_path)
+        with pytest.raises(remote.DatasetError, match="token was refused"):
+            remote.dataset_view(remote.DatasetRef("tiny", "1"), environ=env)
+        assert trainyard.files_served == {}, "a refusal is no reason to ask the server past the agent"
+    finally:
+        agent.close()

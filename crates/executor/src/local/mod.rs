@@ -33,7 +33,7 @@
 //! stopping a replica stops everything it started, a Ctrl-C to the server does not reach jobs,
 //! and replicas keep running (and are re-adopted) when the server restarts.
 
-mod cache_sweep;
+pub mod cache_sweep;
 pub mod gpus;
 pub mod isolation;
 pub mod process;

@@ -1,8 +1,9 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+pub use trainyard_core::api::dataset_headers::{CONTENT_HEADER, KIND_HEADER, SHA256_HEADER, TENANT_HEADER};
 use trainyard_core::api::{Dataset, DatasetFileUploaded, DatasetRegister, ErrorBody, NodeCacheReport};
 
 use crate::AppState;
@@ -102,6 +103,55 @@ pub async fn dataset_file_get(
         Body::from_stream(found.stream),
     )
         .into_response())
+}
+
+/// What a reader may know of one file of a pushed dataset version without its bytes, with the
+/// same authorization as `GET` (404 for anything the caller may not read). A node's cache agent
+/// asks this for every request a job makes of it, with the job's own token: the answer says
+/// whether the job may read the file, and names the cached copy (`X-Trainyard-Tenant`, whose
+/// copies are kept apart; `X-Trainyard-Content`, the version's content hash; the file's kind in
+/// `X-Trainyard-File-Kind`; a shard's SHA-256 in `X-Trainyard-Sha256` and its size in
+/// `Content-Length`). Reads nothing from the object store.
+#[utoipa::path(head, path = "/api/v1/datasets/{name}/{version}/files/{file}", tag = "datasets",
+    params(
+        ("name" = String, Path, description = "Dataset name"),
+        ("version" = String, Path, description = "Version"),
+        ("file" = String, Path, description = "dataset.json, or a shard or index name the manifest gives"),
+    ),
+    security(("bearer" = []), ("job_token" = [])),
+    responses(
+        (status = 200, description = "The caller may read the file", headers(
+            ("X-Trainyard-Tenant" = String, description = "The version's tenant id"),
+            ("X-Trainyard-Content" = String, description = "The version's content hash, 64 hex digits"),
+            ("X-Trainyard-File-Kind" = String, description = "manifest, shard or index"),
+            ("X-Trainyard-Sha256" = String, description = "A shard's SHA-256, 64 hex digits"),
+        )),
+        (status = 404, description = "Unknown, or not the caller's to read"),
+    ))]
+pub async fn dataset_file_head(
+    State(state): State<AppState>,
+    DatasetReaderAuth(reader): DatasetReaderAuth,
+    Path((name, version, file)): Path<(String, String, String)>,
+) -> ApiResult<Response> {
+    let facts = state.app.dataset_file_describe(&reader, &name, &version, &file).await?;
+    let mut headers = vec![
+        (HeaderName::from_static(TENANT_HEADER), facts.tenant_id.to_string()),
+        (HeaderName::from_static(CONTENT_HEADER), facts.content_hex),
+        (HeaderName::from_static(KIND_HEADER), facts.kind.as_str().to_string()),
+        (header::CACHE_CONTROL, "private, no-store".to_string()),
+    ];
+    if let (Some(size), Some(sha256)) = (facts.size, facts.sha256) {
+        headers.push((header::CONTENT_LENGTH, size.to_string()));
+        headers.push((HeaderName::from_static(SHA256_HEADER), sha256));
+    }
+    let mut response = StatusCode::OK.into_response();
+    for (name, value) in headers {
+        // Digits, letters and a UUID's dashes: always a valid header value.
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    Ok(response)
 }
 
 /// The job's engine reports that its node's shard cache holds every shard of a dataset version

@@ -57,7 +57,10 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/nodes", get(scheduling::nodes_get))
         .route("/api/v1/datasets", get(datasets::datasets_list).post(datasets::dataset_register))
         .route("/api/v1/datasets/{name}/{version}", get(datasets::dataset_get))
-        .route("/api/v1/datasets/{name}/{version}/files/{file}", get(datasets::dataset_file_get))
+        .route(
+            "/api/v1/datasets/{name}/{version}/files/{file}",
+            get(datasets::dataset_file_get).head(datasets::dataset_file_head),
+        )
         .route(
             "/api/v1/dataset-content/{hash}/{file}",
             // Shards stream to the store: no body limit here (each is held to the size its
@@ -132,6 +135,7 @@ fn storage_routes() -> RouteTable {
         datasets::dataset_get,
         datasets::dataset_file_upload,
         datasets::dataset_file_get,
+        datasets::dataset_file_head,
         datasets::node_cache_report,
         scheduling::quota_put,
         scheduling::tenant_patch,

@@ -58,6 +58,26 @@ impl DatasetFileKind {
     }
 }
 
+/// What a reader may know of a file of a pushed dataset without reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatasetFileFacts {
+    /// The version's tenant: a cache keeps each tenant's copies apart.
+    pub tenant_id: Uuid,
+    /// The version's content hash (64 hex digits): its files never change under it.
+    pub content_hex: String,
+    pub kind: DatasetFileKind,
+    /// A shard's size and SHA-256, from the manifest; none for the manifest and indexes.
+    pub size: Option<u64>,
+    pub sha256: Option<String>,
+}
+
+/// A file found for a reader it was authorized for.
+struct Located {
+    tenant: String,
+    prefix: Key,
+    facts: DatasetFileFacts,
+}
+
 /// A file of a pushed dataset, on its way to the caller.
 pub struct DatasetFile {
     pub size: u64,
@@ -388,6 +408,21 @@ impl App {
         Ok(())
     }
 
+    /// What the server knows of one file of a pushed dataset version without reading it (the
+    /// answer to `HEAD`): the same authorization as [`App::dataset_file_read`], so that a node's
+    /// cache agent can ask, for each request a job makes of it, whether the job may read the
+    /// file and which cached content it is. Reads nothing from the object store but the
+    /// manifest, once.
+    pub async fn dataset_file_describe(
+        &self,
+        reader: &DatasetReader,
+        name: &str,
+        version: &str,
+        file: &str,
+    ) -> Result<DatasetFileFacts> {
+        Ok(self.dataset_file_locate(reader, name, version, file).await?.facts)
+    }
+
     /// One file of a pushed dataset version, streamed from the object store: for a member of
     /// its tenant, or for a job that recorded reading that version. Anything else, another
     /// tenant's version included, is the same 404 as a version that does not exist. Counts the
@@ -399,6 +434,35 @@ impl App {
         version: &str,
         file: &str,
     ) -> Result<DatasetFile> {
+        let Located { tenant, prefix, facts } = self.dataset_file_locate(reader, name, version, file).await?;
+        let kind = facts.kind;
+        let key = keys::dataset_file_key(&prefix, file);
+        let (size, stream) = self
+            .storage
+            .objects
+            .download(&key)
+            .await
+            .map_err(storage_error)?
+            .ok_or_else(|| Error::internal(format!("the registered version {name}@{version} lacks {key}")))?;
+        let served = self.monitoring.dataset_bytes_counter(&tenant, kind.as_str());
+        let stream = stream
+            .map_err(std::io::Error::other)
+            .inspect_ok(move |chunk| {
+                served.inc_by(chunk.len() as u64);
+            })
+            .boxed();
+        Ok(DatasetFile { size, kind, stream })
+    }
+
+    /// Authorizes a read of one file of a pushed version and finds it (see
+    /// [`App::dataset_file_read`]).
+    async fn dataset_file_locate(
+        &self,
+        reader: &DatasetReader,
+        name: &str,
+        version: &str,
+        file: &str,
+    ) -> Result<Located> {
         let (tenant_id, tenant) = match reader {
             DatasetReader::Member(caller) => {
                 caller.authorize(Action::ReadJobs)?;
@@ -423,27 +487,22 @@ impl App {
             }
         };
         // Only a name the manifest gives becomes a key: nothing from the path reaches the store.
-        let kind = if file == MANIFEST_FILE {
-            DatasetFileKind::Manifest
+        let (kind, shard) = if file == MANIFEST_FILE {
+            (DatasetFileKind::Manifest, None)
         } else {
-            file_in(&manifest, file).ok_or_else(|| Error::not_found(ObjectKind::Dataset))?.0
+            match file_in(&manifest, file).ok_or_else(|| Error::not_found(ObjectKind::Dataset))? {
+                (DatasetFileKind::Shard, entry) => (DatasetFileKind::Shard, Some(entry)),
+                (kind, _) => (kind, None),
+            }
         };
-        let key = keys::dataset_file_key(&prefix, file);
-        let (size, stream) = self
-            .storage
-            .objects
-            .download(&key)
-            .await
-            .map_err(storage_error)?
-            .ok_or_else(|| Error::internal(format!("the registered version {name}@{version} lacks {key}")))?;
-        let served = self.monitoring.dataset_bytes_counter(tenant, kind.as_str());
-        let stream = stream
-            .map_err(std::io::Error::other)
-            .inspect_ok(move |chunk| {
-                served.inc_by(chunk.len() as u64);
-            })
-            .boxed();
-        Ok(DatasetFile { size, kind, stream })
+        let facts = DatasetFileFacts {
+            tenant_id,
+            content_hex: content_hex(&dataset.content_hash, "content_hash")?.to_string(),
+            kind,
+            size: shard.map(|entry| entry.bytes),
+            sha256: shard.map(|entry| entry.sha256.clone()),
+        };
+        Ok(Located { tenant: tenant.to_string(), prefix, facts })
     }
 }
 

@@ -1,0 +1,229 @@
+//! The node cache agent (`trainyard cache-agent`, issue 23) end to end: the real binary beside a
+//! server on the Kubernetes executor (the in-memory API server; the agent is what a node's
+//! DaemonSet pod runs) and a real S3 server. A job's pods are told to read datasets through it;
+//! with the job's token it serves a pushed version's files, fetching each shard from the server
+//! once and then from the node's copy (the server counts what it sent), drops a copy damaged on
+//! disk and fetches it again, and serves nothing the server would not: another tenant's job, a
+//! member of another tenant and a request without a token get what the server gives them, even
+//! for a file the node holds.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use trainyard_tests::{FakeApiServer, StatusCode, TestEnv, bin};
+
+use crate::storage::{Backend, start_with_env, tenant_of_job};
+use crate::store_datasets::push_tiny;
+
+/// The agent's process, ended when dropped.
+struct Agent {
+    child: Child,
+    url: String,
+    dir: PathBuf,
+}
+
+impl Agent {
+    fn start(dir: &Path, listen: &str, server: &str, budget: u64) -> Agent {
+        let mut child = Command::new(bin("trainyard"))
+            .args(["cache-agent", "--dir", dir.to_str().unwrap(), "--listen", listen, "--server", server])
+            .args(["--budget-bytes", &budget.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the cache agent");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("its first line");
+        let url = line.trim().strip_prefix("trainyard: cache agent listening on ").expect("its address").to_string();
+        Agent { child, url, dir: dir.to_path_buf() }
+    }
+
+    async fn get(&self, token: Option<&str>, dataset: &str, file: &str) -> reqwest::Response {
+        let (name, version) = dataset.split_once('@').unwrap();
+        let mut request =
+            reqwest::Client::new().get(format!("{}/api/v1/datasets/{name}/{version}/files/{file}", self.url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send().await.unwrap()
+    }
+
+    /// The status, the cache header and the whole body (an error when it broke off).
+    async fn read(
+        &self,
+        token: Option<&str>,
+        dataset: &str,
+        file: &str,
+    ) -> (StatusCode, String, Result<Vec<u8>, String>) {
+        let response = self.get(token, dataset, file).await;
+        let status = response.status();
+        let cache = response.headers().get("x-trainyard-cache").map(|v| v.to_str().unwrap().to_string());
+        let body = response.bytes().await.map(|b| b.to_vec()).map_err(|err| format!("{err:?}"));
+        (status, cache.unwrap_or_default(), body)
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap();
+        text.lines().find_map(|line| line.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0.0)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port free now (the agent's address must be known before the server starts).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// What the server counted as sent of the shards of the tenant named `tenant`.
+async fn shard_bytes_served(env: &TestEnv, tenant: &str) -> u64 {
+    let text = env.metrics_text().await;
+    let series = format!("trainyard_dataset_bytes_served_total{{tenant=\"{tenant}\",kind=\"shard\"}} ");
+    text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok()).unwrap_or(0)
+}
+
+/// A CPU pytorch-ddp job of the caller's tenant reading `data` (on the in-memory API server its
+/// pod just runs, so its token stays live); its id.
+async fn reader(env: &TestEnv, token: &str, data: &str) -> String {
+    let body = json!({"params": {"data": data, "gpus": 0, "cpu": 1, "memory": "1Gi", "checkpoint_volume": ""}});
+    let (status, job) = env.post("/api/v1/templates/pytorch-ddp/jobs", token, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    env.wait_job_as(token, &id, Duration::from_secs(30), |j| j["state"] == "running").await;
+    id
+}
+
+/// The environment and token Trainyard gave the job's pod (its Job and Secret), as the engine
+/// reads them.
+async fn pod_env_and_token(fake: &FakeApiServer, job: &str) -> (Vec<Value>, String) {
+    use base64::Engine;
+    let of_job = |kind: &'static str| async move {
+        let all: Value = reqwest::get(format!("{}/{kind}", fake.url)).await.unwrap().json().await.unwrap();
+        let found =
+            all["items"].as_array().unwrap().iter().find(|o| o["metadata"]["labels"]["trainyard.dev/job"] == job);
+        found.unwrap_or_else(|| panic!("no {kind} of job {job}: {all}")).clone()
+    };
+    let batch_job = of_job("apis/batch/v1/jobs").await;
+    let env = batch_job["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap().clone();
+    let secret = of_job("api/v1/secrets").await;
+    let token = secret["data"]["TRAINYARD_TOKEN"].as_str().unwrap();
+    let token = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(token).unwrap()).unwrap();
+    (env, token)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_only_what_the_server_allows() {
+    let scratch = tempfile::tempdir().unwrap();
+    let fake = FakeApiServer::start(scratch.path(), &["1"]);
+    let agent_listen = format!("127.0.0.1:{}", free_port());
+    let agent_url = format!("http://{agent_listen}");
+    let (env, _store) = start_with_env(
+        &Backend::S3,
+        &[
+            "--executor",
+            "kubernetes",
+            "--kube-image",
+            "registry.example/runtime:1",
+            "--kube-cache-agent-url",
+            &agent_url,
+        ],
+        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
+    )
+    .await;
+    let admin = env.admin_token.clone();
+    push_tiny(&env, &admin, "tiny", "1").await;
+    let agent = Agent::start(&scratch.path().join("node-cache"), &agent_listen, &env.server.url, 1 << 30);
+
+    // The job's pod is told to read through the agent, with its own token.
+    let job = reader(&env, &admin, "store:tiny@1").await;
+    let (pod_env, token) = pod_env_and_token(&fake, &job).await;
+    assert!(
+        pod_env.iter().any(|v| v["name"] == "TRAINYARD_DATASET_URL" && v["value"] == agent_url.as_str()),
+        "{pod_env:?}"
+    );
+    let tenant = tenant_of_job(&env, &job).await;
+    let (_, direct) = env.get("/api/v1/datasets/tiny/1", &admin).await;
+    assert!(direct["store_prefix"].is_string(), "{direct}");
+    let shard = "data-000000.tar";
+    let expected = b"the one shard of tiny@1".to_vec();
+
+    // The first read fetches the shard from the server, the second finds it on the node.
+    let before = shard_bytes_served(&env, "default").await;
+    let (status, cache, body) = agent.read(Some(&token), "tiny@1", shard).await;
+    assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "miss", Ok(&expected[..])));
+    let after_first = shard_bytes_served(&env, "default").await;
+    assert_eq!(after_first - before, expected.len() as u64, "fetched from the server once");
+    for _ in 0..2 {
+        let (status, cache, body) = agent.read(Some(&token), "tiny@1", shard).await;
+        assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "hit", Ok(&expected[..])));
+    }
+    assert_eq!(shard_bytes_served(&env, "default").await, after_first, "the node's copy: nothing from the server");
+    let (status, cache, index) = agent.read(Some(&token), "tiny@1", "data-000000.idx.json").await;
+    assert_eq!((status, cache.as_str(), index.as_deref()), (StatusCode::OK, "miss", Ok(&b"{}"[..])));
+    assert_eq!(agent.read(Some(&token), "tiny@1", "data-000000.idx.json").await.1, "hit");
+    let (status, _, manifest) = agent.read(Some(&token), "tiny@1", "dataset.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(String::from_utf8(manifest.unwrap()).unwrap().contains("trainyard-shards-v1"));
+
+    // Copies live in the tenant's folder, by content, where the sweep looks.
+    let sha: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&expected).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let copy = agent.dir.join(&tenant).join(&sha[..2]).join(&sha);
+    assert_eq!(std::fs::read(&copy).unwrap(), expected);
+
+    // A copy damaged on disk (same size): that response breaks off, the copy is dropped, the
+    // next read fetches it again and is whole.
+    let mut damaged = expected.clone();
+    damaged[3] ^= 0xFF;
+    std::fs::write(&copy, &damaged).unwrap();
+    let (status, _, body) = agent.read(Some(&token), "tiny@1", shard).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.is_err(), "a damaged copy must not arrive whole: {body:?}");
+    assert_eq!(agent.metric("trainyard_cache_agent_damaged_total").await, 1.0);
+    let (status, cache, body) = agent.read(Some(&token), "tiny@1", shard).await;
+    assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "miss", Ok(&expected[..])));
+    let after_damage = shard_bytes_served(&env, "default").await;
+    assert_eq!(after_damage - after_first, expected.len() as u64, "fetched again, once");
+
+    // Nothing the server would refuse, though the node holds it: another tenant's job and
+    // member, a job of this tenant that does not read it, no token.
+    let (status, body) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let bob = env.member("team-b", "bob", "admin").await;
+    push_tiny(&env, &bob, "tiny", "1").await; // the same name and content, in tenant B
+    let bobs_job = reader(&env, &bob, "store:tiny@1").await;
+    let (_, bobs_token) = pod_env_and_token(&fake, &bobs_job).await;
+    let (plain_status, plain) = env.post("/api/v1/jobs", &admin, &json!({"command": ["sleep", "300"]})).await;
+    assert_eq!(plain_status, StatusCode::CREATED, "{plain}");
+    let plain_job = plain["id"].as_str().unwrap().to_string();
+    env.wait_job(&plain_job, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let (_, idle_token) = pod_env_and_token(&fake, &plain_job).await;
+    let viewer_b = env.member("team-b", "vic", "viewer").await;
+    for (who, caller, expected_status) in [
+        ("a job of this tenant not reading it", Some(idle_token.as_str()), StatusCode::NOT_FOUND),
+        ("no token", None, StatusCode::UNAUTHORIZED),
+        ("a made-up token", Some("tyj_not-a-token"), StatusCode::UNAUTHORIZED),
+    ] {
+        let (status, _, body) = agent.read(caller, "tiny@1", shard).await;
+        assert_eq!(status, expected_status, "{who}: {body:?}");
+    }
+    // Tenant B's job reads tenant B's tiny@1 (same content): its own copy, fetched from the
+    // server for B, never A's.
+    let bobs_tenant = tenant_of_job(&env, &bobs_job).await;
+    let (status, cache, body) = agent.read(Some(&bobs_token), "tiny@1", shard).await;
+    assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "miss", Ok(&expected[..])));
+    assert_eq!(shard_bytes_served(&env, "team-b").await, expected.len() as u64, "B's bytes, from the server");
+    assert!(agent.dir.join(&bobs_tenant).join(&sha[..2]).join(&sha).is_file());
+    // A member of B with an API token asking for a version of A that B does not have: 404.
+    let (status, _, _) = agent.read(Some(&viewer_b), "tiny@9", shard).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(shard_bytes_served(&env, "default").await, after_damage, "A's files: nothing more sent");
+}
