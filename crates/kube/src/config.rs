@@ -40,7 +40,7 @@ pub struct KubeConfig {
     /// The storage class of volumes that name none; `None`: the cluster's default class.
     pub storage_class: Option<String>,
     /// The node cache agent's URL as pods reach it (its node-local Service,
-    /// deploy/kubernetes/cache-agent.yaml): replicas read datasets on Trainyard's object store
+    /// deploy/kubernetes/cache-agent): replicas read datasets on Trainyard's object store
     /// through it (`TRAINYARD_DATASET_URL`). `None`: from the server, with no cache beyond the pod.
     pub cache_agent_url: Option<String>,
 }

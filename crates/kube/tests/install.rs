@@ -12,8 +12,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -50,6 +51,7 @@ const SERVER_ENVIRONMENT: &[&str] = &[
     "TRAINYARD_OIDC_CLIENT_ID",
     "TRAINYARD_OIDC_CLIENT_SECRET_FILE",
     "TRAINYARD_OIDC_REDIRECT_URL",
+    "TRAINYARD_KUBE_CACHE_AGENT_URL",
     "RUST_LOG",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -232,6 +234,8 @@ fn check_object(object: &Value) -> Result<(), String> {
         "Role" => typed::<Role>(object),
         "RoleBinding" => typed::<RoleBinding>(object),
         "Deployment" => typed::<Deployment>(object),
+        "DaemonSet" => typed::<DaemonSet>(object),
+        "NetworkPolicy" => typed::<NetworkPolicy>(object),
         "Service" => typed::<Service>(object),
         "ConfigMap" => typed::<ConfigMap>(object),
         "PodDisruptionBudget" => typed::<PodDisruptionBudget>(object),
@@ -395,7 +399,7 @@ fn the_server_runs_two_ready_non_root_replicas_under_its_service_account() {
 
         // The Service and the disruption budget select these pods; a drain can still proceed.
         let labels = deployment.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.clone().unwrap();
-        let service: Service = the_one(render, "Service");
+        let service: Service = parse_as(named(render, "Service", "trainyard").expect("the server's Service")).unwrap();
         let service_spec = service.spec.as_ref().unwrap();
         let selector = service_spec.selector.as_ref().expect("a selector");
         assert!(
@@ -540,7 +544,7 @@ fn only_the_overlays_meant_to_have_prometheus_scrape_metrics_with_the_token() {
         }
         assert_eq!(monitors.len(), 1, "{}: one ServiceMonitor", render.name);
         let monitor = monitors[0];
-        let service: Service = the_one(render, "Service");
+        let service: Service = parse_as(named(render, "Service", "trainyard").expect("the server's Service")).unwrap();
         let service_labels = service.metadata.labels.clone().unwrap_or_default();
         let selector = monitor["spec"]["selector"]["matchLabels"].as_object().expect("matchLabels");
         assert!(
@@ -599,6 +603,83 @@ fn each_overlay_pins_its_images_and_its_patches_take() {
             }
         }
     }
+}
+
+/// The node cache agent (deploy/kubernetes/cache-agent), alone and in the overlays that install
+/// it: on every node, its hostPath only in a namespace of its own that allows it (tenant
+/// namespaces stay "restricted"), reached node-locally, pointed at the server as rendered, and
+/// the server pointed at it.
+#[test]
+fn the_cache_agent_runs_on_every_node_in_its_own_namespace_and_the_server_and_agent_find_each_other() {
+    let alone =
+        Render { name: "cache-agent".into(), objects: kustomize(&workspace_root().join(BASE).join("cache-agent")) };
+    let mut installed = 0;
+    for render in std::iter::once(&alone).chain(renders()) {
+        let Some(daemon_set) = named(render, "DaemonSet", "trainyard-cache-agent") else { continue };
+        installed += 1;
+        let daemon_set: DaemonSet = parse_as(daemon_set).unwrap();
+        let namespace = daemon_set.metadata.namespace.clone().unwrap();
+        let ns: Namespace = parse_as(named(render, "Namespace", &namespace).expect("its namespace")).unwrap();
+        let labels = ns.metadata.labels.unwrap_or_default();
+        assert_eq!(labels.get("pod-security.kubernetes.io/enforce").map(String::as_str), Some("privileged"));
+        let pod = daemon_set.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert!(
+            pod.tolerations.iter().flatten().any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+            "{}: on GPU nodes too, whatever their taints",
+            render.name
+        );
+        let host_paths: Vec<&str> =
+            pod.volumes.iter().flatten().filter_map(|v| v.host_path.as_ref()).map(|h| h.path.as_str()).collect();
+        assert_eq!(host_paths, ["/var/lib/trainyard/shard-cache"], "{}", render.name);
+        let container = &pod.containers[0];
+        let security = container.security_context.as_ref().unwrap();
+        assert_eq!(security.allow_privilege_escalation, Some(false), "{}", render.name);
+        assert_eq!(security.read_only_root_filesystem, Some(true), "{}", render.name);
+        assert_eq!(security.capabilities.as_ref().unwrap().drop.as_deref(), Some(&["ALL".to_string()][..]));
+        // Only the agent's namespace holds a hostPath: nothing else rendered asks for one.
+        for object in &render.objects {
+            if object["metadata"]["namespace"] != namespace.as_str() {
+                assert!(!object.to_string().contains("hostPath"), "{}: {}", render.name, describe(object));
+            }
+        }
+        let service: Service =
+            parse_as(named(render, "Service", "trainyard-cache-agent").expect("its Service")).unwrap();
+        let spec = service.spec.unwrap();
+        assert_eq!(
+            spec.internal_traffic_policy.as_deref(),
+            Some("Local"),
+            "{}: each pod its own node's agent",
+            render.name
+        );
+        let port = spec.ports.unwrap()[0].port;
+        let agent_url = format!("http://trainyard-cache-agent.{namespace}.svc:{port}");
+        let server_url =
+            container.env.iter().flatten().find(|v| v.name == "TRAINYARD_URL").and_then(|v| v.value.clone());
+        if render.name == "cache-agent" {
+            assert_eq!(server_url.as_deref(), Some("http://trainyard.trainyard-system.svc:8080"));
+            continue;
+        }
+        // Installed with the server: each names the other as rendered.
+        let server: Service = parse_as(named(render, "Service", "trainyard").expect("the server's Service")).unwrap();
+        let server_port = server.spec.unwrap().ports.unwrap()[0].port;
+        let server_namespace = server.metadata.namespace.unwrap();
+        assert_eq!(
+            server_url,
+            Some(format!("http://trainyard.{server_namespace}.svc:{server_port}")),
+            "{}",
+            render.name
+        );
+        let settings: ConfigMap = parse_as(named(render, "ConfigMap", "trainyard-settings").unwrap()).unwrap();
+        assert_eq!(
+            settings.data.unwrap_or_default().get("TRAINYARD_KUBE_CACHE_AGENT_URL"),
+            Some(&agent_url),
+            "{}: the server gives pods the agent's URL",
+            render.name
+        );
+        let deployment: Deployment = the_one(render, "Deployment");
+        assert_eq!(container.image, pod_spec(&deployment).containers[0].image, "{}: the server's image", render.name);
+    }
+    assert!(installed >= 2, "the agent alone and in the production overlay: {installed}");
 }
 
 // ---------------------------------------------------------------------------------------------

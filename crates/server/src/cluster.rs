@@ -47,10 +47,10 @@ pub struct KubeExecutorArgs {
     #[arg(long)]
     pub kube_storage_class: Option<String>,
     /// The node cache agent's URL as pods reach it, e.g.
-    /// `http://trainyard-cache-agent.trainyard-cache.svc:8470` (deploy/kubernetes/cache-agent.yaml):
+    /// `http://trainyard-cache-agent.trainyard-cache.svc:8470` (deploy/kubernetes/cache-agent):
     /// jobs read datasets pushed to the object store through their node's cache. Without it they
     /// read from the server, and only the pod keeps what it read.
-    #[arg(long)]
+    #[arg(long, env = "TRAINYARD_KUBE_CACHE_AGENT_URL")]
     pub kube_cache_agent_url: Option<String>,
 }
 

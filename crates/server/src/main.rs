@@ -170,7 +170,7 @@ enum Command {
         action: PostgresAction,
     },
     /// The shard cache of one Kubernetes node, shared by every job on it (run by the platform as
-    /// a DaemonSet: deploy/kubernetes/cache-agent.yaml). Pods read dataset files from it
+    /// a DaemonSet: deploy/kubernetes/cache-agent). Pods read dataset files from it
     /// (`--kube-cache-agent-url`); it asks the server, with each job's own token, whether the
     /// job may read a file, and fetches what the node lacks.
     CacheAgent {
