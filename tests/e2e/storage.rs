@@ -496,6 +496,57 @@ async fn multipart_upload_round_trips(backend: Backend) {
     assert_eq!(hex(&Sha256::digest(std::fs::read(&back).unwrap())), sha);
 }
 
+/// An upload cut off midway (the client gone after two parts went up) leaves no part behind on
+/// the store: the multipart upload is aborted when the request is dropped, not left for a
+/// lifecycle rule (on S3 its parts would stay, unseen and billed).
+async fn an_upload_cut_off_midway_leaves_no_parts_on_the_store(backend: Backend) {
+    let (env, store) = start(&backend).await;
+    let id = finished_job(&env, json!(["true"]), 1).await;
+    // What the store holds once the job's log is archived (files unchanged for a second).
+    let mut baseline = store.all_files();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = store.all_files();
+        if now == baseline {
+            break;
+        }
+        baseline = now;
+    }
+    let address = env.server.url.trim_start_matches("http://").to_string();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let total = 4 * PART_SIZE;
+    let head = format!(
+        "PUT /api/v1/jobs/{id}/artifacts/cut/off.bin HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: {total}\r\n\r\n",
+        env.admin_token
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let sent = 2 * PART_SIZE + 4096;
+    stream.write_all(&vec![7u8; sent]).await.unwrap();
+    wait_until("the first part on the store", Duration::from_secs(20), || {
+        let now = store.all_files();
+        let grew = now.len() > baseline.len();
+        async move { grew }
+    })
+    .await;
+    let in_progress: Vec<String> = store.all_files().into_iter().filter(|f| !baseline.contains(f)).collect();
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left: Vec<String> = store.all_files().into_iter().filter(|f| !baseline.contains(f)).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cut-off upload's parts are still on the store: {left:?} (while it went up: {in_progress:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, list) = env.get(&format!("/api/v1/jobs/{id}/artifacts"), &env.admin_token).await;
+    assert_eq!(list, json!([]), "no artefact recorded");
+}
+
 async fn a_job_uploads_its_artefacts_with_its_job_token(backend: Backend) {
     let (env, _store) = start(&backend).await;
     // The engine's side: TRAINYARD_URL, TRAINYARD_TOKEN and TRAINYARD_JOB_ID are in its
@@ -822,6 +873,7 @@ on_both_backends!(
     retention_removes_at_the_configured_age_and_not_before,
     signed_links_work_until_expiry_and_refuse_tampering,
     multipart_upload_round_trips,
+    an_upload_cut_off_midway_leaves_no_parts_on_the_store,
     a_job_uploads_its_artefacts_with_its_job_token,
     path_traversal_is_refused_and_reads_nothing,
     tenants_cannot_reach_each_others_artifacts_or_volumes,

@@ -230,7 +230,8 @@ impl ObjectStorage {
             return Ok(Uploaded { size, sha256, parts: 1 });
         };
         let upload = self.store.put_multipart(&location).await?;
-        let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
+        let mut writer =
+            AbortUnlessFinished::new(WriteMultipart::new_with_chunk_size(upload, self.part_size), &location);
         let streamed = async {
             writer.write(&first);
             writer.write(&overflow);
@@ -252,9 +253,7 @@ impl ObjectStorage {
         let sha256 = match streamed {
             Ok(sha256) => sha256,
             Err(err) => {
-                if let Err(abort) = writer.abort().await {
-                    tracing::warn!(%abort, key = %location, "aborting a failed multipart upload");
-                }
+                writer.abort().await;
                 return Err(err);
             }
         };
@@ -378,6 +377,68 @@ fn is_absent(err: &object_store::Error) -> bool {
     false
 }
 
+/// A multipart upload that is aborted unless it is finished: on an error, and also when the
+/// future uploading it is dropped (a client gone mid-upload, a request cancelled), which would
+/// otherwise leave its parts on the object store, unseen and billed, until a lifecycle rule
+/// (`AbortIncompleteMultipartUpload`) removes them. The abort on drop runs as its own task.
+struct AbortUnlessFinished {
+    writer: Option<WriteMultipart>,
+    location: object_store::path::Path,
+}
+
+impl AbortUnlessFinished {
+    fn new(writer: WriteMultipart, location: &object_store::path::Path) -> AbortUnlessFinished {
+        AbortUnlessFinished { writer: Some(writer), location: location.clone() }
+    }
+
+    fn writer(&mut self) -> &mut WriteMultipart {
+        self.writer.as_mut().expect("the writer is taken only by finish and abort, which consume the guard")
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.writer().write(bytes);
+    }
+
+    async fn wait_for_capacity(&mut self, parts: usize) -> object_store::Result<()> {
+        self.writer().wait_for_capacity(parts).await
+    }
+
+    async fn finish(mut self) -> object_store::Result<object_store::PutResult> {
+        let writer = self.writer.take().expect("a guard is finished once");
+        writer.finish().await
+    }
+
+    async fn abort(mut self) {
+        if let Some(writer) = self.writer.take()
+            && let Err(abort) = writer.abort().await
+        {
+            tracing::warn!(%abort, key = %self.location, "aborting a failed multipart upload");
+        }
+    }
+}
+
+impl Drop for AbortUnlessFinished {
+    fn drop(&mut self) {
+        let Some(writer) = self.writer.take() else { return };
+        let location = self.location.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    match writer.abort().await {
+                        Ok(()) => tracing::info!(key = %location, "aborted a multipart upload left unfinished"),
+                        Err(abort) => {
+                            tracing::warn!(%abort, key = %location, "aborting an unfinished multipart upload")
+                        }
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(key = %location, "a multipart upload left unfinished outside a runtime: not aborted")
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,6 +451,69 @@ mod tests {
     fn chunks(data: &[u8], size: usize) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Unpin + Send {
         let parts: Vec<_> = data.chunks(size).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
         futures::stream::iter(parts)
+    }
+
+    /// A multipart upload that records what was done to it.
+    #[derive(Debug, Default)]
+    struct Recorded {
+        parts: std::sync::atomic::AtomicUsize,
+        completed: std::sync::atomic::AtomicBool,
+        aborted: std::sync::atomic::AtomicBool,
+    }
+
+    #[derive(Debug)]
+    struct RecordingUpload(std::sync::Arc<Recorded>);
+
+    #[async_trait::async_trait]
+    impl object_store::MultipartUpload for RecordingUpload {
+        fn put_part(&mut self, _data: PutPayload) -> object_store::UploadPart {
+            self.0.parts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        }
+        async fn complete(&mut self) -> object_store::Result<object_store::PutResult> {
+            self.0.completed.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(object_store::PutResult { e_tag: None, version: None, extensions: Default::default() })
+        }
+        async fn abort(&mut self) -> object_store::Result<()> {
+            self.0.aborted.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn guarded(recorded: &std::sync::Arc<Recorded>) -> AbortUnlessFinished {
+        let writer = WriteMultipart::new_with_chunk_size(Box::new(RecordingUpload(recorded.clone())), 4);
+        AbortUnlessFinished::new(writer, &object_store::path::Path::from("a/b"))
+    }
+
+    #[tokio::test]
+    async fn a_multipart_upload_dropped_unfinished_is_aborted_and_a_finished_one_is_not() {
+        use std::sync::atomic::Ordering::SeqCst;
+        // Dropped midway (its future cancelled: a server shutting down mid-upload).
+        let dropped = std::sync::Arc::new(Recorded::default());
+        let mut upload = guarded(&dropped);
+        upload.write(b"12345678");
+        upload.wait_for_capacity(0).await.unwrap();
+        drop(upload);
+        for _ in 0..100 {
+            if dropped.aborted.load(SeqCst) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(dropped.aborted.load(SeqCst), "aborted by the guard's task");
+        assert!(!dropped.completed.load(SeqCst));
+
+        let finished = std::sync::Arc::new(Recorded::default());
+        let mut upload = guarded(&finished);
+        upload.write(b"123456789");
+        upload.finish().await.unwrap();
+        tokio::task::yield_now().await;
+        assert!(finished.completed.load(SeqCst) && !finished.aborted.load(SeqCst));
+        assert_eq!(finished.parts.load(SeqCst), 3);
+
+        let failed = std::sync::Arc::new(Recorded::default());
+        guarded(&failed).abort().await;
+        assert!(failed.aborted.load(SeqCst) && !failed.completed.load(SeqCst));
     }
 
     #[tokio::test]

@@ -46,7 +46,8 @@ pub struct Expiry {
 const DAYS_MAX: u32 = 36_500;
 
 impl Store {
-    /// Records an artefact uploaded through the API (replacing an earlier one at that path).
+    /// Records an artefact uploaded through the API (replacing an earlier one at that path), and
+    /// with it, in one transaction, the audit entry of a member's upload.
     pub async fn artifact_record(
         &self,
         tenant_id: Uuid,
@@ -54,7 +55,9 @@ impl Store {
         path: &str,
         size_bytes: u64,
         sha256: &str,
+        audit: Option<&Audit>,
     ) -> Result<()> {
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         sqlx::query(
             "INSERT INTO artifacts (tenant_id, job_id, path, size_bytes, sha256) VALUES ($1, $2, $3, $4, $5)
@@ -66,9 +69,13 @@ impl Store {
         .bind(path)
         .bind(i64::try_from(size_bytes).map_err(Error::internal)?)
         .bind(sha256)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await
         .map_err(db_error)?;
+        if let Some(audit) = audit {
+            audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
+        }
+        tx.commit().await.map_err(db_error)?;
         Ok(())
     }
 

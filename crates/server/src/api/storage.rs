@@ -48,7 +48,7 @@ pub async fn artifact_upload(
     Path((_, path)): Path<(String, String)>,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<ArtifactUploaded>)> {
-    let uploaded = state.app.artifact_upload(&uploader, job_id, &path, body.into_data_stream()).await?;
+    let uploaded = state.app.artifact_upload(uploader, job_id, &path, body.into_data_stream()).await?;
     Ok((StatusCode::CREATED, Json(uploaded)))
 }
 

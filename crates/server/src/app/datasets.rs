@@ -224,14 +224,20 @@ impl App {
         body: S,
     ) -> Result<DatasetFileUploaded>
     where
-        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
-        E: std::fmt::Display,
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
     {
-        let audit = Audit::by(caller, "dataset.upload", format!("dataset-content:{content_hex}/{file}"));
-        let uploaded = self.audited(&audit, self.dataset_file_upload_checked(caller, content_hex, file, body)).await?;
-        // The file lives in the object store, outside any transaction: recorded once stored.
-        self.store.audit_done(&audit).await?;
-        Ok(uploaded)
+        let (caller, content_hex, file) = (caller.clone(), content_hex.to_string(), file.to_string());
+        // Run to its end even when the request is cancelled: a stored file always has its entry.
+        self.uncancelled(move |app| async move {
+            let audit = Audit::by(&caller, "dataset.upload", format!("dataset-content:{content_hex}/{file}"));
+            let upload = app.dataset_file_upload_checked(&caller, &content_hex, &file, body);
+            let uploaded = app.audited(&audit, upload).await?;
+            // The file lives in the object store, outside any transaction: recorded once stored.
+            app.store.audit_done(&audit).await?;
+            Ok(uploaded)
+        })
+        .await
     }
 
     async fn dataset_file_upload_checked<S, E>(

@@ -44,27 +44,36 @@ impl App {
     }
 
     /// Stores an upload at the job's artefact `path`, streaming (multipart when large), and
-    /// records its SHA-256. A failed upload leaves nothing behind.
+    /// records its SHA-256. A failed upload leaves nothing behind. Runs to its end even when the
+    /// request is cancelled (its client gone, the server draining): a stored object is never
+    /// left without its record, nor a member's upload without its audit entry, which is written
+    /// with the record in one transaction. (A client gone mid-body ends the body, and so the
+    /// upload, with an error: nothing is stored.)
     pub async fn artifact_upload<S, E>(
         &self,
-        uploader: &Uploader,
+        uploader: Uploader,
         job_id: Uuid,
         path: &str,
         body: S,
     ) -> Result<ArtifactUploaded>
     where
-        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
-        E: std::fmt::Display,
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
     {
-        if let Uploader::User(caller) = uploader {
-            // A member's upload is a change to audit; an engine's (with its job token) is the
-            // job's own output, like its metrics.
-            let audit = Audit::by(caller, "artifact.upload", format!("job:{job_id}/artifact:{path}"));
-            let uploaded = self.audited(&audit, self.artifact_upload_checked(uploader, job_id, path, body)).await?;
-            self.store.audit_done(&audit).await?;
-            return Ok(uploaded);
-        }
-        self.artifact_upload_checked(uploader, job_id, path, body).await
+        let path = path.to_string();
+        self.uncancelled(move |app| async move {
+            match &uploader {
+                // A member's upload is a change to audit; an engine's (with its job token) is
+                // the job's own output, like its metrics.
+                Uploader::User(caller) => {
+                    let audit = Audit::by(caller, "artifact.upload", format!("job:{job_id}/artifact:{path}"));
+                    let upload = app.artifact_upload_checked(&uploader, job_id, &path, body, Some(&audit));
+                    app.audited(&audit, upload).await
+                }
+                Uploader::Job(_) => app.artifact_upload_checked(&uploader, job_id, &path, body, None).await,
+            }
+        })
+        .await
     }
 
     async fn artifact_upload_checked<S, E>(
@@ -73,6 +82,7 @@ impl App {
         job_id: Uuid,
         path: &str,
         body: S,
+        audit: Option<&Audit>,
     ) -> Result<ArtifactUploaded>
     where
         S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
@@ -96,7 +106,7 @@ impl App {
         self.artifact_name_free(tenant_id, job_id, &path, &key).await?;
         let uploaded =
             self.storage.objects.upload(&key, body, self.storage.max_artifact_bytes).await.map_err(storage_error)?;
-        self.store.artifact_record(tenant_id, job_id, path.as_str(), uploaded.size, &uploaded.sha256).await?;
+        self.store.artifact_record(tenant_id, job_id, path.as_str(), uploaded.size, &uploaded.sha256, audit).await?;
         Ok(ArtifactUploaded {
             path: path.to_string(),
             size_bytes: uploaded.size,
