@@ -507,3 +507,59 @@ async fn removing_a_tenant_deletes_its_namespace_and_nothing_else() {
         namespace_delete(&cluster, &theirs).await;
     }
 }
+
+/// A pod that mounts the node's cache folder, as the cache agent's DaemonSet does.
+fn host_path_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "containers": [{ "name": "c", "image": "registry.example/agent:1",
+                "volumeMounts": [{ "name": "cache", "mountPath": "/cache" }] }],
+            "volumes": [{ "name": "cache", "hostPath": { "path": "/var/lib/trainyard/shard-cache" } }],
+        },
+    }))
+    .unwrap()
+}
+
+/// `kubectl <args>` as the suite's admin (the operator installing the agent).
+fn kubectl(args: &[&str]) -> std::process::Output {
+    let kubectl = std::env::var_os("TRAINYARD_TEST_KUBECTL").unwrap_or_else(|| "kubectl".into());
+    let kubeconfig = std::env::var_os(VARIABLE).expect("the suite's kubeconfig");
+    std::process::Command::new(kubectl).arg("--kubeconfig").arg(kubeconfig).args(args).output().expect("kubectl runs")
+}
+
+#[tokio::test]
+async fn the_cache_agent_installs_and_only_its_namespace_may_mount_the_nodes_cache() {
+    let Some(cluster) = cluster().await else { return };
+    let folder = examples::workspace_root().join("deploy/kubernetes/cache-agent");
+    let applied = kubectl(&["apply", "--server-side", "-k", folder.to_str().unwrap()]);
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    let daemon_sets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(cluster.admin.clone(), "trainyard-cache");
+    assert!(daemon_sets.get_opt("trainyard-cache-agent").await.unwrap().is_some());
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(cluster.admin.clone(), "trainyard-cache");
+    let service = services.get("trainyard-cache-agent").await.unwrap();
+    assert_eq!(service.spec.unwrap().internal_traffic_policy.as_deref(), Some("Local"));
+
+    // Pod Security as the API server enforces it: the agent's namespace admits the hostPath...
+    let name = format!("it-agent-{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let agent_pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), "trainyard-cache");
+    agent_pods.create(&PostParams::default(), &host_path_pod(&name)).await.expect("the agent's namespace admits it");
+    agent_pods.delete(&name, &DeleteParams::default()).await.unwrap();
+    // ... a tenant's namespace refuses it, even to the cluster's admin.
+    let logs = tempfile::tempdir().unwrap();
+    let executor = executor_for(&cluster, &logs).await;
+    let (request, namespace) = fresh_request(1);
+    executor.launch(&request).await.expect("a launch makes the tenant's namespace");
+    let tenant_pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), &namespace);
+    match tenant_pods.create(&PostParams::default(), &host_path_pod(&name)).await {
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            println!("a hostPath in a tenant namespace: {}", status.message);
+            assert!(status.message.contains("hostPath"), "{}", status.message);
+        }
+        other => panic!("a tenant namespace must refuse a hostPath, got {other:?}"),
+    }
+    namespace_delete(&cluster, &namespace).await;
+    let removed = kubectl(&["delete", "-k", folder.to_str().unwrap(), "--wait=false"]);
+    assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
+}
