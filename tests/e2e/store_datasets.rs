@@ -590,3 +590,137 @@ async fn the_machine_cache_keeps_its_budget_under_three_jobs_and_evicts_no_shard
         .collect();
     assert!(shards_of(0).iter().all(|sha| held.contains(sha)), "B's shards, the newest, stay: {held:?}");
 }
+
+/// Pushes one shard of `size` bytes made from `seed` (manifest, shard, index) without
+/// registering a version; the content hash's hex.
+async fn push_unregistered(env: &TestEnv, token: &str, seed: u8, size: usize) -> String {
+    let shard: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    let sha = sha256_hex(&shard);
+    let hash = content_hash(&[("data-000000.tar", 1, &sha)]);
+    let manifest = json!({
+        "format": "trainyard-shards-v1", "prefix": "data", "samples": 1, "bytes": size,
+        "shards": [{"name": "data-000000.tar", "index": "data-000000.idx.json", "samples": 1, "bytes": size, "sha256": sha}],
+        "content_hash": hash, "created_by": "a test",
+    });
+    let hex = hash.trim_start_matches("sha256:").to_string();
+    for (file, body) in [
+        ("dataset.json", serde_json::to_vec(&manifest).unwrap()),
+        ("data-000000.tar", shard),
+        ("data-000000.idx.json", b"{}".to_vec()),
+    ] {
+        let (status, body) = put_file(env, token, &hex, file, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{file}: {body}");
+    }
+    hex
+}
+
+fn register(hex: &str, name: &str) -> Value {
+    json!({"name": name, "version": "1", "from_store": format!("sha256:{hex}")})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pushed_datasets_count_against_the_storage_quota_and_what_is_abandoned_or_removed_leaves_the_store() {
+    let (env, store) = start(&Backend::S3).await;
+    let admin = env.admin_token.clone();
+    let mib = 1usize << 20;
+    let quota = |bytes: usize| json!({"storage_quota_bytes": bytes});
+    let set_quota = |bytes: usize| {
+        let env = &env;
+        let admin = admin.clone();
+        async move {
+            let path = "/api/v1/admin/tenants/default/storage";
+            let (status, body) = env.call(reqwest::Method::PUT, path, Some(&admin), Some(&quota(bytes))).await;
+            assert!(status.is_success(), "{body}");
+        }
+    };
+    set_quota(3 * mib).await;
+
+    // A registered push of 2 MiB counts; a second of 2 MiB, or a 2 MiB volume, would pass 3 MiB.
+    let kept = push_unregistered(&env, &admin, 1, 2 * mib).await;
+    let (status, body) = env.post("/api/v1/datasets", &admin, &register(&kept, "kept")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (_, report) = env.get("/api/v1/storage", &admin).await;
+    assert_eq!(report["dataset_bytes"], 2 * mib, "{report}");
+    let over = {
+        let shard = vec![9u8; 2 * mib];
+        let sha = sha256_hex(&shard);
+        let hash = content_hash(&[("data-000000.tar", 1, &sha)]);
+        json!({"format": "trainyard-shards-v1", "prefix": "data", "samples": 1, "bytes": 2 * mib,
+            "shards": [{"name": "data-000000.tar", "index": "data-000000.idx.json", "samples": 1, "bytes": 2 * mib, "sha256": sha}],
+            "content_hash": hash, "created_by": "a test"})
+    };
+    let over_hex = over["content_hash"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+    let (status, body) = put_file(&env, &admin, &over_hex, "dataset.json", serde_json::to_vec(&over).unwrap()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "file", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("storage quota"), "{body}");
+    let (status, body) = env.post("/api/v1/volumes", &admin, &json!({"name": "big", "size": "2Mi"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("pushed datasets"), "{body}");
+    let shown = env.yard(&admin, &["storage", "show"]);
+    assert!(stdout(&shown).contains("pushed datasets: 2 MiB; 2 MiB of 3 MiB"), "{}", stdout(&shown));
+
+    // A push never registered is removed a day after its last upload, objects and all; the
+    // registered one, as old, stays; registering the removed one now asks for a new push.
+    set_quota(100 * mib).await;
+    let abandoned = push_unregistered(&env, &admin, 2, mib).await;
+    let keys_of = |hex: &str| {
+        let marker = format!("/datasets/content/{hex}/");
+        store.keys().into_iter().filter(|k| k.contains(&marker)).count()
+    };
+    assert_eq!((keys_of(&kept), keys_of(&abandoned)), (3, 3));
+    sqlx::query("UPDATE dataset_pushes SET pushed_at = now() - interval '25 hours'")
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while keys_of(&abandoned) > 0 {
+        assert!(std::time::Instant::now() < deadline, "the abandoned push is still in the store");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(keys_of(&kept), 3, "a registered push stays");
+    let (_, report) = env.get("/api/v1/storage", &admin).await;
+    assert_eq!(report["dataset_bytes"], 2 * mib, "the removed push no longer counts: {report}");
+    let (status, body) = env.post("/api/v1/datasets", &admin, &register(&abandoned, "late")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "from_store", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&abandoned), "{body}");
+    // A push removed while its files are still there (the sweep deletes the row first): the
+    // registration is refused by the database, whatever the store still holds.
+    let racing = push_unregistered(&env, &admin, 3, mib).await;
+    sqlx::query("DELETE FROM dataset_pushes WHERE store_prefix LIKE '%' || $1")
+        .bind(&racing)
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    let (status, body) = env.post("/api/v1/datasets", &admin, &register(&racing, "racing")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("push it again"), "{body}");
+    // Pushed again, it registers.
+    push_unregistered(&env, &admin, 2, mib).await;
+    let (status, body) = env.post("/api/v1/datasets", &admin, &register(&abandoned, "late")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // A removed tenant's objects leave the store: its datasets, code and artefacts.
+    let (status, body) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-gone"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let gone = env.member("team-gone", "gil", "admin").await;
+    push_tiny(&env, &gone, "theirs", "1").await;
+    let (status, job) = env.post("/api/v1/jobs", &gone, &json!({"command": ["true"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let job = job["id"].as_str().unwrap().to_string();
+    env.wait_job_as(&gone, &job, Duration::from_secs(30), |j| j["state"] == "succeeded").await;
+    let gone_tenant = crate::storage::tenant_of_job(&env, &job).await;
+    let theirs = |store: &crate::storage::StoreUnderTest| {
+        store.keys().into_iter().filter(|k| k.starts_with(&format!("tenants/{gone_tenant}/"))).count()
+    };
+    assert!(theirs(&store) >= 3, "{:?}", store.keys());
+    let (status, body) = env.call(reqwest::Method::DELETE, "/api/v1/admin/tenants/team-gone", Some(&admin), None).await;
+    assert!(status.is_success(), "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while theirs(&store) > 0 {
+        assert!(std::time::Instant::now() < deadline, "the removed tenant's objects are still in the store");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(keys_of(&kept), 3, "another tenant's objects stay");
+}

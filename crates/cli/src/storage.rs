@@ -191,12 +191,15 @@ pub async fn storage(client: &Client, out: Output, command: StorageCommand) -> a
                 let days = |d: Option<u32>| d.map(|d| format!("{d} days")).unwrap_or_else(|| "forever".into());
                 let quota = r.policy.storage_quota_bytes.map_or_else(|| "no limit".into(), human_memory);
                 format!(
-                    "tenant {}\nlogs kept {} after a job ends, artefacts {}\nvolumes: {} using {} of {}\n",
+                    "tenant {}\nlogs kept {} after a job ends, artefacts {}\nvolumes: {} using {}; pushed datasets: {}; \
+                     {} of {}\n",
                     r.tenant,
                     days(r.policy.log_retention_days),
                     days(r.policy.artifact_retention_days),
                     r.volumes,
                     human_memory(r.volume_bytes),
+                    human_memory(r.dataset_bytes),
+                    human_memory(r.volume_bytes.saturating_add(r.dataset_bytes)),
                     quota
                 )
             })

@@ -735,6 +735,10 @@ pub struct StorageReport {
     pub policy: StoragePolicy,
     pub volumes: u64,
     pub volume_bytes: u64,
+    /// The shard bytes of the datasets the tenant pushed to the object store (`yard datasets
+    /// push`), which count against the storage quota with its volumes.
+    #[serde(default)]
+    pub dataset_bytes: u64,
 }
 
 /// One entry of the audit log: who changed what (or tried to), and how it ended.

@@ -30,6 +30,29 @@ impl Store {
     /// registered version is a conflict.
     pub async fn dataset_register(&self, caller: &Caller, d: &Dataset, audit: &Audit) -> Result<Published> {
         let mut tx = self.begin().await?;
+        if let Some(prefix) = &d.store_prefix {
+            // The push must still be there: the retention sweep removes one never registered
+            // within a day, and takes this lock to do it.
+            // language=PostgreSQL
+            let pushed: Option<i32> = sqlx::query_scalar(
+                "SELECT 1 FROM dataset_pushes WHERE tenant_id = $1 AND store_prefix = $2 FOR UPDATE",
+            )
+            .bind(caller.tenant_id)
+            .bind(prefix)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_error)?;
+            if pushed.is_none() {
+                return Err(Error::invalid(
+                    "from_store",
+                    format!(
+                        "{} was not pushed, or its push was removed (a push on which no version is registered \
+                         within a day of its last upload is); push it again",
+                        d.content_hash
+                    ),
+                ));
+            }
+        }
         // language=PostgreSQL
         let inserted = sqlx::query(
             "INSERT INTO datasets (tenant_id, name, version, uri, format, size_bytes, samples, content_hash,
@@ -138,6 +161,84 @@ impl Store {
             .fetch_one(&self.pool)
             .await
             .map_err(db_error)
+    }
+
+    /// Records the content being pushed under `store_prefix` (its manifest, `bytes` of shards)
+    /// within the tenant's storage quota, which its volumes and the rest of its pushed content
+    /// share; pushing the same content again replaces its size and renews it. 422 on `file` when
+    /// it would take the tenant over its quota.
+    pub async fn dataset_push_begin(&self, tenant_id: Uuid, store_prefix: &str, bytes: u64) -> Result<()> {
+        let size = i64::try_from(bytes).map_err(|_| Error::invalid("file", "the manifest's shards are too large"))?;
+        let mut tx = self.begin().await?;
+        // language=PostgreSQL
+        let (tenant, quota): (String, Option<i64>) =
+            sqlx::query_as("SELECT name, storage_quota_bytes FROM tenants WHERE id = $1 FOR UPDATE")
+                .bind(tenant_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        let used = crate::storage::storage_used(&mut tx, tenant_id, Some(store_prefix)).await?;
+        if let Some(quota) = quota
+            && used.saturating_add(size) > quota
+        {
+            return Err(Error::invalid(
+                "file",
+                format!(
+                    "dataset.json: its shards take {size} bytes, which would exceed tenant {tenant}'s storage quota: \
+                     {used} of {quota} bytes are in use by its volumes and pushed datasets, {} left",
+                    (quota - used).max(0)
+                ),
+            ));
+        }
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO dataset_pushes (tenant_id, store_prefix, bytes) VALUES ($1, $2, $3)
+             ON CONFLICT (tenant_id, store_prefix) DO UPDATE SET bytes = excluded.bytes, pushed_at = now()",
+        )
+        .bind(tenant_id)
+        .bind(store_prefix)
+        .bind(size)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Renews a push with each file uploaded to it (a long push is not abandoned); false when
+    /// there is no such push (its manifest was never uploaded, or the push was removed).
+    pub async fn dataset_push_renew(&self, tenant_id: Uuid, store_prefix: &str) -> Result<bool> {
+        // language=PostgreSQL
+        let done =
+            sqlx::query("UPDATE dataset_pushes SET pushed_at = now() WHERE tenant_id = $1 AND store_prefix = $2")
+                .bind(tenant_id)
+                .bind(store_prefix)
+                .execute(&self.pool)
+                .await
+                .map_err(db_error)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Forgets up to `limit` pushes on which no version is registered and nothing was uploaded
+    /// for a day (`older_than`), returning their prefixes, whose objects the caller removes. A
+    /// registration waits on the row's lock, then finds it gone.
+    pub async fn dataset_pushes_abandoned(&self, older_than: chrono::Duration, limit: i64) -> Result<Vec<String>> {
+        // language=PostgreSQL
+        sqlx::query_scalar(
+            "DELETE FROM dataset_pushes p
+             WHERE (p.tenant_id, p.store_prefix) IN (
+                 SELECT q.tenant_id, q.store_prefix FROM dataset_pushes q
+                 WHERE q.pushed_at <= now() - $1::interval
+                   AND NOT EXISTS (SELECT 1 FROM datasets d
+                                   WHERE d.tenant_id = q.tenant_id AND d.store_prefix = q.store_prefix)
+                 LIMIT $2 FOR UPDATE SKIP LOCKED)
+             RETURNING p.store_prefix",
+        )
+        .bind(older_than)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
     }
 
     /// Whether the tenant's job `job_id` recorded reading dataset version `name@version` (its

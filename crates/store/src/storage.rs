@@ -140,13 +140,14 @@ impl Store {
         Ok(())
     }
 
-    /// The tenant's storage policy and what its volumes take.
+    /// The tenant's storage policy and what its volumes and pushed datasets take.
     pub async fn storage_report(&self, tenant_id: Uuid) -> Result<StorageReport> {
         // language=PostgreSQL
         let row: StorageReportRow = sqlx::query_as(
             "SELECT t.name, t.log_retention_days, t.artifact_retention_days, t.storage_quota_bytes,
                     (SELECT count(*) FROM volumes v WHERE v.tenant_id = t.id) AS volumes,
-                    (SELECT coalesce(sum(size_bytes), 0)::bigint FROM volumes v WHERE v.tenant_id = t.id) AS bytes
+                    (SELECT coalesce(sum(size_bytes), 0)::bigint FROM volumes v WHERE v.tenant_id = t.id) AS bytes,
+                    (SELECT coalesce(sum(bytes), 0)::bigint FROM dataset_pushes p WHERE p.tenant_id = t.id) AS dataset_bytes
              FROM tenants t WHERE t.id = $1",
         )
         .bind(tenant_id)
@@ -162,6 +163,7 @@ impl Store {
             },
             volumes: row.volumes as u64,
             volume_bytes: row.bytes as u64,
+            dataset_bytes: row.dataset_bytes as u64,
         })
     }
 
@@ -176,13 +178,7 @@ impl Store {
             .fetch_one(&mut *tx)
             .await
             .map_err(db_error)?;
-        // language=PostgreSQL
-        let used: i64 =
-            sqlx::query_scalar("SELECT coalesce(sum(size_bytes), 0)::bigint FROM volumes WHERE tenant_id = $1")
-                .bind(caller.tenant_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_error)?;
+        let used = storage_used(&mut tx, caller.tenant_id, None).await?;
         if let Some(quota) = quota
             && used.saturating_add(size) > quota
         {
@@ -190,7 +186,7 @@ impl Store {
                 "size",
                 format!(
                     "{size} bytes would exceed tenant {}'s storage quota: {used} of {quota} bytes are in use by its \
-                     volumes, {} left",
+                     volumes and pushed datasets, {} left",
                     caller.tenant,
                     (quota - used).max(0)
                 ),
@@ -373,6 +369,7 @@ struct StorageReportRow {
     storage_quota_bytes: Option<i64>,
     volumes: i64,
     bytes: i64,
+    dataset_bytes: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -476,4 +473,25 @@ impl Store {
         .map_err(db_error)?;
         Ok(())
     }
+}
+
+/// What counts against a tenant's storage quota: its volumes' sizes and the shard bytes of the
+/// content it pushed to the object store (but the content at `except`, being pushed again).
+/// Called with the tenant's row locked, so that two requests cannot both squeeze under it.
+pub(crate) async fn storage_used(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    tenant_id: Uuid,
+    except: Option<&str>,
+) -> Result<i64> {
+    // language=PostgreSQL
+    sqlx::query_scalar(
+        "SELECT (SELECT coalesce(sum(size_bytes), 0)::bigint FROM volumes WHERE tenant_id = $1)
+              + (SELECT coalesce(sum(bytes), 0)::bigint FROM dataset_pushes
+                 WHERE tenant_id = $1 AND store_prefix IS DISTINCT FROM $2)",
+    )
+    .bind(tenant_id)
+    .bind(except)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db_error)
 }

@@ -381,10 +381,40 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(db_error)?;
+        // Its pushed content goes with its objects (the retention sweep removes them).
+        // language=PostgreSQL
+        sqlx::query("DELETE FROM dataset_pushes WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
         audit::append(&mut *tx, audit, Outcome::Ok, Some(&format!("{} volumes removed", volumes.rows_affected())))
             .await?;
         tx.commit().await.map_err(db_error)?;
         Ok(true)
+    }
+
+    /// Up to `limit` removed tenants whose objects are still in the object store.
+    pub async fn tenants_objects_to_remove(&self, limit: i64) -> Result<Vec<Uuid>> {
+        // language=PostgreSQL
+        sqlx::query_scalar(
+            "SELECT id FROM tenants WHERE removed_at IS NOT NULL AND objects_removed_at IS NULL ORDER BY removed_at LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
+    /// Records that a removed tenant's objects are gone from the object store.
+    pub async fn tenant_objects_removed(&self, tenant_id: Uuid) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query("UPDATE tenants SET objects_removed_at = now() WHERE id = $1 AND removed_at IS NOT NULL")
+            .bind(tenant_id)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
     }
 
     /// Adds a user to a tenant with a role (or changes a member's role); all or nothing.

@@ -258,7 +258,12 @@ impl App {
         if file == MANIFEST_FILE {
             return self.manifest_upload(caller.tenant_id, &prefix, hex, body).await;
         }
-        let manifest = self.pushed_manifest(&prefix).await?.ok_or_else(|| {
+        let manifest = if self.store.dataset_push_renew(caller.tenant_id, prefix.as_ref()).await? {
+            self.pushed_manifest(&prefix).await?
+        } else {
+            None
+        };
+        let manifest = manifest.ok_or_else(|| {
             Error::invalid(
                 "file",
                 format!("{file}: upload the manifest ({MANIFEST_FILE}) of this content first; the files are checked against it"),
@@ -336,6 +341,9 @@ impl App {
     {
         let bytes = body_whole(body, MAX_MANIFEST_BYTES).await?;
         let manifest = manifest_checked(&bytes, hex)?;
+        // Its shards count against the tenant's storage quota from now on (422 when over).
+        let shard_bytes = manifest.shards.iter().fold(0u64, |sum, shard| sum.saturating_add(shard.bytes));
+        self.store.dataset_push_begin(tenant_id, prefix.as_ref(), shard_bytes).await?;
         let key = keys::dataset_file_key(prefix, MANIFEST_FILE);
         if let Some(existing) = self.pushed_manifest(prefix).await?
             && (existing.shards == manifest.shards

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_util::io::ReaderStream;
 use trainyard_core::{Error, Result};
 use trainyard_executor::Executor;
-use trainyard_storage::{StorageError, keys};
+use trainyard_storage::{Key, StorageError, keys};
 use trainyard_store::Store;
 use trainyard_store::storage::RetentionDue;
 use uuid::Uuid;
@@ -200,8 +200,25 @@ pub async fn retention_sweep(store: &Store, storage: &Storage, executor: &dyn Ex
         store.retention_done(job).await?;
         tracing::info!(job = %job.job_id, logs = job.logs, artifacts = job.artifacts, "retention removed storage");
     }
-    Ok(due.len())
+    let abandoned = store.dataset_pushes_abandoned(PUSH_ABANDONED_AFTER, RETENTION_BATCH).await?;
+    for prefix in &abandoned {
+        // The row is gone first: a crash here leaves objects no row counts, which a push of the
+        // same content replaces; nothing can register on them meanwhile.
+        let key = Key::parse(prefix).map_err(Error::internal)?;
+        storage.objects.delete_prefix(&key).await.map_err(storage_error)?;
+        tracing::info!(%prefix, "removed a dataset push on which no version was registered");
+    }
+    let removed = store.tenants_objects_to_remove(RETENTION_BATCH).await?;
+    for tenant_id in &removed {
+        let objects = storage.objects.delete_prefix(&keys::tenant_prefix(*tenant_id)).await.map_err(storage_error)?;
+        store.tenant_objects_removed(*tenant_id).await?;
+        tracing::info!(tenant = %tenant_id, objects, "removed a removed tenant's objects");
+    }
+    Ok(due.len() + abandoned.len() + removed.len())
 }
+
+/// How long a push on which no version is registered is kept after its last upload.
+const PUSH_ABANDONED_AFTER: chrono::Duration = chrono::Duration::days(1);
 
 async fn retention_apply(
     storage: &Storage,
