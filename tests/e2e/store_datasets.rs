@@ -724,3 +724,71 @@ async fn pushed_datasets_count_against_the_storage_quota_and_what_is_abandoned_o
     }
     assert_eq!(keys_of(&kept), 3, "another tenant's objects stay");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_index_upload_racing_a_registration_lands_before_it_or_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (env, store) = start(&Backend::S3).await;
+    let admin = env.admin_token.clone();
+    let hex = push_unregistered(&env, &admin, 4, 1000).await;
+    let prefix: String =
+        sqlx::query_scalar("SELECT store_prefix FROM dataset_pushes WHERE store_prefix LIKE '%' || $1")
+            .bind(&hex)
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
+    let index_key = format!("{prefix}/data-000000.idx.json");
+    assert_eq!(store.read(&index_key), b"{}");
+
+    // An index upload under way: past its checks (no version yet), its body still coming.
+    let body = b"{\"changed\": true}";
+    let address = env.server.url.trim_start_matches("http://").to_string();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "PUT /api/v1/dataset-content/{hex}/data-000000.idx.json HTTP/1.1\r\nHost: {address}\r\n\
+         Authorization: Bearer {admin}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body[..5]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // Meanwhile a registration: it holds the push's row, as POST /api/v1/datasets does, and
+    // records the version.
+    #[allow(clippy::disallowed_methods)] // awaited to its end: nothing cancels this begin
+    let mut registration = env.db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM dataset_pushes WHERE store_prefix = $1 FOR UPDATE")
+        .bind(&prefix)
+        .execute(&mut *registration)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO datasets (tenant_id, name, version, uri, format, content_hash, created_by, store_prefix)
+         SELECT p.tenant_id, 'raced', '1', 'store:raced@1', 'trainyard-shards-v1', $2,
+                (SELECT id FROM users ORDER BY created_at LIMIT 1), p.store_prefix
+         FROM dataset_pushes p WHERE p.store_prefix = $1",
+    )
+    .bind(&prefix)
+    .bind(format!("sha256:{hex}"))
+    .execute(&mut *registration)
+    .await
+    .unwrap();
+
+    // The rest of the body: the upload waits for the registration to end...
+    stream.write_all(&body[5..]).await.unwrap();
+    let answer = tokio::spawn(async move {
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.unwrap();
+        String::from_utf8_lossy(&response).into_owned()
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!answer.is_finished(), "the index is not put in place while a registration is under way");
+    assert_eq!(store.read(&index_key), b"{}");
+    registration.commit().await.unwrap();
+    // ... and is refused: the version reads the index it was registered with.
+    let answer = answer.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert_eq!(store.read(&index_key), b"{}");
+    assert!(store.keys().iter().all(|k| !k.contains("/datasets/incoming/")), "{:?}", store.keys());
+}

@@ -45,6 +45,12 @@ pub fn dataset_content_prefix(tenant_id: Uuid, content_hex: &str) -> Path {
     tenant_prefix(tenant_id).join("datasets").join("content").join(content_hex)
 }
 
+/// Where an upload to the tenant's pushed content waits before it is copied into place (an
+/// index: see the server's `dataset_file_upload`).
+pub fn dataset_incoming_key(tenant_id: Uuid, upload: Uuid) -> Path {
+    tenant_prefix(tenant_id).join("datasets").join("incoming").join(upload.to_string())
+}
+
 /// One file of a pushed dataset: its manifest (`dataset.json`), a shard or an index. `file` is
 /// a plain file name the manifest gives, checked by the caller (one [`RelPath`] segment).
 pub fn dataset_file_key(prefix: &Path, file: &str) -> Path {

@@ -340,6 +340,20 @@ impl ObjectStorage {
         Ok(objects)
     }
 
+    /// Copies the object at `from` to `to` (within the store: S3 copies it server-side),
+    /// replacing what is there.
+    pub async fn copy(&self, from: &Path, to: &Path) -> Result<(), StorageError> {
+        Ok(self.store.copy(&self.location(from), &self.location(to)).await?)
+    }
+
+    /// Deletes the object at `key`; none there is no error.
+    pub async fn delete(&self, key: &Path) -> Result<(), StorageError> {
+        match self.store.delete(&self.location(key)).await {
+            Err(err) if !is_absent(&err) => Err(err.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// Deletes every object under `prefix`; returns how many there were. Repeating it is
     /// harmless.
     pub async fn delete_prefix(&self, prefix: &Path) -> Result<u64, StorageError> {

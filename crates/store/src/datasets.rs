@@ -154,14 +154,10 @@ impl Store {
 
     /// Whether a version of the tenant's datasets keeps its files under `store_prefix`.
     pub async fn dataset_content_registered(&self, tenant_id: Uuid, store_prefix: &str) -> Result<bool> {
-        // language=PostgreSQL
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM datasets WHERE tenant_id = $1 AND store_prefix = $2)")
-            .bind(tenant_id)
-            .bind(store_prefix)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db_error)
+        let mut connection = self.pool.acquire().await.map_err(db_error)?;
+        content_registered(&mut connection, tenant_id, store_prefix).await
     }
+
 
     /// Records the content being pushed under `store_prefix` (its manifest, `bytes` of shards)
     /// within the tenant's storage quota, which its volumes and the rest of its pushed content
@@ -193,7 +189,11 @@ impl Store {
         // language=PostgreSQL
         sqlx::query(
             "INSERT INTO dataset_pushes (tenant_id, store_prefix, bytes) VALUES ($1, $2, $3)
-             ON CONFLICT (tenant_id, store_prefix) DO UPDATE SET bytes = excluded.bytes, pushed_at = now()",
+             ON CONFLICT (tenant_id, store_prefix) DO UPDATE
+             SET pushed_at = now(),
+                 -- A registered version's content keeps its size (its manifest cannot change).
+                 bytes = CASE WHEN EXISTS (SELECT 1 FROM datasets d WHERE d.tenant_id = $1 AND d.store_prefix = $2)
+                              THEN dataset_pushes.bytes ELSE excluded.bytes END",
         )
         .bind(tenant_id)
         .bind(store_prefix)
@@ -203,6 +203,28 @@ impl Store {
         .map_err(db_error)?;
         tx.commit().await.map_err(db_error)?;
         Ok(())
+    }
+
+    /// The push's row, locked against a registration on its content until
+    /// [`PushLock::release`] (a registration takes the same lock); none when there is no such
+    /// push. Says whether a version is registered on it already.
+    pub async fn dataset_push_lock(&self, tenant_id: Uuid, store_prefix: &str) -> Result<Option<PushLock>> {
+        let mut tx = self.begin().await?;
+        // language=PostgreSQL
+        let pushed: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM dataset_pushes WHERE tenant_id = $1 AND store_prefix = $2 FOR UPDATE")
+                .bind(tenant_id)
+                .bind(store_prefix)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_error)?;
+        if pushed.is_none() {
+            return Ok(None);
+        }
+        // A statement of its own, after the lock: one that waited for a registration to commit
+        // sees it (a subquery of the locking statement would read the snapshot from before).
+        let registered = content_registered(&mut tx, tenant_id, store_prefix).await?;
+        Ok(Some(PushLock { tx, registered }))
     }
 
     /// Renews a push with each file uploaded to it (a long push is not abandoned); false when
@@ -355,6 +377,30 @@ impl Store {
                 .await
                 .map_err(db_error)?;
         Ok(rows.into_iter().map(Dataset::from).collect())
+    }
+}
+
+async fn content_registered(connection: &mut sqlx::PgConnection, tenant_id: Uuid, store_prefix: &str) -> Result<bool> {
+    // language=PostgreSQL
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM datasets WHERE tenant_id = $1 AND store_prefix = $2)")
+        .bind(tenant_id)
+        .bind(store_prefix)
+        .fetch_one(connection)
+        .await
+        .map_err(db_error)
+}
+
+/// A push's row, locked ([`Store::dataset_push_lock`]).
+pub struct PushLock {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    /// Whether a version is registered on the content.
+    pub registered: bool,
+}
+
+impl PushLock {
+    /// Lets a waiting registration go on.
+    pub async fn release(self) -> Result<()> {
+        self.tx.commit().await.map_err(db_error)
     }
 }
 

@@ -302,16 +302,9 @@ impl App {
             // until a version is registered on this content; from then on it stays as it is
             // (the version is immutable, and jobs read its indexes at every start).
             _ if self.store.dataset_content_registered(caller.tenant_id, prefix.as_ref()).await? => {
-                return Err(Error::Conflict(format!(
-                    "sha256:{hex} is registered as a dataset version; its files cannot change (register it under another name without pushing again: POST /api/v1/datasets with from_store)"
-                )));
+                return Err(registered_conflict(hex));
             }
-            _ => self
-                .storage
-                .objects
-                .upload(&key, body, self.storage.max_artifact_bytes)
-                .await
-                .map_err(storage_error)?,
+            _ => self.index_upload(caller.tenant_id, &prefix, &key, hex, body).await?,
         };
         Ok(DatasetFileUploaded {
             file: file.to_string(),
@@ -319,6 +312,46 @@ impl App {
             size_bytes: uploaded.size,
             sha256: uploaded.sha256,
         })
+    }
+
+    /// Stores an index of a push, unless a version is registered on the content: the body goes
+    /// to a key of its own first, then is copied into place under the push's row lock, which a
+    /// registration takes too. So a registration sees the index as it will stay, and an upload
+    /// racing it either lands before it or is refused (409), never after it.
+    async fn index_upload<S, E>(
+        &self,
+        tenant_id: Uuid,
+        prefix: &Key,
+        key: &Key,
+        hex: &str,
+        body: S,
+    ) -> Result<trainyard_storage::objects::Uploaded>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
+        E: std::fmt::Display,
+    {
+        let incoming = keys::dataset_incoming_key(tenant_id, Uuid::new_v4());
+        let uploaded = self
+            .storage
+            .objects
+            .upload(&incoming, body, self.storage.max_artifact_bytes)
+            .await
+            .map_err(storage_error)?;
+        let placed = async {
+            let lock = self.store.dataset_push_lock(tenant_id, prefix.as_ref()).await?.ok_or_else(|| {
+                Error::invalid("file", format!("upload the manifest ({MANIFEST_FILE}) of sha256:{hex} first"))
+            })?;
+            if lock.registered {
+                return Err(registered_conflict(hex));
+            }
+            self.storage.objects.copy(&incoming, key).await.map_err(storage_error)?;
+            lock.release().await
+        }
+        .await;
+        if let Err(err) = self.storage.objects.delete(&incoming).await {
+            tracing::warn!(%err, key = %incoming, "removing an index upload's incoming copy");
+        }
+        placed.map(|()| uploaded)
     }
 
     /// Stores a push's manifest after checking it. A manifest kept under this hash already
@@ -363,9 +396,20 @@ impl App {
                 sha256,
             });
         }
+        // New, or replacing one no version is registered on: written under the push's row
+        // lock, which a registration takes too, so that none registers on the old one meanwhile.
+        let lock = self
+            .store
+            .dataset_push_lock(tenant_id, prefix.as_ref())
+            .await?
+            .ok_or_else(|| Error::internal(format!("the push of sha256:{hex} has no row after its manifest")))?;
+        if lock.registered {
+            return Err(registered_conflict(hex));
+        }
         let size = bytes.len() as u64;
         let chunk = futures::stream::iter([Ok::<Bytes, std::io::Error>(Bytes::from(bytes))]);
         let uploaded = self.storage.objects.upload(&key, chunk, size).await.map_err(storage_error)?;
+        lock.release().await?;
         Ok(DatasetFileUploaded {
             file: MANIFEST_FILE.into(),
             kind: "manifest".into(),
@@ -650,6 +694,12 @@ fn file_in<'m>(manifest: &'m DatasetManifest, file: &str) -> Option<(DatasetFile
             None
         }
     })
+}
+
+fn registered_conflict(hex: &str) -> Error {
+    Error::Conflict(format!(
+        "sha256:{hex} is registered as a dataset version; its files cannot change (register it under another name without pushing again: POST /api/v1/datasets with from_store)"
+    ))
 }
 
 /// A pushed manifest, checked: the format data-pack writes; shard and index names that are
