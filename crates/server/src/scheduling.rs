@@ -70,6 +70,15 @@ pub fn nodes_of(inventory: &Inventory) -> Vec<Node> {
         .collect()
 }
 
+/// The other nodes of one machine (see [`nodes_of`]) that share `node`'s shard cache: all of
+/// them, when `node` is one.
+pub fn nodes_sharing_a_cache(machine: &[Node], node: &str) -> Vec<String> {
+    if !machine.iter().any(|n| n.name == node) {
+        return Vec::new();
+    }
+    machine.iter().filter(|n| n.name != node).map(|n| n.name.clone()).collect()
+}
+
 pub fn policies(rows: &[TenantPolicyRow]) -> Vec<TenantPolicy> {
     rows.iter()
         .map(|t| TenantPolicy {
@@ -219,6 +228,21 @@ mod cluster_tests {
             memory_bytes: 512 << 30,
             schedulable,
         }
+    }
+
+    #[test]
+    fn the_local_machines_nodes_share_its_cache_and_a_stranger_shares_none() {
+        let gpu = |gpu_type: &str| trainyard_executor::Gpu { index: 0, gpu_type: gpu_type.into() };
+        let inventory =
+            Inventory { gpus: vec![gpu("a100"), gpu("h100"), gpu("h100")], cpu_millis: 8000, memory_bytes: 1 << 34 };
+        let machine = nodes_of(&inventory);
+        let names: Vec<&str> = machine.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["local", "local-h100"]);
+        assert_eq!(nodes_sharing_a_cache(&machine, "local-h100"), ["local"]);
+        assert_eq!(nodes_sharing_a_cache(&machine, "local"), ["local-h100"]);
+        assert!(nodes_sharing_a_cache(&machine, "gpu-7").is_empty(), "not a node of this machine");
+        let one = nodes_of(&Inventory { gpus: vec![], cpu_millis: 8000, memory_bytes: 1 << 34 });
+        assert!(nodes_sharing_a_cache(&one, "local").is_empty());
     }
 
     #[test]

@@ -158,7 +158,6 @@ impl Store {
         content_registered(&mut connection, tenant_id, store_prefix).await
     }
 
-
     /// Records the content being pushed under `store_prefix` (its manifest, `bytes` of shards)
     /// within the tenant's storage quota, which its volumes and the rest of its pushed content
     /// share; pushing the same content again replaces its size and renews it. 422 on `file` when
@@ -283,6 +282,10 @@ impl Store {
     /// Records that the shard cache of `node` holds every shard of the version `name@version`
     /// that job `job_id` of the tenant read (its engine's report), when the job recorded reading
     /// it and runs on that node. One statement: the check and the write cannot be torn apart.
+    ///
+    /// `sharing` names the nodes whose cache is the reporting node's (the local machine's
+    /// nodes, one per GPU type): each gets the entry too.
+    #[allow(clippy::too_many_arguments)]
     pub async fn node_dataset_report(
         &self,
         tenant_id: Uuid,
@@ -290,6 +293,7 @@ impl Store {
         name: &str,
         version: &str,
         node: &str,
+        sharing: &[String],
         bytes: i64,
     ) -> Result<NodeReport> {
         // language=PostgreSQL
@@ -300,7 +304,8 @@ impl Store {
                              AND d->>'name' = $3 AND d->>'version' = $4
                            LIMIT 1),
                   written AS (INSERT INTO node_datasets (tenant_id, content_hash, node, bytes, job_id)
-                              SELECT $2, content_hash, $5, $6, $1 FROM used WHERE $5 = ANY(assigned_nodes)
+                              SELECT $2, content_hash, n, $6, $1 FROM used, unnest(array_append($7::text[], $5)) n
+                              WHERE $5 = ANY(assigned_nodes)
                               ON CONFLICT (tenant_id, content_hash, node)
                               DO UPDATE SET bytes = EXCLUDED.bytes, job_id = EXCLUDED.job_id, reported_at = now()
                               RETURNING 1)
@@ -314,6 +319,7 @@ impl Store {
         .bind(version)
         .bind(node)
         .bind(bytes)
+        .bind(sharing)
         .fetch_one(&self.pool)
         .await
         .map_err(db_error)?;

@@ -582,9 +582,25 @@ impl App {
         if report.bytes < 0 {
             return Err(Error::invalid("bytes", "must not be negative"));
         }
+        // The local machine's nodes (one per GPU type) share its one cache.
+        let sharing = match self.executor.nodes() {
+            Some(_) => Vec::new(),
+            None => crate::scheduling::nodes_sharing_a_cache(
+                &crate::scheduling::nodes_of(&self.executor.inventory()),
+                &report.node,
+            ),
+        };
         let outcome = self
             .store
-            .node_dataset_report(caller.tenant_id, job_id, &report.name, &report.version, &report.node, report.bytes)
+            .node_dataset_report(
+                caller.tenant_id,
+                job_id,
+                &report.name,
+                &report.version,
+                &report.node,
+                &sharing,
+                report.bytes,
+            )
             .await?;
         match outcome {
             NodeReport::Recorded => Ok(()),
