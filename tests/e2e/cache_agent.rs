@@ -238,3 +238,111 @@ async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(shard_bytes_served(&env, "default").await, after_damage, "A's files: nothing more sent");
 }
+
+/// The engine's own reader (`engine/remote.py`, a replica's `--data store:...` view) in a
+/// process of its own with `env`; what it printed.
+fn engine_view(env: &[(&str, String)], dataset: &str) -> String {
+    let python = std::env::var("TRAINYARD_TEST_PYTHON")
+        .expect("TRAINYARD_TEST_PYTHON: a Python with the engine's packages (tests/run sets it)");
+    let engine = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/pytorch-ddp/engine");
+    let (name, version) = dataset.split_once('@').unwrap();
+    let script = format!(
+        "import sys, os; sys.path.insert(0, {engine:?}); import remote\n\
+         view = remote.dataset_view(remote.DatasetRef({name:?}, {version:?}))\n\
+         print('files', len(os.listdir(view.folder)))\n\
+         view.close()\n",
+        engine = engine.display().to_string()
+    );
+    let output = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("TMPDIR", std::env::temp_dir())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run the engine's reader");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the engine's reader failed:\n{text}");
+    text
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_engine_reads_through_its_nodes_agent_and_the_next_job_on_the_node_fetches_nothing() {
+    let scratch = tempfile::tempdir().unwrap();
+    let fake = FakeApiServer::start(scratch.path(), &["1"]);
+    let agent_listen = format!("127.0.0.1:{}", free_port());
+    let agent_url = format!("http://{agent_listen}");
+    let (env, _store) = start_with_env(
+        &Backend::S3,
+        &[
+            "--executor",
+            "kubernetes",
+            "--kube-image",
+            "registry.example/runtime:1",
+            "--kube-cache-agent-url",
+            &agent_url,
+        ],
+        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
+    )
+    .await;
+    let admin = env.admin_token.clone();
+    let packed = crate::store_datasets::packed_here(&env, "words");
+    let pushed = env.yard(&admin, &["datasets", "push", "words", packed.to_str().unwrap()]);
+    assert!(pushed.status.success(), "{}", trainyard_tests::stderr(&pushed));
+    let manifest: Value = serde_json::from_slice(&std::fs::read(packed.join("dataset.json")).unwrap()).unwrap();
+    let shards = manifest["shards"].as_array().unwrap();
+    let shard_bytes: u64 = shards.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+    assert!(shards.len() >= 2, "{manifest}");
+    let agent = Agent::start(&scratch.path().join("node-cache"), &agent_listen, &env.server.url, 1 << 30);
+
+    // Two jobs on the node, one after the other, each reading words@1 as a replica does: with
+    // the environment its pod gets (the agent's URL, its node, its token).
+    let mut served = Vec::new();
+    for round in 0..2 {
+        let job = reader(&env, &admin, "store:words@1").await;
+        let (pod_env, token) = pod_env_and_token(&fake, &job).await;
+        let given = |name: &str| {
+            pod_env.iter().find(|v| v["name"] == name).and_then(|v| v["value"].as_str()).unwrap_or_default().to_string()
+        };
+        let (_, job_row) = env.get(&format!("/api/v1/jobs/{job}"), &admin).await;
+        let node = job_row["nodes"][0].as_str().map(str::to_string).unwrap_or_else(|| "fake-node-0".into());
+        let printed = engine_view(
+            &[
+                ("TRAINYARD_URL", env.server.url.clone()),
+                ("TRAINYARD_TOKEN", token),
+                ("TRAINYARD_JOB_ID", job.clone()),
+                ("TRAINYARD_DATASET_URL", given("TRAINYARD_DATASET_URL")),
+                ("TRAINYARD_NODE", node.clone()),
+            ],
+            "words@1",
+        );
+        assert!(!printed.contains("cache agent"), "read through the agent, never past it: {printed}");
+        assert!(printed.contains(&format!("node {node} caches all of words@1")), "round {round}: {printed}");
+        served.push(shard_bytes_served(&env, "default").await);
+    }
+    assert_eq!(served[0], shard_bytes, "the first job's shards came from the server, through the agent");
+    assert_eq!(served[1], served[0], "the second job's came from the node's agent: nothing more from the server");
+    assert_eq!(
+        agent.metric("trainyard_cache_agent_origin_bytes_total").await as u64,
+        shard_bytes + manifest_indexes(&packed)
+    );
+    assert_eq!(
+        agent.metric("trainyard_cache_agent_requests_total{outcome=\"hit\"}").await as usize,
+        2 * shards.len(),
+        "each shard and index a hit the second time"
+    );
+    let (_, dataset) = env.get("/api/v1/datasets/words/1", &admin).await;
+    assert_eq!(dataset["cached_on"], json!(["fake-node-0"]), "{dataset}");
+}
+
+/// The bytes of a packed folder's indexes.
+fn manifest_indexes(packed: &Path) -> u64 {
+    let manifest: Value = serde_json::from_slice(&std::fs::read(packed.join("dataset.json")).unwrap()).unwrap();
+    manifest["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| std::fs::metadata(packed.join(s["index"].as_str().unwrap())).unwrap().len())
+        .sum()
+}

@@ -304,7 +304,7 @@ async fn a_store_dataset_is_fetched_once_per_machine_cached_refetched_when_damag
 }
 
 /// A folder packed by `yard-data pack` (no job): 40 samples in shards of 8Ki.
-fn packed_here(env: &TestEnv, name: &str) -> PathBuf {
+pub(crate) fn packed_here(env: &TestEnv, name: &str) -> PathBuf {
     let source = env.dir.path().join(format!("{name}-src"));
     std::fs::create_dir_all(&source).unwrap();
     for i in 0..40 {
