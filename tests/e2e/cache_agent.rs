@@ -88,6 +88,42 @@ impl Drop for Agent {
     }
 }
 
+/// A server on the Kubernetes executor (the in-memory API server, one node) with a real S3
+/// store, whose pods are told to read through a node agent at `agent_url`; the agent starts
+/// later ([`Cluster::agent`]), since it needs the server's address.
+struct Cluster {
+    scratch: tempfile::TempDir,
+    fake: FakeApiServer,
+    env: TestEnv,
+    _store: crate::storage::StoreUnderTest,
+    agent_listen: String,
+    agent_url: String,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let scratch = tempfile::tempdir().unwrap();
+        let fake = FakeApiServer::start(scratch.path(), &["1"]);
+        let agent_listen = format!("127.0.0.1:{}", free_port());
+        let agent_url = format!("http://{agent_listen}");
+        let (env, store) = start_with_env(
+            &Backend::S3,
+            &["--executor", "kubernetes", "--kube-image", "registry.example/runtime:1"],
+            &[
+                ("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string()),
+                ("TRAINYARD_KUBE_CACHE_AGENT_URL".to_string(), agent_url.clone()),
+            ],
+        )
+        .await;
+        Cluster { scratch, fake, env, _store: store, agent_listen, agent_url }
+    }
+
+    /// The node's agent, its cache in `node-cache` of the scratch folder.
+    fn agent(&self) -> Agent {
+        Agent::start(&self.scratch.path().join("node-cache"), &self.agent_listen, &self.env.server.url, 1 << 30)
+    }
+}
+
 /// A port free now (the agent's address must be known before the server starts).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -131,51 +167,36 @@ async fn pod_env_and_token(fake: &FakeApiServer, job: &str) -> (Vec<Value>, Stri
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_only_what_the_server_allows() {
-    let scratch = tempfile::tempdir().unwrap();
-    let fake = FakeApiServer::start(scratch.path(), &["1"]);
-    let agent_listen = format!("127.0.0.1:{}", free_port());
-    let agent_url = format!("http://{agent_listen}");
-    let (env, _store) = start_with_env(
-        &Backend::S3,
-        &[
-            "--executor",
-            "kubernetes",
-            "--kube-image",
-            "registry.example/runtime:1",
-            "--kube-cache-agent-url",
-            &agent_url,
-        ],
-        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
-    )
-    .await;
+    let cluster = Cluster::start().await;
+    let (env, fake, agent_url) = (&cluster.env, &cluster.fake, &cluster.agent_url);
     let admin = env.admin_token.clone();
-    push_tiny(&env, &admin, "tiny", "1").await;
-    let agent = Agent::start(&scratch.path().join("node-cache"), &agent_listen, &env.server.url, 1 << 30);
+    push_tiny(env, &admin, "tiny", "1").await;
+    let agent = cluster.agent();
 
     // The job's pod is told to read through the agent, with its own token.
-    let job = reader(&env, &admin, "store:tiny@1").await;
-    let (pod_env, token) = pod_env_and_token(&fake, &job).await;
+    let job = reader(env, &admin, "store:tiny@1").await;
+    let (pod_env, token) = pod_env_and_token(fake, &job).await;
     assert!(
         pod_env.iter().any(|v| v["name"] == "TRAINYARD_DATASET_URL" && v["value"] == agent_url.as_str()),
         "{pod_env:?}"
     );
-    let tenant = tenant_of_job(&env, &job).await;
+    let tenant = tenant_of_job(env, &job).await;
     let (_, direct) = env.get("/api/v1/datasets/tiny/1", &admin).await;
     assert!(direct["store_prefix"].is_string(), "{direct}");
     let shard = "data-000000.tar";
     let expected = b"the one shard of tiny@1".to_vec();
 
     // The first read fetches the shard from the server, the second finds it on the node.
-    let before = shard_bytes_served(&env, "default").await;
+    let before = shard_bytes_served(env, "default").await;
     let (status, cache, body) = agent.read(Some(&token), "tiny@1", shard).await;
     assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "miss", Ok(&expected[..])));
-    let after_first = shard_bytes_served(&env, "default").await;
+    let after_first = shard_bytes_served(env, "default").await;
     assert_eq!(after_first - before, expected.len() as u64, "fetched from the server once");
     for _ in 0..2 {
         let (status, cache, body) = agent.read(Some(&token), "tiny@1", shard).await;
         assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "hit", Ok(&expected[..])));
     }
-    assert_eq!(shard_bytes_served(&env, "default").await, after_first, "the node's copy: nothing from the server");
+    assert_eq!(shard_bytes_served(env, "default").await, after_first, "the node's copy: nothing from the server");
     let (status, cache, index) = agent.read(Some(&token), "tiny@1", "data-000000.idx.json").await;
     assert_eq!((status, cache.as_str(), index.as_deref()), (StatusCode::OK, "miss", Ok(&b"{}"[..])));
     assert_eq!(agent.read(Some(&token), "tiny@1", "data-000000.idx.json").await.1, "hit");
@@ -201,7 +222,7 @@ async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_
     assert_eq!(agent.metric("trainyard_cache_agent_damaged_total").await, 1.0);
     let (status, cache, body) = agent.read(Some(&token), "tiny@1", shard).await;
     assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "miss", Ok(&expected[..])));
-    let after_damage = shard_bytes_served(&env, "default").await;
+    let after_damage = shard_bytes_served(env, "default").await;
     assert_eq!(after_damage - after_first, expected.len() as u64, "fetched again, once");
 
     // Nothing the server would refuse, though the node holds it: another tenant's job and
@@ -209,14 +230,14 @@ async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_
     let (status, body) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-b"})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let bob = env.member("team-b", "bob", "admin").await;
-    push_tiny(&env, &bob, "tiny", "1").await; // the same name and content, in tenant B
-    let bobs_job = reader(&env, &bob, "store:tiny@1").await;
-    let (_, bobs_token) = pod_env_and_token(&fake, &bobs_job).await;
+    push_tiny(env, &bob, "tiny", "1").await; // the same name and content, in tenant B
+    let bobs_job = reader(env, &bob, "store:tiny@1").await;
+    let (_, bobs_token) = pod_env_and_token(fake, &bobs_job).await;
     let (plain_status, plain) = env.post("/api/v1/jobs", &admin, &json!({"command": ["sleep", "300"]})).await;
     assert_eq!(plain_status, StatusCode::CREATED, "{plain}");
     let plain_job = plain["id"].as_str().unwrap().to_string();
     env.wait_job(&plain_job, Duration::from_secs(30), |j| j["state"] == "running").await;
-    let (_, idle_token) = pod_env_and_token(&fake, &plain_job).await;
+    let (_, idle_token) = pod_env_and_token(fake, &plain_job).await;
     let viewer_b = env.member("team-b", "vic", "viewer").await;
     for (who, caller, expected_status) in [
         ("a job of this tenant not reading it", Some(idle_token.as_str()), StatusCode::NOT_FOUND),
@@ -228,15 +249,15 @@ async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_
     }
     // Tenant B's job reads tenant B's tiny@1 (same content): its own copy, fetched from the
     // server for B, never A's.
-    let bobs_tenant = tenant_of_job(&env, &bobs_job).await;
+    let bobs_tenant = tenant_of_job(env, &bobs_job).await;
     let (status, cache, body) = agent.read(Some(&bobs_token), "tiny@1", shard).await;
     assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "miss", Ok(&expected[..])));
-    assert_eq!(shard_bytes_served(&env, "team-b").await, expected.len() as u64, "B's bytes, from the server");
+    assert_eq!(shard_bytes_served(env, "team-b").await, expected.len() as u64, "B's bytes, from the server");
     assert!(agent.dir.join(&bobs_tenant).join(&sha[..2]).join(&sha).is_file());
     // A member of B with an API token asking for a version of A that B does not have: 404.
     let (status, _, _) = agent.read(Some(&viewer_b), "tiny@9", shard).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(shard_bytes_served(&env, "default").await, after_damage, "A's files: nothing more sent");
+    assert_eq!(shard_bytes_served(env, "default").await, after_damage, "A's files: nothing more sent");
 }
 
 /// The engine's own reader (`engine/remote.py`, a replica's `--data store:...` view) in a
@@ -269,39 +290,24 @@ fn engine_view(env: &[(&str, String)], dataset: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_engine_reads_through_its_nodes_agent_and_the_next_job_on_the_node_fetches_nothing() {
-    let scratch = tempfile::tempdir().unwrap();
-    let fake = FakeApiServer::start(scratch.path(), &["1"]);
-    let agent_listen = format!("127.0.0.1:{}", free_port());
-    let agent_url = format!("http://{agent_listen}");
-    let (env, _store) = start_with_env(
-        &Backend::S3,
-        &[
-            "--executor",
-            "kubernetes",
-            "--kube-image",
-            "registry.example/runtime:1",
-            "--kube-cache-agent-url",
-            &agent_url,
-        ],
-        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
-    )
-    .await;
+    let cluster = Cluster::start().await;
+    let (env, fake) = (&cluster.env, &cluster.fake);
     let admin = env.admin_token.clone();
-    let packed = crate::store_datasets::packed_here(&env, "words");
+    let packed = crate::store_datasets::packed_here(env, "words");
     let pushed = env.yard(&admin, &["datasets", "push", "words", packed.to_str().unwrap()]);
     assert!(pushed.status.success(), "{}", trainyard_tests::stderr(&pushed));
     let manifest: Value = serde_json::from_slice(&std::fs::read(packed.join("dataset.json")).unwrap()).unwrap();
     let shards = manifest["shards"].as_array().unwrap();
     let shard_bytes: u64 = shards.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
     assert!(shards.len() >= 2, "{manifest}");
-    let agent = Agent::start(&scratch.path().join("node-cache"), &agent_listen, &env.server.url, 1 << 30);
+    let agent = cluster.agent();
 
     // Two jobs on the node, one after the other, each reading words@1 as a replica does: with
     // the environment its pod gets (the agent's URL, its node, its token).
     let mut served = Vec::new();
     for round in 0..2 {
-        let job = reader(&env, &admin, "store:words@1").await;
-        let (pod_env, token) = pod_env_and_token(&fake, &job).await;
+        let job = reader(env, &admin, "store:words@1").await;
+        let (pod_env, token) = pod_env_and_token(fake, &job).await;
         let given = |name: &str| {
             pod_env.iter().find(|v| v["name"] == name).and_then(|v| v["value"].as_str()).unwrap_or_default().to_string()
         };
@@ -319,7 +325,7 @@ async fn the_engine_reads_through_its_nodes_agent_and_the_next_job_on_the_node_f
         );
         assert!(!printed.contains("cache agent"), "read through the agent, never past it: {printed}");
         assert!(printed.contains(&format!("node {node} caches all of words@1")), "round {round}: {printed}");
-        served.push(shard_bytes_served(&env, "default").await);
+        served.push(shard_bytes_served(env, "default").await);
     }
     assert_eq!(served[0], shard_bytes, "the first job's shards came from the server, through the agent");
     assert_eq!(served[1], served[0], "the second job's came from the node's agent: nothing more from the server");

@@ -57,7 +57,17 @@ async fn get_file(env: &TestEnv, token: &str, dataset: &str, file: &str) -> (Sta
 /// Pushes a one-shard dataset through the API and registers it as `name@version`; returns the
 /// hex of its content hash. (A shard's bytes are not read as a tar by the server.)
 pub(crate) async fn push_tiny(env: &TestEnv, token: &str, name: &str, version: &str) -> String {
-    let shard = format!("the one shard of {name}@{version}").into_bytes();
+    let hex = push_shard(env, token, format!("the one shard of {name}@{version}").into_bytes()).await;
+    let hash = format!("sha256:{hex}");
+    let (status, body) =
+        env.post("/api/v1/datasets", token, &json!({"name": name, "version": version, "from_store": hash})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    hex
+}
+
+/// Pushes a one-shard dataset (its manifest, `shard`, an index) without registering a version;
+/// the hex of its content hash.
+async fn push_shard(env: &TestEnv, token: &str, shard: Vec<u8>) -> String {
     let sha = sha256_hex(&shard);
     let hash = content_hash(&[("data-000000.tar", 1, &sha)]);
     let manifest = json!({
@@ -75,9 +85,6 @@ pub(crate) async fn push_tiny(env: &TestEnv, token: &str, name: &str, version: &
         let (status, body) = put_file(env, token, &hex, file, body).await;
         assert_eq!(status, StatusCode::CREATED, "{file}: {body}");
     }
-    let (status, body) =
-        env.post("/api/v1/datasets", token, &json!({"name": name, "version": version, "from_store": hash})).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
     hex
 }
 
@@ -591,27 +598,10 @@ async fn the_machine_cache_keeps_its_budget_under_three_jobs_and_evicts_no_shard
     assert!(shards_of(0).iter().all(|sha| held.contains(sha)), "B's shards, the newest, stay: {held:?}");
 }
 
-/// Pushes one shard of `size` bytes made from `seed` (manifest, shard, index) without
-/// registering a version; the content hash's hex.
+/// Pushes one shard of `size` bytes made from `seed` without registering a version; the
+/// content hash's hex.
 async fn push_unregistered(env: &TestEnv, token: &str, seed: u8, size: usize) -> String {
-    let shard: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
-    let sha = sha256_hex(&shard);
-    let hash = content_hash(&[("data-000000.tar", 1, &sha)]);
-    let manifest = json!({
-        "format": "trainyard-shards-v1", "prefix": "data", "samples": 1, "bytes": size,
-        "shards": [{"name": "data-000000.tar", "index": "data-000000.idx.json", "samples": 1, "bytes": size, "sha256": sha}],
-        "content_hash": hash, "created_by": "a test",
-    });
-    let hex = hash.trim_start_matches("sha256:").to_string();
-    for (file, body) in [
-        ("dataset.json", serde_json::to_vec(&manifest).unwrap()),
-        ("data-000000.tar", shard),
-        ("data-000000.idx.json", b"{}".to_vec()),
-    ] {
-        let (status, body) = put_file(env, token, &hex, file, body).await;
-        assert_eq!(status, StatusCode::CREATED, "{file}: {body}");
-    }
-    hex
+    push_shard(env, token, (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()).await
 }
 
 fn register(hex: &str, name: &str) -> Value {
