@@ -95,7 +95,7 @@ struct Cluster {
     scratch: tempfile::TempDir,
     fake: FakeApiServer,
     env: TestEnv,
-    _store: crate::storage::StoreUnderTest,
+    store: crate::storage::StoreUnderTest,
     agent_listen: String,
     agent_url: String,
 }
@@ -115,7 +115,7 @@ impl Cluster {
             ],
         )
         .await;
-        Cluster { scratch, fake, env, _store: store, agent_listen, agent_url }
+        Cluster { scratch, fake, env, store, agent_listen, agent_url }
     }
 
     /// The node's agent, its cache in `node-cache` of the scratch folder.
@@ -225,6 +225,28 @@ async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_
     let after_damage = shard_bytes_served(env, "default").await;
     assert_eq!(after_damage - after_first, expected.len() as u64, "fetched again, once");
 
+    // A shard damaged in the object store (same size) never arrives whole from the agent, and
+    // is not kept; once the store holds it whole again it is fetched and kept.
+    let broken_hex = push_tiny(env, &admin, "broken", "1").await;
+    let broken_job = reader(env, &admin, "store:broken@1").await;
+    let (_, broken_token) = pod_env_and_token(fake, &broken_job).await;
+    let key = format!("tenants/{tenant}/datasets/content/{broken_hex}/{shard}");
+    let whole = cluster.store.read(&key);
+    let mut damaged_in_store = whole.clone();
+    damaged_in_store[0] ^= 0xFF;
+    cluster.store.overwrite(&key, &damaged_in_store);
+    let body = agent.read_whole(&broken_token, "broken@1", shard).await;
+    assert!(body.is_err(), "a shard the store damaged must not arrive whole: {body:?}");
+    let broken_sha: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&whole).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    assert!(!agent.dir.join(&tenant).join(&broken_sha[..2]).join(&broken_sha).exists(), "not kept");
+    cluster.store.overwrite(&key, &whole);
+    let (status, cache, body) = agent.read(Some(&broken_token), "broken@1", shard).await;
+    assert_eq!((status, cache.as_str(), body.as_deref()), (StatusCode::OK, "miss", Ok(&whole[..])));
+    let after_broken = shard_bytes_served(env, "default").await;
+
     // Nothing the server would refuse, though the node holds it: another tenant's job and
     // member, a job of this tenant that does not read it, no token.
     let (status, body) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-b"})).await;
@@ -257,7 +279,7 @@ async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_
     // A member of B with an API token asking for a version of A that B does not have: 404.
     let (status, _, _) = agent.read(Some(&viewer_b), "tiny@9", shard).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(shard_bytes_served(env, "default").await, after_damage, "A's files: nothing more sent");
+    assert_eq!(shard_bytes_served(env, "default").await, after_broken, "A's files: nothing more sent");
 }
 
 /// The engine's own reader (`engine/remote.py`, a replica's `--data store:...` view) in a

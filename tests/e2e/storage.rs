@@ -159,6 +159,11 @@ impl StoreUnderTest {
         keys
     }
 
+    /// Replaces the bytes stored under a key behind the server's back (damage in the store).
+    pub(crate) fn overwrite(&self, key: &str, bytes: &[u8]) {
+        std::fs::write(self.key_root().join(key), bytes).unwrap_or_else(|err| panic!("{key}: {err}"))
+    }
+
     /// The bytes stored under a key, as the store keeps them on disk.
     pub(crate) fn read(&self, key: &str) -> Vec<u8> {
         std::fs::read(self.key_root().join(key)).unwrap_or_else(|err| panic!("{key}: {err}"))

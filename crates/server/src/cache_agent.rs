@@ -148,6 +148,16 @@ enum Kind {
     Index,
 }
 
+/// How a fill begins, for the request that started it.
+enum Begin {
+    /// Another request filled it meanwhile: the copy, opened and held.
+    Copy(Copy),
+    /// The bytes follow as they come from the server (its size, when known).
+    Streaming(Option<u64>),
+    /// The server refused, or could not be reached: the answer to pass on.
+    Refused(Response),
+}
+
 impl Agent {
     /// The agent for `config`, its cache folder made and cleared of fills a crash left.
     pub fn new(config: AgentConfig) -> anyhow::Result<Arc<Agent>> {
@@ -229,108 +239,184 @@ impl Agent {
         }
     }
 
-    /// The cached copy of a shard or index, fetched first when the cache lacks it.
+    /// The cached copy of a shard or index; when the cache lacks it, the file as it is fetched
+    /// from the server, written to the cache on the way.
     async fn cached(self: &Arc<Agent>, facts: Facts, file: &str, url: String, authorization: HeaderValue) -> Response {
         let path = self.copy_path(&facts, file);
         let (expected_size, check) = match &facts.kind {
             Kind::Shard { size, sha256 } => (Some(*size), Some(sha256.clone())),
             _ => (None, None),
         };
-        let (copy, outcome) = match open_whole(path.clone(), expected_size).await {
-            Some(copy) => (copy, "hit"),
-            None => {
-                // Its own task: a job that goes away mid-fill leaves a whole copy for the next.
-                let agent = self.clone();
-                let fill = tokio::spawn(async move { agent.fill_once(&path, &facts, &url, &authorization).await });
-                match fill.await {
-                    Ok(Ok(filled)) => filled,
-                    Ok(Err(response)) => return response,
-                    Err(err) => return unavailable(format!("the fill stopped: {err}")),
-                }
+        if let Some(copy) = open_whole(path.clone(), expected_size).await {
+            self.metrics.count("hit");
+            return self.serve(copy, check, "hit");
+        }
+        // The fill is a task of its own: a job that goes away mid-fill leaves a whole copy for
+        // the next. It says how it begins, then sends the bytes as they come.
+        let (begin, begun) = tokio::sync::oneshot::channel();
+        let (chunks, chunks_out) = tokio::sync::mpsc::channel(4);
+        let agent = self.clone();
+        tokio::spawn(async move { agent.fill_once(path, facts, url, authorization, begin, chunks).await });
+        match begun.await {
+            // Filled by another request while this one waited for its turn.
+            Ok(Begin::Copy(copy)) => {
+                self.metrics.count("hit");
+                self.serve(copy, check, "hit")
             }
-        };
-        self.metrics.count(outcome);
-        self.serve(copy, check, outcome)
+            Ok(Begin::Streaming(size)) => {
+                self.metrics.count("miss");
+                let body = futures::stream::unfold(chunks_out, |mut chunks| async move {
+                    chunks.recv().await.map(|chunk| (chunk, chunks))
+                });
+                let mut response = Body::from_stream(body).into_response();
+                let headers = response.headers_mut();
+                headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+                if let Some(size) = size {
+                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+                }
+                headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, no-store"));
+                headers.insert(CACHE_HEADER, HeaderValue::from_static("miss"));
+                response
+            }
+            Ok(Begin::Refused(response)) => response,
+            Err(_) => unavailable("the fill stopped before it began".into()),
+        }
     }
 
     /// Fetches a file into the cache unless another request did while this one waited for its
-    /// turn; the copy, opened and held.
+    /// turn (then the copy, opened and held, is what `begin` gets).
     async fn fill_once(
-        self: &Arc<Agent>,
-        path: &Path,
-        facts: &Facts,
-        url: &str,
-        authorization: &HeaderValue,
-    ) -> Result<(Copy, &'static str), Response> {
+        self: Arc<Agent>,
+        path: PathBuf,
+        facts: Facts,
+        url: String,
+        authorization: HeaderValue,
+        begin: tokio::sync::oneshot::Sender<Begin>,
+        chunks: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    ) {
         let expected_size = match &facts.kind {
             Kind::Shard { size, .. } => Some(*size),
             _ => None,
         };
-        let _turn = self.fills[stripe(path)].lock().await;
-        if let Some(copy) = open_whole(path.to_path_buf(), expected_size).await {
-            return Ok((copy, "hit"));
+        let _turn = self.fills[stripe(&path)].lock().await;
+        if let Some(copy) = open_whole(path.clone(), expected_size).await {
+            let _ = begin.send(Begin::Copy(copy));
+            return;
         }
-        let copy = self.fill(path, facts, url, authorization).await?;
-        self.sweep_soon();
-        Ok((copy, "miss"))
+        if self.fill(&path, &facts, &url, &authorization, begin, chunks).await {
+            self.sweep_soon();
+        }
     }
 
-    /// Streams a file from the server into a temporary file beside its copy's name, checks it,
-    /// syncs it and gives it the name.
-    async fn fill(&self, path: &Path, facts: &Facts, url: &str, authorization: &HeaderValue) -> Result<Copy, Response> {
+    /// Streams a file from the server into a temporary file beside its copy's name, and to the
+    /// request that asked for it as long as it listens; checks it, syncs it and gives it the
+    /// name. A shard's last piece reaches the request only once its size and SHA-256 are the
+    /// manifest's: one that is not never arrives whole. True when the copy was kept.
+    async fn fill(
+        &self,
+        path: &Path,
+        facts: &Facts,
+        url: &str,
+        authorization: &HeaderValue,
+        begin: tokio::sync::oneshot::Sender<Begin>,
+        chunks: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    ) -> bool {
         let answer = match self.client.get(url).header(header::AUTHORIZATION, authorization.clone()).send().await {
             Ok(answer) if answer.status().is_success() => answer,
-            Ok(answer) => return Err(refused(answer.status())),
-            Err(err) => return Err(unavailable(format!("the Trainyard server did not answer: {err}"))),
+            Ok(answer) => {
+                let _ = begin.send(Begin::Refused(refused(answer.status())));
+                return false;
+            }
+            Err(err) => {
+                let _ = begin.send(Begin::Refused(unavailable(format!("the Trainyard server did not answer: {err}"))));
+                return false;
+            }
         };
         let folder = path.parent().expect("a copy's path has a folder");
         let temporary = folder.join(format!(".fill-{}", Uuid::new_v4()));
-        let written = async {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(folder)?;
-            let mut out = tokio::fs::File::create(&temporary).await?;
-            let mut hasher = Sha256::new();
-            let mut size = 0u64;
-            let mut body = answer.bytes_stream();
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(std::io::Error::other)?;
-                hasher.update(&chunk);
-                size += chunk.len() as u64;
-                self.metrics.origin_bytes.inc_by(chunk.len() as u64);
-                out.write_all(&chunk).await?;
-            }
-            out.sync_all().await?;
-            Ok::<_, std::io::Error>((size, hex::encode(hasher.finalize())))
-        }
-        .await;
-        let (size, sha256) = match written {
-            Ok(written) => written,
+        let out = match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(folder) {
+            Ok(()) => tokio::fs::File::create(&temporary).await,
+            Err(err) => Err(err),
+        };
+        let mut out = match out {
+            Ok(out) => out,
             Err(err) => {
-                let _ = std::fs::remove_file(&temporary);
-                return Err(unavailable(format!("fetching the file into the node's cache: {err}")));
+                let _ = begin.send(Begin::Refused(unavailable(format!("making room in the node's cache: {err}"))));
+                return false;
             }
         };
-        if let Kind::Shard { sha256: expected, size: expected_size } = &facts.kind
-            && (expected != &sha256 || *expected_size != size)
-        {
+        let expected = match &facts.kind {
+            Kind::Shard { sha256, size } => Some((sha256.as_str(), *size)),
+            _ => None,
+        };
+        let mut listening =
+            begin.send(Begin::Streaming(expected.map(|(_, size)| size).or(answer.content_length()))).is_ok();
+        let forward = async |chunk: std::io::Result<Bytes>, listening: &mut bool| {
+            if *listening {
+                if let Ok(bytes) = &chunk {
+                    self.metrics.served_bytes.inc_by(bytes.len() as u64);
+                }
+                *listening = chunks.send(chunk).await.is_ok();
+            }
+        };
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut held: Option<Bytes> = None;
+        let mut body = answer.bytes_stream();
+        let written = loop {
+            let chunk = match body.next().await {
+                None => break out.sync_all().await,
+                Some(Err(err)) => break Err(std::io::Error::other(err)),
+                Some(Ok(chunk)) => chunk,
+            };
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            self.metrics.origin_bytes.inc_by(chunk.len() as u64);
+            if let Err(err) = out.write_all(&chunk).await {
+                break Err(err);
+            }
+            // A shard's latest piece waits for the next (or for the check at the end).
+            let ready = if expected.is_some() { held.replace(chunk) } else { Some(chunk) };
+            if let Some(ready) = ready {
+                forward(Ok(ready), &mut listening).await;
+            }
+        };
+        let sha256 = hex::encode(hasher.finalize());
+        let failure = match (written, expected) {
+            (Err(err), _) => Some(format!("fetching the file into the node's cache: {err}")),
+            (Ok(()), Some((want, want_size))) if want != sha256 || want_size != size => Some(format!(
+                "the server sent {size} bytes of SHA-256 {sha256} for a shard its manifest gives as {want_size} bytes of {want}"
+            )),
+            (Ok(()), _) => None,
+        };
+        if let Some(why) = failure {
+            tracing::warn!("{why}");
             let _ = std::fs::remove_file(&temporary);
-            return Err(unavailable(format!(
-                "the server sent {size} bytes of SHA-256 {sha256} for a shard its manifest gives as {expected_size} bytes of {expected}"
-            )));
+            forward(Err(std::io::Error::other(why)), &mut listening).await;
+            return false;
+        }
+        if let Some(last) = held {
+            forward(Ok(last), &mut listening).await;
         }
         let (temporary, path) = (temporary.clone(), path.to_path_buf());
-        let named = tokio::task::spawn_blocking(move || -> std::io::Result<Copy> {
-            let copy = Copy::open(&temporary)?;
+        let named = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::rename(&temporary, &path)?;
             if let Some(folder) = path.parent() {
                 std::fs::File::open(folder)?.sync_all()?;
             }
-            Ok(Copy { path, ..copy })
+            Ok(())
         })
         .await;
         match named {
-            Ok(Ok(copy)) => Ok(copy),
-            Ok(Err(err)) => Err(unavailable(format!("keeping the file in the node's cache: {err}"))),
-            Err(err) => Err(unavailable(format!("keeping the file in the node's cache: {err}"))),
+            Ok(Ok(())) => true,
+            Ok(Err(err)) => {
+                tracing::warn!(%err, "keeping a file in the node's cache");
+                false
+            }
+            Err(err) => {
+                tracing::warn!(%err, "keeping a file in the node's cache");
+                false
+            }
         }
     }
 
