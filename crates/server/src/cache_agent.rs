@@ -20,9 +20,10 @@
 //! shards at `<tenant>/<sha[:2]>/<sha>`, indexes at `<tenant>/indexes/<content hash>/<name>`,
 //! recency the access time; over its budget the least recently used copies no request is
 //! reading go first ([`trainyard_executor::local::cache_sweep`]: a copy being served holds a
-//! shared `flock`). A fill streams to a temporary file in the same folder, checks a shard's
-//! size and SHA-256 against the manifest's, syncs and renames: a crash never leaves a partial
-//! copy under a copy's name. Every shard served is hashed again on its way out; a copy damaged
+//! shared `flock`). A fill streams to a temporary file in the same folder and to the request
+//! that asked for it, checks a shard's size and SHA-256 against the manifest's (the request gets
+//! the last piece only then), syncs and renames: a crash never leaves a partial copy under a
+//! copy's name. Every shard served is hashed again on its way out; a copy damaged
 //! on disk ends its response early (the engine tries again) and is dropped, so the next request
 //! fetches it anew. Manifests are passed through, never cached (a few kilobytes).
 
