@@ -26,10 +26,11 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(dir: &Path, listen: &str, server: &str, budget: u64) -> Agent {
+    fn start(dir: &Path, listen: &str, server: &str, extra: &[&str]) -> Agent {
         let mut child = Command::new(bin("trainyard"))
             .args(["cache-agent", "--dir", dir.to_str().unwrap(), "--listen", listen, "--server", server])
-            .args(["--budget-bytes", &budget.to_string()])
+            .args(["--budget-bytes", &(1u64 << 30).to_string()])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the cache agent");
@@ -118,9 +119,10 @@ impl Cluster {
         Cluster { scratch, fake, env, store, agent_listen, agent_url }
     }
 
-    /// The node's agent, its cache in `node-cache` of the scratch folder.
-    fn agent(&self) -> Agent {
-        Agent::start(&self.scratch.path().join("node-cache"), &self.agent_listen, &self.env.server.url, 1 << 30)
+    /// The node's agent (a 1 GiB cache and `extra` arguments), its cache in `node-cache` of the
+    /// scratch folder.
+    fn agent(&self, extra: &[&str]) -> Agent {
+        Agent::start(&self.scratch.path().join("node-cache"), &self.agent_listen, &self.env.server.url, extra)
     }
 }
 
@@ -171,7 +173,7 @@ async fn the_node_agent_fetches_each_shard_once_drops_a_damaged_copy_and_serves_
     let (env, fake, agent_url) = (&cluster.env, &cluster.fake, &cluster.agent_url);
     let admin = env.admin_token.clone();
     push_tiny(env, &admin, "tiny", "1").await;
-    let agent = cluster.agent();
+    let agent = cluster.agent(&[]);
 
     // The job's pod is told to read through the agent, with its own token.
     let job = reader(env, &admin, "store:tiny@1").await;
@@ -322,7 +324,7 @@ async fn the_engine_reads_through_its_nodes_agent_and_the_next_job_on_the_node_f
     let shards = manifest["shards"].as_array().unwrap();
     let shard_bytes: u64 = shards.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
     assert!(shards.len() >= 2, "{manifest}");
-    let agent = cluster.agent();
+    let agent = cluster.agent(&[]);
 
     // Two jobs on the node, one after the other, each reading words@1 as a replica does: with
     // the environment its pod gets (the agent's URL, its node, its token).
@@ -373,4 +375,60 @@ fn manifest_indexes(packed: &Path) -> u64 {
         .iter()
         .map(|s| std::fs::metadata(packed.join(s["index"].as_str().unwrap())).unwrap().len())
         .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenants_share_of_the_agents_cache_evicts_its_own_copies_and_no_one_elses() {
+    let cluster = Cluster::start().await;
+    let env = &cluster.env;
+    let admin = env.admin_token.clone();
+    let (status, body) = env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let bob = env.member("team-b", "bob", "admin").await;
+    push_tiny(env, &bob, "theirs", "1").await;
+    for version in ["1", "2", "3"] {
+        push_tiny(env, &admin, "ours", version).await;
+    }
+    // Each version is a shard of 23 bytes and an index of 2: a share of 60 bytes holds two.
+    let agent = cluster.agent(&["--tenant-budget-bytes", "60"]);
+    let shard = "data-000000.tar";
+    let (status, _, _) = agent.read(Some(&bob), "theirs@1", shard).await;
+    assert_eq!(status, StatusCode::OK);
+    for version in ["1", "2", "3"] {
+        tokio::time::sleep(Duration::from_millis(50)).await; // distinct access times
+        for file in [shard, "data-000000.idx.json"] {
+            let (status, _, body) = agent.read(Some(&admin), &format!("ours@{version}"), file).await;
+            assert_eq!(status, StatusCode::OK, "ours@{version} {file}: {body:?}");
+        }
+    }
+    // The share holds: tenant A's oldest copies went, tenant B's (older than all) stayed.
+    let tenant_id = |name: &'static str| async move {
+        let id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM tenants WHERE name = $1")
+            .bind(name)
+            .fetch_one(&env.db.pool)
+            .await
+            .unwrap();
+        id.to_string()
+    };
+    let (ours, theirs) = (agent.dir.join(tenant_id("default").await), agent.dir.join(tenant_id("team-b").await));
+    let bytes = |dir: &Path| walk(dir).iter().map(|p| p.metadata().map(|m| m.len()).unwrap_or(0)).sum::<u64>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while bytes(&ours) > 60 {
+        assert!(std::time::Instant::now() < deadline, "tenant A's share is not held: {} bytes", bytes(&ours));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        bytes(&theirs),
+        "the one shard of theirs@1".len() as u64,
+        "tenant B's copy, older than all of A's, stays"
+    );
+    // The latest version is still a hit; the first was evicted.
+    assert_eq!(agent.read(Some(&admin), "ours@3", shard).await.1, "hit");
+    assert_eq!(agent.read(Some(&admin), "ours@1", shard).await.1, "miss");
+    assert_eq!(agent.read(Some(&bob), "theirs@1", shard).await.1, "hit", "the other tenant's copy stayed");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    crate::storage::walkdir(dir)
 }

@@ -71,6 +71,9 @@ pub struct AgentConfig {
     pub server: String,
     /// The most bytes the cache keeps of copies no request is reading.
     pub budget_bytes: u64,
+    /// The most one tenant's copies may take of it (its own least recently used go first), so
+    /// that no tenant's data evicts everyone else's. None: no share of its own.
+    pub tenant_budget_bytes: Option<u64>,
 }
 
 /// The agent's state, shared by its requests.
@@ -305,7 +308,7 @@ impl Agent {
             return;
         }
         if self.fill(&path, &facts, &url, &authorization, begin, chunks).await {
-            self.sweep_soon();
+            self.sweep_soon(facts.tenant);
         }
     }
 
@@ -421,14 +424,20 @@ impl Agent {
         }
     }
 
-    /// Brings the cache within its budget, off the request path, one sweep at a time.
-    fn sweep_soon(self: &Arc<Agent>) {
+    /// Brings the tenant that just filled a copy within its share, then the cache within its
+    /// budget, off the request path, one sweep at a time.
+    fn sweep_soon(self: &Arc<Agent>, tenant: Uuid) {
+        use trainyard_executor::local::cache_sweep;
+        if let Some(share) = self.config.tenant_budget_bytes {
+            let dir = self.config.dir.clone();
+            tokio::task::spawn_blocking(move || cache_sweep::sweep_namespace(&dir, &tenant.to_string(), share));
+        }
         if self.sweeping.swap(true, Ordering::AcqRel) {
             return;
         }
         let agent = self.clone();
         tokio::task::spawn_blocking(move || {
-            let swept = trainyard_executor::local::cache_sweep::sweep(&agent.config.dir, agent.config.budget_bytes);
+            let swept = cache_sweep::sweep(&agent.config.dir, agent.config.budget_bytes);
             agent.metrics.cache_bytes.set(i64::try_from(swept.bytes_left).unwrap_or(i64::MAX));
             if swept.evicted > 0 {
                 tracing::info!(evicted = swept.evicted, bytes_left = swept.bytes_left, "cache swept to its budget");
@@ -721,6 +730,7 @@ mod tests {
             dir: tempfile::tempdir().unwrap().keep(),
             server: "http://server".into(),
             budget_bytes: 0,
+            tenant_budget_bytes: None,
         })
         .unwrap();
         let tenant = Uuid::parse_str("7d1c1f4e-8a43-4d4c-9a57-0f7a3f0e2b11").unwrap();

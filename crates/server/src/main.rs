@@ -186,6 +186,10 @@ enum Command {
         /// first).
         #[arg(long, env = "TRAINYARD_CACHE_AGENT_BUDGET_BYTES")]
         budget_bytes: u64,
+        /// The most one tenant's copies may take of the cache (its own least recently used go
+        /// first), so that no tenant's data evicts all the others'. Default: no share of its own.
+        #[arg(long, env = "TRAINYARD_CACHE_AGENT_TENANT_BUDGET_BYTES")]
+        tenant_budget_bytes: Option<u64>,
     },
     /// Supervises one replica (started by the local executor; not for people).
     #[command(hide = true)]
@@ -354,11 +358,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             EmbeddedPostgres::stop_in(&dir).await?;
             Ok(())
         }
-        Command::CacheAgent { dir, listen, server, budget_bytes } => {
+        Command::CacheAgent { dir, listen, server, budget_bytes, tenant_budget_bytes } => {
             let agent = trainyard_server::cache_agent::Agent::new(trainyard_server::cache_agent::AgentConfig {
                 dir,
                 server,
                 budget_bytes,
+                tenant_budget_bytes,
             })?;
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             println!("trainyard: cache agent listening on http://{}", listener.local_addr()?);

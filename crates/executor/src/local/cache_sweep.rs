@@ -39,7 +39,16 @@ pub struct Swept {
 /// Evicts the least recently used entries not in use, in every namespace under `root`, until
 /// the cache holds at most `budget` bytes.
 pub fn sweep(root: &Path, budget: u64) -> Swept {
-    let mut entries = entries(root);
+    evict_to(entries(root, None), budget)
+}
+
+/// [`sweep`] within one namespace (a tenant's share of the cache): its own least recently used
+/// entries not in use go until it holds at most `budget` bytes.
+pub fn sweep_namespace(root: &Path, namespace: &str, budget: u64) -> Swept {
+    evict_to(entries(root, Some(namespace)), budget)
+}
+
+fn evict_to(mut entries: Vec<Entry>, budget: u64) -> Swept {
     let mut total: u64 = entries.iter().map(|e| e.size).sum();
     let mut swept = Swept::default();
     entries.sort_by_key(|e| e.used_ns);
@@ -60,10 +69,10 @@ pub fn sweep(root: &Path, budget: u64) -> Swept {
     swept
 }
 
-/// Every shard and index under `root`, as cache.py lists them.
-fn entries(root: &Path) -> Vec<Entry> {
+/// Every shard and index under `root` (in `only` namespace, when given), as cache.py lists them.
+fn entries(root: &Path, only: Option<&str>) -> Vec<Entry> {
     let mut found = Vec::new();
-    for namespace in names(root).filter(|n| is_namespace(n)) {
+    for namespace in names(root).filter(|n| is_namespace(n) && only.is_none_or(|only| only == n)) {
         let namespace_dir = root.join(&namespace);
         for prefix in names(&namespace_dir) {
             let folder = namespace_dir.join(&prefix);
@@ -196,6 +205,20 @@ mod tests {
         }
         assert!(lock.exists() && fill.exists() && stranger.exists());
         assert_eq!(sweep(root, 2000), Swept { evicted: 0, bytes_left: 2000 }, "within budget: nothing more");
+    }
+
+    #[test]
+    fn a_namespace_sweep_evicts_only_that_namespace_s_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let minutes = |m: u64| Duration::from_secs(60 * m);
+        let a_old = put(root, &shard("tenant-a", 1), 1000, minutes(50));
+        let a_new = put(root, &shard("tenant-a", 2), 1000, minutes(10));
+        let b_oldest = put(root, &shard("tenant-b", 3), 1000, minutes(90));
+
+        assert_eq!(sweep_namespace(root, "tenant-a", 1000), Swept { evicted: 1, bytes_left: 1000 });
+        assert!(!a_old.exists() && a_new.exists(), "tenant A's own oldest went");
+        assert!(b_oldest.exists(), "tenant B's entries are not A's share to sweep, however old");
     }
 
     #[test]
