@@ -43,43 +43,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ -n "${TRAINYARD_TEST_DATABASE_URL:-}" ]; then
-  admin_url=$TRAINYARD_TEST_DATABASE_URL
-  own_db="bench_cache_agent_$$"
-else
-  source deploy/ensure-postgres
-  admin_url=$("$bin/trainyard" postgres start --dir "$work/pg")
-  own_db="bench_cache_agent"
-fi
-psql -q "$admin_url" -c "CREATE DATABASE $own_db"
-db_url="${admin_url%/postgres}/$own_db"
-
-echo "== $samples samples, $(nproc) cores; building the dataset in $work"
-"$py" tests/bench/gen_tree.py "$work/src" "$samples"
-"$bin/yard-data" pack "$work/src" "$work/packed" --shard-size 128Mi > /dev/null
-rm -rf "$work/src"
-echo "packed: $(jq '.shards | length' "$work/packed/dataset.json") shards, $(du -sm --apparent-size "$work/packed" | cut -f1) MB"
-
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-s3_port=$(port)
-mkdir -p "$work/s3/bench"
-"$TRAINYARD_TEST_S3S_FS" --host 127.0.0.1 --port "$s3_port" --access-key bench --secret-key bench-secret "$work/s3" \
-  >/dev/null 2>&1 &
-pids+=($!)
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-token=$(TRAINYARD_DATABASE_URL="$db_url" "$bin/trainyard" bootstrap 2>/dev/null)
-# Single PUTs for the 128 MiB shards (see data_cache.sh: s3s-fs and long multipart keys).
-TRAINYARD_DATABASE_URL="$db_url" "$bin/trainyard" serve --listen 127.0.0.1:0 --data-dir "$work/data" \
-  --object-store s3://bench/trainyard --object-store-endpoint "http://127.0.0.1:$s3_port" \
-  --object-store-part-size 160Mi > "$work/server.out" 2> "$work/server.log" &
-pids+=($!)
-for _ in $(seq 100); do grep -q "listening on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
-url=$(sed -n 's/^trainyard: listening on //p' "$work/server.out")
-for try in 1 2 3; do
-  TRAINYARD_URL=$url TRAINYARD_TOKEN=$token "$bin/yard" datasets push bench-data@1 "$work/packed" > /dev/null && break
-  [ "$try" = 3 ] && exit 1
-  echo "push failed (try $try); again"
-done
+source tests/bench/pushed_dataset.sh bench_cache_agent
 
 agent_port=$(port)
 agent_start() {

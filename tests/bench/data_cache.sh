@@ -67,55 +67,7 @@ else
   echo "== no memory cgroup could be made here: the page cache is not capped"
 fi
 
-# The database: a new one in $TRAINYARD_TEST_DATABASE_URL's cluster, else a private cluster.
-if [ -n "${TRAINYARD_TEST_DATABASE_URL:-}" ]; then
-  admin_url=$TRAINYARD_TEST_DATABASE_URL
-  own_db="bench_data_cache_$$"
-else
-  source deploy/ensure-postgres
-  admin_url=$("$bin/trainyard" postgres start --dir "$work/pg")
-  own_db="bench_data_cache"
-fi
-psql -q "$admin_url" -c "CREATE DATABASE $own_db"
-db_url="${admin_url%/postgres}/$own_db"
-
-echo "== $samples samples, $(nproc) cores; building the dataset in $work"
-"$py" tests/bench/gen_tree.py "$work/src" "$samples"
-"$bin/yard-data" pack "$work/src" "$work/packed" --shard-size 128Mi > /dev/null
-rm -rf "$work/src"
-shard_mb=$(du -sm --apparent-size "$work/packed" | cut -f1)
-echo "packed: $(jq '.shards | length' "$work/packed/dataset.json") shards, $shard_mb MB"
-
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-s3_port=$(port)
-mkdir -p "$work/s3/bench"
-"$TRAINYARD_TEST_S3S_FS" --host 127.0.0.1 --port "$s3_port" --access-key bench --secret-key bench-secret "$work/s3" \
-  >/dev/null 2>&1 &
-pids+=($!)
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-# Shards go up as single PUTs (part size above the 128 MiB shards): s3s-fs names a multipart
-# upload's metadata file after the base64 of the key, which for a dataset's key
-# (tenants/<id>/datasets/content/<sha256>/<shard>) passes the file system's 255 bytes.
-token=$(TRAINYARD_DATABASE_URL="$db_url" "$bin/trainyard" bootstrap 2>/dev/null)
-TRAINYARD_DATABASE_URL="$db_url" "$bin/trainyard" serve --listen 127.0.0.1:0 --data-dir "$work/data" \
-  --object-store s3://bench/trainyard --object-store-endpoint "http://127.0.0.1:$s3_port" \
-  --object-store-part-size 160Mi \
-  > "$work/server.out" 2> "$work/server.log" &
-pids+=($!)
-for _ in $(seq 100); do grep -q "listening on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
-url=$(sed -n 's/^trainyard: listening on //p' "$work/server.out")
-
-start=$(date +%s.%N)
-# Tried again: a push that failed half way registers nothing, and pushing the same content again
-# is harmless (a debug server hashing shards on a busy 2-core machine can keep its database
-# waiting past its timeout).
-for try in 1 2 3; do
-  TRAINYARD_URL=$url TRAINYARD_TOKEN=$token "$bin/yard" datasets push bench-data@1 "$work/packed" -o json \
-    > "$work/pushed.json" && break
-  [ "$try" = 3 ] && exit 1
-  echo "push failed (try $try); again"
-done
-echo "pushed $(jq -r .uri "$work/pushed.json") in $(echo "$(date +%s.%N) - $start" | bc) s"
+source tests/bench/pushed_dataset.sh bench_data_cache
 
 # webdataset's URLs: each shard's object in the S3 server, fetched by curl signing the request;
 # curl appends the bytes it downloaded to a file, the S3 server's own count. s3s-fs wants the
