@@ -7,17 +7,25 @@
 #                                     API server (crates/kube/examples/fake_apiserver.rs), 40-GPU nodes
 #   tests/bench/replay.sh large       the large scale (50,000 jobs, 1,000 tenants in 10 cohorts),
 #                                     Kubernetes executor as above
+#   tests/bench/replay.sh kills       the baseline on two servers (local executor), the leader
+#                                     killed (SIGKILL) five times at random moments
+#   tests/bench/replay.sh real        the baseline on the Kubernetes executor against a real API
+#                                     server (TRAINYARD_TEST_KUBECONFIG: an admin's kubeconfig, for
+#                                     the kubelet stand-in; TRAINYARD_TEST_KUBECONFIG_EXECUTOR:
+#                                     Trainyard's service account's; see docs/kubernetes.md)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-local}" in
   local) test=replay::kueues_baseline_full ;;
   kubernetes) test=replay::kueues_baseline_full_on_kubernetes ;;
   large) test=replay::kueues_large_scale_on_kubernetes ;;
-  *) echo "usage: $0 [local|kubernetes|large]" >&2; exit 2 ;;
+  kills) test=replay::kueues_baseline_full_survives_five_leader_kills ;;
+  real) test=replay::kueues_baseline_full_on_a_real_api_server ;;
+  *) echo "usage: $0 [local|kubernetes|large|kills|real]" >&2; exit 2 ;;
 esac
 source deploy/ensure-postgres
 cargo build --release --locked --workspace --bins
-cargo build --release --locked -p trainyard-kube --example fake_apiserver
+cargo build --release --locked -p trainyard-kube --example fake_apiserver --example kubelet_standin
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-replay.XXXXXX")
 chmod 755 "$work" # Postgres runs as its own user
 trap 'target/release/trainyard postgres stop --dir "$work/pg" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT

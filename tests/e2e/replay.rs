@@ -8,8 +8,11 @@
 //! The reduced workload: 2 cohorts x 3 tenants, nominal 20 GPUs each with a borrowing limit of
 //! 100, reclaim within the cohort and lower-priority preemption within a tenant; per tenant 70
 //! small (1 GPU, 200 ms, one every 100 ms), 20 medium (5 GPUs, 500 ms, every 500 ms) and 10
-//! large (20 GPUs, 1 s, every 1.2 s): 600 jobs. Layout: one simulated node with the cohorts'
-//! total (120 GPUs); Kueue's baseline has no topology either.
+//! large (20 GPUs, 1 s, every 1.2 s): 600 jobs. Layout (`Layout`): on the local executor one
+//! simulated node with the cohorts' total (120 GPUs; Kueue's baseline has no topology either);
+//! on the Kubernetes executor each cohort has nodes of its own, with a GPU type of its own, as
+//! the simulator lays Kueue's baseline out (two of 30 GPUs per cohort here, three of 40 in the
+//! whole baseline).
 //!
 //! Every replica writes a marker named `<job>.<attempt>.<rank>` when it starts and appends `end`
 //! when it finishes, so the harness sees each attempt that ran and whether it was cut short.
@@ -43,6 +46,9 @@ struct Workload {
     nominal: u64,
     borrowing_limit: u64,
     classes: Vec<Class>,
+    /// GPUs per node where each cohort has nodes of its own (`Layout::NodesPerCohort`): a
+    /// divisor of a cohort's capacity.
+    node_gpus: u64,
 }
 
 impl Workload {
@@ -58,6 +64,8 @@ impl Workload {
                 Class { name: "medium", count: 20, gpus: 5, runtime: 0.5, interval: 0.5, priority: 100 },
                 Class { name: "large", count: 10, gpus: 20, runtime: 1.0, interval: 1.2, priority: 200 },
             ],
+            // A cohort's 60 GPUs on two nodes.
+            node_gpus: 30,
         }
     }
 
@@ -70,6 +78,8 @@ impl Workload {
             cohorts: 5,
             tenants_per_cohort: 6,
             classes: reduced.classes.iter().zip(counts).map(|(class, count)| Class { count, ..*class }).collect(),
+            // A cohort's 120 GPUs on three nodes, as in the simulator.
+            node_gpus: 40,
             ..reduced
         }
     }
@@ -89,6 +99,7 @@ impl Workload {
                 Class { name: "medium", count: 11, gpus: 5, runtime: 0.35, interval: 0.3, priority: 100 },
                 Class { name: "large", count: 4, gpus: 20, runtime: 0.7, interval: 0.7, priority: 200 },
             ],
+            node_gpus: 40,
         }
     }
 
@@ -168,17 +179,38 @@ impl Servers {
     }
 }
 
-async fn setup(env: &TestEnv, workload: &Workload) -> BTreeMap<String, String> {
+/// Where the replay's GPUs are, as the simulator lays them out or as Kueue's baseline (no topology).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    /// One simulated node holding every cohort's capacity, of one GPU type (the local executor).
+    OneNode,
+    /// Each cohort its own 40-GPU nodes, as many as its tenants' nominal quota fills, with a GPU
+    /// type of its own that only its tenants have quota in: the simulator's layout.
+    NodesPerCohort,
+}
+
+impl Layout {
+    /// The GPU type cohort `cohort` ("cohort-<n>") has its quota in.
+    fn gpu_type(self, cohort: &str) -> String {
+        match self {
+            Layout::OneNode => GPU.to_string(),
+            Layout::NodesPerCohort => format!("{GPU}-{}", cohort.trim_start_matches("cohort-")),
+        }
+    }
+}
+
+async fn setup(env: &TestEnv, workload: &Workload, layout: Layout) -> BTreeMap<String, String> {
     let mut tokens = BTreeMap::new();
     let admin = &env.admin_token;
     for (tenant, cohort) in workload.tenants() {
+        let gpu_type = layout.gpu_type(&cohort);
         let (status, body) = env.post("/api/v1/admin/tenants", admin, &json!({"name": tenant})).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         let policy = json!({"cohort": cohort, "preempt_lower_priority": true});
         let path = format!("/api/v1/admin/tenants/{tenant}");
         assert_eq!(env.call(reqwest::Method::PATCH, &path, Some(admin), Some(&policy)).await.0, StatusCode::NO_CONTENT);
         let quota = json!({"nominal": workload.nominal, "borrowing_limit": workload.borrowing_limit});
-        let path = format!("/api/v1/admin/tenants/{tenant}/quotas/{GPU}");
+        let path = format!("/api/v1/admin/tenants/{tenant}/quotas/{gpu_type}");
         let (status, body) = env.call(reqwest::Method::PUT, &path, Some(admin), Some(&quota)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         tokens.insert(tenant.clone(), env.member(&tenant, &format!("{tenant}-user"), "member").await);
@@ -360,11 +392,38 @@ fn report(label: &str, workload: &Workload, outcomes: &[Outcome]) -> f64 {
         })
         .sum();
     println!(
-        "   mean queue usage: {:.1}% (GPU-seconds of work over capacity x wall); preemptions: {}",
+        "   work over capacity x wall: {:.1}% (GPU-seconds of the jobs' runtimes); preemptions: {}",
         100.0 * gpu_seconds / (workload.capacity() as f64 * wall),
         outcomes.iter().map(|o| o.preemptions).sum::<i64>()
     );
     wall
+}
+
+/// Kueue's usage statistic (its scheduler benchmark's recorder and checker): the quota its
+/// admitted jobs held, integrated over time (an attempt holds its GPUs from its admission to
+/// its end, as a Kueue workload's usage counts from admission to finish, borrowing included),
+/// over the nominal quota of all tenants times the time from the first job's creation to the
+/// last one's end. Kueue publishes it for the one class of its ClusterQueues: all tenants here.
+/// Also the lowest one tenant reaches, measured the same way.
+async fn print_kueue_usage(env: &TestEnv, workload: &Workload, outcomes: &[Outcome]) {
+    let first = outcomes.iter().map(|o| o.created_at).min().unwrap();
+    let last = outcomes.iter().filter_map(|o| o.finished_at).max().unwrap();
+    let window = seconds(first, last);
+    let rows: Vec<LedgerRange> = sqlx::query_as(
+        "SELECT n.name, l.gpus, l.started_at, l.ended_at FROM usage_ledger l JOIN tenants n ON n.id = l.tenant_id
+         WHERE n.name LIKE 'q%'",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .unwrap();
+    let mut held: BTreeMap<String, f64> = workload.tenants().into_iter().map(|(tenant, _)| (tenant, 0.0)).collect();
+    for (tenant, gpus, start, end) in rows {
+        *held.entry(tenant).or_default() += f64::from(gpus) * seconds(start, end.unwrap_or(last));
+    }
+    let nominal = workload.nominal as f64;
+    let all = held.values().sum::<f64>() / (nominal * held.len() as f64 * window);
+    let lowest = held.values().map(|h| h / (nominal * window)).fold(f64::INFINITY, f64::min);
+    println!("   quota usage as Kueue measures it: {:.1}% (lowest tenant {:.1}%)", 100.0 * all, 100.0 * lowest);
 }
 
 /// What both tests assert of a finished replay.
@@ -381,7 +440,20 @@ async fn assert_replay(env: &TestEnv, workload: &Workload, markers: &Path, label
         let mine: Vec<(u32, bool)> =
             runs.iter().filter(|((job, _), _)| *job == id).map(|((_, attempt), ended)| (*attempt, *ended)).collect();
         let completed = mine.iter().filter(|(_, ended)| *ended).count();
-        assert_eq!(completed, 1, "job {id} ({}) ran to its end once: {mine:?}", outcome.name);
+        if completed != 1 {
+            // What the control plane recorded of it: the first thing to read when this fails.
+            let events: Vec<(Option<String>, String, String, Option<String>, DateTime<Utc>)> = sqlx::query_as(
+                "SELECT from_state, to_state, actor, reason, at FROM job_events WHERE job_id = $1 ORDER BY seq",
+            )
+            .bind(outcome.id)
+            .fetch_all(&env.db.pool)
+            .await
+            .unwrap();
+            panic!(
+                "job {id} ({}) ran to its end {completed} times, not once: {mine:?}; its events: {events:#?}",
+                outcome.name
+            );
+        }
     }
     let (tenant_peaks, cohort_peaks) = peaks(env, workload).await;
     for (tenant, peak) in &tenant_peaks {
@@ -395,7 +467,45 @@ async fn assert_replay(env: &TestEnv, workload: &Workload, markers: &Path, label
     let large_submitted = workload.classes.iter().find(|c| c.name == "large").map_or(0, |c| c.count);
     assert_eq!(large, large_submitted * workload.tenants().len(), "every large job (a whole nominal quota) ran");
     report(label, workload, &outcomes);
+    print_kueue_usage(env, workload, &outcomes).await;
     println!("   peak GPUs held per cohort: {cohort_peaks:?}");
+}
+
+/// The credential the replays' servers take for `/metrics` (written to a file in `dir`), and the
+/// arguments that give it to a server.
+const METRICS_TOKEN: &str = "the-replay-metrics-token";
+
+fn metrics_args(dir: &Path) -> [String; 2] {
+    let file = dir.join("metrics-token");
+    std::fs::write(&file, METRICS_TOKEN).unwrap();
+    ["--metrics-token-file".into(), file.display().to_string()]
+}
+
+/// How the server's control loop spent the replay, from its `/metrics`: how many passes and
+/// admission cycles, and their mean time, and the mean time of each phase of a pass. (The
+/// lines read are a histogram's sum and count, at most one label: read as they are.)
+async fn print_control_loop(url: &str) {
+    let response = reqwest::Client::new().get(format!("{url}/metrics")).bearer_auth(METRICS_TOKEN).send().await;
+    let text = response.unwrap().text().await.unwrap();
+    let value = |name: String| {
+        text.lines().find_map(|line| line.strip_prefix(name.as_str())?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+    };
+    for (what, metric) in [
+        ("passes", "trainyard_reconciler_pass_duration_seconds"),
+        ("admission cycles", "trainyard_admission_cycle_duration_seconds"),
+    ] {
+        if let (Some(sum), Some(count)) = (value(format!("{metric}_sum")), value(format!("{metric}_count"))) {
+            println!("   control loop: {count} {what}, mean {:.1} ms", 1000.0 * sum / count.max(1.0));
+        }
+    }
+    let phase = |phase: &str, part: &str| {
+        value(format!("trainyard_reconciler_pass_phase_duration_seconds_{part}{{phase=\"{phase}\"}}"))
+    };
+    let phases: Vec<String> = ["read", "observe", "admit", "rest"]
+        .iter()
+        .filter_map(|p| Some(format!("{p} {:.1} ms", 1000.0 * phase(p, "sum")? / phase(p, "count")?.max(1.0))))
+        .collect();
+    println!("   a pass's phases (mean): {}", phases.join(", "));
 }
 
 fn marker_dir(env: &TestEnv) -> PathBuf {
@@ -409,48 +519,107 @@ fn marker_dir(env: &TestEnv) -> PathBuf {
 async fn kueues_baseline_reduced_runs_every_job_once_within_quota() {
     let workload = Workload::reduced();
     let gpus = workload.capacity().to_string();
-    let env = TestEnv::start_with(&["--simulate-gpus", &gpus, "--simulate-gpu-type", GPU]).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let metrics = metrics_args(scratch.path());
+    let env =
+        TestEnv::start_with(&["--simulate-gpus", &gpus, "--simulate-gpu-type", GPU, &metrics[0], &metrics[1]]).await;
     let markers = marker_dir(&env);
-    let tokens = setup(&env, &workload).await;
+    let tokens = setup(&env, &workload, Layout::OneNode).await;
     let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
     let started = replay(&workload, &servers, &tokens, &markers).await;
     wait_all_ended(&env, workload.jobs(), Duration::from_secs(90)).await;
     println!("replayed in {:.1} s", started.elapsed().as_secs_f64());
     assert_replay(&env, &workload, &markers, "reduced baseline, one server").await;
+    print_control_loop(&env.server.url).await;
 }
 
-/// Replays `workload` on the Kubernetes executor: the same binary and configuration, pointed at
-/// the executor tests' in-memory API server over HTTP, which plays the kubelet (each pod runs
-/// for the time its command sleeps, then succeeds, unless its attempt was stopped first) and
-/// writes the markers the replicas write on the local executor. Nodes of 40 GPUs: the
-/// simulator's layout. Checked as every replay is.
-async fn replay_on_kubernetes(workload: &Workload, timeout: Duration, label: &str) {
+/// The API server a Kubernetes replay runs against.
+enum Cluster {
+    /// The executor tests' in-memory API server over HTTP, which plays the Job controller, the
+    /// scheduler and the kubelet (each pod runs for the time its command sleeps, then succeeds,
+    /// unless its attempt was stopped first) and writes the markers the replicas write on the
+    /// local executor.
+    InMemory,
+    /// A real one (kube-apiserver, etcd, kube-controller-manager and its Job controller), whose
+    /// nodes, scheduler and kubelets the kubelet stand-in plays, markers included, with an
+    /// admin's kubeconfig; Trainyard runs with its service account's.
+    Real { admin: PathBuf, executor: PathBuf },
+}
+
+/// Replays `workload` on the Kubernetes executor: the same binary and configuration as on the
+/// local executor, pointed at `cluster`. Each cohort has nodes of its own with a GPU type of its
+/// own (`Layout::NodesPerCohort`): the simulator's layout. Checked as every replay is.
+async fn replay_on_kubernetes(workload: &Workload, cluster: Cluster, timeout: Duration, label: &str) {
     let scratch = tempfile::tempdir().unwrap();
     let markers = scratch.path().join("markers");
     std::fs::create_dir_all(&markers).unwrap();
-    let nodes = (workload.capacity() / 40).to_string();
+    let nodes = (workload.capacity() / workload.node_gpus).to_string();
+    let node_gpus = workload.node_gpus.to_string();
     let marker_arg = markers.display().to_string();
-    let fake = trainyard_tests::FakeApiServer::start(
-        scratch.path(),
-        &[&nodes, "--gpus", "40", "--gpu-product", GPU, "--markers", &marker_arg],
-    );
-    let env = TestEnv::start_with_env(
-        &["--executor", "kubernetes", "--kube-image", "registry.example/runtime:1"],
-        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
-    )
-    .await;
-    let tokens = setup(&env, workload).await;
+    let gpu_types: Vec<String> =
+        (0..workload.cohorts).map(|c| Layout::NodesPerCohort.gpu_type(&format!("cohort-{c}"))).collect();
+    let gpu_types = gpu_types.join(",");
+    let machines = [nodes.as_str(), "--gpus", &node_gpus, "--gpu-product", &gpu_types, "--markers", &marker_arg];
+    // Tenant namespaces of their own each run: a real cluster keeps those of earlier runs.
+    let prefix = format!("replay-{}-", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let metrics = metrics_args(scratch.path());
+    let mut args = vec!["--executor", "kubernetes", "--kube-image", "registry.example/runtime:1"];
+    args.extend(["--kube-namespace-prefix", &prefix, &metrics[0], &metrics[1]]);
+    let (_fake, _standin, kubeconfig) = match &cluster {
+        Cluster::InMemory => {
+            let fake = trainyard_tests::FakeApiServer::start(scratch.path(), &machines);
+            let kubeconfig = fake.kubeconfig.clone();
+            (Some(fake), None, kubeconfig)
+        }
+        Cluster::Real { admin, executor } => {
+            (None, Some(trainyard_tests::KubeletStandin::start(admin, &machines)), executor.clone())
+        }
+    };
+    let env = TestEnv::start_with_env(&args, &[("KUBECONFIG".to_string(), kubeconfig.display().to_string())]).await;
+    let tokens = setup(&env, workload, Layout::NodesPerCohort).await;
     let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
     let started = replay(workload, &servers, &tokens, &markers).await;
     wait_all_ended(&env, workload.jobs(), timeout).await;
     println!("replayed in {:.1} s", started.elapsed().as_secs_f64());
     assert_replay(&env, workload, &markers, label).await;
+    print_control_loop(&env.server.url).await;
+}
+
+/// The reduced replay against a real API server, when `TRAINYARD_TEST_KUBECONFIG` names an
+/// admin's kubeconfig for one (the kubelet stand-in's) and `TRAINYARD_TEST_KUBECONFIG_EXECUTOR`
+/// Trainyard's service account's (as the executor's cluster suite takes them; docs/kubernetes.md
+/// says how to have one); otherwise it says it skipped. CI has no API server.
+#[tokio::test(flavor = "multi_thread")]
+async fn kueues_baseline_reduced_on_a_real_api_server() {
+    let (Ok(admin), Ok(executor)) =
+        (std::env::var("TRAINYARD_TEST_KUBECONFIG"), std::env::var("TRAINYARD_TEST_KUBECONFIG_EXECUTOR"))
+    else {
+        println!("skipped: TRAINYARD_TEST_KUBECONFIG and TRAINYARD_TEST_KUBECONFIG_EXECUTOR are not both set");
+        return;
+    };
+    let cluster = Cluster::Real { admin: admin.into(), executor: executor.into() };
+    let label = "reduced baseline, one server, Kubernetes executor (real API server)";
+    replay_on_kubernetes(&Workload::reduced(), cluster, Duration::from_secs(300), label).await;
+}
+
+/// The whole baseline against a real API server, as above: a benchmark (`tests/bench/replay.sh
+/// real`, with the two variables set).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: tests/bench/replay.sh real"]
+async fn kueues_baseline_full_on_a_real_api_server() {
+    let admin =
+        std::env::var("TRAINYARD_TEST_KUBECONFIG").expect("TRAINYARD_TEST_KUBECONFIG names an admin's kubeconfig");
+    let executor = std::env::var("TRAINYARD_TEST_KUBECONFIG_EXECUTOR")
+        .expect("TRAINYARD_TEST_KUBECONFIG_EXECUTOR names Trainyard's service account's kubeconfig");
+    let cluster = Cluster::Real { admin: admin.into(), executor: executor.into() };
+    let label = "Kueue's baseline, one server, Kubernetes executor (real API server)";
+    replay_on_kubernetes(&Workload::baseline(), cluster, Duration::from_secs(3600), label).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kueues_baseline_reduced_on_kubernetes_runs_every_job_once_within_quota() {
     let label = "reduced baseline, one server, Kubernetes executor (in-memory API server)";
-    replay_on_kubernetes(&Workload::reduced(), Duration::from_secs(90), label).await;
+    replay_on_kubernetes(&Workload::reduced(), Cluster::InMemory, Duration::from_secs(90), label).await;
 }
 
 /// The whole baseline on the Kubernetes executor: a benchmark (`tests/bench/replay.sh
@@ -459,7 +628,7 @@ async fn kueues_baseline_reduced_on_kubernetes_runs_every_job_once_within_quota(
 #[ignore = "a benchmark: tests/bench/replay.sh kubernetes"]
 async fn kueues_baseline_full_on_kubernetes() {
     let label = "Kueue's baseline, one server, Kubernetes executor (in-memory API server)";
-    replay_on_kubernetes(&Workload::baseline(), Duration::from_secs(1800), label).await;
+    replay_on_kubernetes(&Workload::baseline(), Cluster::InMemory, Duration::from_secs(1800), label).await;
     println!(
         "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"
     );
@@ -471,7 +640,7 @@ async fn kueues_baseline_full_on_kubernetes() {
 #[ignore = "a benchmark: tests/bench/replay.sh large"]
 async fn kueues_large_scale_on_kubernetes() {
     let label = "Kueue's large scale, one server, Kubernetes executor (in-memory API server)";
-    replay_on_kubernetes(&Workload::large_scale(), Duration::from_secs(3600), label).await;
+    replay_on_kubernetes(&Workload::large_scale(), Cluster::InMemory, Duration::from_secs(3600), label).await;
     println!("   Kueue (10 cohorts x 100 queues): wall 1,179 s; admission small 700 s, medium 256 s, large 105.6 s");
 }
 
@@ -483,13 +652,17 @@ async fn kueues_large_scale_on_kubernetes() {
 async fn kueues_baseline_full() {
     let workload = Workload::baseline();
     let gpus = workload.capacity().to_string();
-    let env = TestEnv::start_with(&["--simulate-gpus", &gpus, "--simulate-gpu-type", GPU]).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let metrics = metrics_args(scratch.path());
+    let env =
+        TestEnv::start_with(&["--simulate-gpus", &gpus, "--simulate-gpu-type", GPU, &metrics[0], &metrics[1]]).await;
     let markers = marker_dir(&env);
-    let tokens = setup(&env, &workload).await;
+    let tokens = setup(&env, &workload, Layout::OneNode).await;
     let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
     replay(&workload, &servers, &tokens, &markers).await;
     wait_all_ended(&env, workload.jobs(), Duration::from_secs(1800)).await;
     assert_replay(&env, &workload, &markers, "Kueue's baseline, one server, local executor").await;
+    print_control_loop(&env.server.url).await;
     println!(
         "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"
     );
@@ -500,12 +673,42 @@ async fn kueues_baseline_full() {
 /// (SIGKILL) three times while it runs; each killed server comes back as the standby.
 #[tokio::test(flavor = "multi_thread")]
 async fn kueues_baseline_reduced_survives_three_leader_kills() {
-    let workload = Workload::reduced();
+    let kills = Kills { count: 3, every: Duration::from_secs(3), jitter: Duration::ZERO };
+    let label = "reduced baseline, two servers, three leader kills";
+    replay_with_leader_kills(&Workload::reduced(), &kills, Duration::from_secs(90), label).await;
+}
+
+/// The whole baseline on two servers with five leader kills at random moments: a benchmark
+/// (`tests/bench/replay.sh kills`).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: tests/bench/replay.sh kills"]
+async fn kueues_baseline_full_survives_five_leader_kills() {
+    let kills = Kills { count: 5, every: Duration::from_secs(25), jitter: Duration::from_secs(20) };
+    let label = "Kueue's baseline, two servers, five leader kills, local executor";
+    replay_with_leader_kills(&Workload::baseline(), &kills, Duration::from_secs(1800), label).await;
+    println!(
+        "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"
+    );
+}
+
+/// When the leader is killed during a replay: `count` times, each `every` plus a random part of
+/// `jitter` after the previous takeover.
+struct Kills {
+    count: usize,
+    every: Duration,
+    jitter: Duration,
+}
+
+/// Replays `workload` on two servers sharing the database and data directory (local executor),
+/// killing whichever leads as `kills` says; each killed server comes back as the standby.
+/// Prints each takeover: the time until the other server reports itself leader, and until its
+/// first admission. Checked as every replay is.
+async fn replay_with_leader_kills(workload: &Workload, kills: &Kills, timeout: Duration, label: &str) {
     let gpus = workload.capacity().to_string();
     let args = ["--simulate-gpus", gpus.as_str(), "--simulate-gpu-type", GPU];
     let mut env = TestEnv::start_with(&args).await;
     let markers = marker_dir(&env);
-    let tokens = setup(&env, &workload).await;
+    let tokens = setup(&env, workload, Layout::OneNode).await;
     let mut extra: Vec<&str> = args.to_vec();
     extra.extend(["--cluster-grows", "--restart-backoff-seconds", "0.5"]);
     let mut standby = ServerProcess::start_with(&env.db.url, &env.data_dir(), &extra);
@@ -525,19 +728,23 @@ async fn kueues_baseline_reduced_survives_three_leader_kills() {
             Some(ready["leader"] == true)
         }
     };
-    for kill in 1..=3 {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut takeovers = Vec::new();
+    for kill in 1..=kills.count {
+        let jitter = kills.jitter.mul_f64((uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0);
+        tokio::time::sleep(kills.every + jitter).await;
         // Kill whichever leads; the other takes over within its lease.
         let first_leads = leads(env.server.url.clone()).await == Some(true);
         let killed = if first_leads { &mut env.server } else { &mut standby };
-        let killed_at = Instant::now();
+        let (killed_at, killed_at_utc) = (Instant::now(), Utc::now());
         killed.kill_hard();
         let survivor = if first_leads { standby.url.clone() } else { env.server.url.clone() };
         while leads(survivor.clone()).await != Some(true) {
             assert!(killed_at.elapsed() < Duration::from_secs(15), "no takeover after kill {kill}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        println!("kill {kill}: the other server leads after {:.2} s", killed_at.elapsed().as_secs_f64());
+        let leading = killed_at.elapsed().as_secs_f64();
+        println!("kill {kill}: the other server leads after {leading:.2} s");
+        takeovers.push((killed_at_utc, leading));
         // The killed one comes back as the standby, at a new address.
         let back = ServerProcess::start_with(&env.db.url, &env.data_dir(), &extra);
         let url = back.url.clone();
@@ -551,6 +758,17 @@ async fn kueues_baseline_reduced_survives_three_leader_kills() {
         assert!(urls.contains(&url));
     }
     replaying.await.unwrap();
-    wait_all_ended(&env, workload.jobs(), Duration::from_secs(90)).await;
-    assert_replay(&env, &workload, &markers, "reduced baseline, two servers, three leader kills").await;
+    wait_all_ended(&env, workload.jobs(), timeout).await;
+    assert_replay(&env, workload, &markers, label).await;
+    for (kill, (killed_at, leading)) in takeovers.iter().enumerate() {
+        // Only the new leader admits after the kill: the old one is dead.
+        let admitted: Option<DateTime<Utc>> =
+            sqlx::query_scalar("SELECT min(at) FROM job_events WHERE to_state = 'admitted' AND at > $1")
+                .bind(killed_at)
+                .fetch_one(&env.db.pool)
+                .await
+                .unwrap();
+        let first = admitted.map_or(f64::NAN, |at| seconds(*killed_at, at));
+        println!("   takeover {}: leader after {leading:.2} s, first admission after {first:.2} s", kill + 1);
+    }
 }

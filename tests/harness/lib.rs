@@ -534,6 +534,38 @@ impl FakeApiServer {
     }
 }
 
+/// The scheduler and kubelets of a real API server with no machines
+/// (`crates/kube/examples/kubelet_standin.rs`): registers its nodes, binds and runs the pods the
+/// Job controller makes. Ended when dropped.
+pub struct KubeletStandin {
+    child: Child,
+}
+
+impl KubeletStandin {
+    /// Starts it with an admin's `kubeconfig` and `args` (see the example), once it says its
+    /// nodes exist and it watches pods.
+    pub fn start(kubeconfig: &Path, args: &[&str]) -> KubeletStandin {
+        let mut child = Command::new(bin("examples/kubelet_standin"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the kubelet stand-in");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("its stdout")).read_line(&mut line).expect("its first line");
+        assert!(line.starts_with("ready:"), "the kubelet stand-in did not get ready: {line:?}");
+        KubeletStandin { child }
+    }
+}
+
+impl Drop for KubeletStandin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

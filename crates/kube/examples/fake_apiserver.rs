@@ -9,9 +9,10 @@
 //! unless it was deleted first. A stand-in only; nothing here
 //! is a Kubernetes.
 //!
-//! Usage: fake_apiserver NODES [--gpus N] [--gpu-product NAME] [--markers DIR]
+//! Usage: fake_apiserver NODES [--gpus N] [--gpu-product NAME[,NAME...]] [--markers DIR]
 //! (prints `listening on http://127.0.0.1:PORT`, then serves). `--gpus`: GPU nodes with N GPUs
-//! of product NAME each (default: CPU nodes). `--markers`: for each pod, the file
+//! each (default: CPU nodes), of product NAME; several names split the nodes among them in
+//! equal consecutive blocks (the replay gives each cohort a GPU type of its own). `--markers`: for each pod, the file
 //! `DIR/<job>.<attempt>.<rank>`, made when it starts, with `end` appended when it succeeds: what
 //! the replay's replicas write on the local executor.
 
@@ -30,19 +31,19 @@ use serde_json::{Value, json};
 struct Options {
     nodes: usize,
     gpus: u32,
-    gpu_product: String,
+    gpu_products: Vec<String>,
     markers: Option<PathBuf>,
 }
 
 impl Options {
     fn parse() -> Options {
-        let mut options = Options { nodes: 16, gpus: 0, gpu_product: "sim-gpu".into(), markers: None };
+        let mut options = Options { nodes: 16, gpus: 0, gpu_products: vec!["sim-gpu".into()], markers: None };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
             match arg.as_str() {
                 "--gpus" => options.gpus = value().parse().expect("--gpus takes a number"),
-                "--gpu-product" => options.gpu_product = value(),
+                "--gpu-product" => options.gpu_products = value().split(',').map(str::to_string).collect(),
                 "--markers" => options.markers = Some(PathBuf::from(value())),
                 nodes => options.nodes = nodes.parse().expect("NODES is a number"),
             }
@@ -56,9 +57,10 @@ async fn main() {
     let options = Options::parse();
     let fake = FakeApi::unrecorded();
     let node_names: Vec<String> = (0..options.nodes).map(|i| format!("fake-node-{i}")).collect();
-    for name in &node_names {
+    let per_product = options.nodes.div_ceil(options.gpu_products.len()).max(1);
+    for (i, name) in node_names.iter().enumerate() {
         if options.gpus > 0 {
-            fake.node_put(name, &options.gpu_product, options.gpus);
+            fake.node_put(name, &options.gpu_products[i / per_product], options.gpus);
         } else {
             // CPU nodes, 64 CPUs and 512 GiB each: the benchmark's jobs ask for 1 CPU.
             fake.cpu_node_put(name);

@@ -43,6 +43,11 @@ use crate::status::{self, Context, Patience};
 
 /// How long after launching an attempt its missing Job is put down to watch lag, not loss.
 const WATCH_LAG: Duration = Duration::from_secs(120);
+/// How long after asking an attempt to stop a replica that shows no pod, its Job gone, still
+/// counts as stopping: a pod the Job controller made just before the Job's deletion may reach
+/// this process's pod watch after the Job's removal reached its Job watch (two streams), and
+/// such a pod may have run to its end.
+const STOP_SETTLE: Duration = Duration::from_secs(5);
 /// Jobs younger than this are never collected: their launch may not be recorded yet.
 const GC_MIN_AGE: Duration = Duration::from_secs(300);
 /// How long a call waits for the watchers' first list before answering without them.
@@ -114,7 +119,8 @@ pub struct KubernetesExecutor {
     /// Tenants whose namespace objects were applied, with the ceiling applied.
     tenants_applied: tokio::sync::Mutex<HashMap<Uuid, (TenantRef, Option<QuotaCeiling>)>>,
     launched: Mutex<HashMap<(Uuid, i32), Instant>>,
-    stopped: Mutex<HashSet<(Uuid, i32)>>,
+    /// Attempts asked to stop, and when.
+    stopped: Mutex<HashMap<(Uuid, i32), Instant>>,
     ended: Mutex<HashMap<(Uuid, i32, u32), ReplicaDetail>>,
     /// Attempts whose launch failed and was cleaned up: the next launch applies them afresh.
     relaunch: Mutex<HashSet<(Uuid, i32)>>,
@@ -156,7 +162,7 @@ impl KubernetesExecutor {
             ceilings: Mutex::new(HashMap::new()),
             tenants_applied: tokio::sync::Mutex::new(HashMap::new()),
             launched: Mutex::new(HashMap::new()),
-            stopped: Mutex::new(HashSet::new()),
+            stopped: Mutex::new(HashMap::new()),
             ended: Mutex::new(HashMap::new()),
             relaunch: Mutex::new(HashSet::new()),
         }
@@ -246,7 +252,7 @@ impl KubernetesExecutor {
             let namespace = objects.job.namespace().unwrap_or_default();
             let name = objects.job.name_any();
             tracing::warn!(%err, job = %request.job_id, attempt = request.attempt, "launch failed; removing what it applied");
-            self.job_delete(&namespace, &name, Some(Duration::ZERO)).await;
+            self.job_delete(&namespace, &name, Some(Duration::ZERO), DeleteParams::background()).await;
             self.relaunch
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -298,7 +304,7 @@ impl KubernetesExecutor {
         let job = self.cache.job_of(attempt.job_id, attempt.attempt);
         let launched_recently =
             self.launched.lock().expect("launched poisoned").get(&key).is_some_and(|at| at.elapsed() < WATCH_LAG);
-        let stopped = self.stopped.lock().expect("stopped poisoned").contains(&key);
+        let stopped = self.stopped.lock().expect("stopped poisoned").get(&key).map(Instant::elapsed);
         let node_exists = |name: &str| self.cache.node_exists(name);
         let ctx = Context {
             now: k8s_openapi::jiff::Timestamp::now(),
@@ -382,9 +388,8 @@ impl KubernetesExecutor {
     }
 
     /// Deletes an attempt's Job; Kubernetes deletes its pods, Service, ConfigMap and Secret.
-    async fn job_delete(&self, namespace: &str, name: &str, grace: Option<Duration>) {
+    async fn job_delete(&self, namespace: &str, name: &str, grace: Option<Duration>, mut params: DeleteParams) {
         let api: Api<Job> = Api::namespaced(self.client.clone(), namespace);
-        let mut params = DeleteParams::background();
         params.grace_period_seconds = grace.map(|g| g.as_secs() as u32);
         match api.delete(name, &params).await {
             Ok(_) => {}
@@ -418,17 +423,27 @@ impl KubernetesExecutor {
         });
         for job in &doomed {
             tracing::info!(namespace = ?job.namespace(), job = %job.name_any(), "collecting the Job of an ended or unknown attempt");
-            self.job_delete(&job.namespace().unwrap_or_default(), &job.name_any(), None).await;
+            self.job_delete(&job.namespace().unwrap_or_default(), &job.name_any(), None, DeleteParams::background())
+                .await;
         }
         doomed.len()
     }
 }
 
 /// A replica whose pod is not (or no longer) there.
-fn without_pod(rank: u32, job: Option<&Job>, launched_recently: bool, stopped: bool) -> ReplicaDetail {
+/// `stopped`: how long ago the attempt was asked to stop, if it was.
+fn without_pod(rank: u32, job: Option<&Job>, launched_recently: bool, stopped: Option<Duration>) -> ReplicaDetail {
     let mut detail = ReplicaDetail::from_status(rank, ReplicaStatus::Running);
-    if stopped {
-        // We deleted it: it ended as a stopped process does.
+    if let Some(since) = stopped {
+        if job.is_some() || since < STOP_SETTLE {
+            // Its Job, deleted in the foreground, goes only once its pods have: until then (and
+            // for the watches to settle after) a pod not seen yet may be running, or may have
+            // run to its end, which would make the attempt a success.
+            detail.phase = ReplicaPhase::Pending;
+            detail.message = Some("being stopped".into());
+            return detail;
+        }
+        // We deleted it and it is gone: it ended as a stopped process does.
         detail.phase = ReplicaPhase::Failed;
         detail.exit_code = Some(143);
         detail.message = Some("stopped".into());
@@ -555,15 +570,21 @@ impl Executor for KubernetesExecutor {
         self.replica_details(attempt).await.iter().map(ReplicaDetail::status).collect()
     }
 
-    /// Deletes the attempt's Job (background propagation): its pods get SIGTERM, then SIGKILL
-    /// after the pod's grace period. Logs are kept first by following each pod's log to its end.
+    /// Deletes the attempt's Job in the foreground: its pods get SIGTERM, then SIGKILL after
+    /// the pod's grace period, and the Job goes only once they have (so that a Job gone means no
+    /// pod of it runs: see `without_pod`). Logs are kept first by following each pod's log to its
+    /// end.
     async fn terminate(&self, attempt: &AttemptRef, grace: Duration) {
-        self.stopped.lock().expect("stopped poisoned").insert((attempt.job_id, attempt.attempt));
+        self.stopped
+            .lock()
+            .expect("stopped poisoned")
+            .entry((attempt.job_id, attempt.attempt))
+            .or_insert_with(Instant::now);
         let Some((namespace, name)) = self.job_location(attempt) else {
             return;
         };
         self.logs_follow(attempt);
-        self.job_delete(&namespace, &name, Some(grace)).await;
+        self.job_delete(&namespace, &name, Some(grace), DeleteParams::foreground()).await;
         self.changes.notify_one();
     }
 
@@ -571,7 +592,7 @@ impl Executor for KubernetesExecutor {
     async fn release(&self, attempt: &AttemptRef) {
         self.logs_archive(attempt).await;
         if let Some((namespace, name)) = self.job_location(attempt) {
-            self.job_delete(&namespace, &name, None).await;
+            self.job_delete(&namespace, &name, None, DeleteParams::background()).await;
         }
         let key = (attempt.job_id, attempt.attempt);
         self.launched.lock().expect("launched poisoned").remove(&key);

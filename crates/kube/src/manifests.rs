@@ -443,17 +443,22 @@ fn template_items(files: &BTreeMap<String, Vec<u8>>) -> Vec<Value> {
 /// each node's room assumes them there, and it may have chosen nodes whose shard cache holds the
 /// job's data): a preferred node affinity, so that a node gone or full since (a restart after
 /// its node was drained, ranks the kube-scheduler packed otherwise) never leaves a pod pending.
-/// None when it named no node.
+/// None when it named no node. One term per node, each naming one: the API server refuses a
+/// node field selector (`matchFields`) with more than one value.
 fn placement_affinity(nodes: &[String]) -> Option<Value> {
     let mut nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
     nodes.sort_unstable();
     nodes.dedup();
-    (!nodes.is_empty()).then(|| {
-        json!({ "nodeAffinity": { "preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100,
-            "preference": { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": nodes }] },
-        }] } })
-    })
+    let terms: Vec<Value> = nodes
+        .iter()
+        .map(|node| {
+            json!({
+                "weight": 100,
+                "preference": { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": [node] }] },
+            })
+        })
+        .collect();
+    (!terms.is_empty()).then(|| json!({ "nodeAffinity": { "preferredDuringSchedulingIgnoredDuringExecution": terms } }))
 }
 
 /// The variables every replica gets. Secrets come from the Secret (`envFrom`), the rank from

@@ -42,7 +42,8 @@ async fn until(
     replicas: u32,
     done: impl Fn(&[ReplicaDetail]) -> bool,
 ) -> Vec<ReplicaDetail> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    // Longer than a stop takes to settle (`STOP_SETTLE`, 5 s) when no pod shows.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let details = executor.replica_details(&attempt(replicas)).await;
         if done(&details) {
@@ -308,7 +309,7 @@ async fn after_a_restart_a_new_executor_adopts_the_attempt_by_labels_and_launche
 }
 
 #[tokio::test]
-async fn terminate_deletes_the_job_in_the_background_and_everything_goes_with_it() {
+async fn terminate_deletes_the_job_in_the_foreground_and_everything_goes_with_it() {
     let logs = tempfile::tempdir().unwrap();
     let (fake, executor) = launched(&logs).await;
     for rank in 0..2 {
@@ -322,13 +323,38 @@ async fn terminate_deletes_the_job_in_the_background_and_everything_goes_with_it
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert!(deletes[0].path.ends_with(&format!("/namespaces/{NS}/jobs/{JOB_NAME}")));
     let body = deletes[0].body.clone().unwrap();
-    assert_eq!(body["propagationPolicy"], "Background");
+    // Foreground: the Job stays until its pods are gone, so that a Job gone means none runs.
+    assert_eq!(body["propagationPolicy"], "Foreground");
     assert_eq!(body["gracePeriodSeconds"], 10);
     for plural in ["jobs", "services", "configmaps", "secrets", "pods"] {
         assert!(fake.list(plural).is_empty(), "owned {plural} are deleted with the Job");
     }
     until(&executor, 2, |d| phases(d) == [ReplicaPhase::Failed; 2]).await;
     assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Exited(143); 2], "stopped as by SIGTERM");
+}
+
+/// A stop that came before any pod was seen (a preemption of a job just launched): on a real
+/// cluster the Job controller may have made a pod just before the Job's deletion, which this
+/// process's pod watch shows only after its Job watch showed the Job gone, and which may have run
+/// to its end. Until the watches settle the replica is being stopped, not stopped; a pod that
+/// shows then decides. Before, such a replica counted as stopped at once and its job ran again
+/// (Kueue's replay against a real API server saw a job run to its end in two attempts).
+#[tokio::test]
+async fn a_stop_before_any_pod_was_seen_waits_for_a_late_pod_and_keeps_how_it_ended() {
+    let logs = tempfile::tempdir().unwrap();
+    let (fake, executor) = launched(&logs).await;
+    let job = fake.get("jobs", NS, JOB_NAME).unwrap();
+    executor.terminate(&attempt(2), Duration::from_secs(10)).await;
+    assert!(fake.list("jobs").is_empty(), "the Job is deleted");
+    let details = executor.replica_details(&attempt(2)).await;
+    assert_eq!(phases(&details), [ReplicaPhase::Pending; 2], "not stopped yet: {details:#?}");
+    assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Running; 2], "being stopped has not ended");
+    // The late pods: both ran to their end.
+    for rank in 0..2 {
+        fake.pod_create_of(&job, rank, "gpu-1", exited(0, "Completed"));
+    }
+    until(&executor, 2, |d| phases(d) == [ReplicaPhase::Succeeded; 2]).await;
+    assert_eq!(executor.observe(&attempt(2)).await, [ReplicaStatus::Exited(0); 2], "they ended by themselves");
 }
 
 #[tokio::test]
@@ -642,8 +668,10 @@ async fn replicas_are_kept_on_the_nodes_the_scheduler_chose() {
     let pod = &fake.get("jobs", NS, JOB_NAME).unwrap()["spec"]["template"]["spec"];
     assert_eq!(
         pod["affinity"]["nodeAffinity"],
-        json!({ "preferredDuringSchedulingIgnoredDuringExecution": [{ "weight": 100,
-            "preference": { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["gpu-3", "gpu-7"] }] } }] })
+        json!({ "preferredDuringSchedulingIgnoredDuringExecution": [
+            { "weight": 100, "preference": { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["gpu-3"] }] } },
+            { "weight": 100, "preference": { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["gpu-7"] }] } },
+        ] })
     );
     let env = pod["containers"][0]["env"].as_array().unwrap();
     let node_env = env.iter().find(|e| e["name"] == "TRAINYARD_NODE").expect("TRAINYARD_NODE is set");

@@ -3,9 +3,12 @@
 //! jobs run for their duration; preempted jobs go back to the queue and start over.
 //!
 //!   cargo run --release -p trainyard-scheduler --example simulate -- kueue-baseline
+//!   cargo run --release -p trainyard-scheduler --example simulate -- kueue-baseline-one-node
 //!   cargo run --release -p trainyard-scheduler --example simulate -- workload.json
 //!
-//! `kueue-baseline` is Kueue's published performance scenario (see docs/PERFORMANCE.md). A
+//! `kueue-baseline` is Kueue's published performance scenario (see docs/PERFORMANCE.md), each
+//! cohort on three 40-unit nodes of its own; `kueue-baseline-one-node` the same on one node of
+//! 600 units that every cohort shares (the layout of the local executor's replay). A
 //! workload file is JSON: {"nodes": [{"name", "flavor", "gpus", "rack"?}], "tenants": [{"name",
 //! "cohort"?, "quotas": {flavor: [nominal, borrowing_limit?, lending_limit?]}, "preempt_lower_priority"?}],
 //! "jobs": [{"tenant", "class", "gpus", "flavor", "priority", "arrival_ms", "duration_ms"}]}.
@@ -60,14 +63,18 @@ struct JobSpec {
 /// within the cohort and lower-priority preemption within a queue; per queue 350 small (1 unit,
 /// 200 ms, one every 100 ms), 100 medium (5 units, 500 ms, every 500 ms), 50 large (20 units,
 /// 1 s, every 1.2 s). Each cohort's capacity (its queues' nominal, 120 units) is three nodes of
-/// 40 units. Priorities: large 3, medium 2, small 1.
-fn kueue_baseline() -> Workload {
+/// 40 units with a flavor of their own, or (`one_node`) all five cohorts' 600 units are one node
+/// of one flavor. Priorities: large 3, medium 2, small 1.
+fn kueue_baseline(one_node: bool) -> Workload {
     let mut nodes = Vec::new();
     let mut tenants = Vec::new();
     let mut jobs = Vec::new();
+    if one_node {
+        nodes.push(NodeSpec { name: "n0".into(), flavor: "unit".into(), gpus: 600, rack: None });
+    }
     for cohort in 0..5 {
-        let flavor = format!("unit-c{cohort}");
-        for n in 0..3 {
+        let flavor = if one_node { "unit".to_string() } else { format!("unit-c{cohort}") };
+        for n in 0..if one_node { 0 } else { 3 } {
             nodes.push(NodeSpec { name: format!("c{cohort}-n{n}"), flavor: flavor.clone(), gpus: 40, rack: None });
         }
         for queue in 0..6 {
@@ -108,8 +115,8 @@ struct Running {
 
 fn main() {
     let arg = std::env::args().nth(1).unwrap_or_else(|| "kueue-baseline".into());
-    let workload = if arg == "kueue-baseline" {
-        kueue_baseline()
+    let workload = if arg == "kueue-baseline" || arg == "kueue-baseline-one-node" {
+        kueue_baseline(arg == "kueue-baseline-one-node")
     } else {
         let text = std::fs::read_to_string(&arg).unwrap_or_else(|e| panic!("{arg}: {e}"));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{arg}: not a workload: {e}"))

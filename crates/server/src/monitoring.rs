@@ -78,6 +78,11 @@ pub struct OperationLabel {
     pub operation: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 type FloatGauge = Gauge<f64, AtomicU64>;
 type FloatCounter = Counter<f64, AtomicU64>;
@@ -110,6 +115,7 @@ pub struct Monitoring {
     pub admission_attempts: Family<ResultLabel, Counter>,
     pub preempted_jobs: Family<TenantReason, Counter>,
     pub reconciler_pass_duration: Histogram,
+    pub reconciler_pass_phase: HistogramFamily<PhaseLabel>,
     pub reconciler_last_success: FloatGauge,
     pub leader: Gauge,
     pub quota_nominal: Family<TenantGpu, Gauge>,
@@ -145,6 +151,7 @@ impl Monitoring {
             admission_attempts: Family::default(),
             preempted_jobs: Family::default(),
             reconciler_pass_duration: latency_histogram(),
+            reconciler_pass_phase: Family::new_with_constructor(latency_histogram),
             reconciler_last_success: FloatGauge::default(),
             leader: Gauge::default(),
             quota_nominal: Family::default(),
@@ -193,6 +200,13 @@ impl Monitoring {
             m.reconciler_pass_duration.clone(),
         );
         r.register(
+            "reconciler_pass_phase_duration_seconds",
+            "Time a reconciler pass spends in each phase: read (the unfinished jobs), observe (every \
+             running attempt, and the ends and starts it records), admit (snapshot, cycle, admissions, \
+             preemptions, reasons), rest (launch hand-over, sweeps)",
+            m.reconciler_pass_phase.clone(),
+        );
+        r.register(
             "reconciler_last_success_timestamp_seconds",
             "Unix time of the last pass that completed",
             m.reconciler_last_success.clone(),
@@ -236,6 +250,11 @@ impl Monitoring {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String never fails");
         text
+    }
+
+    /// Counts `took` to `phase` of the current pass.
+    pub fn pass_phase(&self, phase: &'static str, took: std::time::Duration) {
+        self.reconciler_pass_phase.get_or_create(&PhaseLabel { phase }).observe(took.as_secs_f64());
     }
 
     pub fn pass_completed(&self, took: std::time::Duration) {

@@ -295,6 +295,14 @@ impl FakeApi {
     /// replica `index` of a stored Job.
     pub fn pod_create(&self, namespace: &str, job: &str, index: u32, node: &str, status: Value) -> String {
         let job_object = self.get("jobs", namespace, job).expect("the Job exists");
+        self.pod_create_of(&job_object, index, node, status)
+    }
+
+    /// As `pod_create`, for a Job as it was (it may be gone since: a pod the Job controller made
+    /// just before the Job's deletion, which a watch shows late).
+    pub fn pod_create_of(&self, job_object: &Value, index: u32, node: &str, status: Value) -> String {
+        let namespace = job_object["metadata"]["namespace"].as_str().unwrap_or_default();
+        let job = job_object["metadata"]["name"].as_str().unwrap_or_default();
         let template = &job_object["spec"]["template"];
         let mut labels = template["metadata"]["labels"].clone();
         labels["batch.kubernetes.io/job-completion-index"] = json!(index.to_string());
@@ -420,6 +428,9 @@ impl FakeApi {
                 let Some(mut object) = body else {
                     return reply(StatusCode::BAD_REQUEST, &status(400, "BadRequest", "no body".into()));
                 };
+                if let Some(problem) = node_field_selector_problem(&object) {
+                    return reply(StatusCode::UNPROCESSABLE_ENTITY, &status(422, "Invalid", problem));
+                }
                 if let Some(old) = self.get(&target.plural, &namespace, name) {
                     // Apply keeps what others own, such as the status the kubelet wrote.
                     object["status"] = old["status"].clone();
@@ -585,5 +596,20 @@ fn fields_match(object: &Value, selector: Option<&String>) -> bool {
         let Some((path, wanted)) = term.split_once('=') else { return false };
         let found = path.split('.').try_fold(object, |value, key| value.get(key));
         found.and_then(Value::as_str) == Some(wanted)
+    })
+}
+
+/// What the API server's validation says of a pod template's node affinity: a node field
+/// selector (`matchFields`) with `In` or `NotIn` takes exactly one value (a Job placed on two
+/// nodes with one requirement naming both is refused by a real API server).
+fn node_field_selector_problem(object: &Value) -> Option<String> {
+    let affinity = &object["spec"]["template"]["spec"]["affinity"]["nodeAffinity"];
+    let preferred = affinity["preferredDuringSchedulingIgnoredDuringExecution"].as_array().into_iter().flatten();
+    let required = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].as_array();
+    let terms = preferred.map(|t| &t["preference"]).chain(required.into_iter().flatten());
+    terms.flat_map(|term| term["matchFields"].as_array().into_iter().flatten()).find_map(|requirement| {
+        let one = requirement["values"].as_array().is_some_and(|values| values.len() == 1);
+        (matches!(requirement["operator"].as_str(), Some("In" | "NotIn")) && !one)
+            .then(|| "must be only one value when `operator` is 'In' or 'NotIn' for node field selector".to_string())
     })
 }

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_core::Result;
@@ -200,6 +200,22 @@ pub(crate) async fn guarded<T>(step: impl std::future::Future<Output = Result<T>
     }
 }
 
+/// How many jobs a pass observes at once (each may write its end or its start to the database,
+/// and free what its attempt held).
+const OBSERVE_AT_ONCE: usize = 8;
+
+/// What observing one job found that the loop itself must act on.
+enum Observed {
+    /// Nothing for the loop (a start recorded, or no change).
+    Unchanged,
+    /// The attempt (its number) ended and its end is recorded.
+    Ended(i32),
+    /// A launch that was interrupted: launch attempt (its number) again.
+    Resume(i32),
+    /// Stop this attempt's replicas (cancelled, or a failed replica fails the gang).
+    Stop(AttemptRef),
+}
+
 /// The longest a job whose handling panics is left alone between tries.
 const QUARANTINE_MAX: Duration = Duration::from_secs(300);
 /// The longest the loop waits after a pass that panicked outside any one job's step.
@@ -360,24 +376,46 @@ impl Reconciler {
         // an interrupted launch looks: its job is left to the next pass, whose snapshot has what
         // the launch stored. (Resuming it here would start again a rank that already exited.)
         let launching = self.launcher.as_ref().map(Launcher::launching).unwrap_or_default();
+        let phase = Instant::now();
         let Unfinished { jobs, unhandled } = self.store.jobs_unfinished().await?;
+        self.monitoring.pass_phase("read", phase.elapsed());
+        let phase = Instant::now();
         self.report_unhandled(&unhandled).await;
         self.gauges_update(&jobs).await;
         // A quarantined job's count is kept while it is unfinished, so its back-off keeps doubling.
         let live: HashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
         self.quarantined.retain(|id, _| live.contains(id));
         let mut ended = HashSet::new();
-        for job in jobs.iter().filter(|j| matches!(j.state, JobState::Starting | JobState::Running)) {
-            // A job being launched is looked at once its launch has ended: until then what the
-            // executor reports of it is half a launch.
-            if self.is_quarantined(job.id) || launching.contains(&job.id) || self.is_launching(job.id) {
-                continue;
+        // A job being launched is looked at once its launch has ended: until then what the
+        // executor reports of it is half a launch.
+        let observed: Vec<&UnfinishedJob> = jobs
+            .iter()
+            .filter(|j| matches!(j.state, JobState::Starting | JobState::Running))
+            .filter(|j| !self.is_quarantined(j.id) && !launching.contains(&j.id) && !self.is_launching(j.id))
+            .collect();
+        // Each job's observation is its own (its rows, its attempt): several at once, so that a
+        // pass in which hundreds of attempts end or start waits for their writes side by side
+        // rather than one after the other. What they change of the loop's own state is applied
+        // below, in order.
+        let mut outcomes = Vec::with_capacity(observed.len());
+        {
+            let mut waiting = observed.into_iter();
+            let mut under_way = futures::stream::FuturesUnordered::new();
+            under_way.extend(waiting.by_ref().take(OBSERVE_AT_ONCE).map(|job| self.observe_step(job)));
+            while let Some(outcome) = under_way.next().await {
+                outcomes.push(outcome);
+                under_way.extend(waiting.next().map(|job| self.observe_step(job)));
             }
-            match guarded(self.observe(job)).await {
-                Step::Done(true) => {
+        }
+        for (job, outcome) in outcomes {
+            match outcome {
+                Step::Done(Observed::Ended(attempt)) => {
+                    self.stopping.remove(&(job.id, attempt));
                     ended.insert(job.id);
                 }
-                Step::Done(false) => {}
+                Step::Done(Observed::Unchanged) => {}
+                Step::Done(Observed::Resume(attempt)) => self.launcher().start(job, Launch::Resume(attempt)),
+                Step::Done(Observed::Stop(attempt)) => self.stop(&attempt),
                 Step::Failed(err) => self.step_failed(job.id, "observe", err)?,
                 Step::Panicked(message) => self.job_panicked(job.id, "observing it", message).await,
             }
@@ -404,9 +442,13 @@ impl Reconciler {
                 Err(err) => self.step_failed(job.id, "end between attempts", err)?,
             }
         }
+        self.monitoring.pass_phase("observe", phase.elapsed());
         self.garbage_collect(&jobs).await;
         self.tenants_finish_removal(&jobs).await?;
+        let phase = Instant::now();
         let admitted = self.admit(&jobs, &ended).await;
+        self.monitoring.pass_phase("admit", phase.elapsed());
+        let phase = Instant::now();
         if let Err(trainyard_core::Error::Fenced(err)) = &admitted {
             self.health.fenced_write();
             return Err(trainyard_core::Error::Fenced(err.clone()));
@@ -444,6 +486,7 @@ impl Reconciler {
             // again now rather than at the next tick.
             self.wake.notify_one();
         }
+        self.monitoring.pass_phase("rest", phase.elapsed());
         admitted?;
         let skipped = self.quarantined.keys().filter(|id| self.is_quarantined(**id)).count();
         self.health.pass_completed(unhandled.len() + skipped);
@@ -631,9 +674,14 @@ impl Reconciler {
     /// Looks at a launched job's current attempt (never one whose launch is under way: the pass
     /// leaves those alone); records its end when it has ended. True when the job ended or left
     /// its attempt (so it holds no capacity any more).
-    async fn observe(&mut self, job: &UnfinishedJob) -> Result<bool> {
+    /// One job's observation, its panic caught.
+    async fn observe_step<'j>(&self, job: &'j UnfinishedJob) -> (&'j UnfinishedJob, Step<Observed>) {
+        (job, guarded(self.observe(job)).await)
+    }
+
+    async fn observe(&self, job: &UnfinishedJob) -> Result<Observed> {
         let Some(record) = &job.attempt else {
-            return Ok(false);
+            return Ok(Observed::Unchanged);
         };
         if job.state == JobState::Starting
             && record.placement.is_none()
@@ -646,8 +694,7 @@ impl Reconciler {
             // the launch chose (its GPUs) is held now, before this pass admits and launches
             // other jobs beside it.
             self.executor.launch_resuming(job.id, record.number);
-            self.launcher().start(job, Launch::Resume(record.number));
-            return Ok(false);
+            return Ok(Observed::Resume(record.number));
         }
         let attempt = AttemptRef {
             job_id: job.id,
@@ -679,8 +726,7 @@ impl Reconciler {
             Verdict::Stop => {
                 // Cancelled, or one replica failed so the gang fails: its end is recorded when
                 // no replica runs any more.
-                self.stop(&attempt);
-                return Ok(false);
+                return Ok(Observed::Stop(attempt));
             }
             Verdict::Running { all_started } => {
                 if job.state == JobState::Starting && all_started {
@@ -692,7 +738,7 @@ impl Reconciler {
                         self.monitoring.launch_time.get_or_create(&labels_of(job)).observe(waited);
                     }
                 }
-                return Ok(false);
+                return Ok(Observed::Unchanged);
             }
             Verdict::Ended { to, cause } => (to, cause),
         };
@@ -746,12 +792,11 @@ impl Reconciler {
                 actor: ACTOR_EXECUTOR,
             })
             .await?;
-        self.stopping.remove(&(job.id, record.number));
         if to.is_terminal() {
             self.monitoring.job_finished(&job.tenant, to.as_str());
         }
         tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
-        Ok(true)
+        Ok(Observed::Ended(record.number))
     }
 
     fn stop(&mut self, attempt: &AttemptRef) {
