@@ -217,8 +217,10 @@ async fn the_scheduler_s_placement_reaches_the_pods_on_a_real_api_server() {
     let Some(cluster) = cluster().await else { return };
     let logs = tempfile::tempdir().unwrap();
     let executor = executor_for(&cluster, &logs).await;
-    let (mut request, namespace) = fresh_request(1);
-    request.nodes = vec!["gpu-node-7".into()];
+    // Two replicas on two nodes: the API server takes a node field selector of one value only,
+    // so each node is a term of its own (one term naming both was refused).
+    let (mut request, namespace) = fresh_request(2);
+    request.nodes = vec!["gpu-node-7".into(), "gpu-node-3".into()];
     let pod = launched_pod(&cluster, &executor, &request, &namespace).await;
     let spec = pod.spec.unwrap();
     let terms = spec
@@ -226,11 +228,19 @@ async fn the_scheduler_s_placement_reaches_the_pods_on_a_real_api_server() {
         .and_then(|a| a.node_affinity)
         .and_then(|n| n.preferred_during_scheduling_ignored_during_execution)
         .expect("a preferred node affinity");
-    assert_eq!(terms[0].weight, 100);
-    let fields = terms[0].preference.match_fields.clone().unwrap();
+    let named: Vec<(i32, String, Vec<String>)> = terms
+        .iter()
+        .flat_map(|term| {
+            let fields = term.preference.match_fields.clone().unwrap_or_default();
+            fields.into_iter().map(move |f| (term.weight, f.key, f.values.unwrap_or_default()))
+        })
+        .collect();
     assert_eq!(
-        (fields[0].key.as_str(), fields[0].values.clone().unwrap()),
-        ("metadata.name", vec!["gpu-node-7".into()])
+        named,
+        [
+            (100, "metadata.name".to_string(), vec!["gpu-node-3".to_string()]),
+            (100, "metadata.name".to_string(), vec!["gpu-node-7".to_string()])
+        ]
     );
     let env = spec.containers[0].env.clone().unwrap();
     let node = env.iter().find(|e| e.name == "TRAINYARD_NODE").expect("TRAINYARD_NODE");
