@@ -426,6 +426,9 @@ async fn print_kueue_usage(env: &TestEnv, workload: &Workload, outcomes: &[Outco
     println!("   quota usage as Kueue measures it: {:.1}% (lowest tenant {:.1}%)", 100.0 * all, 100.0 * lowest);
 }
 
+/// A row of a job's history: from, to, by whom, why, when.
+type JobEvent = (Option<String>, String, String, Option<String>, DateTime<Utc>);
+
 /// What both tests assert of a finished replay.
 async fn assert_replay(env: &TestEnv, workload: &Workload, markers: &Path, label: &str) {
     let outcomes = outcomes(env).await;
@@ -442,7 +445,7 @@ async fn assert_replay(env: &TestEnv, workload: &Workload, markers: &Path, label
         let completed = mine.iter().filter(|(_, ended)| *ended).count();
         if completed != 1 {
             // What the control plane recorded of it: the first thing to read when this fails.
-            let events: Vec<(Option<String>, String, String, Option<String>, DateTime<Utc>)> = sqlx::query_as(
+            let events: Vec<JobEvent> = sqlx::query_as(
                 "SELECT from_state, to_state, actor, reason, at FROM job_events WHERE job_id = $1 ORDER BY seq",
             )
             .bind(outcome.id)
