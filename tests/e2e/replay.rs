@@ -309,16 +309,21 @@ fn attempts_run(markers: &Path) -> BTreeMap<(String, u32), bool> {
 /// An attempt's row of the allocation ledger: tenant, GPUs, start, end (none: still running).
 type LedgerRange = (String, i32, DateTime<Utc>, Option<DateTime<Utc>>);
 
-/// The most any tenant and any cohort held at once, from the allocation ledger (a sweep over
-/// the attempts' starts and ends).
-async fn peaks(env: &TestEnv, workload: &Workload) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
-    let rows: Vec<LedgerRange> = sqlx::query_as(
+/// Every attempt's row of the allocation ledger, of the replay's tenants.
+async fn ledger(env: &TestEnv) -> Vec<LedgerRange> {
+    sqlx::query_as(
         "SELECT n.name, l.gpus, l.started_at, l.ended_at FROM usage_ledger l JOIN tenants n ON n.id = l.tenant_id
          WHERE n.name LIKE 'q%'",
     )
     .fetch_all(&env.db.pool)
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// The most any tenant and any cohort held at once, from the allocation ledger (a sweep over
+/// the attempts' starts and ends).
+async fn peaks(env: &TestEnv, workload: &Workload) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
+    let rows = ledger(env).await;
     let cohort_of: BTreeMap<String, String> = workload.tenants().into_iter().collect();
     let mut events: Vec<(DateTime<Utc>, i64, String)> = Vec::new();
     for (tenant, gpus, start, end) in rows {
@@ -409,13 +414,7 @@ async fn print_kueue_usage(env: &TestEnv, workload: &Workload, outcomes: &[Outco
     let first = outcomes.iter().map(|o| o.created_at).min().unwrap();
     let last = outcomes.iter().filter_map(|o| o.finished_at).max().unwrap();
     let window = seconds(first, last);
-    let rows: Vec<LedgerRange> = sqlx::query_as(
-        "SELECT n.name, l.gpus, l.started_at, l.ended_at FROM usage_ledger l JOIN tenants n ON n.id = l.tenant_id
-         WHERE n.name LIKE 'q%'",
-    )
-    .fetch_all(&env.db.pool)
-    .await
-    .unwrap();
+    let rows = ledger(env).await;
     let mut held: BTreeMap<String, f64> = workload.tenants().into_iter().map(|(tenant, _)| (tenant, 0.0)).collect();
     for (tenant, gpus, start, end) in rows {
         *held.entry(tenant).or_default() += f64::from(gpus) * seconds(start, end.unwrap_or(last));
