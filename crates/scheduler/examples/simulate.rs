@@ -6,6 +6,13 @@
 //!   cargo run --release -p trainyard-scheduler --example simulate -- kueue-baseline-one-node
 //!   cargo run --release -p trainyard-scheduler --example simulate -- workload.json
 //!
+//! `--stop-ms N` (after the workload): a preempted job keeps what it holds for N ms of virtual
+//! time before it is gone, as a real one takes time to stop (0, the default: gone at once).
+//! `--pass-ms P`: cycles run only every P ms, as a control loop's passes do, and what happened
+//! in between (arrivals, ends) is seen at the next one (0, the default: at every instant).
+//! `--launch-ms L`: an admitted job holds its quota L ms before it runs (its launch: the pod or
+//! process starting; 0, the default).
+//!
 //! `kueue-baseline` is Kueue's published performance scenario (see docs/PERFORMANCE.md), each
 //! cohort on three 40-unit nodes of its own; `kueue-baseline-one-node` the same on one node of
 //! 600 units that every cohort shares (the layout of the local executor's replay). A
@@ -108,13 +115,31 @@ fn kueue_baseline(one_node: bool) -> Workload {
 struct Running {
     job: usize,
     end: i64,
+    /// When a preempted job is gone (it holds what it held until then).
+    stopping_until: Option<i64>,
     flavor: Option<String>,
     nodes: Vec<String>,
     started: i64,
 }
 
 fn main() {
-    let arg = std::env::args().nth(1).unwrap_or_else(|| "kueue-baseline".into());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = args.first().cloned().unwrap_or_else(|| "kueue-baseline".into());
+    let stop_ms: i64 = args
+        .iter()
+        .position(|a| a == "--stop-ms")
+        .and_then(|i| args.get(i + 1))
+        .map_or(0, |v| v.parse().expect("--stop-ms takes a number of milliseconds"));
+    let pass_ms: i64 = args
+        .iter()
+        .position(|a| a == "--pass-ms")
+        .and_then(|i| args.get(i + 1))
+        .map_or(0, |v| v.parse().expect("--pass-ms takes a number of milliseconds"));
+    let launch_ms: i64 = args
+        .iter()
+        .position(|a| a == "--launch-ms")
+        .and_then(|i| args.get(i + 1))
+        .map_or(0, |v| v.parse().expect("--launch-ms takes a number of milliseconds"));
     let workload = if arg == "kueue-baseline" || arg == "kueue-baseline-one-node" {
         kueue_baseline(arg == "kueue-baseline-one-node")
     } else {
@@ -179,15 +204,28 @@ fn main() {
     let started = Instant::now();
 
     loop {
-        let next_end = running.iter().map(|r| r.end).min();
+        let next_end = running.iter().map(|r| r.stopping_until.map_or(r.end, |s| s.min(r.end))).min();
         let next_in = arrivals.get(next_arrival).map(|&i| jobs[i].arrival_ms);
-        let Some(next) = [next_end, next_in].into_iter().flatten().min() else { break };
+        let Some(mut next) = [next_end, next_in].into_iter().flatten().min() else { break };
+        if pass_ms > 0 {
+            // The next pass at or after it.
+            next = (next + pass_ms - 1) / pass_ms * pass_ms;
+        }
         for r in &running {
             *usage_integral.entry(jobs[r.job].tenant.as_str()).or_default() +=
                 (next - now) as f64 * f64::from(jobs[r.job].gpus);
         }
         now = next;
-        running.retain(|r| r.end > now);
+        // A job that ran to its end ended, stopping or not; a stopped one goes back to the queue.
+        let mut stopped = Vec::new();
+        running.retain(|r| {
+            let gone = r.end > now && r.stopping_until.is_some_and(|s| s <= now);
+            if gone {
+                stopped.push(r.job);
+            }
+            r.end > now && !gone
+        });
+        pending.extend(stopped);
         while next_arrival < arrivals.len() && jobs[arrivals[next_arrival]].arrival_ms <= now {
             pending.insert(arrivals[next_arrival]);
             next_arrival += 1;
@@ -208,7 +246,7 @@ fn main() {
                 nodes: r.nodes.clone(),
                 started_at: r.started,
                 expected_runtime: Some(jobs[r.job].duration_ms / 1000),
-                stopping: false,
+                stopping: r.stopping_until.is_some(),
             })
             .collect();
         snap.pending = pending
@@ -229,8 +267,12 @@ fn main() {
         cycles += 1;
         for p in &result.preemptions {
             let victim = p.victim.as_u128() as usize;
-            running.retain(|r| r.job != victim);
-            pending.insert(victim);
+            if stop_ms == 0 {
+                running.retain(|r| r.job != victim);
+                pending.insert(victim);
+            } else if let Some(r) = running.iter_mut().find(|r| r.job == victim) {
+                r.stopping_until.get_or_insert(now + stop_ms);
+            }
             preemptions += 1;
         }
         for a in &result.admissions {
@@ -239,7 +281,8 @@ fn main() {
             admitted_at[job] = Some(now);
             running.push(Running {
                 job,
-                end: now + jobs[job].duration_ms,
+                end: now + launch_ms + jobs[job].duration_ms,
+                stopping_until: None,
                 flavor: a.flavor.clone(),
                 nodes: a.nodes.clone(),
                 started: now / 1000,
