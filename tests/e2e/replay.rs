@@ -125,6 +125,7 @@ struct Outcome {
     name: String,
     state: String,
     created_at: DateTime<Utc>,
+    /// Its last admission (a preempted job is admitted again), and its last start running.
     admitted_at: Option<DateTime<Utc>>,
     running_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
@@ -280,8 +281,10 @@ async fn wait_all_ended(env: &TestEnv, jobs: usize, timeout: Duration) {
 async fn outcomes(env: &TestEnv) -> Vec<Outcome> {
     sqlx::query_as(
         "SELECT j.id, j.name, j.state, j.created_at, j.finished_at,
-                (SELECT min(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'admitted') AS admitted_at,
-                (SELECT min(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'running') AS running_at,
+                -- The last admission, as Kueue's recorder counts a workload's time to admission
+                -- (re-set at each admission after an eviction) and the simulator does.
+                (SELECT max(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'admitted') AS admitted_at,
+                (SELECT max(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'running') AS running_at,
                 (SELECT count(*) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'queued'
                     AND e.from_state IS NOT NULL) AS preemptions
          FROM jobs j JOIN tenants n ON n.id = j.tenant_id WHERE n.name LIKE 'q%'",
