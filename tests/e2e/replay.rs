@@ -27,6 +27,12 @@ use trainyard_tests::{ServerProcess, StatusCode, TestEnv};
 
 const GPU: &str = "sim-gpu";
 
+/// The simulator's figures on each layout (`cargo run --release -p trainyard-scheduler --example
+/// simulate -- kueue-baseline[-one-node]`, docs/PERFORMANCE.md), printed beside the replays'.
+const SIMULATOR_ONE_NODE: &str =
+    "Trainyard's simulator, one 600-GPU node: wall 75.6 s; admission small 54.3 s, medium 39.6 s, large 0.2 s";
+const SIMULATOR_NODES_PER_COHORT: &str = "Trainyard's simulator, three 40-GPU nodes per cohort: wall 71.1 s; admission small 48.1 s, medium 25.9 s, large 1.3 s";
+
 /// One class of jobs of a tenant: how many, what each asks for, how long it runs, how often
 /// one arrives.
 #[derive(Debug, Clone, Copy)]
@@ -637,6 +643,7 @@ async fn kueues_baseline_full_on_kubernetes() {
     println!(
         "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"
     );
+    println!("   {SIMULATOR_NODES_PER_COHORT}");
 }
 
 /// Kueue's large-scale scenario, 50,000 jobs of 1,000 tenants, on the Kubernetes executor: a
@@ -671,7 +678,7 @@ async fn kueues_baseline_full() {
     println!(
         "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"
     );
-    println!("   Trainyard's simulator on this layout (docs/PERFORMANCE.md): wall 71.1 s (ideal 66 s)");
+    println!("   {SIMULATOR_ONE_NODE}");
 }
 
 /// The same replay on two servers sharing the database and data directory, the leader killed
@@ -694,6 +701,7 @@ async fn kueues_baseline_full_survives_five_leader_kills() {
     println!(
         "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"
     );
+    println!("   {SIMULATOR_ONE_NODE}");
 }
 
 /// When the leader is killed during a replay: `count` times, each `every` plus a random part of
