@@ -15,13 +15,7 @@ cd "$(dirname "$0")/../.."
 samples=${1:-15000}
 rounds=${2:-3}
 source tests/ensure-s3s
-if [ -n "${BENCH_BIN:-}" ]; then
-  bin=$BENCH_BIN
-else
-  cargo build --release --locked --bin trainyard --bin yard --bin yard-data
-  bin=${CARGO_TARGET_DIR:-target}/release
-fi
-if [ -n "${BENCH_PYTHON:-}" ]; then py=$BENCH_PYTHON; else source tests/python-env; py="$venv/bin/python"; fi
+source tests/bench/release_tools.sh
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-cache-agent.XXXXXX")
 chmod 755 "$work"

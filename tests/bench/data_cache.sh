@@ -17,13 +17,7 @@ samples=${1:-40000}
 rounds=${2:-3}
 cgroup_mib=${3:-1536}
 source tests/ensure-s3s
-if [ -n "${BENCH_BIN:-}" ]; then
-  bin=$BENCH_BIN
-else
-  cargo build --release --locked --bin trainyard --bin yard --bin yard-data
-  bin=${CARGO_TARGET_DIR:-target}/release
-fi
-if [ -n "${BENCH_PYTHON:-}" ]; then py=$BENCH_PYTHON; else source tests/python-env; py="$venv/bin/python"; fi
+source tests/bench/release_tools.sh
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-data-cache.XXXXXX")
 # When run as root, a private Postgres runs as the `postgres` user and must reach this folder.
