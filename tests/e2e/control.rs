@@ -1,5 +1,6 @@
-//! The control loop cannot be stopped by any single job: a row that does not decode and a job
-//! whose handling panics are each reported and skipped, and every other job goes on.
+//! The control loop cannot be stopped by any single job: a row that does not decode, a job
+//! whose handling panics and a job whose end the database refuses are each reported and
+//! skipped, and every other job goes on.
 
 use std::time::Duration;
 
@@ -95,4 +96,56 @@ async fn a_panic_while_launching_one_job_does_not_stop_scheduling() {
     // Jobs submitted after the panic run too.
     let later = env.submit(json!({"command": ["true"]})).await;
     env.wait_state(&later, "succeeded", Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_whose_end_the_database_refuses_waits_alone_while_others_end() {
+    let env = TestEnv::start().await;
+    // A pass records all the ends it saw in one transaction; one the database refuses must not
+    // take the others with it, pass after pass.
+    let refused = env.submit(json!({"command": ["sleep", "0.3"]})).await;
+    sqlx::raw_sql(
+        "CREATE TABLE refused_ends (job_id uuid PRIMARY KEY);
+         CREATE FUNCTION refuse_this_end() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.ended_at IS NOT NULL AND EXISTS (SELECT 1 FROM refused_ends WHERE job_id = NEW.job_id) THEN
+                 RAISE EXCEPTION 'this end is refused by the test';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_this_end BEFORE UPDATE ON job_attempts FOR EACH ROW EXECUTE FUNCTION refuse_this_end();",
+    )
+    .execute(&env.db.pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO refused_ends VALUES ($1::uuid)").bind(&refused).execute(&env.db.pool).await.unwrap();
+    env.wait_state(&refused, "running", Duration::from_secs(30)).await;
+    // Its process is long gone; its end is tried (and refused) at every pass.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut others = Vec::new();
+    for _ in 0..3 {
+        others.push(env.submit(json!({"command": ["sleep", "0.3"]})).await);
+    }
+    for id in &others {
+        env.wait_state(id, "succeeded", Duration::from_secs(30)).await;
+    }
+    let (_, job) = env.get(&format!("/api/v1/jobs/{refused}"), &env.admin_token).await;
+    assert_eq!(job["state"], "running", "its end is not recorded while refused: {job}");
+    let log = std::fs::read_to_string(env.data_dir().join("server.log")).unwrap();
+    assert!(log.contains("recording them one at a time"), "the log says the batch was refused");
+    assert!(log.contains("this end is refused by the test") && log.contains(&refused), "the log names the job");
+
+    // Once the database takes it, its end is recorded as it happened.
+    sqlx::raw_sql("DROP TRIGGER refuse_this_end ON job_attempts").execute(&env.db.pool).await.unwrap();
+    env.wait_state(&refused, "succeeded", Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_jobs_last_words_with_a_nul_become_its_reason() {
+    let env = TestEnv::start().await;
+    let id = env.submit(json!({"command": ["python3", "-c", "import sys; print('bad\\x00byte'); sys.exit(3)"]})).await;
+    env.wait_state(&id, "failed", Duration::from_secs(30)).await;
+    let (_, job) = env.get(&format!("/api/v1/jobs/{id}"), &env.admin_token).await;
+    let reason = job["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("exited with code 3") && reason.contains("bad\u{FFFD}byte"), "{job}");
 }

@@ -393,12 +393,20 @@ pub async fn log_file(path: &std::path::Path) -> Result<Option<Box<dyn AsyncRead
 pub fn last_line(text: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(text);
     let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
-    Some(line.chars().take(300).collect())
+    // It becomes the job's reason, and Postgres stores no NUL in text: a job printing one
+    // would have its end refused on every pass.
+    Some(line.chars().take(300).map(|c| if c == '\0' { char::REPLACEMENT_CHARACTER } else { c }).collect())
 }
 
 #[cfg(test)]
 mod detail_tests {
     use super::*;
+
+    #[test]
+    fn a_last_line_holds_no_nul_for_postgres_to_refuse() {
+        assert_eq!(last_line(b"starting\nboom\0 at step 3\n\n").as_deref(), Some("boom\u{FFFD} at step 3"));
+        assert_eq!(last_line(b"  \n").as_deref(), None);
+    }
 
     #[test]
     fn a_detail_made_from_a_status_gives_that_status_back() {

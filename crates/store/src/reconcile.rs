@@ -120,6 +120,14 @@ pub struct QuotaRow {
     pub lending_limit: Option<i64>,
 }
 
+/// The batch of [`Store::attempts_end`] as a relation `u`, in each of its statements.
+macro_rules! ends_batch {
+    () => {
+        "jsonb_to_recordset($1) AS u(job_id uuid, attempt int, exit_codes int[], image_digests text[], \"to\" text,
+                                     reason text, actor text, restart int)"
+    };
+}
+
 impl Store {
     /// Every job that holds capacity or is being stopped, and the head of the queue in
     /// admission order (priority, then submit order). A row that does not decode is returned
@@ -299,25 +307,38 @@ impl Store {
     }
 
     /// Marks a job whose every replica started `running` (it was `starting`), and records the
-    /// images its replicas run when known, in one statement. False when it was not `starting`.
+    /// images its replicas run when known. False when it was not `starting`.
     pub async fn job_running(&self, job_id: Uuid, attempt: i32, image_digests: &[String], actor: &str) -> Result<bool> {
+        let started = [Started { job_id, attempt, image_digests }];
+        Ok(self.jobs_running(&started, actor).await?.contains(&job_id))
+    }
+
+    /// Marks running every job of `started` that is `starting`, and records the images each
+    /// job's replicas run when known: one statement for a whole pass's starts. Returns the jobs
+    /// it moved.
+    pub async fn jobs_running(&self, started: &[Started<'_>], actor: &str) -> Result<HashSet<Uuid>> {
+        if started.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let started = serde_json::to_value(started).map_err(Error::internal)?;
         // language=PostgreSQL
-        let result = sqlx::query(
-            "WITH images AS (
-                 UPDATE job_attempts SET image_digests = $3
-                 WHERE job_id = $1 AND attempt = $2 AND cardinality($3::text[]) > 0 AND (SELECT control_fence($5)))
-             UPDATE jobs SET state = 'running', reason = NULL, last_actor = $4
-             WHERE id = $1 AND state = 'starting' AND (SELECT control_fence($5))",
+        let moved: Vec<Uuid> = sqlx::query_scalar(
+            "WITH u AS (SELECT * FROM jsonb_to_recordset($1) AS u(job_id uuid, attempt int, image_digests text[])),
+             images AS (
+                 UPDATE job_attempts a SET image_digests = u.image_digests FROM u
+                 WHERE a.job_id = u.job_id AND a.attempt = u.attempt AND cardinality(u.image_digests) > 0
+                   AND (SELECT control_fence($3)))
+             UPDATE jobs SET state = 'running', reason = NULL, last_actor = $2
+             FROM u WHERE jobs.id = u.job_id AND jobs.state = 'starting' AND (SELECT control_fence($3))
+             RETURNING jobs.id",
         )
-        .bind(job_id)
-        .bind(attempt)
-        .bind(image_digests)
+        .bind(started)
         .bind(actor)
         .bind(self.control_epoch())
-        .execute(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        Ok(result.rows_affected() == 1)
+        Ok(moved.into_iter().collect())
     }
 
     /// Asks to stop a job so that another can start; the reconciler stops it and requeues it.
@@ -557,67 +578,111 @@ impl Store {
 
     /// Closes an attempt with its exit codes and moves the job on, in one transaction:
     /// to `to` (succeeded, failed, cancelled) or, for `restarting`, counting one more restart.
+    /// True when the job moved (it was `starting` or `running`).
     pub async fn attempt_end(&self, end: AttemptEnd<'_>) -> Result<bool> {
+        let job_id = end.job_id;
+        Ok(self.attempts_end(&[end]).await?.contains(&job_id))
+    }
+
+    /// Closes each attempt of `ends` and moves its job on, as [`Store::attempt_end`] does, all in
+    /// one transaction of four statements, however many ended: a pass records every end it saw
+    /// at once. All or none: a refused row (a transition the database forbids) refuses the
+    /// whole batch, and the caller records them one at a time to find it. Returns the jobs that
+    /// moved.
+    pub async fn attempts_end(&self, ends: &[AttemptEnd<'_>]) -> Result<HashSet<Uuid>> {
+        if ends.is_empty() {
+            return Ok(HashSet::new());
+        }
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            job_id: Uuid,
+            attempt: i32,
+            exit_codes: Vec<i32>,
+            image_digests: &'a [String],
+            to: &'a str,
+            reason: Option<&'a str>,
+            actor: &'a str,
+            restart: i32,
+        }
+        let rows: Vec<Row> = ends
+            .iter()
+            .map(|end| Row {
+                job_id: end.job_id,
+                attempt: end.attempt,
+                exit_codes: end.exit_codes.iter().copied().map(to_stored_exit_code).collect(),
+                image_digests: end.image_digests,
+                to: end.to.as_str(),
+                reason: end.reason,
+                actor: end.actor,
+                restart: i32::from(end.to == JobState::Restarting),
+            })
+            .collect();
+        let rows = serde_json::to_value(rows).map_err(Error::internal)?;
         let mut tx = self.begin().await?;
-        let codes: Vec<i32> = end.exit_codes.iter().copied().map(to_stored_exit_code).collect();
         // language=PostgreSQL
-        sqlx::query(
-            "UPDATE job_attempts SET exit_codes = $3, reason = $4, ended_at = coalesce(ended_at, now()),
-                 image_digests = CASE WHEN cardinality($5::text[]) > 0 THEN $5 ELSE image_digests END
-             WHERE job_id = $1 AND attempt = $2 AND (SELECT control_fence($6))",
-        )
-        .bind(end.job_id)
-        .bind(end.attempt)
-        .bind(&codes)
-        .bind(end.reason)
-        .bind(end.image_digests)
+        sqlx::query(concat!(
+            "UPDATE job_attempts a SET exit_codes = u.exit_codes, reason = u.reason, ended_at = coalesce(a.ended_at, now()),
+                 image_digests = CASE WHEN cardinality(u.image_digests) > 0 THEN u.image_digests ELSE a.image_digests END
+             FROM ",
+            ends_batch!(),
+            " WHERE a.job_id = u.job_id AND a.attempt = u.attempt AND (SELECT control_fence($2))"
+        ))
+        .bind(&rows)
         .bind(self.control_epoch())
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
         // The usage ledger's row ends when the attempt does.
         // language=PostgreSQL
-        sqlx::query(
-            "UPDATE usage_ledger l SET ended_at = a.ended_at FROM job_attempts a
-             WHERE l.job_id = $1 AND l.attempt = $2 AND a.job_id = l.job_id AND a.attempt = l.attempt
-               AND l.ended_at IS NULL",
-        )
-        .bind(end.job_id)
-        .bind(end.attempt)
+        sqlx::query(concat!(
+            "UPDATE usage_ledger l SET ended_at = a.ended_at FROM job_attempts a, ",
+            ends_batch!(),
+            " WHERE l.job_id = u.job_id AND l.attempt = u.attempt AND a.job_id = l.job_id AND a.attempt = l.attempt
+               AND l.ended_at IS NULL"
+        ))
+        .bind(&rows)
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
         // The attempt's engine token dies with it.
         // language=PostgreSQL
-        sqlx::query("DELETE FROM job_tokens WHERE job_id = $1 AND attempt = $2")
-            .bind(end.job_id)
-            .bind(end.attempt)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_error)?;
-        let restart = i32::from(end.to == JobState::Restarting);
-        // language=PostgreSQL
-        let moved = sqlx::query(
-            "UPDATE jobs SET state = $2, reason = $3, last_actor = $4, restart_count = restart_count + $5,
-                             -- back in the queue, a job holds nothing
-                             preempt_requested_at = CASE WHEN $2 = 'queued' THEN NULL ELSE preempt_requested_at END,
-                             flavor = CASE WHEN $2 = 'queued' THEN NULL ELSE flavor END,
-                             assigned_nodes = CASE WHEN $2 = 'queued' THEN NULL ELSE assigned_nodes END
-             WHERE id = $1 AND state IN ('starting', 'running')",
-        )
-        .bind(end.job_id)
-        .bind(end.to.as_str())
-        .bind(end.reason)
-        .bind(end.actor)
-        .bind(restart)
+        sqlx::query(concat!(
+            "DELETE FROM job_tokens t USING ",
+            ends_batch!(),
+            " WHERE t.job_id = u.job_id AND t.attempt = u.attempt"
+        ))
+        .bind(&rows)
         .execute(&mut *tx)
         .await
-        .map_err(db_error)?
-        .rows_affected()
-            == 1;
+        .map_err(db_error)?;
+        // language=PostgreSQL
+        let moved: Vec<Uuid> = sqlx::query_scalar(concat!(
+            "UPDATE jobs SET state = u.\"to\", reason = u.reason, last_actor = u.actor, restart_count = restart_count + u.restart,
+                             -- back in the queue, a job holds nothing
+                             preempt_requested_at = CASE WHEN u.\"to\" = 'queued' THEN NULL ELSE preempt_requested_at END,
+                             flavor = CASE WHEN u.\"to\" = 'queued' THEN NULL ELSE flavor END,
+                             assigned_nodes = CASE WHEN u.\"to\" = 'queued' THEN NULL ELSE assigned_nodes END
+             FROM ",
+            ends_batch!(),
+            " WHERE jobs.id = u.job_id AND jobs.state IN ('starting', 'running')
+             RETURNING jobs.id"
+        ))
+        .bind(&rows)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_error)?;
         tx.commit().await.map_err(db_error)?;
-        Ok(moved)
+        Ok(moved.into_iter().collect())
     }
+}
+
+/// A job whose every replica started, for [`Store::jobs_running`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Started<'a> {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    /// The images its replicas run, by digest; empty when unknown (kept as recorded before).
+    pub image_digests: &'a [String],
 }
 
 /// What an attempt holds, all replicas together: its row of the usage ledger.

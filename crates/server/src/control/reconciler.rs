@@ -27,7 +27,7 @@ use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::audit::Audit;
 use trainyard_store::reconcile::{
-    Admission, AttemptEnd, Leadership, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
+    Admission, AttemptEnd, Leadership, Started, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
 };
 
 use crate::control::health::{LoopHealth, panic_message};
@@ -204,16 +204,43 @@ pub(crate) async fn guarded<T>(step: impl std::future::Future<Output = Result<T>
 /// and free what its attempt held).
 const OBSERVE_AT_ONCE: usize = 8;
 
-/// What observing one job found that the loop itself must act on.
+/// What observing one job found. Observing writes nothing: the pass records every start and
+/// every end it found in one statement each (see [`Reconciler::record_starts`] and
+/// [`Reconciler::record_ends`]), and applies the rest to the loop's own state, in order.
 enum Observed {
-    /// Nothing for the loop (a start recorded, or no change).
+    /// Nothing changed.
     Unchanged,
-    /// The attempt (its number) ended and its end is recorded.
-    Ended(i32),
+    /// Every replica of the attempt started: the job is running, its replicas run these images.
+    Started { attempt: i32, images: Vec<String> },
+    /// The attempt ended and what it held is released: its end is to be recorded.
+    Ended(Ending),
     /// A launch that was interrupted: launch attempt (its number) again.
     Resume(i32),
     /// Stop this attempt's replicas (cancelled, or a failed replica fails the gang).
     Stop(AttemptRef),
+}
+
+/// How an attempt ended, as the pass records it.
+struct Ending {
+    attempt: i32,
+    exit_codes: Vec<Option<i32>>,
+    images: Vec<String>,
+    to: JobState,
+    reason: String,
+}
+
+impl Ending {
+    fn record<'e>(&'e self, job_id: Uuid) -> AttemptEnd<'e> {
+        AttemptEnd {
+            job_id,
+            attempt: self.attempt,
+            exit_codes: &self.exit_codes,
+            image_digests: &self.images,
+            to: self.to,
+            reason: Some(&self.reason),
+            actor: ACTOR_EXECUTOR,
+        }
+    }
 }
 
 /// The longest a job whose handling panics is left alone between tries.
@@ -407,18 +434,23 @@ impl Reconciler {
                 under_way.extend(waiting.next().map(|job| self.observe_step(job)));
             }
         }
+        let mut starts = Vec::new();
+        let mut ends = Vec::new();
         for (job, outcome) in outcomes {
             match outcome {
-                Step::Done(Observed::Ended(attempt)) => {
-                    self.stopping.remove(&(job.id, attempt));
-                    ended.insert(job.id);
-                }
                 Step::Done(Observed::Unchanged) => {}
+                Step::Done(Observed::Started { attempt, images }) => starts.push((job, attempt, images)),
+                Step::Done(Observed::Ended(ending)) => ends.push((job, ending)),
                 Step::Done(Observed::Resume(attempt)) => self.launcher().start(job, Launch::Resume(attempt)),
                 Step::Done(Observed::Stop(attempt)) => self.stop(&attempt),
                 Step::Failed(err) => self.step_failed(job.id, "observe", err)?,
                 Step::Panicked(message) => self.job_panicked(job.id, "observing it", message).await,
             }
+        }
+        self.record_starts(&starts).await?;
+        for (job, attempt) in self.record_ends(&ends).await? {
+            self.stopping.remove(&(job, attempt));
+            ended.insert(job);
         }
         for job in jobs.iter().filter(|j| {
             j.state == JobState::Restarting
@@ -731,12 +763,7 @@ impl Reconciler {
             Verdict::Running { all_started } => {
                 if job.state == JobState::Starting && all_started {
                     // Every container started: the images they run are known now.
-                    let images = image_digests(&details);
-                    self.store.job_running(job.id, record.number, &images, ACTOR_EXECUTOR).await?;
-                    if let Some(admitted_at) = job.admitted_at {
-                        let waited = (chrono::Utc::now() - admitted_at).num_milliseconds().max(0) as f64 / 1000.0;
-                        self.monitoring.launch_time.get_or_create(&labels_of(job)).observe(waited);
-                    }
+                    return Ok(Observed::Started { attempt: record.number, images: image_digests(&details) });
                 }
                 return Ok(Observed::Unchanged);
             }
@@ -779,24 +806,80 @@ impl Reconciler {
             })
             .collect();
         // Free what the attempt still holds first, so that once the state says it ended, none
-        // of its processes is left. Repeating this after a failed write below is harmless.
+        // of its processes is left. Repeating this after a failed write is harmless.
         self.executor.release(&attempt).await;
-        self.store
-            .attempt_end(AttemptEnd {
-                job_id: job.id,
-                attempt: record.number,
-                exit_codes: &exit_codes,
-                image_digests: &image_digests(&details),
-                to,
-                reason: Some(&reason),
-                actor: ACTOR_EXECUTOR,
-            })
-            .await?;
-        if to.is_terminal() {
-            self.monitoring.job_finished(&job.tenant, to.as_str());
+        Ok(Observed::Ended(Ending { attempt: record.number, exit_codes, images: image_digests(&details), to, reason }))
+    }
+
+    /// Records a pass's starts (jobs whose every replica started are `running`), in one
+    /// statement. If that fails (not for want of leadership), each job's start is recorded on
+    /// its own, so that one job the database refuses fails alone.
+    async fn record_starts(&mut self, starts: &[(&UnfinishedJob, i32, Vec<String>)]) -> Result<()> {
+        let batch: Vec<Started> = starts
+            .iter()
+            .map(|(job, attempt, images)| Started { job_id: job.id, attempt: *attempt, image_digests: images })
+            .collect();
+        let moved = match self.store.jobs_running(&batch, ACTOR_EXECUTOR).await {
+            Ok(moved) => moved,
+            Err(err @ trainyard_core::Error::Fenced(_)) => {
+                self.health.fenced_write();
+                return Err(err);
+            }
+            Err(err) => {
+                tracing::warn!(%err, jobs = batch.len(), "recording a pass's starts at once failed; recording them one at a time");
+                let mut moved = HashSet::new();
+                for start in &batch {
+                    match self.store.jobs_running(std::slice::from_ref(start), ACTOR_EXECUTOR).await {
+                        Ok(one) => moved.extend(one),
+                        Err(err) => self.step_failed(start.job_id, "observe", err)?,
+                    }
+                }
+                moved
+            }
+        };
+        for (job, _, _) in starts.iter().filter(|(job, _, _)| moved.contains(&job.id)) {
+            if let Some(admitted_at) = job.admitted_at {
+                let waited = (chrono::Utc::now() - admitted_at).num_milliseconds().max(0) as f64 / 1000.0;
+                self.monitoring.launch_time.get_or_create(&labels_of(job)).observe(waited);
+            }
         }
-        tracing::info!(job = %job.id, attempt = record.number, state = %to, %reason, "attempt ended");
-        Ok(Observed::Ended(record.number))
+        Ok(())
+    }
+
+    /// Records a pass's ends (each attempt closed, its job moved on), in one transaction. If that
+    /// fails (not for want of leadership), each end is recorded on its own, so that one job the
+    /// database refuses fails alone (it is observed again next pass). Returns the jobs and
+    /// attempts whose end is recorded.
+    async fn record_ends(&mut self, ends: &[(&UnfinishedJob, Ending)]) -> Result<Vec<(Uuid, i32)>> {
+        let batch: Vec<AttemptEnd> = ends.iter().map(|(job, ending)| ending.record(job.id)).collect();
+        let recorded: Vec<&(&UnfinishedJob, Ending)> = match self.store.attempts_end(&batch).await {
+            Ok(_) => ends.iter().collect(),
+            Err(err @ trainyard_core::Error::Fenced(_)) => {
+                self.health.fenced_write();
+                return Err(err);
+            }
+            Err(err) => {
+                tracing::warn!(%err, jobs = batch.len(), "recording a pass's ends at once failed; recording them one at a time");
+                let mut recorded = Vec::new();
+                for end in ends {
+                    match self.store.attempt_end(end.1.record(end.0.id)).await {
+                        Ok(_) => recorded.push(end),
+                        Err(err) => self.step_failed(end.0.id, "observe", err)?,
+                    }
+                }
+                recorded
+            }
+        };
+        Ok(recorded
+            .into_iter()
+            .map(|(job, ending)| {
+                if ending.to.is_terminal() {
+                    self.monitoring.job_finished(&job.tenant, ending.to.as_str());
+                }
+                tracing::info!(job = %job.id, attempt = ending.attempt, state = %ending.to, reason = %ending.reason, "attempt ended");
+                (job.id, ending.attempt)
+            })
+            .collect())
     }
 
     fn stop(&mut self, attempt: &AttemptRef) {
