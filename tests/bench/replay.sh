@@ -13,6 +13,8 @@
 #                                     server (TRAINYARD_TEST_KUBECONFIG: an admin's kubeconfig, for
 #                                     the kubelet stand-in; TRAINYARD_TEST_KUBECONFIG_EXECUTOR:
 #                                     Trainyard's service account's; see docs/kubernetes.md)
+# With TRAINYARD_BENCH_STATEMENTS=1 the replay also prints the statements that took the
+# database's time (pg_stat_statements).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-local}" in
@@ -30,4 +32,11 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-replay.XXXXXX")
 chmod 755 "$work" # Postgres runs as its own user
 trap 'target/release/trainyard postgres stop --dir "$work/pg" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 export TRAINYARD_TEST_DATABASE_URL=$(target/release/trainyard postgres start --dir "$work/pg")
+if [ -n "${TRAINYARD_BENCH_STATEMENTS:-}" ]; then
+  # The statements the replay ran, by total time, printed at its end (pg_stat_statements: it
+  # must be loaded when Postgres starts).
+  target/release/trainyard postgres stop --dir "$work/pg" >/dev/null
+  echo "shared_preload_libraries = 'pg_stat_statements'" >> "$work/pg/pgdata/postgresql.conf"
+  TRAINYARD_TEST_DATABASE_URL=$(target/release/trainyard postgres start --dir "$work/pg")
+fi
 cargo test --release --locked -p trainyard-tests --test e2e "$test" -- --exact --ignored --nocapture

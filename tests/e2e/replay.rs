@@ -222,6 +222,9 @@ async fn setup(env: &TestEnv, workload: &Workload, layout: Layout) -> BTreeMap<S
         assert_eq!(status, StatusCode::OK, "{body}");
         tokens.insert(tenant.clone(), env.member(&tenant, &format!("{tenant}-user"), "member").await);
     }
+    // The statements counted are the replay's (when they are counted at all, see
+    // `print_statements`).
+    let _ = sqlx::query("SELECT pg_stat_statements_reset()").execute(&env.db.pool).await;
     tokens
 }
 
@@ -519,6 +522,36 @@ async fn print_control_loop(url: &str) {
     println!("   a pass's phases (mean): {}", phases.join(", "));
 }
 
+/// The ten statements that took the database the most time during the replay, with their calls
+/// and mean time, when Postgres counts them (`TRAINYARD_BENCH_STATEMENTS=1 tests/bench/replay.sh`
+/// loads `pg_stat_statements`); otherwise says how to have them.
+async fn print_statements(env: &TestEnv) {
+    let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&env.db.pool).await;
+    let top: Result<Vec<(String, i64, f64, i64)>, _> = sqlx::query_as(
+        "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time, rows FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+         ORDER BY total_exec_time DESC LIMIT 10",
+    )
+    .fetch_all(&env.db.pool)
+    .await;
+    match top {
+        Ok(top) => {
+            println!("   the database's time by statement (pg_stat_statements, total / calls / mean / rows):");
+            for (query, calls, total_ms, rows) in top {
+                let query: String = query.chars().take(110).collect();
+                println!(
+                    "     {:>8.0} ms {calls:>7} x {:>6.2} ms {rows:>8}  {query}",
+                    total_ms,
+                    total_ms / calls.max(1) as f64
+                );
+            }
+        }
+        Err(_) => println!(
+            "   statements: not counted (TRAINYARD_BENCH_STATEMENTS=1 tests/bench/replay.sh loads pg_stat_statements)"
+        ),
+    }
+}
+
 fn marker_dir(env: &TestEnv) -> PathBuf {
     let markers = env.dir.path().join("markers");
     std::fs::create_dir_all(&markers).unwrap();
@@ -542,6 +575,7 @@ async fn kueues_baseline_reduced_runs_every_job_once_within_quota() {
     println!("replayed in {:.1} s", started.elapsed().as_secs_f64());
     assert_replay(&env, &workload, &markers, "reduced baseline, one server").await;
     print_control_loop(&env.server.url).await;
+    print_statements(&env).await;
 }
 
 /// The API server a Kubernetes replay runs against.
@@ -594,6 +628,7 @@ async fn replay_on_kubernetes(workload: &Workload, cluster: Cluster, timeout: Du
     println!("replayed in {:.1} s", started.elapsed().as_secs_f64());
     assert_replay(&env, workload, &markers, label).await;
     print_control_loop(&env.server.url).await;
+    print_statements(&env).await;
 }
 
 /// The reduced replay against a real API server, when `TRAINYARD_TEST_KUBECONFIG` names an
@@ -675,6 +710,7 @@ async fn kueues_baseline_full() {
     wait_all_ended(&env, workload.jobs(), Duration::from_secs(1800)).await;
     assert_replay(&env, &workload, &markers, "Kueue's baseline, one server, local executor").await;
     print_control_loop(&env.server.url).await;
+    print_statements(&env).await;
     println!(
         "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"
     );

@@ -39,6 +39,12 @@ pub fn signal_group(pgid: u32, signal: Signal) {
 /// True while a process of the group is alive. Zombies (ended, not yet reaped by their parent)
 /// do not count: they run nothing and hold nothing but a pid.
 pub fn group_has_live_members(pgid: u32) -> bool {
+    // No process in the group at all, zombie or not (the common case: its supervisor ended and
+    // was reaped, and so were its children): one call, not a read of every process's stat.
+    let Ok(raw) = i32::try_from(pgid) else { return false };
+    if killpg(Pid::from_raw(raw), None) == Err(nix::errno::Errno::ESRCH) {
+        return false;
+    }
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return false;
     };
@@ -100,5 +106,21 @@ mod tests {
         let mut child = child;
         child.wait().unwrap();
         assert!(!group_has_live_members(pgid));
+    }
+
+    #[test]
+    fn a_group_of_only_a_zombie_has_no_live_members() {
+        let mut child = std::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let pgid = child.id();
+        signal_group(pgid, Signal::SIGKILL);
+        // Ended, not yet reaped: the group still exists for the kernel, but runs nothing.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{pgid}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+            assert!(std::time::Instant::now() < deadline, "the killed child never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(killpg(Pid::from_raw(pgid as i32), None), Ok(()), "a zombie still answers");
+        assert!(!group_has_live_members(pgid));
+        child.wait().unwrap();
     }
 }
