@@ -341,38 +341,38 @@ impl Store {
         Ok(moved.into_iter().collect())
     }
 
-    /// Asks to stop a job so that another can start; the reconciler stops it and requeues it.
-    /// An admitted job that has not launched goes straight back to the queue.
-    pub async fn job_preempt(&self, job_id: Uuid, reason: &str) -> Result<bool> {
-        // language=PostgreSQL
-        let requeued = sqlx::query(
-            "UPDATE jobs SET state = 'queued', reason = $2, last_actor = 'scheduler', flavor = NULL, assigned_nodes = NULL
-             WHERE id = $1 AND state = 'admitted' AND (SELECT control_fence($3))",
-        )
-        .bind(job_id)
-        .bind(reason)
-        .bind(self.control_epoch())
-        .execute(&self.pool)
-        .await
-        .map_err(db_error)?
-        .rows_affected();
-        if requeued == 1 {
-            return Ok(true);
+    /// Asks to stop each victim (with its reason) so that other jobs can start; the reconciler
+    /// stops them and requeues them. An admitted victim that has not launched goes straight back
+    /// to the queue. One statement for a whole cycle's preemptions; returns the victims it
+    /// requeued or marked (not those that ended or were cancelled meanwhile).
+    pub async fn jobs_preempt(&self, victims: &[(Uuid, String)]) -> Result<HashSet<Uuid>> {
+        if victims.is_empty() {
+            return Ok(HashSet::new());
         }
+        let (ids, reasons): (Vec<Uuid>, Vec<&str>) = victims.iter().map(|(id, why)| (*id, why.as_str())).unzip();
+        // Two updates of disjoint rows (by state), one snapshot.
         // language=PostgreSQL
-        let marked = sqlx::query(
-            "UPDATE jobs SET preempt_requested_at = coalesce(preempt_requested_at, now()), reason = $2
-             WHERE id = $1 AND state IN ('starting', 'running', 'restarting') AND cancel_requested_at IS NULL
-               AND (SELECT control_fence($3))",
+        let preempted: Vec<Uuid> = sqlx::query_scalar(
+            "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS u(id, reason)),
+             requeued AS (
+                 UPDATE jobs SET state = 'queued', reason = u.reason, last_actor = 'scheduler', flavor = NULL,
+                                 assigned_nodes = NULL
+                 FROM u WHERE jobs.id = u.id AND jobs.state = 'admitted' AND (SELECT control_fence($3))
+                 RETURNING jobs.id),
+             marked AS (
+                 UPDATE jobs SET preempt_requested_at = coalesce(preempt_requested_at, now()), reason = u.reason
+                 FROM u WHERE jobs.id = u.id AND jobs.state IN ('starting', 'running', 'restarting')
+                   AND jobs.cancel_requested_at IS NULL AND (SELECT control_fence($3))
+                 RETURNING jobs.id)
+             SELECT id FROM requeued UNION ALL SELECT id FROM marked",
         )
-        .bind(job_id)
-        .bind(reason)
+        .bind(&ids)
+        .bind(&reasons)
         .bind(self.control_epoch())
-        .execute(&self.pool)
+        .fetch_all(&self.pool)
         .await
-        .map_err(db_error)?
-        .rows_affected();
-        Ok(marked == 1)
+        .map_err(db_error)?;
+        Ok(preempted.into_iter().collect())
     }
 
     /// Where a queued job of `tenant_id` stands in its tenant's queue (the order of
@@ -819,7 +819,9 @@ struct UnfinishedRow {
     job_name: String,
     state: String,
     reason: Option<String>,
-    spec: serde_json::Value,
+    /// As text: decoded straight into a [`JobSpec`], with no JSON tree in between (the pass
+    /// reads thousands each time).
+    spec: sqlx::types::Json<Box<serde_json::value::RawValue>>,
     priority: i32,
     max_restarts: i32,
     restart_count: i32,
@@ -844,7 +846,7 @@ struct UnfinishedRow {
 fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<(UnfinishedJob, Vec<String>), String> {
     let row = UnfinishedRow::from_row(row).map_err(|err| err.to_string())?;
     let spec: JobSpec =
-        serde_json::from_value(row.spec).map_err(|err| format!("its stored spec does not decode: {err}"))?;
+        serde_json::from_str(row.spec.0.get()).map_err(|err| format!("its stored spec does not decode: {err}"))?;
     let hashes: Vec<String> = match &row.content_hashes {
         Some(serde_json::Value::Array(values)) => {
             values.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()

@@ -932,18 +932,27 @@ impl Reconciler {
             };
             self.monitoring.admission_wait.get_or_create(&labels).observe(waited);
         }
-        for preemption in &result.preemptions {
-            let (why, class) = match preemption.kind {
-                PreemptionKind::Reclaim => ("to return borrowed quota to its owner", "reclaim"),
-                PreemptionKind::LowerPriority => ("for a higher-priority job of the same tenant", "priority"),
-            };
-            let reason = format!("preempted {why} (job {})", preemption.for_job);
-            if self.store.job_preempt(preemption.victim, &reason).await? {
-                tracing::info!(victim = %preemption.victim, for_job = %preemption.for_job, ?preemption.kind, "preempting");
-                if let Some(victim) = by_id.get(&preemption.victim) {
-                    let labels = TenantReason { tenant: victim.tenant.clone(), reason: class.into() };
-                    self.monitoring.preempted_jobs.get_or_create(&labels).inc();
-                }
+        let victims: Vec<(Uuid, String)> = result
+            .preemptions
+            .iter()
+            .map(|preemption| {
+                let why = match preemption.kind {
+                    PreemptionKind::Reclaim => "to return borrowed quota to its owner",
+                    PreemptionKind::LowerPriority => "for a higher-priority job of the same tenant",
+                };
+                (preemption.victim, format!("preempted {why} (job {})", preemption.for_job))
+            })
+            .collect();
+        let preempted = self.store.jobs_preempt(&victims).await?;
+        for preemption in result.preemptions.iter().filter(|p| preempted.contains(&p.victim)) {
+            tracing::info!(victim = %preemption.victim, for_job = %preemption.for_job, ?preemption.kind, "preempting");
+            if let Some(victim) = by_id.get(&preemption.victim) {
+                let class = match preemption.kind {
+                    PreemptionKind::Reclaim => "reclaim",
+                    PreemptionKind::LowerPriority => "priority",
+                };
+                let labels = TenantReason { tenant: victim.tenant.clone(), reason: class.into() };
+                self.monitoring.preempted_jobs.get_or_create(&labels).inc();
             }
         }
         if !admitted.is_empty() || !result.preemptions.is_empty() {
