@@ -149,3 +149,24 @@ async fn a_failed_jobs_last_words_with_a_nul_become_its_reason() {
     let reason = job["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("exited with code 3") && reason.contains("bad\u{FFFD}byte"), "{job}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spec_changed_in_the_database_after_the_loop_read_it_is_read_again() {
+    let env = TestEnv::start().await;
+    // The loop keeps each unfinished job's decoded spec by row version: a change of the row (a
+    // hand edit, a migration) must reach it however long ago it was read.
+    let id = env.submit(json!({"command": ["true"], "resources": {"gpus": 64}})).await;
+    let waiting = env.wait_state(&id, "queued", Duration::from_secs(10)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while env.get(&format!("/api/v1/jobs/{id}"), &env.admin_token).await.1["reason"].is_null() {
+        assert!(std::time::Instant::now() < deadline, "the loop never said why it waits: {waiting}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sqlx::query("UPDATE jobs SET spec = jsonb_set(spec, '{resources,gpus}', '0') WHERE id = $1::uuid")
+        .bind(&id)
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    env.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+}

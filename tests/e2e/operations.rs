@@ -390,6 +390,10 @@ async fn metrics_move_by_what_happened_and_need_the_metrics_credential() {
     assert_eq!(admitted, 6.0);
     assert_eq!(moved("trainyard_admission_wait_time_seconds_count", &[default, ("gpu_type", GPU)]), admitted - 1.0);
     assert!(moved("trainyard_launch_time_seconds_count", &[default]) >= 5.0);
+    // Every launch waited for a slot, then launched.
+    let launches = moved("trainyard_launch_phase_duration_seconds_count", &[("phase", "launch")]);
+    assert!(launches >= 5.0, "{launches}");
+    assert_eq!(moved("trainyard_launch_phase_duration_seconds_count", &[("phase", "wait")]), launches);
     assert!(moved("trainyard_admission_attempts_total", &[("result", "success")]) >= admitted);
     assert_eq!(
         moved("trainyard_http_requests_total", &[("route", "/api/v1/jobs"), ("method", "POST"), ("status", "201")]),

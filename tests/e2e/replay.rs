@@ -520,6 +520,13 @@ async fn print_control_loop(url: &str) {
         .filter_map(|p| Some(format!("{p} {:.1} ms", 1000.0 * phase(p, "sum")? / phase(p, "count")?.max(1.0))))
         .collect();
     println!("   a pass's phases (mean): {}", phases.join(", "));
+    let launch =
+        |phase: &str, part: &str| value(format!("trainyard_launch_phase_duration_seconds_{part}{{phase=\"{phase}\"}}"));
+    let phases: Vec<String> = ["wait", "launch"]
+        .iter()
+        .filter_map(|p| Some(format!("{p} {:.1} ms", 1000.0 * launch(p, "sum")? / launch(p, "count")?.max(1.0))))
+        .collect();
+    println!("   a launch's phases (mean): {}", phases.join(", "));
 }
 
 /// The ten statements that took the database the most time during the replay, with their calls

@@ -116,6 +116,7 @@ pub struct Monitoring {
     pub preempted_jobs: Family<TenantReason, Counter>,
     pub reconciler_pass_duration: Histogram,
     pub reconciler_pass_phase: HistogramFamily<PhaseLabel>,
+    pub launch_phase: HistogramFamily<PhaseLabel>,
     pub reconciler_last_success: FloatGauge,
     pub leader: Gauge,
     pub quota_nominal: Family<TenantGpu, Gauge>,
@@ -152,6 +153,7 @@ impl Monitoring {
             preempted_jobs: Family::default(),
             reconciler_pass_duration: latency_histogram(),
             reconciler_pass_phase: Family::new_with_constructor(latency_histogram),
+            launch_phase: Family::new_with_constructor(latency_histogram),
             reconciler_last_success: FloatGauge::default(),
             leader: Gauge::default(),
             quota_nominal: Family::default(),
@@ -207,6 +209,13 @@ impl Monitoring {
             m.reconciler_pass_phase.clone(),
         );
         r.register(
+            "launch_phase_duration_seconds",
+            "Time a launch spends in each phase: wait (handed over by a pass, waiting for one of the \
+             --launch-concurrency slots), launch (in its slot: the attempt opened, the executor's \
+             launch, its placement stored)",
+            m.launch_phase.clone(),
+        );
+        r.register(
             "reconciler_last_success_timestamp_seconds",
             "Unix time of the last pass that completed",
             m.reconciler_last_success.clone(),
@@ -255,6 +264,11 @@ impl Monitoring {
     /// Counts `took` to `phase` of the current pass.
     pub fn pass_phase(&self, phase: &'static str, took: std::time::Duration) {
         self.reconciler_pass_phase.get_or_create(&PhaseLabel { phase }).observe(took.as_secs_f64());
+    }
+
+    /// Counts `took` to `phase` of a launch.
+    pub fn launch_phase_observe(&self, phase: &'static str, took: std::time::Duration) {
+        self.launch_phase.get_or_create(&PhaseLabel { phase }).observe(took.as_secs_f64());
     }
 
     pub fn pass_completed(&self, took: std::time::Duration) {
@@ -458,7 +472,7 @@ mod tests {
             name: "j".into(),
             state,
             reason: None,
-            spec,
+            spec: std::sync::Arc::new(spec),
             priority: 0,
             max_restarts: 0,
             restart_count: 0,

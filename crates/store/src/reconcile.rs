@@ -3,7 +3,8 @@
 //! on the state it expects, so a loop that raced a user (a cancel) or another loop simply
 //! finds nothing to change.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, Row};
@@ -26,7 +27,8 @@ pub struct UnfinishedJob {
     pub name: String,
     pub state: JobState,
     pub reason: Option<String>,
-    pub spec: JobSpec,
+    /// Shared with the read's cache (see [`Store::jobs_unfinished`]).
+    pub spec: Arc<JobSpec>,
     pub priority: i32,
     pub max_restarts: i32,
     pub restart_count: i32,
@@ -45,6 +47,12 @@ pub struct UnfinishedJob {
     pub expected_runtime_seconds: Option<i32>,
     /// The latest attempt, if the job was ever launched.
     pub attempt: Option<AttemptRecord>,
+}
+
+/// The decoded specs of unfinished jobs by row version (see [`Store::jobs_unfinished`]).
+#[derive(Debug, Default)]
+pub(crate) struct SpecCache {
+    entries: Mutex<HashMap<Uuid, (i64, Arc<JobSpec>)>>,
 }
 
 /// A job row the loops cannot decode (a spec or state this version does not understand): it is
@@ -135,7 +143,7 @@ impl Store {
     pub async fn jobs_unfinished(&self) -> Result<Unfinished> {
         // language=PostgreSQL
         let rows = sqlx::query(
-            "(SELECT j.id, j.tenant_id, n.name AS tenant_name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
+            "(SELECT j.id, j.tenant_id, n.name AS tenant_name, j.state, j.reason, j.xmin::text::bigint AS version, j.priority, j.max_restarts, j.restart_count,
                      j.cancel_requested_at IS NOT NULL AS cancel_requested,
                      j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
                      j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
@@ -149,7 +157,7 @@ impl Store {
               -- index jobs_unfinished, which a bound array would not (a test pins the two).
               WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
              UNION ALL
-             (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.spec, j.priority, j.max_restarts, j.restart_count,
+             (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.version, j.priority, j.max_restarts, j.restart_count,
                      false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL, NULL,
                      j.name, NULL,
                      -- The content its datasets hold: one function call, not a subquery a row
@@ -158,27 +166,45 @@ impl Store {
                      CASE WHEN jsonb_typeof(j.datasets) = 'array' AND j.datasets <> '[]'
                           THEN jsonb_path_query_array(j.datasets, '$[*].content_hash') END
               FROM tenants t
-              CROSS JOIN LATERAL (SELECT * FROM jobs q WHERE q.tenant_id = t.id AND q.state = 'queued'
+              CROSS JOIN LATERAL (SELECT q.*, q.xmin::text::bigint AS version FROM jobs q
+                                  WHERE q.tenant_id = t.id AND q.state = 'queued'
                                   ORDER BY q.priority DESC, q.id LIMIT $1) j)",
         )
         .bind(QUEUE_WINDOW_PER_TENANT)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
+        let rows: Vec<UnfinishedRow> = rows
+            .iter()
+            .filter_map(|row| match UnfinishedRow::from_row(row) {
+                Ok(row) => Some(row),
+                Err(err) => {
+                    let id: Option<Uuid> = row.try_get("id").ok();
+                    tracing::error!(job = ?id, %err, "an unfinished job's row does not decode");
+                    None
+                }
+            })
+            .collect();
+        let specs = self.specs_of(&rows).await?;
         let mut unfinished = Unfinished::default();
         let mut reads_data: Vec<(usize, Vec<String>)> = Vec::new();
-        for row in &rows {
-            match unfinished_job_decode(row) {
+        for row in rows {
+            let Some(spec) = specs.get(&row.id) else { continue }; // gone meanwhile
+            let spec = match spec {
+                Ok(spec) => Arc::clone(spec),
+                Err(problem) => {
+                    unfinished.unhandled.push(UnhandledJob { id: row.id, problem: problem.clone() });
+                    continue;
+                }
+            };
+            match unfinished_job_decode(row, spec) {
                 Ok((job, hashes)) => {
                     if !hashes.is_empty() {
                         reads_data.push((unfinished.jobs.len(), hashes));
                     }
                     unfinished.jobs.push(job);
                 }
-                Err(problem) => {
-                    let id: Uuid = row.try_get("id").map_err(Error::internal)?;
-                    unfinished.unhandled.push(UnhandledJob { id, problem });
-                }
+                Err((id, problem)) => unfinished.unhandled.push(UnhandledJob { id, problem }),
             }
         }
         if !reads_data.is_empty() {
@@ -197,6 +223,57 @@ impl Store {
             }
         }
         Ok(unfinished)
+    }
+
+    /// The spec of each row's job, decoded, or why it does not decode. A spec is decoded once
+    /// per row version (Postgres's `xmin`, new with every update of the row) and kept while
+    /// the job is unfinished: the read of every unfinished job, each pass, brings only the
+    /// versions, and the specs of the rows that are new or changed come in one more statement.
+    /// Jobs absent from the answer were removed meanwhile.
+    async fn specs_of(
+        &self,
+        rows: &[UnfinishedRow],
+    ) -> Result<HashMap<Uuid, std::result::Result<Arc<JobSpec>, String>>> {
+        let mut specs = HashMap::with_capacity(rows.len());
+        let missing: Vec<Uuid> = {
+            let cache = self.specs.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            rows.iter()
+                .filter(|row| match cache.get(&row.id) {
+                    Some((version, spec)) if *version == row.version => {
+                        specs.insert(row.id, Ok(Arc::clone(spec)));
+                        false
+                    }
+                    _ => true,
+                })
+                .map(|row| row.id)
+                .collect()
+        };
+        if !missing.is_empty() {
+            // language=PostgreSQL
+            let fetched: Vec<(Uuid, i64, sqlx::types::Json<Box<serde_json::value::RawValue>>)> =
+                sqlx::query_as("SELECT id, xmin::text::bigint, spec FROM jobs WHERE id = ANY($1)")
+                    .bind(&missing)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+            let mut cache = self.specs.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            for (id, version, spec) in fetched {
+                match serde_json::from_str::<JobSpec>(spec.0.get()) {
+                    Ok(spec) => {
+                        let spec = Arc::new(spec);
+                        cache.insert(id, (version, Arc::clone(&spec)));
+                        specs.insert(id, Ok(spec));
+                    }
+                    Err(err) => {
+                        specs.insert(id, Err(format!("its stored spec does not decode: {err}")));
+                    }
+                }
+            }
+        }
+        // Kept only for the jobs still unfinished.
+        let mut cache = self.specs.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.retain(|id, _| specs.contains_key(id));
+        Ok(specs)
     }
 
     /// Per tenant and content hash, the nodes whose shard cache holds it (reported within the
@@ -819,9 +896,8 @@ struct UnfinishedRow {
     job_name: String,
     state: String,
     reason: Option<String>,
-    /// As text: decoded straight into a [`JobSpec`], with no JSON tree in between (the pass
-    /// reads thousands each time).
-    spec: sqlx::types::Json<Box<serde_json::value::RawValue>>,
+    /// The row's version (`xmin`): its spec is decoded again only when it changed.
+    version: i64,
     priority: i32,
     max_restarts: i32,
     restart_count: i32,
@@ -840,13 +916,13 @@ struct UnfinishedRow {
     content_hashes: Option<serde_json::Value>,
 }
 
-/// One row of [`Store::jobs_unfinished`], or what is wrong with it.
+/// One row of [`Store::jobs_unfinished`] with its spec, or its id and what is wrong with it.
 /// Also the content hashes of a queued job's datasets (strings only: a malformed entry is
 /// skipped, never the job).
-fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<(UnfinishedJob, Vec<String>), String> {
-    let row = UnfinishedRow::from_row(row).map_err(|err| err.to_string())?;
-    let spec: JobSpec =
-        serde_json::from_str(row.spec.0.get()).map_err(|err| format!("its stored spec does not decode: {err}"))?;
+fn unfinished_job_decode(
+    row: UnfinishedRow,
+    spec: Arc<JobSpec>,
+) -> std::result::Result<(UnfinishedJob, Vec<String>), (Uuid, String)> {
     let hashes: Vec<String> = match &row.content_hashes {
         Some(serde_json::Value::Array(values)) => {
             values.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
@@ -858,7 +934,7 @@ fn unfinished_job_decode(row: &sqlx::postgres::PgRow) -> std::result::Result<(Un
         tenant_id: row.tenant_id,
         tenant: row.tenant_name,
         name: row.job_name,
-        state: JobState::parse(&row.state).ok_or_else(|| format!("its state {:?} is unknown", row.state))?,
+        state: JobState::parse(&row.state).ok_or_else(|| (row.id, format!("its state {:?} is unknown", row.state)))?,
         reason: row.reason,
         spec,
         priority: row.priority,

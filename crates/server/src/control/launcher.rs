@@ -132,9 +132,13 @@ impl Launcher {
         };
         // The registry's lock is held until the entry exists, so the task cannot finish (and
         // remove it) before it is there.
+        let handed_over = Instant::now();
         let task = tokio::spawn(async move {
             let Ok(_permit) = permits.acquire_owned().await else { return };
+            context.monitoring.launch_phase_observe("wait", handed_over.elapsed());
+            let started = Instant::now();
             let outcome = guarded(context.launch(&job, launch, &registry)).await;
+            context.monitoring.launch_phase_observe("launch", started.elapsed());
             if let Step::Failed(trainyard_core::Error::Fenced(_)) = &outcome {
                 // Counted now: a server that no longer leads runs no pass to hear of it.
                 context.health.fenced_write();
@@ -308,7 +312,7 @@ impl LaunchContext {
             tenant_id: job.tenant_id,
             tenant: job.tenant.clone(),
             attempt,
-            spec: job.spec.clone(),
+            spec: (*job.spec).clone(),
             files: inputs.files,
             env,
             code: inputs.code,
