@@ -555,7 +555,11 @@ impl Executor for LocalExecutor {
             ExecutorError::Unavailable(format!("another launch of attempt {} is under way", request.attempt))
         })?;
         let intent_path = attempt_dir.join("intent.json");
-        let intent = match read_intent(&intent_path) {
+        let stored = read_intent(&intent_path);
+        // Only a launch begun before (its intent stored) can have started ranks: a fresh one
+        // does not look for them (a look can mean reading every process's command line).
+        let resuming = stored.is_some();
+        let intent = match stored {
             Some(intent) => {
                 // Resuming an interrupted launch: the same GPUs are this attempt's again.
                 let held = intent.gpus.iter().flatten().copied().collect();
@@ -577,7 +581,7 @@ impl Executor for LocalExecutor {
         let mut started_now = Vec::new();
         for (rank, replica_gpus) in intent.gpus.iter().enumerate() {
             let rank = rank as u32;
-            if let Some(placement) = self.replica_started(&attempt_dir, rank, replica_gpus) {
+            if resuming && let Some(placement) = self.replica_started(&attempt_dir, rank, replica_gpus) {
                 replicas.push(placement);
                 continue;
             }
