@@ -14,7 +14,8 @@
 #                                     the kubelet stand-in; TRAINYARD_TEST_KUBECONFIG_EXECUTOR:
 #                                     Trainyard's service account's; see docs/kubernetes.md)
 # With TRAINYARD_BENCH_STATEMENTS=1 the replay also prints the statements that took the
-# database's time (pg_stat_statements).
+# database's time (pg_stat_statements); TRAINYARD_BENCH_SERVER_ARGS="--launch-concurrency 16"
+# gives the server of the local, kubernetes and real replays more options.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-local}" in

@@ -559,6 +559,17 @@ async fn print_statements(env: &TestEnv) {
     }
 }
 
+/// More options for the server of a full-size replay, from `TRAINYARD_BENCH_SERVER_ARGS`
+/// (split at whitespace; e.g. `--launch-concurrency 16`): to measure a setting without a build.
+fn bench_server_args() -> Vec<String> {
+    let args: Vec<String> =
+        std::env::var("TRAINYARD_BENCH_SERVER_ARGS").unwrap_or_default().split_whitespace().map(String::from).collect();
+    if !args.is_empty() {
+        println!("   the server's extra options (TRAINYARD_BENCH_SERVER_ARGS): {}", args.join(" "));
+    }
+    args
+}
+
 fn marker_dir(env: &TestEnv) -> PathBuf {
     let markers = env.dir.path().join("markers");
     std::fs::create_dir_all(&markers).unwrap();
@@ -617,6 +628,8 @@ async fn replay_on_kubernetes(workload: &Workload, cluster: Cluster, timeout: Du
     let metrics = metrics_args(scratch.path());
     let mut args = vec!["--executor", "kubernetes", "--kube-image", "registry.example/runtime:1"];
     args.extend(["--kube-namespace-prefix", &prefix, &metrics[0], &metrics[1]]);
+    let extra = bench_server_args();
+    args.extend(extra.iter().map(String::as_str));
     let (_fake, _standin, kubeconfig) = match &cluster {
         Cluster::InMemory => {
             let fake = trainyard_tests::FakeApiServer::start(scratch.path(), &machines);
@@ -708,8 +721,10 @@ async fn kueues_baseline_full() {
     let gpus = workload.capacity().to_string();
     let scratch = tempfile::tempdir().unwrap();
     let metrics = metrics_args(scratch.path());
-    let env =
-        TestEnv::start_with(&["--simulate-gpus", &gpus, "--simulate-gpu-type", GPU, &metrics[0], &metrics[1]]).await;
+    let mut args = vec!["--simulate-gpus", &gpus, "--simulate-gpu-type", GPU, &metrics[0], &metrics[1]];
+    let extra = bench_server_args();
+    args.extend(extra.iter().map(String::as_str));
+    let env = TestEnv::start_with(&args).await;
     let markers = marker_dir(&env);
     let tokens = setup(&env, &workload, Layout::OneNode).await;
     let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
