@@ -812,31 +812,14 @@ impl Reconciler {
     }
 
     /// Records a pass's starts (jobs whose every replica started are `running`), in one
-    /// statement. If that fails (not for want of leadership), each job's start is recorded on
-    /// its own, so that one job the database refuses fails alone.
-    async fn record_starts(&mut self, starts: &[(&UnfinishedJob, i32, Vec<String>)]) -> Result<()> {
+    /// statement (see [`Reconciler::batch_or_each`]).
+    async fn record_starts(&self, starts: &[(&UnfinishedJob, i32, Vec<String>)]) -> Result<()> {
         let batch: Vec<Started> = starts
             .iter()
             .map(|(job, attempt, images)| Started { job_id: job.id, attempt: *attempt, image_digests: images })
             .collect();
-        let moved = match self.store.jobs_running(&batch, ACTOR_EXECUTOR).await {
-            Ok(moved) => moved,
-            Err(err @ trainyard_core::Error::Fenced(_)) => {
-                self.health.fenced_write();
-                return Err(err);
-            }
-            Err(err) => {
-                tracing::warn!(%err, jobs = batch.len(), "recording a pass's starts at once failed; recording them one at a time");
-                let mut moved = HashSet::new();
-                for start in &batch {
-                    match self.store.jobs_running(std::slice::from_ref(start), ACTOR_EXECUTOR).await {
-                        Ok(one) => moved.extend(one),
-                        Err(err) => self.step_failed(start.job_id, "observe", err)?,
-                    }
-                }
-                moved
-            }
-        };
+        let write = |some| self.store.jobs_running(some, ACTOR_EXECUTOR);
+        let (_, moved) = self.batch_or_each("starts", &batch, |start| start.job_id, write).await?;
         for (job, _, _) in starts.iter().filter(|(job, _, _)| moved.contains(&job.id)) {
             if let Some(admitted_at) = job.admitted_at {
                 let waited = (chrono::Utc::now() - admitted_at).num_milliseconds().max(0) as f64 / 1000.0;
@@ -846,32 +829,16 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Records a pass's ends (each attempt closed, its job moved on), in one transaction. If that
-    /// fails (not for want of leadership), each end is recorded on its own, so that one job the
-    /// database refuses fails alone (it is observed again next pass). Returns the jobs and
-    /// attempts whose end is recorded.
-    async fn record_ends(&mut self, ends: &[(&UnfinishedJob, Ending)]) -> Result<Vec<(Uuid, i32)>> {
+    /// Records a pass's ends (each attempt closed, its job moved on), in one transaction (see
+    /// [`Reconciler::batch_or_each`]); an end not recorded is observed again next pass. Returns
+    /// the jobs and attempts whose end is recorded.
+    async fn record_ends(&self, ends: &[(&UnfinishedJob, Ending)]) -> Result<Vec<(Uuid, i32)>> {
         let batch: Vec<AttemptEnd> = ends.iter().map(|(job, ending)| ending.record(job.id)).collect();
-        let recorded: Vec<&(&UnfinishedJob, Ending)> = match self.store.attempts_end(&batch).await {
-            Ok(_) => ends.iter().collect(),
-            Err(err @ trainyard_core::Error::Fenced(_)) => {
-                self.health.fenced_write();
-                return Err(err);
-            }
-            Err(err) => {
-                tracing::warn!(%err, jobs = batch.len(), "recording a pass's ends at once failed; recording them one at a time");
-                let mut recorded = Vec::new();
-                for end in ends {
-                    match self.store.attempt_end(end.1.record(end.0.id)).await {
-                        Ok(_) => recorded.push(end),
-                        Err(err) => self.step_failed(end.0.id, "observe", err)?,
-                    }
-                }
-                recorded
-            }
-        };
-        Ok(recorded
-            .into_iter()
+        let write = |some| self.store.attempts_end(some);
+        let (recorded, _) = self.batch_or_each("ends", &batch, |end| end.job_id, write).await?;
+        Ok(ends
+            .iter()
+            .filter(|(job, _)| recorded.contains(&job.id))
             .map(|(job, ending)| {
                 if ending.to.is_terminal() {
                     self.monitoring.job_finished(&job.tenant, ending.to.as_str());
@@ -880,6 +847,43 @@ impl Reconciler {
                 (job.id, ending.attempt)
             })
             .collect())
+    }
+
+    /// Writes a pass's batch (its starts, its ends) at once. If the database refuses it (not for
+    /// want of leadership: that ends the pass), each item is written on its own, so that one
+    /// the database refuses fails alone and the others are recorded. Returns the jobs written
+    /// and the jobs the writes moved.
+    async fn batch_or_each<'b, T, W>(
+        &self,
+        what: &str,
+        batch: &'b [T],
+        job_of: impl Fn(&T) -> Uuid,
+        write: impl Fn(&'b [T]) -> W,
+    ) -> Result<(HashSet<Uuid>, HashSet<Uuid>)>
+    where
+        W: std::future::Future<Output = Result<HashSet<Uuid>>>,
+    {
+        match write(batch).await {
+            Ok(moved) => Ok((batch.iter().map(&job_of).collect(), moved)),
+            Err(err @ trainyard_core::Error::Fenced(_)) => {
+                self.health.fenced_write();
+                Err(err)
+            }
+            Err(err) => {
+                tracing::warn!(%err, jobs = batch.len(), "recording a pass's {what} at once failed; recording them one at a time");
+                let (mut written, mut moved) = (HashSet::new(), HashSet::new());
+                for item in batch {
+                    match write(std::slice::from_ref(item)).await {
+                        Ok(one) => {
+                            written.insert(job_of(item));
+                            moved.extend(one);
+                        }
+                        Err(err) => self.step_failed(job_of(item), "observe", err)?,
+                    }
+                }
+                Ok((written, moved))
+            }
+        }
     }
 
     fn stop(&mut self, attempt: &AttemptRef) {
