@@ -178,18 +178,25 @@ impl Store {
 
 /// Makes a job token for an attempt in `executor` (the caller's transaction); returns the
 /// secret, of which only the hash is stored.
+/// A new job token: the secret the engine is given, and its hash as stored.
+pub(crate) fn job_token_new() -> (String, Vec<u8>) {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    let secret = format!("{JOB_TOKEN_PREFIX}{}", hex::encode(bytes));
+    let hash = token_hash(&secret);
+    (secret, hash)
+}
+
 pub(crate) async fn job_token_insert<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     job_id: Uuid,
     tenant_id: Uuid,
     attempt: i32,
 ) -> Result<String> {
-    let mut bytes = [0u8; 32];
-    rand::fill(&mut bytes);
-    let secret = format!("{JOB_TOKEN_PREFIX}{}", hex::encode(bytes));
+    let (secret, hash) = job_token_new();
     // language=PostgreSQL
     sqlx::query("INSERT INTO job_tokens (token_hash, job_id, tenant_id, attempt) VALUES ($1, $2, $3, $4)")
-        .bind(token_hash(&secret))
+        .bind(hash)
         .bind(job_id)
         .bind(tenant_id)
         .bind(attempt)

@@ -515,7 +515,7 @@ impl Store {
         Ok(Some(attempt))
     }
 
-    /// Opens a job's next attempt and prepares its launch, in one transaction (one commit): what
+    /// Opens a job's next attempt and prepares its launch, in one statement: what
     /// [`Store::attempt_begin`] does, then what [`Store::attempt_prepare`] does. Returns the
     /// attempt number and the job token for its engine, or `None` when the job was no longer
     /// launchable (cancelled or moved meanwhile).
@@ -527,13 +527,52 @@ impl Store {
         server: &ServerRecord,
     ) -> Result<Option<(i32, String)>> {
         let server = serde_json::to_value(server).map_err(Error::internal)?;
-        let mut tx = self.begin().await?;
-        let Some((tenant_id, attempt)) = self.attempt_begin_in(&mut tx, job_id, actor, held).await? else {
-            return Ok(None);
-        };
-        let token = self.attempt_prepare_in(&mut tx, job_id, tenant_id, attempt, &server).await?;
-        tx.commit().await.map_err(db_error)?;
-        Ok(Some((attempt, token)))
+        let (token, token_hash) = crate::metrics::job_token_new();
+        // One statement (one round trip, atomic as a transaction): the job to `starting`, its
+        // attempt, its row of the usage ledger, the server's part of its run record and its job
+        // token, each as `attempt_begin_in` and `attempt_prepare_in` write them.
+        // language=PostgreSQL
+        let attempt: Option<i32> = sqlx::query_scalar(
+            "WITH moved AS (
+                 UPDATE jobs SET state = 'starting', reason = NULL, last_actor = $2
+                 WHERE id = $1 AND state IN ('admitted', 'restarting') AND cancel_requested_at IS NULL
+                   AND preempt_requested_at IS NULL AND (SELECT control_fence($3))
+                 RETURNING id, tenant_id, created_by, template_name, flavor, params, datasets, rerun_unpinned),
+             opened AS (
+                 INSERT INTO job_attempts (job_id, tenant_id, attempt)
+                 SELECT m.id, m.tenant_id, coalesce((SELECT max(attempt) FROM job_attempts WHERE job_id = $1), 0) + 1
+                 FROM moved m
+                 RETURNING job_id, tenant_id, attempt, started_at),
+             ledger AS (
+                 INSERT INTO usage_ledger (job_id, attempt, tenant_id, user_id, template, gpu_type, gpus, cpu_millis,
+                                           memory_bytes, started_at)
+                 SELECT m.id, o.attempt, m.tenant_id, m.created_by, m.template_name, m.flavor, $4, $5, $6, o.started_at
+                 FROM moved m, opened o),
+             record AS (
+                 INSERT INTO run_records (job_id, attempt, tenant_id, server)
+                 SELECT o.job_id, o.attempt, o.tenant_id,
+                        $7::jsonb || jsonb_build_object('params', m.params, 'datasets', coalesce(m.datasets, '[]'::jsonb))
+                        || CASE WHEN m.rerun_unpinned IS NULL THEN '{}'::jsonb
+                                ELSE jsonb_build_object('accepted_unpinned', m.rerun_unpinned) END
+                 FROM moved m, opened o
+                 ON CONFLICT (job_id, attempt) DO NOTHING),
+             token AS (
+                 INSERT INTO job_tokens (token_hash, job_id, tenant_id, attempt)
+                 SELECT $8, o.job_id, o.tenant_id, o.attempt FROM opened o)
+             SELECT attempt FROM opened",
+        )
+        .bind(job_id)
+        .bind(actor)
+        .bind(self.control_epoch())
+        .bind(i32::try_from(held.gpus).unwrap_or(i32::MAX))
+        .bind(i64::try_from(held.cpu_millis).unwrap_or(i64::MAX))
+        .bind(i64::try_from(held.memory_bytes).unwrap_or(i64::MAX))
+        .bind(server)
+        .bind(token_hash)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(attempt.map(|attempt| (attempt, token)))
     }
 
     /// [`Store::attempt_begin`]'s statements, in the caller's transaction: the job's tenant and
