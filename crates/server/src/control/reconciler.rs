@@ -849,10 +849,11 @@ impl Reconciler {
             .collect())
     }
 
-    /// Writes a pass's batch (its starts, its ends) at once. If the database refuses it (not for
-    /// want of leadership: that ends the pass), each item is written on its own, so that one
-    /// the database refuses fails alone and the others are recorded. Returns the jobs written
-    /// and the jobs the writes moved.
+    /// Writes a pass's batch (its starts, its ends) at once. If the database refuses it, each
+    /// item is written on its own, so that one the database refuses fails alone and the others
+    /// are recorded; if it is away or this server no longer leads, the pass ends there (the
+    /// next observes the same jobs again). Returns the jobs written and the jobs the writes
+    /// moved.
     async fn batch_or_each<'b, T, W>(
         &self,
         what: &str,
@@ -869,6 +870,9 @@ impl Reconciler {
                 self.health.fenced_write();
                 Err(err)
             }
+            // The database is away: one at a time would only wait for it once per item. The
+            // pass ends; the next observes these jobs again.
+            Err(err @ trainyard_core::Error::Unavailable(_)) => Err(err),
             Err(err) => {
                 tracing::warn!(%err, jobs = batch.len(), "recording a pass's {what} at once failed; recording them one at a time");
                 let (mut written, mut moved) = (HashSet::new(), HashSet::new());
