@@ -383,13 +383,6 @@ impl Store {
         Ok(admitted.into_iter().collect())
     }
 
-    /// Marks a job whose every replica started `running` (it was `starting`), and records the
-    /// images its replicas run when known. False when it was not `starting`.
-    pub async fn job_running(&self, job_id: Uuid, attempt: i32, image_digests: &[String], actor: &str) -> Result<bool> {
-        let started = [Started { job_id, attempt, image_digests }];
-        Ok(self.jobs_running(&started, actor).await?.contains(&job_id))
-    }
-
     /// Marks running every job of `started` that is `starting`, and records the images each
     /// job's replicas run when known: one statement for a whole pass's starts. Returns the jobs
     /// it moved.
