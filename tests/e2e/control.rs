@@ -151,6 +151,27 @@ async fn a_failed_jobs_last_words_with_a_nul_become_its_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_attempt_changed_in_the_database_alone_is_read_again() {
+    let env = TestEnv::start().await;
+    // The loop keeps each unfinished job's decoded row by the versions of the job's row and of
+    // its latest attempt's: a change of the attempt alone must reach it too. Here its start is
+    // moved an hour back, so its time limit is long past.
+    let id = env.submit(json!({"command": ["sleep", "300"], "time_limit_seconds": 600})).await;
+    env.wait_state(&id, "running", Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let moved = sqlx::query(
+        "UPDATE job_attempts SET started_at = started_at - interval '1 hour' WHERE job_id = $1::uuid AND ended_at IS NULL",
+    )
+    .bind(&id)
+    .execute(&env.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    let job = env.wait_state(&id, "failed", Duration::from_secs(30)).await;
+    assert!(job["reason"].as_str().unwrap_or_default().contains("time limit"), "{job}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_spec_changed_in_the_database_after_the_loop_read_it_is_read_again() {
     let env = TestEnv::start().await;
     // The loop keeps each unfinished job's decoded spec by row version: a change of the row (a

@@ -46,9 +46,9 @@ pub struct Store {
     /// The leadership epoch this process holds (0: none), shared by every clone. Every write of
     /// the control loops (`reconcile`) is fenced by it in the database.
     control_epoch: std::sync::Arc<std::sync::atomic::AtomicI64>,
-    /// The specs of the unfinished jobs last read, by row version, shared by every clone (see
+    /// The unfinished jobs last read, decoded, by row versions, shared by every clone (see
     /// [`Store::jobs_unfinished`]).
-    specs: std::sync::Arc<reconcile::SpecCache>,
+    unfinished_rows: std::sync::Arc<reconcile::RowCache>,
 }
 
 impl Store {
@@ -71,7 +71,7 @@ impl Store {
     }
 
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool, control_epoch: Default::default(), specs: Default::default() }
+        Store { pool, control_epoch: Default::default(), unfinished_rows: Default::default() }
     }
 
     pub fn pool(&self) -> &PgPool {

@@ -49,11 +49,23 @@ pub struct UnfinishedJob {
     pub attempt: Option<AttemptRecord>,
 }
 
-/// The decoded specs of unfinished jobs by row version (see [`Store::jobs_unfinished`]).
+/// The decoded rows of unfinished jobs by row versions (see [`Store::jobs_unfinished`]).
 #[derive(Debug, Default)]
-pub(crate) struct SpecCache {
-    entries: Mutex<HashMap<Uuid, (i64, Arc<JobSpec>)>>,
+pub(crate) struct RowCache {
+    entries: Mutex<HashMap<Uuid, CachedRow>>,
 }
+
+#[derive(Debug)]
+struct CachedRow {
+    /// The job row's `xmin`, and its latest attempt's (holding jobs only).
+    version: i64,
+    attempt_version: Option<i64>,
+    row: Arc<DecodedRow>,
+}
+
+/// A job as the loops see it with the content hashes its datasets read (queued jobs only), or
+/// what is wrong with its row.
+type DecodedRow = std::result::Result<(UnfinishedJob, Vec<String>), String>;
 
 /// A job row the loops cannot decode (a spec or state this version does not understand): it is
 /// reported and skipped, and every other job goes on.
@@ -140,33 +152,26 @@ impl Store {
     /// Every job that holds capacity or is being stopped, and the head of the queue in
     /// admission order (priority, then submit order). A row that does not decode is returned
     /// apart, in `unhandled`, instead of failing the whole read.
+    ///
+    /// Each pass reads every such job, thousands under load, so the read is in two steps: the
+    /// first brings only each job's id and row versions (Postgres's `xmin` of the job's row and
+    /// of its latest attempt's, new with every update of either); the second brings, in one
+    /// more statement, the whole rows of the jobs that are new or changed since the last read.
+    /// The decoded rows are kept while their jobs are unfinished ([`RowCache`]).
     pub async fn jobs_unfinished(&self) -> Result<Unfinished> {
         // language=PostgreSQL
-        let rows = sqlx::query(
-            "(SELECT j.id, j.tenant_id, n.name AS tenant_name, j.state, j.reason, j.xmin::text::bigint AS version, j.priority, j.max_restarts, j.restart_count,
-                     j.cancel_requested_at IS NOT NULL AS cancel_requested,
-                     j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
-                     j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
-                     a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at,
-                     j.name AS job_name, a.started_at AS attempt_started_at, NULL::jsonb AS content_hashes
+        let versions: Vec<(Uuid, i64, Option<i64>)> = sqlx::query_as(
+            "(SELECT j.id, j.xmin::text::bigint, a.version
               FROM jobs j
-              JOIN tenants n ON n.id = j.tenant_id
-              LEFT JOIN LATERAL (SELECT attempt, placement, started_at, ended_at FROM job_attempts
+              LEFT JOIN LATERAL (SELECT xmin::text::bigint AS version FROM job_attempts
                                  WHERE job_id = j.id ORDER BY attempt DESC LIMIT 1) a ON true
               -- JobState::holds_capacity, as a literal: the planner matches it to the partial
               -- index jobs_unfinished, which a bound array would not (a test pins the two).
               WHERE j.state IN ('admitted', 'starting', 'running', 'restarting'))
              UNION ALL
-             (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.version, j.priority, j.max_restarts, j.restart_count,
-                     false, false, j.created_at, NULL, NULL, NULL, j.expected_runtime_seconds, NULL, NULL, NULL, NULL,
-                     j.name, NULL,
-                     -- The content its datasets hold: one function call, not a subquery a row
-                     -- (matched with the nodes' caches below: 50,000 queued jobs, +23 ms, where
-                     -- a join per row took a second).
-                     CASE WHEN jsonb_typeof(j.datasets) = 'array' AND j.datasets <> '[]'
-                          THEN jsonb_path_query_array(j.datasets, '$[*].content_hash') END
+             (SELECT j.id, j.version, NULL
               FROM tenants t
-              CROSS JOIN LATERAL (SELECT q.*, q.xmin::text::bigint AS version FROM jobs q
+              CROSS JOIN LATERAL (SELECT q.id, q.xmin::text::bigint AS version FROM jobs q
                                   WHERE q.tenant_id = t.id AND q.state = 'queued'
                                   ORDER BY q.priority DESC, q.id LIMIT $1) j)",
         )
@@ -174,37 +179,19 @@ impl Store {
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        let rows: Vec<UnfinishedRow> = rows
-            .iter()
-            .filter_map(|row| match UnfinishedRow::from_row(row) {
-                Ok(row) => Some(row),
-                Err(err) => {
-                    let id: Option<Uuid> = row.try_get("id").ok();
-                    tracing::error!(job = ?id, %err, "an unfinished job's row does not decode");
-                    None
-                }
-            })
-            .collect();
-        let specs = self.specs_of(&rows).await?;
+        let decoded = self.rows_of(&versions).await?;
         let mut unfinished = Unfinished::default();
-        let mut reads_data: Vec<(usize, Vec<String>)> = Vec::new();
-        for row in rows {
-            let Some(spec) = specs.get(&row.id) else { continue }; // gone meanwhile
-            let spec = match spec {
-                Ok(spec) => Arc::clone(spec),
-                Err(problem) => {
-                    unfinished.unhandled.push(UnhandledJob { id: row.id, problem: problem.clone() });
-                    continue;
-                }
-            };
-            match unfinished_job_decode(row, spec) {
+        let mut reads_data: Vec<(usize, &[String])> = Vec::new();
+        for (id, _, _) in &versions {
+            let Some(row) = decoded.get(id) else { continue }; // gone meanwhile, or undecodable
+            match row.as_ref() {
                 Ok((job, hashes)) => {
                     if !hashes.is_empty() {
                         reads_data.push((unfinished.jobs.len(), hashes));
                     }
-                    unfinished.jobs.push(job);
+                    unfinished.jobs.push(job.clone());
                 }
-                Err((id, problem)) => unfinished.unhandled.push(UnhandledJob { id, problem }),
+                Err(problem) => unfinished.unhandled.push(UnhandledJob { id: *id, problem: problem.clone() }),
             }
         }
         if !reads_data.is_empty() {
@@ -225,55 +212,83 @@ impl Store {
         Ok(unfinished)
     }
 
-    /// The spec of each row's job, decoded, or why it does not decode. A spec is decoded once
-    /// per row version (Postgres's `xmin`, new with every update of the row) and kept while
-    /// the job is unfinished: the read of every unfinished job, each pass, brings only the
-    /// versions, and the specs of the rows that are new or changed come in one more statement.
-    /// Jobs absent from the answer were removed meanwhile.
-    async fn specs_of(
-        &self,
-        rows: &[UnfinishedRow],
-    ) -> Result<HashMap<Uuid, std::result::Result<Arc<JobSpec>, String>>> {
-        let mut specs = HashMap::with_capacity(rows.len());
-        let missing: Vec<Uuid> = {
-            let cache = self.specs.entries.lock().unwrap_or_else(PoisonError::into_inner);
-            rows.iter()
-                .filter(|row| match cache.get(&row.id) {
-                    Some((version, spec)) if *version == row.version => {
-                        specs.insert(row.id, Ok(Arc::clone(spec)));
+    /// The decoded row of each job in `versions` (id, job row version, latest attempt's
+    /// version): from the cache where both versions match, else read and decoded again.
+    /// Jobs absent from the answer left the unfinished states meanwhile, or their row does not
+    /// decode at all (logged).
+    async fn rows_of(&self, versions: &[(Uuid, i64, Option<i64>)]) -> Result<HashMap<Uuid, Arc<DecodedRow>>> {
+        let mut rows = HashMap::with_capacity(versions.len());
+        let stale: Vec<Uuid> = {
+            let cache = self.unfinished_rows.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            versions
+                .iter()
+                .filter(|(id, version, attempt_version)| match cache.get(id) {
+                    Some(cached) if cached.version == *version && cached.attempt_version == *attempt_version => {
+                        rows.insert(*id, Arc::clone(&cached.row));
                         false
                     }
                     _ => true,
                 })
-                .map(|row| row.id)
+                .map(|(id, _, _)| *id)
                 .collect()
         };
-        if !missing.is_empty() {
+        if !stale.is_empty() {
+            // Each branch as the versions' read chose it: a queued job is seen without the
+            // admission and attempt it may keep from before a preemption.
             // language=PostgreSQL
-            let fetched: Vec<(Uuid, i64, sqlx::types::Json<Box<serde_json::value::RawValue>>)> =
-                sqlx::query_as("SELECT id, xmin::text::bigint, spec FROM jobs WHERE id = ANY($1)")
-                    .bind(&missing)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-            let mut cache = self.specs.entries.lock().unwrap_or_else(PoisonError::into_inner);
-            for (id, version, spec) in fetched {
-                match serde_json::from_str::<JobSpec>(spec.0.get()) {
-                    Ok(spec) => {
-                        let spec = Arc::new(spec);
-                        cache.insert(id, (version, Arc::clone(&spec)));
-                        specs.insert(id, Ok(spec));
-                    }
+            let fetched = sqlx::query(
+                "(SELECT j.id, j.tenant_id, n.name AS tenant_name, j.state, j.reason, j.xmin::text::bigint AS version,
+                         a.version AS attempt_version, j.priority, j.max_restarts, j.restart_count,
+                         j.cancel_requested_at IS NOT NULL AS cancel_requested,
+                         j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
+                         j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
+                         a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at,
+                         j.name AS job_name, a.started_at AS attempt_started_at, NULL::jsonb AS content_hashes,
+                         j.spec::text AS spec
+                  FROM jobs j
+                  JOIN tenants n ON n.id = j.tenant_id
+                  LEFT JOIN LATERAL (SELECT attempt, placement, started_at, ended_at, xmin::text::bigint AS version
+                                     FROM job_attempts
+                                     WHERE job_id = j.id ORDER BY attempt DESC LIMIT 1) a ON true
+                  WHERE j.id = ANY($1) AND j.state IN ('admitted', 'starting', 'running', 'restarting'))
+                 UNION ALL
+                 (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.xmin::text::bigint, NULL, j.priority,
+                         j.max_restarts, j.restart_count, false, false, j.created_at, NULL, NULL, NULL,
+                         j.expected_runtime_seconds, NULL, NULL, NULL, NULL, j.name, NULL,
+                         -- The content its datasets hold: one function call, not a subquery a
+                         -- row (matched with the nodes' caches: 50,000 queued jobs, +23 ms,
+                         -- where a join per row took a second).
+                         CASE WHEN jsonb_typeof(j.datasets) = 'array' AND j.datasets <> '[]'
+                              THEN jsonb_path_query_array(j.datasets, '$[*].content_hash') END,
+                         j.spec::text
+                  FROM jobs j
+                  JOIN tenants t ON t.id = j.tenant_id
+                  WHERE j.id = ANY($1) AND j.state = 'queued')",
+            )
+            .bind(&stale)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
+            let mut cache = self.unfinished_rows.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            for row in &fetched {
+                let row = match UnfinishedRow::from_row(row) {
+                    Ok(row) => row,
                     Err(err) => {
-                        specs.insert(id, Err(format!("its stored spec does not decode: {err}")));
+                        let id: Option<Uuid> = row.try_get("id").ok();
+                        tracing::error!(job = ?id, %err, "an unfinished job's row does not decode");
+                        continue;
                     }
-                }
+                };
+                let (id, version, attempt_version) = (row.id, row.version, row.attempt_version);
+                let decoded = Arc::new(unfinished_job_decode(row));
+                cache.insert(id, CachedRow { version, attempt_version, row: Arc::clone(&decoded) });
+                rows.insert(id, decoded);
             }
         }
         // Kept only for the jobs still unfinished.
-        let mut cache = self.specs.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.retain(|id, _| specs.contains_key(id));
-        Ok(specs)
+        let mut cache = self.unfinished_rows.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.retain(|id, _| rows.contains_key(id));
+        Ok(rows)
     }
 
     /// Per tenant and content hash, the nodes whose shard cache holds it (reported within the
@@ -928,8 +943,10 @@ struct UnfinishedRow {
     job_name: String,
     state: String,
     reason: Option<String>,
-    /// The row's version (`xmin`): its spec is decoded again only when it changed.
+    /// The row's version (`xmin`), and its latest attempt's: the row is decoded again only
+    /// when one changed.
     version: i64,
+    attempt_version: Option<i64>,
     priority: i32,
     max_restarts: i32,
     restart_count: i32,
@@ -946,29 +963,30 @@ struct UnfinishedRow {
     attempt_ended_at: Option<DateTime<Utc>>,
     attempt_started_at: Option<DateTime<Utc>>,
     content_hashes: Option<serde_json::Value>,
+    spec: String,
 }
 
-/// One row of [`Store::jobs_unfinished`] with its spec, or its id and what is wrong with it.
-/// Also the content hashes of a queued job's datasets (strings only: a malformed entry is
-/// skipped, never the job).
-fn unfinished_job_decode(
-    row: UnfinishedRow,
-    spec: Arc<JobSpec>,
-) -> std::result::Result<(UnfinishedJob, Vec<String>), (Uuid, String)> {
+/// One row of [`Store::jobs_unfinished`] decoded, with the content hashes of a queued job's
+/// datasets (strings only: a malformed entry is skipped, never the job), or what is wrong with
+/// it (a spec or state this version does not understand).
+fn unfinished_job_decode(row: UnfinishedRow) -> DecodedRow {
     let hashes: Vec<String> = match &row.content_hashes {
         Some(serde_json::Value::Array(values)) => {
             values.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()
         }
         _ => Vec::new(),
     };
+    // Decoded from text, no JSON tree in between.
+    let spec: JobSpec =
+        serde_json::from_str(&row.spec).map_err(|err| format!("its stored spec does not decode: {err}"))?;
     let job = UnfinishedJob {
         id: row.id,
         tenant_id: row.tenant_id,
         tenant: row.tenant_name,
         name: row.job_name,
-        state: JobState::parse(&row.state).ok_or_else(|| (row.id, format!("its state {:?} is unknown", row.state)))?,
+        state: JobState::parse(&row.state).ok_or_else(|| format!("its state {:?} is unknown", row.state))?,
         reason: row.reason,
-        spec,
+        spec: Arc::new(spec),
         priority: row.priority,
         max_restarts: row.max_restarts,
         restart_count: row.restart_count,
