@@ -323,7 +323,7 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
     let dir = tempfile::tempdir().unwrap();
     let config = || LocalConfig {
         data_dir: dir.path().to_path_buf(),
-        supervisor: trainyard_tests::bin("trainyard"),
+        supervisor: trainyard_tests::bin("trainyard-shim"),
         cpus: Some(4.0),
         memory_bytes: None,
         simulated_gpus: Some((2, "simulated-gpu".into())),

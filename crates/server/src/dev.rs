@@ -56,6 +56,19 @@ pub struct LocalExecutorArgs {
     pub shard_cache_tenant_bytes: Option<u64>,
 }
 
+/// The replicas' supervisor, `trainyard-shim`, which is built and installed beside `trainyard`.
+fn supervisor_beside_this_binary() -> anyhow::Result<std::path::PathBuf> {
+    let this = std::env::current_exe().context("finding the trainyard binary")?;
+    let supervisor = this.with_file_name("trainyard-shim");
+    anyhow::ensure!(
+        supervisor.is_file(),
+        "the local executor starts each replica under trainyard-shim, which is not beside {} \
+         (cargo build --bins builds it; install it with trainyard)",
+        this.display()
+    );
+    Ok(supervisor)
+}
+
 /// A server with the local executor, its job folders under `data_dir`.
 pub fn local_server(
     store: Store,
@@ -64,7 +77,7 @@ pub fn local_server(
     storage: &StorageArgs,
     settings: ReconcilerSettings,
 ) -> anyhow::Result<Server> {
-    let supervisor = std::env::current_exe().context("finding the trainyard binary to supervise replicas")?;
+    let supervisor = supervisor_beside_this_binary()?;
     let executor = LocalExecutor::new(LocalConfig {
         data_dir: data_dir.to_path_buf(),
         supervisor,

@@ -1,6 +1,5 @@
 //! `trainyard`: the control plane's binary.
 
-use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -191,22 +190,6 @@ enum Command {
         #[arg(long, env = "TRAINYARD_CACHE_AGENT_TENANT_BUDGET_BYTES")]
         tenant_budget_bytes: Option<u64>,
     },
-    /// Supervises one replica (started by the local executor; not for people).
-    #[command(hide = true)]
-    Shim {
-        #[arg(long)]
-        exit_file: PathBuf,
-        /// The replica's environment as a JSON file (removed once read).
-        #[arg(long)]
-        env_file: Option<PathBuf>,
-        /// Run the replica as this user id (with --gid).
-        #[arg(long, requires = "gid")]
-        uid: Option<u32>,
-        #[arg(long, requires = "uid")]
-        gid: Option<u32>,
-        #[arg(last = true, required = true)]
-        argv: Vec<OsString>,
-    },
 }
 
 #[derive(Subcommand)]
@@ -227,12 +210,6 @@ enum PostgresAction {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Command::Shim { exit_file, env_file, uid, gid, argv } = &cli.command {
-        // The supervisor stays a plain synchronous process: no runtime, no logging setup.
-        let options =
-            trainyard_executor::local::shim::ShimOptions { env_file: env_file.clone(), run_as: uid.zip(*gid) };
-        std::process::exit(trainyard_executor::local::shim::shim_main(exit_file, argv, &options));
-    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -370,6 +347,5 @@ async fn run(command: Command) -> anyhow::Result<()> {
             axum::serve(listener, agent.router()).with_graceful_shutdown(dev::shutdown_signal()).await?;
             Ok(())
         }
-        Command::Shim { .. } => unreachable!("handled before the runtime starts"),
     }
 }

@@ -59,7 +59,8 @@ use isolation::{Isolation, TenantUser};
 pub struct LocalConfig {
     /// Where job folders live.
     pub data_dir: PathBuf,
-    /// The `trainyard` binary, run as `<supervisor> shim ...` in front of each replica.
+    /// The supervisor binary (`trainyard-shim`, beside `trainyard`), run in front of each
+    /// replica. Its folder holds Trainyard's other tools (`yard`, `yard-data`) too.
     pub supervisor: PathBuf,
     /// CPU cores offered to jobs; this machine's count when `None`.
     pub cpus: Option<f64>,
@@ -340,7 +341,6 @@ impl LocalExecutor {
         let argv = request.spec.argv();
         let mut command = tokio::process::Command::new(&self.config.supervisor);
         command
-            .arg("shim")
             .arg("--exit-file")
             .arg(attempt_dir.join(format!("replica-{rank}.exit")))
             .arg("--env-file")

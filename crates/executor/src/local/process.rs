@@ -66,7 +66,7 @@ pub fn group_has_live_members(pgid: u32) -> bool {
     })
 }
 
-/// A live supervisor whose command line names `exit_file` (`trainyard shim --exit-file F ...`),
+/// A live supervisor whose command line names `exit_file` (`trainyard-shim --exit-file F ...`),
 /// if the process table holds one: how a resumed launch recognises a shim that started but has
 /// not written its pid file yet.
 pub fn find_shim(exit_file: &std::path::Path) -> Option<(u32, u64)> {

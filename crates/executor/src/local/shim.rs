@@ -1,4 +1,4 @@
-//! The replica supervisor (`trainyard shim`): a tiny process between the control plane and each
+//! The replica supervisor (`trainyard-shim`): a tiny process between the control plane and each
 //! replica, the way containerd-shim or slurmstepd sit between their daemons and the work.
 //!
 //! It starts the replica, waits for it, and writes its exit status to a file. Because the exit
@@ -54,18 +54,18 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
         // A handler, not SIG_IGN: handlers reset to the default on exec, so the replica still
         // dies of these signals while the shim lives on to record it.
         if let Err(err) = signal_hook::flag::register(signal, Arc::clone(&noted)) {
-            eprintln!("trainyard shim: cannot handle signal {signal}: {err}");
+            eprintln!("trainyard-shim: cannot handle signal {signal}: {err}");
         }
     }
     if let Err(err) = announce(exit_file) {
         // Without its announcement a resumed launch could start this rank again: run nothing.
-        eprintln!("trainyard shim: cannot write its pid file beside {}: {err}", exit_file.display());
+        eprintln!("trainyard-shim: cannot write its pid file beside {}: {err}", exit_file.display());
         return EXIT_CANNOT_START;
     }
     let env = match options.env_file.as_deref().map(read_env_file).transpose() {
         Ok(env) => env,
         Err(err) => {
-            eprintln!("trainyard shim: cannot read the replica's environment: {err}");
+            eprintln!("trainyard-shim: cannot read the replica's environment: {err}");
             let record = ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
             let _ = write_exit_record(exit_file, &record);
             return record.exit_code;
@@ -73,14 +73,14 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
     };
     let record = match argv.split_first() {
         None => {
-            eprintln!("trainyard shim: no command given");
+            eprintln!("trainyard-shim: no command given");
             ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
         }
         Some((program, args)) => match replica_command(program, args, env, options.run_as).spawn() {
             Ok(mut child) => match child.wait() {
                 Ok(status) => record_of(status),
                 Err(err) => {
-                    eprintln!("trainyard shim: lost track of the replica: {err}");
+                    eprintln!("trainyard-shim: lost track of the replica: {err}");
                     ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
                 }
             },
@@ -91,7 +91,7 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
         },
     };
     if let Err(err) = write_exit_record(exit_file, &record) {
-        eprintln!("trainyard shim: cannot record the exit status in {}: {err}", exit_file.display());
+        eprintln!("trainyard-shim: cannot record the exit status in {}: {err}", exit_file.display());
     }
     record.exit_code
 }

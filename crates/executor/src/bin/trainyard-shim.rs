@@ -1,0 +1,38 @@
+//! `trainyard-shim`: the supervisor the local executor puts in front of each replica
+//! ([`trainyard_executor::local::shim`]). Not for people: the server starts it.
+//!
+//! A binary of its own, beside `trainyard`, because one starts with every replica: the server's
+//! 50 MB binary took 2.2 ms of CPU to start and supervise a replica that does nothing, this one
+//! 1.2 ms (docs/PERFORMANCE.md).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Parser;
+use trainyard_executor::local::shim::{ShimOptions, shim_main};
+
+/// Starts a replica, waits for it and records how it ended.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Where the exit record goes (its pid file is written beside it first).
+    #[arg(long)]
+    exit_file: PathBuf,
+    /// The replica's environment as a JSON file (removed once read).
+    #[arg(long)]
+    env_file: Option<PathBuf>,
+    /// Run the replica as this user id (with --gid).
+    #[arg(long, requires = "gid")]
+    uid: Option<u32>,
+    #[arg(long, requires = "uid")]
+    gid: Option<u32>,
+    /// The replica's command.
+    #[arg(last = true, required = true)]
+    argv: Vec<OsString>,
+}
+
+fn main() {
+    let args = Args::parse();
+    let options = ShimOptions { env_file: args.env_file, run_as: args.uid.zip(args.gid) };
+    std::process::exit(shim_main(&args.exit_file, &args.argv, &options));
+}
