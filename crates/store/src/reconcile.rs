@@ -493,20 +493,43 @@ impl Store {
 
     /// Sets the reasons of queued jobs (`ids[i]` gets `reasons[i]`) in one statement; jobs no
     /// longer queued are left alone.
+    ///
+    /// A change of usage rewords thousands of reasons at once, pass after pass: the rows the
+    /// loops read last ([`Store::jobs_unfinished`]) are kept up to date here, so that the next
+    /// read does not fetch them again. Only rows unchanged since that read are reworded (their
+    /// version checked in the statement); one changed meanwhile is reworded at a later pass,
+    /// once read again.
     pub async fn job_pending_reasons_set(&self, ids: &[Uuid], reasons: &[String]) -> Result<()> {
+        let versions: Vec<Option<i64>> = {
+            let cache = self.unfinished_rows.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            ids.iter().map(|id| cache.get(id).map(|cached| cached.version)).collect()
+        };
         // language=PostgreSQL
-        sqlx::query(
+        let reworded: Vec<(Uuid, i64)> = sqlx::query_as(
             "UPDATE jobs SET reason = u.reason
-               FROM unnest($1::uuid[], $2::text[]) AS u(id, reason)
+               FROM unnest($1::uuid[], $2::text[], $4::bigint[]) AS u(id, reason, version)
               WHERE jobs.id = u.id AND jobs.state = 'queued' AND jobs.reason IS DISTINCT FROM u.reason
-                AND (SELECT control_fence($3))",
+                AND (u.version IS NULL OR jobs.xmin::text::bigint = u.version)
+                AND (SELECT control_fence($3))
+              RETURNING jobs.id, jobs.xmin::text::bigint",
         )
         .bind(ids)
         .bind(reasons)
         .bind(self.control_epoch())
-        .execute(&self.pool)
+        .bind(&versions)
+        .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
+        let reason_of: HashMap<Uuid, &String> = ids.iter().copied().zip(reasons).collect();
+        let mut cache = self.unfinished_rows.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        for (id, version) in reworded {
+            let (Some(cached), Some(reason)) = (cache.get_mut(&id), reason_of.get(&id)) else { continue };
+            if let Ok((job, hashes)) = cached.row.as_ref() {
+                let mut job = job.clone();
+                job.reason = Some((*reason).clone());
+                *cached = CachedRow { version, attempt_version: cached.attempt_version, row: Arc::new(Ok((job, hashes.clone()))) };
+            }
+        }
         Ok(())
     }
 
