@@ -352,7 +352,7 @@ pub struct JobGauges {
 }
 
 pub fn job_gauges(
-    jobs: &[trainyard_store::reconcile::UnfinishedJob],
+    jobs: &[std::sync::Arc<trainyard_store::reconcile::UnfinishedJob>],
     policies: &[trainyard_store::reconcile::TenantPolicyRow],
 ) -> JobGauges {
     use trainyard_core::job::JobState;
@@ -460,12 +460,16 @@ mod tests {
         assert!(text.contains("# TYPE trainyard_reconciler_last_success_timestamp_seconds gauge"), "{text}");
     }
 
-    fn job(tenant: &str, state: trainyard_core::job::JobState, gpus: u32) -> trainyard_store::reconcile::UnfinishedJob {
+    fn job(
+        tenant: &str,
+        state: trainyard_core::job::JobState,
+        gpus: u32,
+    ) -> std::sync::Arc<trainyard_store::reconcile::UnfinishedJob> {
         let spec = serde_json::from_value(serde_json::json!({
             "command": ["x"], "args": [], "env": {}, "replicas": 1, "resources": {"gpus": gpus}
         }))
         .expect("a spec");
-        trainyard_store::reconcile::UnfinishedJob {
+        std::sync::Arc::new(trainyard_store::reconcile::UnfinishedJob {
             id: uuid::Uuid::now_v7(),
             tenant_id: uuid::Uuid::nil(),
             tenant: tenant.into(),
@@ -485,7 +489,7 @@ mod tests {
             warm_nodes: Vec::new(),
             expected_runtime_seconds: None,
             attempt: None,
-        }
+        })
     }
 
     fn tenant(name: &str, nominal: i64) -> trainyard_store::reconcile::TenantPolicyRow {

@@ -2,6 +2,7 @@
 //! store holds and what the executor offers.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use trainyard_core::job::JobState;
@@ -121,7 +122,7 @@ pub fn demand_of_spec(spec: &trainyard_core::job::JobSpec) -> Demand {
 
 /// What the replicas of jobs holding capacity take of each node (by the node each replica was
 /// placed on), beside what the node has. Replicas placed on a node that is gone are not shown.
-pub fn node_usage(nodes: &[Node], jobs: &[UnfinishedJob]) -> Vec<trainyard_core::api::NodeUsage> {
+pub fn node_usage(nodes: &[Node], jobs: &[Arc<UnfinishedJob>]) -> Vec<trainyard_core::api::NodeUsage> {
     let mut usage: Vec<trainyard_core::api::NodeUsage> = nodes
         .iter()
         .map(|n| trainyard_core::api::NodeUsage {
@@ -165,7 +166,7 @@ fn seconds(at: DateTime<Utc>) -> i64 {
 pub async fn snapshot_now(
     store: &trainyard_store::Store,
     executor: &dyn Executor,
-    jobs: &[UnfinishedJob],
+    jobs: &[Arc<UnfinishedJob>],
     ended: &HashSet<Uuid>,
 ) -> trainyard_core::Result<Snapshot> {
     let tenants = policies(&store.tenant_policies().await?);
@@ -177,7 +178,7 @@ pub fn snapshot(
     now: DateTime<Utc>,
     nodes: Vec<Node>,
     tenants: Vec<TenantPolicy>,
-    jobs: &[UnfinishedJob],
+    jobs: &[Arc<UnfinishedJob>],
     ended: &HashSet<Uuid>,
 ) -> Snapshot {
     let default_node = nodes.first().map(|n| n.name.clone()).unwrap_or_else(|| LOCAL_NODE.into());

@@ -65,7 +65,7 @@ struct CachedRow {
 
 /// A job as the loops see it with the content hashes its datasets read (queued jobs only), or
 /// what is wrong with its row.
-type DecodedRow = std::result::Result<(UnfinishedJob, Vec<String>), String>;
+type DecodedRow = std::result::Result<(Arc<UnfinishedJob>, Vec<String>), String>;
 
 /// A job row the loops cannot decode (a spec or state this version does not understand): it is
 /// reported and skipped, and every other job goes on.
@@ -78,7 +78,8 @@ pub struct UnhandledJob {
 /// The unfinished jobs, and the rows among them that could not be decoded.
 #[derive(Debug, Clone, Default)]
 pub struct Unfinished {
-    pub jobs: Vec<UnfinishedJob>,
+    /// Shared with the read's cache: a pass reads thousands, most of them unchanged.
+    pub jobs: Vec<Arc<UnfinishedJob>>,
     pub unhandled: Vec<UnhandledJob>,
 }
 
@@ -189,7 +190,7 @@ impl Store {
                     if !hashes.is_empty() {
                         reads_data.push((unfinished.jobs.len(), hashes));
                     }
-                    unfinished.jobs.push(job.clone());
+                    unfinished.jobs.push(Arc::clone(job));
                 }
                 Err(problem) => unfinished.unhandled.push(UnhandledJob { id: *id, problem: problem.clone() }),
             }
@@ -197,7 +198,8 @@ impl Store {
         if !reads_data.is_empty() {
             let warm = self.warm_nodes_by_content().await?;
             for (index, hashes) in reads_data {
-                let job = &mut unfinished.jobs[index];
+                // A copy of its own (the cache's stays without): the nodes change pass by pass.
+                let job = Arc::make_mut(&mut unfinished.jobs[index]);
                 let mut nodes: Vec<String> = hashes
                     .iter()
                     .filter_map(|hash| warm.get(&(job.tenant_id, hash.clone())))
@@ -525,9 +527,10 @@ impl Store {
         for (id, version) in reworded {
             let (Some(cached), Some(reason)) = (cache.get_mut(&id), reason_of.get(&id)) else { continue };
             if let Ok((job, hashes)) = cached.row.as_ref() {
-                let mut job = job.clone();
+                let mut job = UnfinishedJob::clone(job);
                 job.reason = Some((*reason).clone());
-                *cached = CachedRow { version, attempt_version: cached.attempt_version, row: Arc::new(Ok((job, hashes.clone()))) };
+                let row = Arc::new(Ok((Arc::new(job), hashes.clone())));
+                *cached = CachedRow { version, attempt_version: cached.attempt_version, row };
             }
         }
         Ok(())
@@ -1029,7 +1032,7 @@ fn unfinished_job_decode(row: UnfinishedRow) -> DecodedRow {
             ended_at: row.attempt_ended_at,
         }),
     };
-    Ok((job, hashes))
+    Ok((Arc::new(job), hashes))
 }
 
 #[cfg(test)]

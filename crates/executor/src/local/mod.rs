@@ -42,7 +42,7 @@ pub mod shim;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -107,6 +107,11 @@ pub struct LocalExecutor {
     /// restart; durable truth is the placement in Postgres.
     gpus_held: Mutex<HashMap<(Uuid, i32), Vec<u32>>>,
     changes: Arc<Notify>,
+    /// Supervisors this process started and has not reaped yet: pid -> kernel start time. A
+    /// replica whose supervisor is among them is running, known without a look at the process
+    /// table or its exit record; once the supervisor has ended and been reaped, observing reads
+    /// its record (and finds its process group gone in one call).
+    supervisors_unreaped: Arc<Mutex<HashMap<u32, u64>>>,
     /// Fault injection for tests (`TRAINYARD_FAULT_LAUNCH_PAUSE=RANK:MILLIS`): a launch waits
     /// this long before starting that rank (rank 0: after the intent is stored, before any
     /// replica), widening the window in which a crash interrupts it.
@@ -168,6 +173,7 @@ impl LocalExecutor {
             inventory,
             gpus_held: Mutex::new(HashMap::new()),
             changes: Arc::new(Notify::new()),
+            supervisors_unreaped: Default::default(),
             fault_pause,
             isolation,
             users: Mutex::new(HashMap::new()),
@@ -369,9 +375,16 @@ impl LocalExecutor {
         let start_time = process::start_time(pid).unwrap_or_default();
         // Reap the supervisor when it ends and wake the reconciler. After a restart of the
         // server, supervisors are no longer our children; observing finds their end instead.
-        let changes = Arc::clone(&self.changes);
+        self.supervisors_unreaped.lock().unwrap_or_else(PoisonError::into_inner).insert(pid, start_time);
+        let (changes, unreaped) = (Arc::clone(&self.changes), Arc::clone(&self.supervisors_unreaped));
         tokio::spawn(async move {
             let _ = child.wait().await;
+            let mut unreaped = unreaped.lock().unwrap_or_else(PoisonError::into_inner);
+            // A pid reused meanwhile by a later supervisor of ours is that one's entry.
+            if unreaped.get(&pid) == Some(&start_time) {
+                unreaped.remove(&pid);
+            }
+            drop(unreaped);
             changes.notify_one();
         });
         Ok(ReplicaPlacement { rank, pid, start_time, gpus: gpus.to_vec() })
@@ -623,12 +636,20 @@ impl Executor for LocalExecutor {
             return vec![ReplicaStatus::Lost; attempt.replicas as usize];
         };
         let dir = self.attempt_dir(attempt.job_id, attempt.attempt);
+        // Ranks whose supervisor this process started and has not reaped: running.
+        let unreaped: Vec<u32> = {
+            let unreaped = self.supervisors_unreaped.lock().unwrap_or_else(PoisonError::into_inner);
+            placement.replicas.iter().filter(|r| unreaped.get(&r.pid) == Some(&r.start_time)).map(|r| r.rank).collect()
+        };
         // By rank: a rank the placement lacks (a launch interrupted before it started it) is lost.
         let statuses: Vec<ReplicaStatus> = (0..attempt.replicas)
             .map(|rank| {
                 let Some(replica) = placement.replicas.iter().find(|r| r.rank == rank) else {
                     return ReplicaStatus::Lost;
                 };
+                if unreaped.contains(&replica.rank) {
+                    return ReplicaStatus::Running;
+                }
                 // Liveness first, then the exit file: the supervisor writes the file before it
                 // exits, so a dead supervisor without a file really vanished.
                 let alive = process::is_alive(replica.pid, replica.start_time);

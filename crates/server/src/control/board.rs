@@ -74,7 +74,7 @@ pub fn schedule_of(admitted_now: bool, pending: Option<&Pending>, estimate: Opti
 /// from (their names and tenants, for the queue view).
 pub struct BoardInput {
     pub snapshot: Snapshot,
-    pub jobs: Vec<UnfinishedJob>,
+    pub jobs: Vec<Arc<UnfinishedJob>>,
 }
 
 /// Every job's standing as of one snapshot.

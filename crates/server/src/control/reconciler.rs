@@ -417,6 +417,7 @@ impl Reconciler {
         // executor reports of it is half a launch.
         let observed: Vec<&UnfinishedJob> = jobs
             .iter()
+            .map(|j| &**j)
             .filter(|j| matches!(j.state, JobState::Starting | JobState::Running))
             .filter(|j| !self.is_quarantined(j.id) && !launching.contains(&j.id) && !self.is_launching(j.id))
             .collect();
@@ -489,6 +490,7 @@ impl Reconciler {
         let backoff = self.settings.restart_backoff;
         let launchable = jobs
             .iter()
+            .map(|j| &**j)
             // A job whose launch was under way when the snapshot was read shows a state from
             // before that launch: if the launch ended since, launching it again would only find it
             // moved on (a wasted transaction a job, under a stream of launches).
@@ -530,7 +532,7 @@ impl Reconciler {
     /// the record. A crash between the two repeats the first, which is harmless; a tenant being
     /// removed takes no new job, so none can start in between. An executor that fails is tried
     /// again at the next pass.
-    async fn tenants_finish_removal(&self, jobs: &[UnfinishedJob]) -> Result<()> {
+    async fn tenants_finish_removal(&self, jobs: &[Arc<UnfinishedJob>]) -> Result<()> {
         for (tenant_id, name) in self.store.tenants_being_removed().await? {
             if jobs.iter().any(|j| j.tenant_id == tenant_id) {
                 continue;
@@ -560,7 +562,7 @@ impl Reconciler {
     /// Sets the gauges that describe the unfinished jobs (by state, quota use per tenant and GPU
     /// type) and advances the GPU-hours counter, from what the pass read anyway (the quotas are
     /// read again every [`QUOTA_GAUGES_EVERY`]).
-    async fn gauges_update(&mut self, jobs: &[UnfinishedJob]) {
+    async fn gauges_update(&mut self, jobs: &[Arc<UnfinishedJob>]) {
         if self.quota_policies.as_ref().is_none_or(|(at, _)| at.elapsed() >= QUOTA_GAUGES_EVERY) {
             match self.store.tenant_policies().await {
                 Ok(policies) => self.quota_policies = Some((Instant::now(), policies)),
@@ -586,7 +588,7 @@ impl Reconciler {
 
     /// Records an admission cycle: its duration, every job it considered, and why the waiting
     /// ones wait (by reason class).
-    fn cycle_observed(&self, took: Duration, result: &trainyard_scheduler::CycleResult, jobs: &[UnfinishedJob]) {
+    fn cycle_observed(&self, took: Duration, result: &trainyard_scheduler::CycleResult, jobs: &[Arc<UnfinishedJob>]) {
         let m = &self.monitoring;
         m.admission_cycle_duration.observe(took.as_secs_f64());
         let result_label = |r: &str| crate::monitoring::ResultLabel { result: r.into() };
@@ -673,7 +675,7 @@ impl Reconciler {
 
     /// Asks the executor, now and then, to remove what attempts that are not live left behind
     /// (a cluster's Jobs of finished or unknown jobs, found after a restart).
-    async fn garbage_collect(&mut self, jobs: &[UnfinishedJob]) {
+    async fn garbage_collect(&mut self, jobs: &[Arc<UnfinishedJob>]) {
         if self.collected.is_some_and(|at| at.elapsed() < GARBAGE_COLLECT_EVERY) {
             return;
         }
@@ -906,7 +908,7 @@ impl Reconciler {
     /// Runs an admission cycle: admits what the scheduler admits (with its placement), asks
     /// preemption victims to stop, and keeps every waiting job's reason current. Returns the jobs
     /// admitted in this pass, as admitted (their flavor and nodes set).
-    async fn admit(&self, jobs: &[UnfinishedJob], ended: &HashSet<Uuid>) -> Result<Vec<UnfinishedJob>> {
+    async fn admit(&self, jobs: &[Arc<UnfinishedJob>], ended: &HashSet<Uuid>) -> Result<Vec<UnfinishedJob>> {
         if !jobs.iter().any(|j| j.state == JobState::Queued) {
             self.monitoring.pending_jobs.clear();
             return Ok(Vec::new());
@@ -918,7 +920,7 @@ impl Reconciler {
             .await
             .map_err(|err| trainyard_core::Error::internal(format!("running the admission cycle: {err}")))?;
         self.cycle_observed(cycle_started.elapsed(), &result, jobs);
-        let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, j)).collect();
+        let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, &**j)).collect();
         let admissions: Vec<Admission> = result
             .admissions
             .iter()
