@@ -33,6 +33,6 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let options = ShimOptions { env_file: args.env_file, run_as: args.uid.zip(args.gid) };
+    let options = ShimOptions { env_file: args.env_file, run_as: args.uid.zip(args.gid), reap_orphans: true };
     std::process::exit(shim_main(&args.exit_file, &args.argv, &options));
 }

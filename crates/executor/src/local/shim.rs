@@ -45,6 +45,9 @@ pub struct ShimOptions {
     pub env_file: Option<std::path::PathBuf>,
     /// The user and group the replica runs as (its tenant's), when the shim runs as root.
     pub run_as: Option<(u32, u32)>,
+    /// Collect the replica's orphans (the shim's own process only: it reaps every child of the
+    /// process it runs in).
+    pub reap_orphans: bool,
 }
 
 /// Runs `argv` to completion and records how it ended in `exit_file`. Returns the exit code.
@@ -56,6 +59,14 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
         if let Err(err) = signal_hook::flag::register(signal, Arc::clone(&noted)) {
             eprintln!("trainyard-shim: cannot handle signal {signal}: {err}");
         }
+    }
+    // Orphans of the replica (a process whose parent died before it: its children, when a
+    // stop's signal reaches the whole group at once) come to the shim, as to containerd-shim,
+    // not to init: reaped here before the shim ends, so that its ended group is empty.
+    if options.reap_orphans
+        && let Err(err) = nix::sys::prctl::set_child_subreaper(true)
+    {
+        eprintln!("trainyard-shim: cannot collect the replica's orphans: {err}");
     }
     if let Err(err) = announce(exit_file) {
         // Without its announcement a resumed launch could start this rank again: run nothing.
@@ -90,11 +101,34 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
             }
         },
     };
+    if options.reap_orphans {
+        reap_orphans();
+    }
     if let Err(err) = write_exit_record(exit_file, &record) {
         eprintln!("trainyard-shim: cannot record the exit status in {}: {err}", exit_file.display());
     }
     record.exit_code
 }
+
+/// Reaps the replica's orphans that have ended or are ending (those a signal to the group
+/// ended with it), waiting for them at most [`ORPHANS_WAIT`]. One still running after that was
+/// left behind on purpose and is the executor's to stop (`release` kills the group).
+fn reap_orphans() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let deadline = std::time::Instant::now() + ORPHANS_WAIT;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return, // none left (ECHILD), or left behind
+            Ok(_) => {}                                    // one reaped; look again
+        }
+    }
+}
+
+/// How long the shim waits for the replica's orphans to end after the replica did.
+const ORPHANS_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 fn read_env_file(path: &Path) -> std::io::Result<std::collections::BTreeMap<String, String>> {
     let text = std::fs::read(path)?;
@@ -206,7 +240,7 @@ mod tests {
         let file = dir.path().join("replica-0.exit");
         let env_file = dir.path().join("replica-0.env");
         std::fs::write(&env_file, r#"{"PATH": "/usr/bin:/bin", "SECRET": "s3"}"#).unwrap();
-        let options = ShimOptions { env_file: Some(env_file.clone()), run_as: None };
+        let options = ShimOptions { env_file: Some(env_file.clone()), run_as: None, ..Default::default() };
         // Exactly the given variables: SECRET set, HOME (of this test process) absent.
         let script = r#"test "$SECRET" = s3 && test -z "$HOME""#;
         shim_main(&file, &["sh".into(), "-c".into(), script.into()], &options);
