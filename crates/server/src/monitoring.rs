@@ -12,7 +12,7 @@
 //! the archiving loop its backlog; engines' `input_stall_share` points the stall histogram;
 //! the dataset file route the bytes it sends.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -357,21 +357,30 @@ pub fn job_gauges(
 ) -> JobGauges {
     use trainyard_core::job::JobState;
     let mut g = JobGauges::default();
-    let mut used: BTreeMap<(String, String), u64> = BTreeMap::new();
+    // Counted by borrowed names (a pass brings thousands of jobs of a few tenants), labelled after.
+    let mut by_state: HashMap<(&str, &'static str), i64> = HashMap::new();
+    let mut used_by: HashMap<(&str, &str), u64> = HashMap::new();
+    let mut running_by: HashMap<(&str, &str), u64> = HashMap::new();
     for job in jobs {
-        *g.by_state.entry(TenantState { tenant: job.tenant.clone(), state: job.state.as_str().into() }).or_default() +=
-            1;
+        *by_state.entry((job.tenant.as_str(), job.state.as_str())).or_default() += 1;
         let gpus = u64::from(job.spec.resources.gpus) * u64::from(job.spec.replicas);
         let holding =
             matches!(job.state, JobState::Admitted | JobState::Starting | JobState::Running | JobState::Restarting);
         if let (true, Some(flavor), true) = (holding, &job.flavor, gpus > 0) {
-            *used.entry((job.tenant.clone(), flavor.clone())).or_default() += gpus;
+            *used_by.entry((job.tenant.as_str(), flavor.as_str())).or_default() += gpus;
             if matches!(job.state, JobState::Starting | JobState::Running) {
-                let labels = TenantGpu { tenant: job.tenant.clone(), gpu_type: flavor.clone() };
-                *g.running_gpus.entry(labels).or_default() += gpus;
+                *running_by.entry((job.tenant.as_str(), flavor.as_str())).or_default() += gpus;
             }
         }
     }
+    for ((tenant, state), count) in by_state {
+        g.by_state.insert(TenantState { tenant: tenant.into(), state: state.into() }, count);
+    }
+    for ((tenant, gpu_type), gpus) in running_by {
+        g.running_gpus.insert(TenantGpu { tenant: tenant.into(), gpu_type: gpu_type.into() }, gpus);
+    }
+    let used: BTreeMap<(String, String), u64> =
+        used_by.into_iter().map(|((tenant, flavor), gpus)| ((tenant.into(), flavor.into()), gpus)).collect();
     let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let quota = |p: &trainyard_store::reconcile::TenantPolicyRow, flavor: &str| {
         p.quotas.iter().find(|q| q.flavor == flavor).map(|q| trainyard_scheduler::Quota {

@@ -595,12 +595,16 @@ impl Reconciler {
         m.admission_attempts.get_or_create(&result_label("success")).inc_by(result.admissions.len() as u64);
         m.admission_attempts.get_or_create(&result_label("inadmissible")).inc_by(result.pending.len() as u64);
         let tenant_of: HashMap<Uuid, &str> = jobs.iter().map(|j| (j.id, j.tenant.as_str())).collect();
-        let mut pending: std::collections::BTreeMap<TenantReason, i64> = Default::default();
+        // Counted by borrowed names (thousands of pending jobs, a few tenants), labelled after.
+        let mut counts: HashMap<(&str, &'static str), i64> = HashMap::new();
         for p in &result.pending {
-            let tenant = tenant_of.get(&p.job).copied().unwrap_or("unknown").to_string();
-            let reason = crate::monitoring::reason_class(&p.reason).to_string();
-            *pending.entry(TenantReason { tenant, reason }).or_default() += 1;
+            let tenant = tenant_of.get(&p.job).copied().unwrap_or("unknown");
+            *counts.entry((tenant, crate::monitoring::reason_class(&p.reason))).or_default() += 1;
         }
+        let pending = counts
+            .into_iter()
+            .map(|((tenant, reason), count)| (TenantReason { tenant: tenant.into(), reason: reason.into() }, count))
+            .collect();
         Monitoring::gauges_set(&m.pending_jobs, pending);
     }
 
