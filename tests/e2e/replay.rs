@@ -487,6 +487,76 @@ async fn assert_replay(env: &TestEnv, workload: &Workload, markers: &Path, label
     println!("   peak GPUs held per cohort: {cohort_peaks:?}");
 }
 
+/// CPU time during a replay as the kernel counts it (`/proc`, in seconds): the whole machine's
+/// busy time, the server's own, its reaped children's (the supervisors, and through them the
+/// replicas) and this harness's (the clients submitting). What it says per job is the cost the
+/// simulator does not have: on two cores it bounds the wall (docs/PERFORMANCE.md).
+#[derive(Debug, Clone, Copy)]
+struct CpuUse {
+    machine_busy: f64,
+    server: Option<(f64, f64)>,
+    harness: f64,
+    at: Instant,
+}
+
+/// The kernel's clock tick for `/proc`'s CPU times (`USER_HZ`, 100 on Linux's x86 and arm ABIs).
+const USER_HZ: f64 = 100.0;
+
+impl CpuUse {
+    fn now(server_pid: Option<u32>) -> CpuUse {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        // cpu user nice system idle iowait irq softirq steal ...: busy is all but idle and iowait.
+        let ticks: Vec<f64> =
+            stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+        let busy: f64 = ticks.iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+        // utime, stime, cutime, cstime: fields 14 to 17 of /proc/<pid>/stat, after the command.
+        let times = |pid: &str| -> Option<[f64; 4]> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let fields: Vec<f64> = stat[stat.rfind(')')? + 2..]
+                .split_whitespace()
+                .skip(11)
+                .take(4)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            Some([
+                fields.first()? / USER_HZ,
+                fields.get(1)? / USER_HZ,
+                fields.get(2)? / USER_HZ,
+                fields.get(3)? / USER_HZ,
+            ])
+        };
+        let harness = times("self").map(|t| t[0] + t[1]).unwrap_or_default();
+        let server = server_pid.and_then(|pid| times(&pid.to_string())).map(|t| (t[0] + t[1], t[2] + t[3]));
+        CpuUse { machine_busy: busy / USER_HZ, server, harness, at: Instant::now() }
+    }
+
+    /// Prints what was spent since `before`, per job.
+    fn print_since(&self, before: &CpuUse, jobs: usize) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let wall = self.at.duration_since(before.at).as_secs_f64();
+        let busy = self.machine_busy - before.machine_busy;
+        let per_job = |seconds: f64| 1000.0 * seconds / jobs.max(1) as f64;
+        let harness = self.harness - before.harness;
+        let mut parts = Vec::new();
+        let mut accounted = harness;
+        if let (Some((own, children)), Some((own_before, children_before))) = (self.server, before.server) {
+            let (own, children) = (own - own_before, children - children_before);
+            accounted += own + children;
+            parts.push(format!("the server {:.1}", per_job(own)));
+            parts.push(format!("its supervisors and replicas {:.1}", per_job(children)));
+        }
+        parts.push(format!("this harness {:.1}", per_job(harness)));
+        parts.push(format!("the rest (Postgres, the kernel, an API server) {:.1}", per_job(busy - accounted)));
+        println!(
+            "   CPU while replaying ({cores} cores): busy {busy:.1} of {:.1} CPU-s ({:.0}%), {:.1} ms a job: {} ms",
+            wall * cores as f64,
+            100.0 * busy / (wall * cores as f64).max(f64::MIN_POSITIVE),
+            per_job(busy),
+            parts.join(", ")
+        );
+    }
+}
+
 /// The credential the replays' servers take for `/metrics` (written to a file in `dir`), and the
 /// arguments that give it to a server.
 const METRICS_TOKEN: &str = "the-replay-metrics-token";
@@ -590,10 +660,13 @@ async fn kueues_baseline_reduced_runs_every_job_once_within_quota() {
     let markers = marker_dir(&env);
     let tokens = setup(&env, &workload, Layout::OneNode).await;
     let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
+    let cpu = CpuUse::now(Some(env.server.pid()));
     let started = replay(&workload, &servers, &tokens, &markers).await;
     wait_all_ended(&env, workload.jobs(), Duration::from_secs(90)).await;
     println!("replayed in {:.1} s", started.elapsed().as_secs_f64());
+    let cpu_after = CpuUse::now(Some(env.server.pid()));
     assert_replay(&env, &workload, &markers, "reduced baseline, one server").await;
+    cpu_after.print_since(&cpu, workload.jobs());
     print_control_loop(&env.server.url).await;
     print_statements(&env).await;
 }
@@ -645,10 +718,13 @@ async fn replay_on_kubernetes(workload: &Workload, cluster: Cluster, timeout: Du
     let env = TestEnv::start_with_env(&args, &[("KUBECONFIG".to_string(), kubeconfig.display().to_string())]).await;
     let tokens = setup(&env, workload, Layout::NodesPerCohort).await;
     let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
+    let cpu = CpuUse::now(Some(env.server.pid()));
     let started = replay(workload, &servers, &tokens, &markers).await;
     wait_all_ended(&env, workload.jobs(), timeout).await;
     println!("replayed in {:.1} s", started.elapsed().as_secs_f64());
+    let cpu_after = CpuUse::now(Some(env.server.pid()));
     assert_replay(&env, workload, &markers, label).await;
+    cpu_after.print_since(&cpu, workload.jobs());
     print_control_loop(&env.server.url).await;
     print_statements(&env).await;
 }
@@ -730,9 +806,12 @@ async fn kueues_baseline_full() {
     let markers = marker_dir(&env);
     let tokens = setup(&env, &workload, Layout::OneNode).await;
     let servers = std::sync::Arc::new(Servers { urls: std::sync::RwLock::new(vec![env.server.url.clone()]) });
+    let cpu = CpuUse::now(Some(env.server.pid()));
     replay(&workload, &servers, &tokens, &markers).await;
     wait_all_ended(&env, workload.jobs(), Duration::from_secs(1800)).await;
+    let cpu_after = CpuUse::now(Some(env.server.pid()));
     assert_replay(&env, &workload, &markers, "Kueue's baseline, one server, local executor").await;
+    cpu_after.print_since(&cpu, workload.jobs());
     print_control_loop(&env.server.url).await;
     print_statements(&env).await;
     println!(
