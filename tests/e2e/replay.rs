@@ -594,7 +594,7 @@ async fn print_control_loop(url: &str) {
     println!("   a pass's phases (mean): {}", phases.join(", "));
     let launch =
         |phase: &str, part: &str| value(format!("trainyard_launch_phase_duration_seconds_{part}{{phase=\"{phase}\"}}"));
-    let phases: Vec<String> = ["wait", "launch"]
+    let phases: Vec<String> = ["wait", "launch", "open", "start", "record"]
         .iter()
         .filter_map(|p| Some(format!("{p} {:.1} ms", 1000.0 * launch(p, "sum")? / launch(p, "count")?.max(1.0))))
         .collect();
@@ -631,16 +631,24 @@ async fn print_statements(env: &TestEnv) {
     }
 }
 
-/// More options for the server of a full-size replay, from `TRAINYARD_BENCH_SERVER_ARGS`
-/// (split at whitespace; e.g. `--launch-concurrency 16`): to measure a setting without a build.
+/// The options of the server of a full-size replay: the server's own default pool of database
+/// connections (16; the test harness gives its many small servers 8 each), and more from
+/// `TRAINYARD_BENCH_SERVER_ARGS` (split at whitespace; e.g. `--launch-concurrency 16`), to
+/// measure a setting without a build.
 fn bench_server_args() -> Vec<String> {
-    let args: Vec<String> =
+    let mut args: Vec<String> =
         std::env::var("TRAINYARD_BENCH_SERVER_ARGS").unwrap_or_default().split_whitespace().map(String::from).collect();
     if !args.is_empty() {
         println!("   the server's extra options (TRAINYARD_BENCH_SERVER_ARGS): {}", args.join(" "));
     }
+    if !args.iter().any(|arg| arg == "--max-connections") {
+        args.extend(["--max-connections".into(), SERVER_DEFAULT_CONNECTIONS.into()]);
+    }
     args
 }
+
+/// `trainyard serve --max-connections`'s default.
+const SERVER_DEFAULT_CONNECTIONS: &str = "16";
 
 fn marker_dir(env: &TestEnv) -> PathBuf {
     let markers = env.dir.path().join("markers");

@@ -125,8 +125,14 @@ impl ServerProcess {
     pub fn start_with_env(db_url: &str, data_dir: &Path, extra: &[&str], env: &[(String, String)]) -> ServerProcess {
         std::fs::create_dir_all(data_dir).unwrap();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(data_dir.join("server.log")).unwrap();
+        // The tests' settings, each unless the test gives its own: a few connections each, as
+        // many servers run at once against one Postgres.
+        let defaults = [("--cpus", "8"), ("--grace-seconds", "2"), ("--max-connections", "8")];
+        let defaults =
+            defaults.iter().filter(|(flag, _)| !extra.contains(flag)).flat_map(|(flag, value)| [*flag, *value]);
         let mut child = Command::new(bin("trainyard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--cpus", "8", "--grace-seconds", "2", "--max-connections", "8"])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(defaults)
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)

@@ -12,7 +12,9 @@
 //! the archiving loop its backlog; engines' `input_stall_share` points the stall histogram;
 //! the dataset file route the bytes it sends.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -212,7 +214,8 @@ impl Monitoring {
             "launch_phase_duration_seconds",
             "Time a launch spends in each phase: wait (handed over by a pass, waiting for one of the \
              --launch-concurrency slots), launch (in its slot: the attempt opened, the executor's \
-             launch, its placement stored)",
+             launch, its placement stored); within launch, for a fresh launch: open (its inputs read, its \
+             attempt opened), start (the executor's launch), record (its placement stored)",
             m.launch_phase.clone(),
         );
         r.register(
@@ -358,9 +361,9 @@ pub fn job_gauges(
     use trainyard_core::job::JobState;
     let mut g = JobGauges::default();
     // Counted by borrowed names (a pass brings thousands of jobs of a few tenants), labelled after.
-    let mut by_state: HashMap<(&str, &'static str), i64> = HashMap::new();
-    let mut used_by: HashMap<(&str, &str), u64> = HashMap::new();
-    let mut running_by: HashMap<(&str, &str), u64> = HashMap::new();
+    let mut by_state: FxHashMap<(&str, &'static str), i64> = FxHashMap::default();
+    let mut used_by: FxHashMap<(&str, &str), u64> = FxHashMap::default();
+    let mut running_by: FxHashMap<(&str, &str), u64> = FxHashMap::default();
     for job in jobs {
         *by_state.entry((job.tenant.as_str(), job.state.as_str())).or_default() += 1;
         let gpus = u64::from(job.spec.resources.gpus) * u64::from(job.spec.replicas);

@@ -4,6 +4,10 @@
 //! finds nothing to change.
 
 use std::collections::{HashMap, HashSet};
+
+// The pass's maps of thousands of job ids hash with FxHash: the ids are the server's own
+// (random UUIDs), and SipHash's resistance to chosen keys buys nothing here at several times the cost.
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
@@ -52,7 +56,7 @@ pub struct UnfinishedJob {
 /// The decoded rows of unfinished jobs by row versions (see [`Store::jobs_unfinished`]).
 #[derive(Debug, Default)]
 pub(crate) struct RowCache {
-    entries: Mutex<HashMap<Uuid, CachedRow>>,
+    entries: Mutex<FxHashMap<Uuid, CachedRow>>,
 }
 
 #[derive(Debug)]
@@ -218,8 +222,8 @@ impl Store {
     /// version): from the cache where both versions match, else read and decoded again.
     /// Jobs absent from the answer left the unfinished states meanwhile, or their row does not
     /// decode at all (logged).
-    async fn rows_of(&self, versions: &[(Uuid, i64, Option<i64>)]) -> Result<HashMap<Uuid, Arc<DecodedRow>>> {
-        let mut rows = HashMap::with_capacity(versions.len());
+    async fn rows_of(&self, versions: &[(Uuid, i64, Option<i64>)]) -> Result<FxHashMap<Uuid, Arc<DecodedRow>>> {
+        let mut rows = FxHashMap::with_capacity_and_hasher(versions.len(), Default::default());
         let stale: Vec<Uuid> = {
             let cache = self.unfinished_rows.entries.lock().unwrap_or_else(PoisonError::into_inner);
             versions
@@ -561,52 +565,80 @@ impl Store {
         server: &ServerRecord,
     ) -> Result<Option<(i32, String)>> {
         let server = serde_json::to_value(server).map_err(Error::internal)?;
-        let (token, token_hash) = crate::metrics::job_token_new();
-        // One statement (one round trip, atomic as a transaction): the job to `starting`, its
+        let mut opened = self.attempts_open(&[AttemptToOpen { job_id, held, server }], actor).await?;
+        Ok(opened.remove(&job_id))
+    }
+
+    /// Opens the next attempt of each job of `opens`, as [`Store::attempt_open`] does, all in
+    /// one statement (one commit), however many: launches running side by side open their
+    /// attempts together. All or none: a refused row refuses the whole batch. Returns, for each
+    /// job that was still launchable, its attempt number and job token.
+    pub async fn attempts_open(&self, opens: &[AttemptToOpen], actor: &str) -> Result<HashMap<Uuid, (i32, String)>> {
+        if opens.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let mut tokens = HashMap::with_capacity(opens.len());
+        let mut hashes = Vec::with_capacity(opens.len());
+        for open in opens {
+            let (token, hash) = crate::metrics::job_token_new();
+            tokens.insert(open.job_id, token);
+            hashes.push(hash);
+        }
+        // One statement (one round trip, atomic as a transaction): each job to `starting`, its
         // attempt, its row of the usage ledger, the server's part of its run record and its job
         // token, each as `attempt_begin_in` and `attempt_prepare_in` write them.
         // language=PostgreSQL
-        let attempt: Option<i32> = sqlx::query_scalar(
-            "WITH moved AS (
-                 UPDATE jobs SET state = 'starting', reason = NULL, last_actor = $2
-                 WHERE id = $1 AND state IN ('admitted', 'restarting') AND cancel_requested_at IS NULL
-                   AND preempt_requested_at IS NULL AND (SELECT control_fence($3))
-                 RETURNING id, tenant_id, created_by, template_name, flavor, params, datasets, rerun_unpinned),
+        let opened: Vec<(Uuid, i32)> = sqlx::query_as(
+            "WITH input AS (
+                 SELECT * FROM unnest($3::uuid[], $4::int[], $5::bigint[], $6::bigint[], $7::jsonb[], $8::bytea[])
+                     AS i(job_id, gpus, cpu_millis, memory_bytes, server, token_hash)),
+             moved AS (
+                 UPDATE jobs j SET state = 'starting', reason = NULL, last_actor = $1
+                 FROM input i
+                 WHERE j.id = i.job_id AND j.state IN ('admitted', 'restarting') AND j.cancel_requested_at IS NULL
+                   AND j.preempt_requested_at IS NULL AND (SELECT control_fence($2))
+                 RETURNING j.id, j.tenant_id, j.created_by, j.template_name, j.flavor, j.params, j.datasets,
+                           j.rerun_unpinned, i.gpus, i.cpu_millis, i.memory_bytes, i.server, i.token_hash),
              opened AS (
                  INSERT INTO job_attempts (job_id, tenant_id, attempt)
-                 SELECT m.id, m.tenant_id, coalesce((SELECT max(attempt) FROM job_attempts WHERE job_id = $1), 0) + 1
+                 SELECT m.id, m.tenant_id, coalesce((SELECT max(attempt) FROM job_attempts WHERE job_id = m.id), 0) + 1
                  FROM moved m
                  RETURNING job_id, tenant_id, attempt, started_at),
              ledger AS (
                  INSERT INTO usage_ledger (job_id, attempt, tenant_id, user_id, template, gpu_type, gpus, cpu_millis,
                                            memory_bytes, started_at)
-                 SELECT m.id, o.attempt, m.tenant_id, m.created_by, m.template_name, m.flavor, $4, $5, $6, o.started_at
-                 FROM moved m, opened o),
+                 SELECT m.id, o.attempt, m.tenant_id, m.created_by, m.template_name, m.flavor, m.gpus, m.cpu_millis,
+                        m.memory_bytes, o.started_at
+                 FROM moved m JOIN opened o ON o.job_id = m.id),
              record AS (
                  INSERT INTO run_records (job_id, attempt, tenant_id, server)
                  SELECT o.job_id, o.attempt, o.tenant_id,
-                        $7::jsonb || jsonb_build_object('params', m.params, 'datasets', coalesce(m.datasets, '[]'::jsonb))
+                        m.server || jsonb_build_object('params', m.params, 'datasets', coalesce(m.datasets, '[]'::jsonb))
                         || CASE WHEN m.rerun_unpinned IS NULL THEN '{}'::jsonb
                                 ELSE jsonb_build_object('accepted_unpinned', m.rerun_unpinned) END
-                 FROM moved m, opened o
+                 FROM moved m JOIN opened o ON o.job_id = m.id
                  ON CONFLICT (job_id, attempt) DO NOTHING),
              token AS (
                  INSERT INTO job_tokens (token_hash, job_id, tenant_id, attempt)
-                 SELECT $8, o.job_id, o.tenant_id, o.attempt FROM opened o)
-             SELECT attempt FROM opened",
+                 SELECT m.token_hash, o.job_id, o.tenant_id, o.attempt FROM moved m JOIN opened o ON o.job_id = m.id)
+             SELECT job_id, attempt FROM opened",
         )
-        .bind(job_id)
         .bind(actor)
         .bind(self.control_epoch())
-        .bind(i32::try_from(held.gpus).unwrap_or(i32::MAX))
-        .bind(i64::try_from(held.cpu_millis).unwrap_or(i64::MAX))
-        .bind(i64::try_from(held.memory_bytes).unwrap_or(i64::MAX))
-        .bind(server)
-        .bind(token_hash)
-        .fetch_optional(&self.pool)
+        .bind(opens.iter().map(|o| o.job_id).collect::<Vec<_>>())
+        .bind(opens.iter().map(|o| i32::try_from(o.held.gpus).unwrap_or(i32::MAX)).collect::<Vec<_>>())
+        .bind(opens.iter().map(|o| count(o.held.cpu_millis)).collect::<Vec<_>>())
+        .bind(opens.iter().map(|o| count(o.held.memory_bytes)).collect::<Vec<_>>())
+        .bind(opens.iter().map(|o| &o.server).collect::<Vec<_>>())
+        .bind(hashes)
+        .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
-        Ok(attempt.map(|attempt| (attempt, token)))
+        Ok(opened
+            .into_iter()
+            .filter_map(|(job_id, attempt)| Some((job_id, (attempt, tokens.remove(&job_id)?))))
+            .collect())
     }
 
     /// [`Store::attempt_begin`]'s statements, in the caller's transaction: the job's tenant and
@@ -660,13 +692,24 @@ impl Store {
     }
 
     pub async fn attempt_placement_set(&self, job_id: Uuid, attempt: i32, placement: &serde_json::Value) -> Result<()> {
+        self.attempts_placement_set(&[(job_id, attempt, placement)]).await
+    }
+
+    /// Stores where each attempt of `placements` runs, in one statement, however many:
+    /// launches ending side by side store their placements together.
+    pub async fn attempts_placement_set(&self, placements: &[(Uuid, i32, &serde_json::Value)]) -> Result<()> {
+        if placements.is_empty() {
+            return Ok(());
+        }
         // language=PostgreSQL
         sqlx::query(
-            "UPDATE job_attempts SET placement = $3 WHERE job_id = $1 AND attempt = $2 AND (SELECT control_fence($4))",
+            "UPDATE job_attempts a SET placement = u.placement
+             FROM unnest($1::uuid[], $2::int[], $3::jsonb[]) AS u(job_id, attempt, placement)
+             WHERE a.job_id = u.job_id AND a.attempt = u.attempt AND (SELECT control_fence($4))",
         )
-        .bind(job_id)
-        .bind(attempt)
-        .bind(placement)
+        .bind(placements.iter().map(|(job_id, _, _)| *job_id).collect::<Vec<_>>())
+        .bind(placements.iter().map(|(_, attempt, _)| *attempt).collect::<Vec<_>>())
+        .bind(placements.iter().map(|(_, _, placement)| *placement).collect::<Vec<_>>())
         .bind(self.control_epoch())
         .execute(&self.pool)
         .await
@@ -833,6 +876,16 @@ pub struct Started<'a> {
     pub attempt: i32,
     /// The images its replicas run, by digest; empty when unknown (kept as recorded before).
     pub image_digests: &'a [String],
+}
+
+/// A job whose next attempt a launch opens ([`Store::attempts_open`]).
+#[derive(Debug, Clone)]
+pub struct AttemptToOpen {
+    pub job_id: Uuid,
+    /// What it holds while it runs.
+    pub held: Held,
+    /// The server's part of its run record ([`ServerRecord`], serialised).
+    pub server: serde_json::Value,
 }
 
 /// What an attempt holds, all replicas together: its row of the usage ledger.

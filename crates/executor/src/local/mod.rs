@@ -5,7 +5,7 @@
 //!   attempts so that a restarted replica finds what the last one wrote;
 //! - `jobs/<job>/attempt-<n>/replica-<r>.log`: its stdout and stderr;
 //! - `jobs/<job>/attempt-<n>/intent.json`: the launch's intent (each replica's GPUs and the
-//!   rendezvous port), written durably before the first replica starts;
+//!   rendezvous port), written whole (aside, then renamed) before the first replica starts;
 //! - `jobs/<job>/attempt-<n>/replica-<r>.pid`: the supervisor's pid and start time, written by
 //!   the supervisor before its replica starts;
 //! - `jobs/<job>/attempt-<n>/replica-<r>.exit`: how it ended, written by the supervisor.
@@ -582,8 +582,7 @@ impl Executor for LocalExecutor {
             None => {
                 let gpus = self.gpus_reserve(request)?;
                 let intent = LaunchIntent { master_port: free_port()?, gpus };
-                if let Err(err) = write_durably(&intent_path, &serde_json::to_vec(&intent).expect("intent serialises"))
-                {
+                if let Err(err) = write_whole(&intent_path, &serde_json::to_vec(&intent).expect("intent serialises")) {
                     self.gpus_free(request.job_id, request.attempt);
                     return Err(err.into());
                 }
@@ -797,19 +796,19 @@ fn read_intent(path: &Path) -> Option<LaunchIntent> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-/// Writes a file aside, syncs it, renames it into place and syncs the folder: after a crash at
-/// any instant the file is either whole or absent.
-pub(crate) fn write_durably(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
+/// Writes a file aside and renames it into place: a reader, or a server or supervisor killed
+/// at any instant, sees it whole or absent.
+///
+/// Not synced to disk, on purpose: the files written so (a launch's intent, a supervisor's pid
+/// file) describe processes that live only while this machine runs, and the page cache
+/// outlives every process crash. After a crash of the machine itself nothing of the attempt
+/// runs; a file lost or left empty then reads as absent, and the launch starts its replicas
+/// afresh, which is what it must do. (Syncing them cost four `fsync`s a launch, each waiting on
+/// the file system's journal beside Postgres's own.)
+pub(crate) fn write_whole(path: &Path, content: &[u8]) -> std::io::Result<()> {
     let aside = path.with_file_name(format!("{}.partial", path.file_name().unwrap_or_default().to_string_lossy()));
-    let mut file = std::fs::File::create(&aside)?;
-    file.write_all(content)?;
-    file.sync_all()?;
-    std::fs::rename(&aside, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    std::fs::write(&aside, content)?;
+    std::fs::rename(&aside, path)
 }
 
 fn free_port() -> std::io::Result<u16> {

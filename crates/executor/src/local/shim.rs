@@ -184,11 +184,11 @@ pub struct PidRecord {
     pub start_time: u64,
 }
 
-/// Writes this process's pid file, durably, before the replica starts.
+/// Writes this process's pid file (whole: aside, then renamed) before the replica starts.
 fn announce(exit_file: &Path) -> std::io::Result<()> {
     let pid = std::process::id();
     let start_time = super::process::start_time(pid).unwrap_or_default();
-    super::write_durably(&pid_file_of(exit_file), format!("{pid} {start_time}\n").as_bytes())
+    super::write_whole(&pid_file_of(exit_file), format!("{pid} {start_time}\n").as_bytes())
 }
 
 /// The announcement a shim left in its pid file, if any.

@@ -20,7 +20,7 @@
 //!   server replica show in the next board computed after them: within the maximum age plus
 //!   one computation while readers keep coming.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -80,7 +80,7 @@ pub struct BoardInput {
 /// Every job's standing as of one snapshot.
 #[derive(Debug, Default)]
 pub struct Board {
-    jobs: HashMap<Uuid, Standing>,
+    jobs: FxHashMap<Uuid, Standing>,
     /// The queue view, built once per board: every queued job with a standing, those admitted
     /// by the next cycle first, then by position in the cluster's queue; with its tenant's id.
     queue: Vec<(Uuid, QueueEntry)>,
@@ -94,7 +94,7 @@ impl Board {
         let snapshot = &input.snapshot;
         let result = run_cycle(snapshot, CycleOptions::default());
         let starts = estimate_starts(snapshot);
-        let mut jobs = HashMap::with_capacity(snapshot.pending.len());
+        let mut jobs = FxHashMap::with_capacity_and_hasher(snapshot.pending.len(), Default::default());
         for admission in &result.admissions {
             jobs.insert(
                 admission.job,

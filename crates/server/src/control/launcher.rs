@@ -2,7 +2,9 @@
 //! restart, a launch a crash or a control-plane error interrupted) to the [`Launcher`] and goes
 //! on at once: a slow API server delays that job's launch, not the observation of every other
 //! job, and a job is marked running by the first pass after its replicas run rather than after
-//! the slowest launch of its pass. At most `launch_concurrency` launches run at once, and one job
+//! the slowest launch of its pass. At most `launch_concurrency` launches run at once (a slot
+//! covers opening the attempt and the executor's launch; storing where it runs comes after, in
+//! a slot of its own kind, so that the next launch does not wait for that write), and one job
 //! is launched by one task at a time. A launch is one job's step, as in a pass: its error or
 //! panic comes back to the next pass ([`Launcher::finished`]), which handles it like any step's.
 //!
@@ -14,13 +16,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use trainyard_core::Result;
 use trainyard_core::record::ServerRecord;
 use trainyard_executor::{Executor, ExecutorError, LaunchRequest};
 use trainyard_store::Store;
-use trainyard_store::reconcile::{AttemptEnd, Held, UnfinishedJob};
+use trainyard_store::reconcile::{AttemptEnd, AttemptToOpen, Held, UnfinishedJob};
 
+use crate::control::gather::{Gather, all_or_each};
 use crate::control::health::LoopHealth;
 use crate::control::outcome::state_after_failure;
 use crate::control::reconciler::{ACTOR_EXECUTOR, ACTOR_RECONCILER, Step, guarded};
@@ -49,6 +52,57 @@ pub(crate) struct LaunchContext {
     /// Launches interrupted by a control-plane error, with the error: noted on the job once the
     /// launch goes through (the database may be what was away). Empty at first.
     pub(crate) interrupted: Mutex<HashMap<Uuid, String>>,
+    /// Launches storing their outcome (where the attempt runs, or its failure) after their slot:
+    /// as many at once as there are slots, so a slow database cannot pile them up.
+    pub(crate) recording: Semaphore,
+    /// Attempts opened, and placements stored, by launches side by side: one statement each.
+    pub(crate) writes: LaunchWrites,
+}
+
+/// The writes of launches running side by side, gathered into one statement each (see
+/// [`crate::control::gather`]).
+pub(crate) struct LaunchWrites {
+    opens: Gather<AttemptToOpen, Option<(i32, String)>>,
+    placements: Gather<(Uuid, i32, serde_json::Value), ()>,
+}
+
+impl LaunchWrites {
+    pub(crate) fn new(store: &Store) -> LaunchWrites {
+        let (for_opens, for_placements) = (store.clone(), store.clone());
+        let opens = Gather::new("opening attempts", move |batch: Vec<AttemptToOpen>| {
+            let (all, each) = (for_opens.clone(), for_opens.clone());
+            all_or_each(
+                batch,
+                move |batch| async move {
+                    let mut opened = all.attempts_open(&batch, ACTOR_EXECUTOR).await?;
+                    Ok(batch.iter().map(|open| opened.remove(&open.job_id)).collect())
+                },
+                move |open| {
+                    let store = each.clone();
+                    async move {
+                        Ok(store.attempts_open(std::slice::from_ref(&open), ACTOR_EXECUTOR).await?.remove(&open.job_id))
+                    }
+                },
+            )
+        });
+        let placements = Gather::new("storing placements", move |batch: Vec<(Uuid, i32, serde_json::Value)>| {
+            let (all, each) = (for_placements.clone(), for_placements.clone());
+            all_or_each(
+                batch,
+                move |batch| async move {
+                    let refs: Vec<_> =
+                        batch.iter().map(|(job, attempt, placement)| (*job, *attempt, placement)).collect();
+                    all.attempts_placement_set(&refs).await?;
+                    Ok(vec![(); batch.len()])
+                },
+                move |(job, attempt, placement)| {
+                    let store = each.clone();
+                    async move { store.attempt_placement_set(job, attempt, &placement).await }
+                },
+            )
+        });
+        LaunchWrites { opens, placements }
+    }
 }
 
 /// Which launch: a job's next attempt, or the rest of one begun before.
@@ -134,11 +188,9 @@ impl Launcher {
         // remove it) before it is there.
         let handed_over = Instant::now();
         let task = tokio::spawn(async move {
-            let Ok(_permit) = permits.acquire_owned().await else { return };
+            let Ok(slot) = permits.acquire_owned().await else { return };
             context.monitoring.launch_phase_observe("wait", handed_over.elapsed());
-            let started = Instant::now();
-            let outcome = guarded(context.launch(&job, launch, &registry)).await;
-            context.monitoring.launch_phase_observe("launch", started.elapsed());
+            let outcome = guarded(context.launch(&job, launch, &registry, slot)).await;
             if let Step::Failed(trainyard_core::Error::Fenced(_)) = &outcome {
                 // Counted now: a server that no longer leads runs no pass to hear of it.
                 context.health.fenced_write();
@@ -211,45 +263,77 @@ struct LaunchInputs {
 }
 
 impl LaunchContext {
-    async fn launch(&self, job: &UnfinishedJob, launch: Launch, registry: &Mutex<Launches>) -> Result<()> {
-        let (attempt, started) = match launch {
-            Launch::Resume(attempt) => (attempt, self.resume(job, attempt).await),
-            Launch::Next => {
-                if let Some(marker) = &self.fault_panic_on_launch
-                    && job.spec.command.iter().chain(&job.spec.args).any(|arg| arg == marker)
-                {
-                    panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
-                }
-                let held = Held::of(&job.spec);
-                match self.inputs(job).await {
-                    Ok(inputs) => {
-                        // The attempt, its ledger row, its run record and its job token: one commit.
-                        let Some((attempt, token)) =
-                            self.store.attempt_open(job.id, ACTOR_EXECUTOR, held, &inputs.record).await?
-                        else {
-                            return Ok(()); // cancelled or moved meanwhile
-                        };
-                        registry_attempt_set(registry, job.id, attempt);
-                        (attempt, self.start(job, attempt, inputs, token).await)
-                    }
-                    // Nothing was opened: the job stays admitted and the next pass tries again.
-                    Err(LaunchFailure::ControlPlane(error)) => {
-                        self.control_plane_interrupted(job, None, error).await;
-                        return Ok(());
-                    }
-                    // The job's own inputs are unusable: an attempt is opened to fail, as any
-                    // launch the executor refuses.
-                    Err(failure @ LaunchFailure::Job(_)) => {
-                        let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, held).await? else {
-                            return Ok(());
-                        };
-                        registry_attempt_set(registry, job.id, attempt);
-                        (attempt, Err(failure))
-                    }
-                }
-            }
+    /// One launch, from its slot: the attempt opened (or the one resumed) and the executor's
+    /// launch in the slot, then the slot freed and the outcome stored.
+    async fn launch(
+        &self,
+        job: &UnfinishedJob,
+        launch: Launch,
+        registry: &Mutex<Launches>,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<()> {
+        let in_slot = Instant::now();
+        let opened = self.open_and_start(job, launch, registry).await;
+        drop(slot);
+        self.monitoring.launch_phase_observe("launch", in_slot.elapsed());
+        let Some((attempt, started)) = opened? else {
+            return Ok(());
         };
+        let _recording = self.recording.acquire().await.expect("the recording semaphore is never closed");
         self.launch_ended(job, attempt, started).await
+    }
+
+    /// A launch's part in its slot: the attempt it launches and how its start went, or nothing
+    /// when no attempt was opened (the job was cancelled or moved meanwhile, or a control-plane
+    /// error came first: the next pass tries again).
+    async fn open_and_start(
+        &self,
+        job: &UnfinishedJob,
+        launch: Launch,
+        registry: &Mutex<Launches>,
+    ) -> Result<Option<(i32, std::result::Result<serde_json::Value, LaunchFailure>)>> {
+        if let Launch::Resume(attempt) = launch {
+            return Ok(Some((attempt, self.resume(job, attempt).await)));
+        }
+        if let Some(marker) = &self.fault_panic_on_launch
+            && job.spec.command.iter().chain(&job.spec.args).any(|arg| arg == marker)
+        {
+            panic!("fault injected by TRAINYARD_FAULT_PANIC_ON_LAUNCH into job {}", job.id);
+        }
+        let held = Held::of(&job.spec);
+        let opening = Instant::now();
+        match self.inputs(job).await {
+            Ok(inputs) => {
+                // The attempt, its ledger row, its run record and its job token: one commit
+                // (shared with the launches beside it).
+                let server = serde_json::to_value(&inputs.record).map_err(trainyard_core::Error::internal)?;
+                let Some((attempt, token)) =
+                    self.writes.opens.ask(AttemptToOpen { job_id: job.id, held, server }).await?
+                else {
+                    return Ok(None); // cancelled or moved meanwhile
+                };
+                self.monitoring.launch_phase_observe("open", opening.elapsed());
+                registry_attempt_set(registry, job.id, attempt);
+                let starting = Instant::now();
+                let started = self.start(job, attempt, inputs, token).await;
+                self.monitoring.launch_phase_observe("start", starting.elapsed());
+                Ok(Some((attempt, started)))
+            }
+            // Nothing was opened: the job stays admitted and the next pass tries again.
+            Err(LaunchFailure::ControlPlane(error)) => {
+                self.control_plane_interrupted(job, None, error).await;
+                Ok(None)
+            }
+            // The job's own inputs are unusable: an attempt is opened to fail, as any launch the
+            // executor refuses.
+            Err(failure @ LaunchFailure::Job(_)) => {
+                let Some(attempt) = self.store.attempt_begin(job.id, ACTOR_EXECUTOR, held).await? else {
+                    return Ok(None);
+                };
+                registry_attempt_set(registry, job.id, attempt);
+                Ok(Some((attempt, Err(failure))))
+            }
+        }
     }
 
     /// The template's files, the job's code and the server's part of its run record.
@@ -353,11 +437,13 @@ impl LaunchContext {
     ) -> Result<()> {
         match started {
             Ok(placement) => {
-                if let Err(err) = self.store.attempt_placement_set(job.id, attempt, &placement).await {
+                let recording = Instant::now();
+                if let Err(err) = self.writes.placements.ask((job.id, attempt, placement)).await {
                     // Started but not recorded: the next pass resumes the launch and adopts it.
                     self.interrupted().insert(job.id, format!("storing where the attempt runs: {err}"));
                     return Err(err);
                 }
+                self.monitoring.launch_phase_observe("record", recording.elapsed());
                 let interrupted = self.interrupted().remove(&job.id);
                 if let Some(error) = interrupted {
                     let note = format!("launch resumed after a control-plane error: {error}");

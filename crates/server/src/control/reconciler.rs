@@ -14,6 +14,9 @@
 //!    launch is under way is left alone by the passes until it ends.
 
 use std::collections::{HashMap, HashSet};
+
+// Maps over a pass's thousands of jobs hash with FxHash (the keys are the server's own ids).
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -413,7 +416,7 @@ impl Reconciler {
         self.report_unhandled(&unhandled).await;
         self.gauges_update(&jobs).await;
         // A quarantined job's count is kept while it is unfinished, so its back-off keeps doubling.
-        let live: HashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
+        let live: FxHashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
         self.quarantined.retain(|id, _| live.contains(id));
         let mut ended = HashSet::new();
         // A job being launched is looked at once its launch has ended: until then what the
@@ -597,9 +600,9 @@ impl Reconciler {
         let result_label = |r: &str| crate::monitoring::ResultLabel { result: r.into() };
         m.admission_attempts.get_or_create(&result_label("success")).inc_by(result.admissions.len() as u64);
         m.admission_attempts.get_or_create(&result_label("inadmissible")).inc_by(result.pending.len() as u64);
-        let tenant_of: HashMap<Uuid, &str> = jobs.iter().map(|j| (j.id, j.tenant.as_str())).collect();
+        let tenant_of: FxHashMap<Uuid, &str> = jobs.iter().map(|j| (j.id, j.tenant.as_str())).collect();
         // Counted by borrowed names (thousands of pending jobs, a few tenants), labelled after.
-        let mut counts: HashMap<(&str, &'static str), i64> = HashMap::new();
+        let mut counts: FxHashMap<(&str, &'static str), i64> = FxHashMap::default();
         for p in &result.pending {
             let tenant = tenant_of.get(&p.job).copied().unwrap_or("unknown");
             *counts.entry((tenant, crate::monitoring::reason_class(&p.reason))).or_default() += 1;
@@ -624,6 +627,8 @@ impl Reconciler {
                 api_url: self.settings.api_url.clone().unwrap_or_default(),
                 fault_panic_on_launch: self.settings.fault_panic_on_launch.clone(),
                 interrupted: Default::default(),
+                recording: tokio::sync::Semaphore::new(self.settings.launch_concurrency.max(1)),
+                writes: crate::control::launcher::LaunchWrites::new(&self.store),
             };
             self.launcher = Some(Launcher::new(context, self.settings.launch_concurrency, Arc::clone(&self.wake)));
         }
@@ -689,7 +694,7 @@ impl Reconciler {
         let mut live: Vec<(Uuid, i32)> =
             jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
         // Attempts opened since this pass read its snapshot are live too.
-        let current: HashMap<Uuid, i32> =
+        let current: FxHashMap<Uuid, i32> =
             jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
         live.extend(self.launcher().attempts_live(|job| current.get(&job).copied().unwrap_or(0)));
         let collected = self.executor.garbage_collect(&live).await;
@@ -927,7 +932,7 @@ impl Reconciler {
             .await
             .map_err(|err| trainyard_core::Error::internal(format!("running the admission cycle: {err}")))?;
         self.cycle_observed(cycle_started.elapsed(), &result, jobs);
-        let by_id: std::collections::HashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, &**j)).collect();
+        let by_id: FxHashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, &**j)).collect();
         let admissions: Vec<Admission> = result
             .admissions
             .iter()
