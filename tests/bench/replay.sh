@@ -15,7 +15,9 @@
 #                                     Trainyard's service account's; see docs/kubernetes.md)
 # With TRAINYARD_BENCH_STATEMENTS=1 the replay also prints the statements that took the
 # database's time (pg_stat_statements); TRAINYARD_BENCH_SERVER_ARGS="--launch-concurrency 16"
-# gives the server of the local, kubernetes and real replays more options.
+# gives the server of the local, kubernetes and real replays more options, and
+# TRAINYARD_BENCH_PG_CONF="synchronous_commit = off" adds a line to Postgres's settings (to
+# measure what a setting costs; the figures recorded are with Postgres's durable defaults).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-local}" in
@@ -33,11 +35,18 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/trainyard-replay.XXXXXX")
 chmod 755 "$work" # Postgres runs as its own user
 trap 'target/release/trainyard postgres stop --dir "$work/pg" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 export TRAINYARD_TEST_DATABASE_URL=$(target/release/trainyard postgres start --dir "$work/pg")
-if [ -n "${TRAINYARD_BENCH_STATEMENTS:-}" ]; then
+if [ -n "${TRAINYARD_BENCH_STATEMENTS:-}${TRAINYARD_BENCH_PG_CONF:-}" ]; then
   # The statements the replay ran, by total time, printed at its end (pg_stat_statements: it
-  # must be loaded when Postgres starts).
+  # must be loaded when Postgres starts); settings of Postgres's own to measure (e.g.
+  # TRAINYARD_BENCH_PG_CONF="synchronous_commit = off", to see what waiting for commits costs).
   target/release/trainyard postgres stop --dir "$work/pg" >/dev/null
-  echo "shared_preload_libraries = 'pg_stat_statements'" >> "$work/pg/pgdata/postgresql.conf"
+  if [ -n "${TRAINYARD_BENCH_STATEMENTS:-}" ]; then
+    echo "shared_preload_libraries = 'pg_stat_statements'" >> "$work/pg/pgdata/postgresql.conf"
+  fi
+  if [ -n "${TRAINYARD_BENCH_PG_CONF:-}" ]; then
+    echo "Postgres settings added for this run: $TRAINYARD_BENCH_PG_CONF"
+    echo "$TRAINYARD_BENCH_PG_CONF" >> "$work/pg/pgdata/postgresql.conf"
+  fi
   TRAINYARD_TEST_DATABASE_URL=$(target/release/trainyard postgres start --dir "$work/pg")
 fi
 cargo test --release --locked -p trainyard-tests --test e2e "$test" -- --exact --ignored --nocapture

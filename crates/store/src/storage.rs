@@ -444,15 +444,23 @@ impl Store {
             .collect())
     }
 
-    /// Records that an attempt's logs are archived.
-    pub async fn attempt_logs_archived(&self, job_id: Uuid, attempt: i32) -> Result<()> {
+    /// Records that the logs of each attempt of `attempts` (job, attempt) are archived: one
+    /// statement for an archiving round's batch.
+    pub async fn attempts_logs_archived(&self, attempts: &[(Uuid, i32)]) -> Result<()> {
+        if attempts.is_empty() {
+            return Ok(());
+        }
         // language=PostgreSQL
-        sqlx::query("UPDATE job_attempts SET logs_archived_at = now() WHERE job_id = $1 AND attempt = $2")
-            .bind(job_id)
-            .bind(attempt)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        sqlx::query(
+            "UPDATE job_attempts a SET logs_archived_at = now()
+             FROM unnest($1::uuid[], $2::int[]) AS u(job_id, attempt)
+             WHERE a.job_id = u.job_id AND a.attempt = u.attempt",
+        )
+        .bind(attempts.iter().map(|(job_id, _)| *job_id).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|(_, attempt)| *attempt).collect::<Vec<_>>())
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 

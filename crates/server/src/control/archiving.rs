@@ -105,11 +105,13 @@ pub async fn archive_round(store: &Store, storage: &Storage, executor: &dyn Exec
         if due.is_empty() {
             return Ok(archived);
         }
+        // Recorded together at the end of the batch (one commit, not one per attempt); a crash
+        // before that archives them again next time, over the same keys.
+        let mut done = Vec::with_capacity(due.len());
         for attempt in &due {
             let (job, number) = (attempt.job_id, attempt.attempt);
             if logs_archive(storage, executor, attempt.tenant_id, job, number, attempt.replicas).await {
-                store.attempt_logs_archived(job, number).await?;
-                archived += 1;
+                done.push((job, number));
             } else {
                 let retry_in = archive_backoff(attempt.failures);
                 store.attempt_logs_archive_failed(job, number, retry_in).await?;
@@ -120,6 +122,8 @@ pub async fn archive_round(store: &Store, storage: &Storage, executor: &dyn Exec
                 }
             }
         }
+        store.attempts_logs_archived(&done).await?;
+        archived += done.len();
     }
 }
 
