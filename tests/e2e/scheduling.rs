@@ -371,3 +371,65 @@ async fn the_queue_shows_waiting_jobs_in_order_to_those_who_may_see_them() {
     assert!(html.contains("And 1 waiting jobs of other tenants") && html.contains("4 of 4"), "{html}");
     assert!(html.contains("<td>128 MiB of "), "memory in human units: {html}");
 }
+
+/// Two tenants of a cohort each run two jobs that take their whole grace period to stop, and
+/// each then asks for a job that only room taken from its own lower-priority jobs can make.
+/// The room the first one's preemption frees is its own: the second preempts for itself at
+/// once, instead of counting on that room, waiting out a whole stop and racing for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_preemptor_does_not_wait_on_the_room_promised_to_the_first() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "8", "--simulate-gpu-type", GPU, "--grace-seconds", "30"]).await;
+    let admin = env.admin_token.clone();
+    let mut tokens = Vec::new();
+    for team in ["team-a", "team-b"] {
+        assert_eq!(env.post("/api/v1/admin/tenants", &admin, &json!({"name": team})).await.0, StatusCode::CREATED);
+        let policy = json!({"cohort": "lab", "preempt_lower_priority": true});
+        let path = format!("/api/v1/admin/tenants/{team}");
+        assert_eq!(env.call(Method::PATCH, &path, Some(&admin), Some(&policy)).await.0, StatusCode::NO_CONTENT);
+        let path = format!("/api/v1/admin/tenants/{team}/quotas/{GPU}");
+        let quota = json!({"nominal": 4, "borrowing_limit": 4});
+        assert_eq!(env.call(Method::PUT, &path, Some(&admin), Some(&quota)).await.0, StatusCode::OK);
+        tokens.push(env.member(team, &format!("{team}-user"), "member").await);
+    }
+    // Jobs that ignore SIGTERM (`sleep` inherits the ignored signal): a stop takes the grace
+    // period (30 s) before SIGKILL. A minute at most, so none outlives the test for long.
+    let stubborn = |name: &str, priority: i32, gpus: u32| {
+        json!({"name": name, "command": ["sh", "-c", "trap '' TERM; sleep 60"],
+               "priority": priority, "resources": {"gpus": gpus, "cpu": 0.1, "memory": "64Mi"}})
+    };
+    let submit = |token: String, body: Value| {
+        let env = &env;
+        async move {
+            let (status, job) = env.post("/api/v1/jobs", &token, &body).await;
+            assert_eq!(status, StatusCode::CREATED, "{job}");
+            job["id"].as_str().unwrap().to_string()
+        }
+    };
+    let mut small = Vec::new();
+    for (team, token) in tokens.iter().enumerate() {
+        for i in 0..2 {
+            let id = submit(token.clone(), stubborn(&format!("small-{i}"), 0, 2)).await;
+            wait_running(&env, token, &id).await;
+            small.push((team, id));
+        }
+    }
+    // Team a's large job preempts a's small ones, which take 30 s to stop.
+    let a_large = submit(tokens[0].clone(), stubborn("large", 10, 4)).await;
+    let preempted_for = |job: Value, preemptor: &str| {
+        job["reason"].as_str().is_some_and(|r| r.starts_with("preempted") && r.contains(preemptor))
+    };
+    for (_, id) in small.iter().filter(|(team, _)| *team == 0) {
+        env.wait_job_as(&tokens[0], id, Duration::from_secs(15), |j| preempted_for(j.clone(), &a_large)).await;
+    }
+    // Team b's large job, while a's victims are still stopping: it preempts b's own at once.
+    let asked = std::time::Instant::now();
+    let b_large = submit(tokens[1].clone(), stubborn("large", 10, 4)).await;
+    for (_, id) in small.iter().filter(|(team, _)| *team == 1) {
+        env.wait_job_as(&tokens[1], id, Duration::from_secs(15), |j| preempted_for(j.clone(), &b_large)).await;
+    }
+    assert!(asked.elapsed() < Duration::from_secs(15), "b's preemption waited {:?}", asked.elapsed());
+    for (_, id) in small.iter().filter(|(team, _)| *team == 0) {
+        let job = state(&env, &tokens[0], id).await;
+        assert_eq!(job["state"], "running", "a's victims are still stopping: {job}");
+    }
+}

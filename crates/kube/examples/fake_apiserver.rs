@@ -6,7 +6,8 @@
 //! and the kubelet: each new Job gets its pods, placed on stand-in nodes (among those its
 //! preferred node affinity names, when it names some) and Running at once; a pod whose command sleeps (`sleep
 //! SECONDS` in its container's command line, as the replay's jobs do) succeeds after that long
-//! unless it was deleted first. A stand-in only; nothing here
+//! unless it was deleted first, and a pod deleted while it runs ends Failed (exit 137) before it
+//! goes, as a kubelet stops it (and as the real suite's stand-in reports). A stand-in only; nothing here
 //! is a Kubernetes.
 //!
 //! Usage: fake_apiserver NODES [--gpus N] [--gpu-product NAME[,NAME...]] [--markers DIR]
@@ -55,7 +56,7 @@ impl Options {
 #[tokio::main]
 async fn main() {
     let options = Options::parse();
-    let fake = FakeApi::unrecorded();
+    let fake = FakeApi::unrecorded().kubelet_stops_deleted_pods();
     let node_names: Vec<String> = (0..options.nodes).map(|i| format!("fake-node-{i}")).collect();
     let per_product = options.nodes.div_ceil(options.gpu_products.len()).max(1);
     for (i, name) in node_names.iter().enumerate() {

@@ -65,6 +65,7 @@ pub fn cluster(pending: usize) -> Snapshot {
             started_at: 0,
             expected_runtime: Some(3600),
             stopping: false,
+            stopping_for: None,
         })
         .collect();
     let pending = (0..pending)

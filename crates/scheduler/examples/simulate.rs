@@ -117,6 +117,8 @@ struct Running {
     end: i64,
     /// When a preempted job is gone (it holds what it held until then).
     stopping_until: Option<i64>,
+    /// The job a preemption stops it for (the first that did).
+    stopping_for: Option<Uuid>,
     flavor: Option<String>,
     nodes: Vec<String>,
     started: i64,
@@ -247,6 +249,7 @@ fn main() {
                 started_at: r.started,
                 expected_runtime: Some(jobs[r.job].duration_ms / 1000),
                 stopping: r.stopping_until.is_some(),
+                stopping_for: r.stopping_for,
             })
             .collect();
         snap.pending = pending
@@ -272,6 +275,7 @@ fn main() {
                 pending.insert(victim);
             } else if let Some(r) = running.iter_mut().find(|r| r.job == victim) {
                 r.stopping_until.get_or_insert(now + stop_ms);
+                r.stopping_for.get_or_insert(p.for_job);
             }
             preemptions += 1;
         }
@@ -283,6 +287,7 @@ fn main() {
                 job,
                 end: now + launch_ms + jobs[job].duration_ms,
                 stopping_until: None,
+                stopping_for: None,
                 flavor: a.flavor.clone(),
                 nodes: a.nodes.clone(),
                 started: now / 1000,

@@ -476,9 +476,16 @@ fn find_victims<'a>(
     let eligible = |r: &RunningJob| !r.stopping && !taken.contains(&r.id) && r.priority <= job.priority;
     for &flavor in flavors {
         let on_flavor = &running_by_flavor[flavor];
-        // Jobs already being stopped (victims of an earlier cycle) will free their resources:
-        // count them as gone, so that no one is preempted twice over for the same room.
-        let stopping: Vec<&RunningJob> = on_flavor.iter().copied().filter(|r| r.stopping).collect();
+        // Jobs already being stopped will free their resources: count them as gone, so that no
+        // one is preempted twice over for the same room. The room of a preemption's victim is
+        // its preemptor's alone: another job counting on it would preempt no one, wait for the
+        // whole stop and then race the preemptor for it (on a cluster whose pods take their
+        // grace period to stop, one such wait after another); it finds victims of its own.
+        let stopping: Vec<&RunningJob> = on_flavor
+            .iter()
+            .copied()
+            .filter(|r| r.stopping && r.stopping_for.is_none_or(|for_job| for_job == job.id))
+            .collect();
         for r in &stopping {
             take(state, r, true);
         }

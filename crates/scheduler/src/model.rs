@@ -128,6 +128,10 @@ pub struct RunningJob {
     pub expected_runtime: Option<i64>,
     /// Being stopped (preempted or cancelled): still holds its resources, not a victim again.
     pub stopping: bool,
+    /// The job a preemption is stopping it for: the room it frees is that job's alone while it
+    /// stops. `None` when it is stopped for another reason (cancelled, out of time), or its
+    /// preemptor is not known: its room is then anyone's.
+    pub stopping_for: Option<Uuid>,
 }
 
 /// Knobs of the scheduling policy.
@@ -185,6 +189,7 @@ impl Snapshot {
                 started_at: now,
                 expected_runtime: job.expected_runtime,
                 stopping: false,
+                stopping_for: None,
             }
         }));
         self.pending = waiting;

@@ -299,10 +299,60 @@ fn jobs_already_being_stopped_count_as_room_so_no_one_is_preempted_twice() {
     // Next cycle: the victims are still stopping. Nobody else is preempted.
     for r in snap.running.iter_mut().filter(|r| victims.contains(&name_of(r.id))) {
         r.stopping = true;
+        r.stopping_for = Some(id("a1"));
     }
     let second = admission_cycle(&snap);
     assert!(second.preemptions.is_empty(), "{:?}", second.preemptions);
     assert_eq!(reason_of(&second, "a1"), PendingReason::WaitingForPreemption { victims: 0 });
+}
+
+#[test]
+fn the_room_a_preemption_frees_is_its_preemptors_so_another_job_finds_victims_of_its_own() {
+    // Two tenants of one cohort, each running eight one-GPU jobs of priority 0 on a full node,
+    // each allowed to preempt its own lower-priority jobs.
+    let tenants = || {
+        ["a", "b"]
+            .map(|name| {
+                let mut t = tenant(name, Some("c"), &[(A100, quota(8, None, None))]);
+                t.preempt_lower_priority = true;
+                t
+            })
+            .to_vec()
+    };
+    let small = |tenant: &str, i: i64| running(&format!("{tenant}-s{i}"), tenant, 0, A100, &["n1"], 1, 10 + i);
+    let running_jobs: Vec<_> = (0..8).flat_map(|i| [small("a", i), small("b", i)]).collect();
+    // a's large job preempted a's small jobs in an earlier cycle; they are still stopping. b's
+    // large job arrived since.
+    let mut snap = snapshot(
+        vec![node("n1", "r1", A100, 16)],
+        tenants(),
+        running_jobs,
+        vec![
+            pending("a-large", "a", 5, 1, demand(1, 8, Some(A100))),
+            pending("b-large", "b", 5, 2, demand(1, 8, Some(A100))),
+        ],
+    );
+    for r in snap.running.iter_mut().filter(|r| name_of(r.id).starts_with("a-")) {
+        r.stopping = true;
+        r.stopping_for = Some(id("a-large"));
+    }
+    let result = admission_cycle(&snap);
+    assert_eq!(
+        reason_of(&result, "a-large"),
+        PendingReason::WaitingForPreemption { victims: 0 },
+        "a waits for its own room"
+    );
+    let mut victims: Vec<String> = result.preemptions.iter().map(|p| name_of(p.victim)).collect();
+    victims.sort();
+    assert_eq!(victims, (0..8).map(|i| format!("b-s{i}")).collect::<Vec<_>>(), "b preempts for itself, at once");
+    assert!(result.preemptions.iter().all(|p| p.for_job == id("b-large")));
+
+    // Had a's jobs been stopped for no job (cancelled), their room would be anyone's: b counts on it.
+    for r in snap.running.iter_mut() {
+        r.stopping_for = None;
+    }
+    let result = admission_cycle(&snap);
+    assert!(result.preemptions.is_empty(), "{:?}", result.preemptions);
 }
 
 #[test]

@@ -494,6 +494,7 @@ mod tests {
             restart_count: 0,
             cancel_requested: false,
             preempt_requested: false,
+            preempted_for: None,
             created_at: chrono::Utc::now(),
             admitted_at: None,
             flavor: Some("h100".into()),

@@ -195,6 +195,8 @@ pub fn snapshot(
             started_at: seconds(j.admitted_at.unwrap_or(j.created_at)),
             expected_runtime: j.expected_runtime_seconds.map(i64::from),
             stopping: j.cancel_requested || j.preempt_requested,
+            // A cancel frees the room for anyone, whatever preemption came before it.
+            stopping_for: if j.cancel_requested { None } else { j.preempted_for },
         })
         .collect();
     let pending = jobs

@@ -39,6 +39,9 @@ pub struct UnfinishedJob {
     pub cancel_requested: bool,
     /// Someone (the scheduler) asked to stop it to make room; it returns to the queue.
     pub preempt_requested: bool,
+    /// The job it is being stopped to make room for, while `preempt_requested`: the room is
+    /// that job's until this one has ended.
+    pub preempted_for: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     /// When it was last admitted (holding jobs only).
     pub admitted_at: Option<DateTime<Utc>>,
@@ -135,6 +138,15 @@ pub struct Admission<'a> {
     pub id: Uuid,
     pub flavor: Option<&'a str>,
     pub nodes: &'a [String],
+}
+
+/// One job the scheduler preempts ([`Store::jobs_preempt`]): why, in words, and for which job.
+#[derive(Debug, Clone)]
+pub struct Victim<'a> {
+    pub id: Uuid,
+    pub reason: &'a str,
+    /// The job its room is for.
+    pub for_job: Uuid,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -246,7 +258,9 @@ impl Store {
                 "(SELECT j.id, j.tenant_id, n.name AS tenant_name, j.state, j.reason, j.xmin::text::bigint AS version,
                          a.version AS attempt_version, j.priority, j.max_restarts, j.restart_count,
                          j.cancel_requested_at IS NOT NULL AS cancel_requested,
-                         j.preempt_requested_at IS NOT NULL AS preempt_requested, j.created_at, j.admitted_at,
+                         j.preempt_requested_at IS NOT NULL AS preempt_requested,
+                         CASE WHEN j.preempt_requested_at IS NOT NULL THEN j.preempted_for END AS preempted_for,
+                         j.created_at, j.admitted_at,
                          j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
                          a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at,
                          j.name AS job_name, a.started_at AS attempt_started_at, NULL::jsonb AS content_hashes,
@@ -259,7 +273,7 @@ impl Store {
                   WHERE j.id = ANY($1) AND j.state IN ('admitted', 'starting', 'running', 'restarting'))
                  UNION ALL
                  (SELECT j.id, j.tenant_id, t.name, j.state, j.reason, j.xmin::text::bigint, NULL, j.priority,
-                         j.max_restarts, j.restart_count, false, false, j.created_at, NULL, NULL, NULL,
+                         j.max_restarts, j.restart_count, false, false, NULL::uuid, j.created_at, NULL, NULL, NULL,
                          j.expected_runtime_seconds, NULL, NULL, NULL, NULL, j.name, NULL,
                          -- The content its datasets hold: one function call, not a subquery a
                          -- row (matched with the nodes' caches: 50,000 queued jobs, +23 ms,
@@ -436,22 +450,27 @@ impl Store {
     /// stops them and requeues them. An admitted victim that has not launched goes straight back
     /// to the queue. One statement for a whole cycle's preemptions; returns the victims it
     /// requeued or marked (not those that ended or were cancelled meanwhile).
-    pub async fn jobs_preempt(&self, victims: &[(Uuid, String)]) -> Result<HashSet<Uuid>> {
+    pub async fn jobs_preempt(&self, victims: &[Victim<'_>]) -> Result<HashSet<Uuid>> {
         if victims.is_empty() {
             return Ok(HashSet::new());
         }
-        let (ids, reasons): (Vec<Uuid>, Vec<&str>) = victims.iter().map(|(id, why)| (*id, why.as_str())).unzip();
+        let ids: Vec<Uuid> = victims.iter().map(|v| v.id).collect();
+        let reasons: Vec<&str> = victims.iter().map(|v| v.reason).collect();
+        let for_jobs: Vec<Uuid> = victims.iter().map(|v| v.for_job).collect();
         // Two updates of disjoint rows (by state), one snapshot.
         // language=PostgreSQL
         let preempted: Vec<Uuid> = sqlx::query_scalar(
-            "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS u(id, reason)),
+            "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::text[], $4::uuid[]) AS u(id, reason, for_job)),
              requeued AS (
                  UPDATE jobs SET state = 'queued', reason = u.reason, last_actor = 'scheduler', flavor = NULL,
                                  assigned_nodes = NULL
                  FROM u WHERE jobs.id = u.id AND jobs.state = 'admitted' AND (SELECT control_fence($3))
                  RETURNING jobs.id),
              marked AS (
-                 UPDATE jobs SET preempt_requested_at = coalesce(preempt_requested_at, now()), reason = u.reason
+                 -- A victim asked to stop before keeps its first preemptor: its room is promised.
+                 UPDATE jobs SET preempt_requested_at = coalesce(preempt_requested_at, now()), reason = u.reason,
+                                 preempted_for = CASE WHEN preempt_requested_at IS NULL THEN u.for_job
+                                                      ELSE preempted_for END
                  FROM u WHERE jobs.id = u.id AND jobs.state IN ('starting', 'running', 'restarting')
                    AND jobs.cancel_requested_at IS NULL AND (SELECT control_fence($3))
                  RETURNING jobs.id)
@@ -460,6 +479,7 @@ impl Store {
         .bind(&ids)
         .bind(&reasons)
         .bind(self.control_epoch())
+        .bind(&for_jobs)
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
@@ -1031,6 +1051,7 @@ struct UnfinishedRow {
     restart_count: i32,
     cancel_requested: bool,
     preempt_requested: bool,
+    preempted_for: Option<Uuid>,
     created_at: DateTime<Utc>,
     admitted_at: Option<DateTime<Utc>>,
     flavor: Option<String>,
@@ -1071,6 +1092,7 @@ fn unfinished_job_decode(row: UnfinishedRow) -> DecodedRow {
         restart_count: row.restart_count,
         cancel_requested: row.cancel_requested,
         preempt_requested: row.preempt_requested,
+        preempted_for: row.preempted_for,
         created_at: row.created_at,
         admitted_at: row.admitted_at,
         flavor: row.flavor,

@@ -73,6 +73,9 @@ struct State {
     dependents: std::collections::HashMap<String, Vec<Key>>,
     /// Requests are not kept (`FakeApi::unrecorded`: a long benchmark run).
     unrecorded: bool,
+    /// A deleted pod that still runs is stopped first, as its kubelet stops its containers
+    /// (`FakeApi::kubelet_stops_deleted_pods`): its last state, in the watch's events, is Failed.
+    kubelet_stops_deleted_pods: bool,
 }
 
 #[derive(Clone)]
@@ -127,6 +130,11 @@ fn labels_match(object: &Value, selector: Option<&String>) -> bool {
     })
 }
 
+/// A pod whose phase says it ran to its end or failed.
+fn pod_has_ended(pod: &Value) -> bool {
+    matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+}
+
 fn status(code: u16, reason: &str, message: String) -> Value {
     json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": message })
 }
@@ -142,6 +150,15 @@ fn reply(code: StatusCode, value: &Value) -> Response<Body> {
 }
 
 impl FakeApi {
+    /// Deleted pods that still run end as a kubelet ends them (Failed, exit 137) before they go,
+    /// instead of vanishing in their last running state: the served fake, which plays the
+    /// kubelet (`examples/fake_apiserver.rs`). The executor's tests keep the vanishing pod, the
+    /// harder case (a node gone, a forced deletion).
+    pub fn kubelet_stops_deleted_pods(self) -> FakeApi {
+        self.state.lock().unwrap().kubelet_stops_deleted_pods = true;
+        self
+    }
+
     /// A fake that keeps no record of the requests it answers (`writes_and_reads` stays empty):
     /// for long benchmark runs served over HTTP.
     pub fn unrecorded() -> FakeApi {
@@ -275,7 +292,19 @@ impl FakeApi {
     }
 
     fn delete_locked(&self, state: &mut State, key: &Key) -> Option<Value> {
-        let object = state.objects.remove(key)?;
+        let mut object = state.objects.remove(key)?;
+        if key.0 == "pods" && state.kubelet_stops_deleted_pods && !pod_has_ended(&object) {
+            // The kubelet stops the containers (the stand-in of the real suite reports the same)
+            // and reports how the pod ended before the API server lets it go.
+            object["status"] = json!({ "phase": "Failed", "containerStatuses": [{
+                "name": "replica", "ready": false, "restartCount": 0,
+                "image": object["status"]["containerStatuses"][0]["image"].clone(),
+                "imageID": object["status"]["containerStatuses"][0]["imageID"].clone(),
+                "state": { "terminated": { "exitCode": 137, "reason": "Error" } } }] });
+            state.version += 1;
+            object["metadata"]["resourceVersion"] = json!(state.version.to_string());
+            self.record_event(state, key, "MODIFIED", object.clone());
+        }
         state.version += 1;
         self.record_event(state, key, "DELETED", object.clone());
         let owned = object["metadata"]["uid"].as_str().and_then(|uid| state.dependents.remove(uid)).unwrap_or_default();

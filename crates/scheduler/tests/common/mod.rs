@@ -85,6 +85,7 @@ pub fn running(
         started_at: started,
         expected_runtime: Some(600),
         stopping: false,
+        stopping_for: None,
     }
 }
 

@@ -30,7 +30,7 @@ use trainyard_scheduler::{PreemptionKind, admission_cycle};
 use trainyard_store::Store;
 use trainyard_store::audit::Audit;
 use trainyard_store::reconcile::{
-    Admission, AttemptEnd, Leadership, Started, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob,
+    Admission, AttemptEnd, Leadership, Started, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob, Victim,
 };
 
 use crate::control::health::{LoopHealth, panic_message};
@@ -954,7 +954,7 @@ impl Reconciler {
             };
             self.monitoring.admission_wait.get_or_create(&labels).observe(waited);
         }
-        let victims: Vec<(Uuid, String)> = result
+        let reasons: Vec<String> = result
             .preemptions
             .iter()
             .map(|preemption| {
@@ -962,8 +962,14 @@ impl Reconciler {
                     PreemptionKind::Reclaim => "to return borrowed quota to its owner",
                     PreemptionKind::LowerPriority => "for a higher-priority job of the same tenant",
                 };
-                (preemption.victim, format!("preempted {why} (job {})", preemption.for_job))
+                format!("preempted {why} (job {})", preemption.for_job)
             })
+            .collect();
+        let victims: Vec<Victim<'_>> = result
+            .preemptions
+            .iter()
+            .zip(&reasons)
+            .map(|(preemption, reason)| Victim { id: preemption.victim, reason, for_job: preemption.for_job })
             .collect();
         let preempted = self.store.jobs_preempt(&victims).await?;
         for preemption in result.preemptions.iter().filter(|p| preempted.contains(&p.victim)) {
