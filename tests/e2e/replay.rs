@@ -604,6 +604,44 @@ async fn print_control_loop(url: &str) {
 /// The ten statements that took the database the most time during the replay, with their calls
 /// and mean time, when Postgres counts them (`TRAINYARD_BENCH_STATEMENTS=1 tests/bench/replay.sh`
 /// loads `pg_stat_statements`); otherwise says how to have them.
+/// Who preempted whom, from the jobs' events: per preemptor class and kind, how many preemptors
+/// freed more GPUs than they need (preempting again after their room went to others: a stop and
+/// a second launch each time, for nothing), and how many jobs were admitted more than once.
+async fn print_preemptions(env: &TestEnv) {
+    // language=PostgreSQL
+    let rows: Vec<(String, bool, bool, i64, i64)> = sqlx::query_as(
+        "WITH p AS (SELECT e.job_id AS victim, e.reason LIKE '%borrowed quota%' AS reclaim,
+                           substring(e.reason from '[(]job ([0-9a-f-]+)[)]')::uuid AS preemptor
+                    FROM job_events e WHERE e.to_state = 'queued' AND e.reason LIKE 'preempted%'),
+              gpus AS (SELECT id, coalesce((spec->'resources'->>'gpus')::int, 0) * coalesce((spec->>'replicas')::int, 1) AS n
+                       FROM jobs),
+              r AS (SELECT p.preemptor, bool_or(p.reclaim) AS reclaim, sum(g.n) AS freed, count(*) AS victims
+                    FROM p JOIN gpus g ON g.id = p.victim GROUP BY p.preemptor)
+         SELECT j.name, r.reclaim, r.freed > g.n, count(*), sum(r.victims)::bigint
+         FROM r JOIN jobs j ON j.id = r.preemptor JOIN gpus g ON g.id = r.preemptor
+         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .expect("the preemptions from the jobs' events");
+    for (class, reclaim, over, preemptors, victims) in rows {
+        let kind = if reclaim { "reclaiming" } else { "over lower priority" };
+        let freed = if over { "more GPUs than they need" } else { "at most what they need" };
+        println!("   preemptions: {preemptors} {class} jobs {kind} stopped {victims} jobs, freeing {freed}");
+    }
+    // language=PostgreSQL
+    let again: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT j.name, count(*) FILTER (WHERE a.n > 1), count(*)
+         FROM (SELECT job_id, count(*) AS n FROM job_events WHERE to_state = 'admitted' GROUP BY job_id) a
+         JOIN jobs j ON j.id = a.job_id GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&env.db.pool)
+    .await
+    .expect("the admissions from the jobs' events");
+    let again: Vec<String> = again.iter().map(|(class, n, all)| format!("{class} {n} of {all}")).collect();
+    println!("   admitted more than once: {}", again.join(", "));
+}
+
 async fn print_statements(env: &TestEnv) {
     let _ = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&env.db.pool).await;
     let top: Result<Vec<(String, i64, f64, i64)>, _> = sqlx::query_as(
@@ -676,6 +714,7 @@ async fn kueues_baseline_reduced_runs_every_job_once_within_quota() {
     assert_replay(&env, &workload, &markers, "reduced baseline, one server").await;
     cpu_after.print_since(&cpu, workload.jobs());
     print_control_loop(&env.server.url).await;
+    print_preemptions(&env).await;
     print_statements(&env).await;
 }
 
@@ -734,6 +773,7 @@ async fn replay_on_kubernetes(workload: &Workload, cluster: Cluster, timeout: Du
     assert_replay(&env, workload, &markers, label).await;
     cpu_after.print_since(&cpu, workload.jobs());
     print_control_loop(&env.server.url).await;
+    print_preemptions(&env).await;
     print_statements(&env).await;
 }
 
@@ -821,6 +861,7 @@ async fn kueues_baseline_full() {
     assert_replay(&env, &workload, &markers, "Kueue's baseline, one server, local executor").await;
     cpu_after.print_since(&cpu, workload.jobs());
     print_control_loop(&env.server.url).await;
+    print_preemptions(&env).await;
     print_statements(&env).await;
     println!(
         "   Kueue (means of 5 runs): wall 351.1 s; admission small 215.5 s, medium 76.8 s, large 6.7 s; min usage 58.7%"

@@ -356,6 +356,28 @@ fn the_room_a_preemption_frees_is_its_preemptors_so_another_job_finds_victims_of
 }
 
 #[test]
+fn the_room_a_preemption_frees_is_not_handed_to_the_jobs_behind_its_preemptor_in_the_same_cycle() {
+    // A regression test: victims keep their room until they have stopped (`smallest_sufficient`).
+    let mut t = tenant("a", None, &[(A100, quota(8, None, None))]);
+    t.preempt_lower_priority = true;
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![t],
+        (0..4).map(|i| running(&format!("a-s{i}"), "a", 0, A100, &["n1"], 2, 10 + i)).collect(),
+        vec![
+            pending("a-large", "a", 5, 1, demand(1, 4, Some(A100))),
+            pending("a-next", "a", 0, 2, demand(1, 2, Some(A100))),
+        ],
+    );
+    let result = admission_cycle(&snap);
+    let victims: Vec<String> = result.preemptions.iter().map(|p| name_of(p.victim)).collect();
+    assert_eq!(victims, ["a-s3", "a-s2"]);
+    // Had the victims' room been free for the rest of the cycle, a-next would have taken half of
+    // it, and the next cycle would have preempted a-next for a-large.
+    assert!(result.admissions.is_empty(), "{:?}", result.admissions);
+}
+
+#[test]
 fn reclaim_never_evicts_a_higher_priority_or_a_tenant_within_its_own_quota() {
     let snap = snapshot(
         vec![node("n1", "r1", A100, 8)],
