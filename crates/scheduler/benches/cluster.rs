@@ -91,5 +91,5 @@ pub fn cluster(pending: usize) -> Snapshot {
             }
         })
         .collect();
-    Snapshot { now: 2_000, nodes, tenants, running, pending, settings: Settings::default() }
+    Snapshot { now: 2_000, nodes, tenants, running, pending, settings: Settings::default(), nominated: Vec::new() }
 }

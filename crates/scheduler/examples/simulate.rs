@@ -183,6 +183,7 @@ fn main() {
         running: Vec::new(),
         pending: Vec::new(),
         settings: Settings { starvation_after_secs: i64::MAX / 4, ..Settings::default() },
+        nominated: Vec::new(),
     };
     let jobs = &workload.jobs;
     let demand = |j: &JobSpec| Demand {
@@ -198,6 +199,8 @@ fn main() {
     let mut pending: BTreeSet<usize> = BTreeSet::new();
     let mut running: Vec<Running> = Vec::new();
     let mut admitted_at: Vec<Option<i64>> = vec![None; jobs.len()];
+    // The preemptors whose victims ended since the last cycle, as the server's pass finds them.
+    let mut nominated: Vec<Uuid> = Vec::new();
     let mut preemptions = 0usize;
     let mut cycles = 0usize;
     // Usage over time per tenant: integral of used units over virtual ms.
@@ -224,6 +227,10 @@ fn main() {
             let gone = r.end > now && r.stopping_until.is_some_and(|s| s <= now);
             if gone {
                 stopped.push(r.job);
+            }
+            // Stopped, or ended on its own while being stopped: its preemptor's room.
+            if (gone || r.end <= now) && r.stopping_until.is_some() {
+                nominated.extend(r.stopping_for);
             }
             r.end > now && !gone
         });
@@ -266,6 +273,7 @@ fn main() {
                 cache_wait_secs: 0,
             })
             .collect();
+        snap.nominated = std::mem::take(&mut nominated);
         let result = admission_cycle(&snap);
         cycles += 1;
         for p in &result.preemptions {
@@ -273,6 +281,7 @@ fn main() {
             if stop_ms == 0 {
                 running.retain(|r| r.job != victim);
                 pending.insert(victim);
+                nominated.push(p.for_job);
             } else if let Some(r) = running.iter_mut().find(|r| r.job == victim) {
                 r.stopping_until.get_or_insert(now + stop_ms);
                 r.stopping_for.get_or_insert(p.for_job);

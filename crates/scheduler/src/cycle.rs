@@ -56,7 +56,12 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
     // Each tenant's next job in the fair-share heap, keyed by (dominant share, order): a
     // tenant using less of its share goes first, ties in the order of `Queued::order`.
     let mut share: Vec<u64> = queue.policy_of.iter().map(|&t| dominant_share(&state, t)).collect();
-    let key = |share: u64, job: &Queued| (share.min(u64::from(u32::MAX)) << 32) | u64::from(job.order);
+    // A preemptor whose victims have just ended goes first when its tenant's turn is due
+    // (`Snapshot::nominated`): a share of zero.
+    let key = |share: u64, job: &Queued| {
+        let share = if job.nominated { 0 } else { share.min(u64::from(u32::MAX)) };
+        (share << 32) | u64::from(job.order)
+    };
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = (0..tenants)
         .filter(|&t| !queue.range[t].is_empty())
         .map(|t| Reverse((key(share[t], &queue.jobs[queue.range[t].start]), t as u32)))
@@ -159,6 +164,8 @@ struct Queued {
     shape: ShapeId,
     /// The flavors it may use: where their list starts in `Queue::flavor_lists`, and its length.
     flavors: (u32, u32),
+    /// Its preemption's victims have just ended (`Snapshot::nominated`).
+    nominated: bool,
 }
 
 /// The cycle's queue: every pending job, grouped by tenant, each tenant's jobs in its own
@@ -241,6 +248,7 @@ impl Queue {
             slots[fill[t]] = place as u32;
             fill[t] += 1;
         }
+        let nominated: rustc_hash::FxHashSet<Uuid> = snap.nominated.iter().copied().collect();
         let jobs = slots
             .into_iter()
             .map(|place| {
@@ -258,6 +266,7 @@ impl Queue {
                     priority: job.priority,
                     shape: state.intern(Shape::of(&job.demand)),
                     flavors,
+                    nominated: !nominated.is_empty() && nominated.contains(&job.id),
                 }
             })
             .collect();

@@ -161,6 +161,11 @@ pub struct Snapshot {
     pub running: Vec<RunningJob>,
     pub pending: Vec<PendingJob>,
     pub settings: Settings,
+    /// Waiting jobs whose preemption's victims have just ended (in the pass that recorded their
+    /// end): each goes first when its tenant's turn is due, ahead of the tenants' fair-share
+    /// order, so that the room goes to the job it was taken for. Otherwise tenants served
+    /// before it (using less of their share) take it, and it preempts again, round after round.
+    pub nominated: Vec<Uuid>,
 }
 
 impl Snapshot {

@@ -378,6 +378,30 @@ fn the_room_a_preemption_frees_is_not_handed_to_the_jobs_behind_its_preemptor_in
 }
 
 #[test]
+fn a_preemptor_whose_victims_just_ended_goes_first_ahead_of_the_fair_share_order() {
+    // Four GPUs are free: the room a-large's victims left. Tenant a is at its share, b at none.
+    let mut snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![
+            tenant("a", Some("c"), &[(A100, quota(4, None, None))]),
+            tenant("b", Some("c"), &[(A100, quota(4, None, None))]),
+        ],
+        vec![running("a-r1", "a", 9, A100, &["n1"], 4, 10)],
+        std::iter::once(pending("a-large", "a", 5, 1, demand(1, 4, Some(A100))))
+            .chain((0..4).map(|i| pending(&format!("b-s{i}"), "b", 0, 2 + i, demand(1, 1, Some(A100)))))
+            .collect(),
+    );
+    let admitted = |snap: &trainyard_scheduler::Snapshot| -> Vec<String> {
+        admission_cycle(snap).admissions.iter().map(|a| name_of(a.job)).collect()
+    };
+    // In fair-share order b's jobs come first and take the room: a-large would preempt again.
+    assert_eq!(admitted(&snap), ["b-s0", "b-s1", "b-s2", "b-s3"]);
+    // Nominated (its victims just ended), a-large goes first.
+    snap.nominated = vec![id("a-large")];
+    assert_eq!(admitted(&snap), ["a-large"]);
+}
+
+#[test]
 fn reclaim_never_evicts_a_higher_priority_or_a_tenant_within_its_own_quota() {
     let snap = snapshot(
         vec![node("n1", "r1", A100, 8)],

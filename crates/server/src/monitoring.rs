@@ -477,32 +477,7 @@ mod tests {
         state: trainyard_core::job::JobState,
         gpus: u32,
     ) -> std::sync::Arc<trainyard_store::reconcile::UnfinishedJob> {
-        let spec = serde_json::from_value(serde_json::json!({
-            "command": ["x"], "args": [], "env": {}, "replicas": 1, "resources": {"gpus": gpus}
-        }))
-        .expect("a spec");
-        std::sync::Arc::new(trainyard_store::reconcile::UnfinishedJob {
-            id: uuid::Uuid::now_v7(),
-            tenant_id: uuid::Uuid::nil(),
-            tenant: tenant.into(),
-            name: "j".into(),
-            state,
-            reason: None,
-            spec: std::sync::Arc::new(spec),
-            priority: 0,
-            max_restarts: 0,
-            restart_count: 0,
-            cancel_requested: false,
-            preempt_requested: false,
-            preempted_for: None,
-            created_at: chrono::Utc::now(),
-            admitted_at: None,
-            flavor: Some("h100".into()),
-            assigned_nodes: None,
-            warm_nodes: Vec::new(),
-            expected_runtime_seconds: None,
-            attempt: None,
-        })
+        std::sync::Arc::new(crate::scheduling::job_for_tests(tenant, state, gpus))
     }
 
     fn tenant(name: &str, nominal: i64) -> trainyard_store::reconcile::TenantPolicyRow {

@@ -215,7 +215,73 @@ pub fn snapshot(
             cache_wait_secs: j.spec.cache_wait_seconds.unwrap_or(0),
         })
         .collect();
-    Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default() }
+    // The preemptors whose victims ended in this pass: the room is theirs now.
+    let mut nominated: Vec<Uuid> = jobs
+        .iter()
+        .filter(|j| j.preempt_requested && !j.cancel_requested && ended.contains(&j.id))
+        .filter_map(|j| j.preempted_for)
+        .collect();
+    nominated.sort_unstable();
+    nominated.dedup();
+    Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default(), nominated }
+}
+
+/// An unfinished job of `gpus` GPUs (type `h100`) for the tests of the server's modules.
+#[cfg(test)]
+pub(crate) fn job_for_tests(tenant: &str, state: JobState, gpus: u32) -> UnfinishedJob {
+    let spec = serde_json::from_value(serde_json::json!({
+        "command": ["x"], "args": [], "env": {}, "replicas": 1, "resources": {"gpus": gpus}
+    }))
+    .expect("a spec");
+    UnfinishedJob {
+        id: Uuid::now_v7(),
+        tenant_id: Uuid::nil(),
+        tenant: tenant.into(),
+        name: "j".into(),
+        state,
+        reason: None,
+        spec: Arc::new(spec),
+        priority: 0,
+        max_restarts: 0,
+        restart_count: 0,
+        cancel_requested: false,
+        preempt_requested: false,
+        preempted_for: None,
+        created_at: Utc::now(),
+        admitted_at: None,
+        flavor: Some("h100".into()),
+        assigned_nodes: None,
+        warm_nodes: Vec::new(),
+        expected_runtime_seconds: None,
+        attempt: None,
+    }
+}
+
+#[cfg(test)]
+mod nomination_tests {
+    use super::*;
+
+    #[test]
+    fn a_preemptor_goes_first_in_the_pass_that_records_its_victims_end() {
+        let preemptor = job_for_tests("a", JobState::Queued, 4);
+        let victim = |cancelled: bool| {
+            let mut victim = job_for_tests("a", JobState::Running, 2);
+            victim.preempt_requested = true;
+            victim.preempted_for = Some(preemptor.id);
+            victim.cancel_requested = cancelled;
+            Arc::new(victim)
+        };
+        let (stopped, still_stopping, cancelled) = (victim(false), victim(false), victim(true));
+        let jobs = vec![Arc::new(preemptor.clone()), Arc::clone(&stopped), still_stopping, Arc::clone(&cancelled)];
+        let nominated = |ended: &[&Arc<UnfinishedJob>]| {
+            let ended: HashSet<Uuid> = ended.iter().map(|j| j.id).collect();
+            snapshot(Utc::now(), Vec::new(), Vec::new(), &jobs, &ended).nominated
+        };
+        assert!(nominated(&[]).is_empty(), "its victims are still stopping");
+        assert_eq!(nominated(&[&stopped]), [preemptor.id], "one victim ended in this pass: the room is its");
+        // A cancel frees the room for anyone, whatever preemption came before it.
+        assert!(nominated(&[&cancelled]).is_empty());
+    }
 }
 
 #[cfg(test)]

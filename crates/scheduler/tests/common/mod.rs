@@ -95,5 +95,5 @@ pub fn snapshot(
     running: Vec<RunningJob>,
     pending: Vec<PendingJob>,
 ) -> Snapshot {
-    Snapshot { now: 1_000_100, nodes, tenants, running, pending, settings: Settings::default() }
+    Snapshot { now: 1_000_100, nodes, tenants, running, pending, settings: Settings::default(), nominated: Vec::new() }
 }

@@ -294,6 +294,7 @@ mod tests {
                 running: Vec::new(),
                 pending: Vec::new(),
                 settings: Default::default(),
+                nominated: Vec::new(),
             },
             jobs: Vec::new(),
         }

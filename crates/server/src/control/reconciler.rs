@@ -111,6 +111,11 @@ pub struct Reconciler {
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
     /// this on restart is harmless: the next pass signals again.
     stopping: HashMap<(Uuid, i32), Instant>,
+    /// Preemptors whose victims had not launched yet, so went back to the queue at once: the
+    /// room is theirs in the next cycle (`Snapshot::nominated`; victims that run are stopped,
+    /// and their preemptor goes first in the pass that records their end). Lost on a restart:
+    /// only that precedence, once.
+    nominated_next: Vec<Uuid>,
     /// When leftovers were last collected; `None` until the first pass (after a restart).
     collected: Option<Instant>,
     /// Archives ended attempts' logs and sweeps by retention (see [`crate::storage`]).
@@ -272,6 +277,7 @@ impl Reconciler {
             board,
             settings,
             stopping: HashMap::new(),
+            nominated_next: Vec::new(),
             collected: None,
             storage: None,
             code_storage: None,
@@ -920,12 +926,13 @@ impl Reconciler {
     /// Runs an admission cycle: admits what the scheduler admits (with its placement), asks
     /// preemption victims to stop, and keeps every waiting job's reason current. Returns the jobs
     /// admitted in this pass, as admitted (their flavor and nodes set).
-    async fn admit(&self, jobs: &[Arc<UnfinishedJob>], ended: &HashSet<Uuid>) -> Result<Vec<UnfinishedJob>> {
+    async fn admit(&mut self, jobs: &[Arc<UnfinishedJob>], ended: &HashSet<Uuid>) -> Result<Vec<UnfinishedJob>> {
         if !jobs.iter().any(|j| j.state == JobState::Queued) {
             self.monitoring.pending_jobs.clear();
             return Ok(Vec::new());
         }
-        let snapshot = scheduling::snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
+        let mut snapshot = scheduling::snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
+        snapshot.nominated.append(&mut self.nominated_next);
         // CPU-bound (tens of milliseconds at a queue of 100,000): off the async workers.
         let cycle_started = Instant::now();
         let result = tokio::task::spawn_blocking(move || admission_cycle(&snapshot))
@@ -973,6 +980,9 @@ impl Reconciler {
             .collect();
         let preempted = self.store.jobs_preempt(&victims).await?;
         for preemption in result.preemptions.iter().filter(|p| preempted.contains(&p.victim)) {
+            if by_id.get(&preemption.victim).is_some_and(|v| v.state == JobState::Admitted) {
+                self.nominated_next.push(preemption.for_job);
+            }
             tracing::info!(victim = %preemption.victim, for_job = %preemption.for_job, ?preemption.kind, "preempting");
             if let Some(victim) = by_id.get(&preemption.victim) {
                 let class = match preemption.kind {
