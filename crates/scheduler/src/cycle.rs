@@ -266,7 +266,7 @@ impl Queue {
                     priority: job.priority,
                     shape: state.intern(Shape::of(&job.demand)),
                     flavors,
-                    nominated: !nominated.is_empty() && nominated.contains(&job.id),
+                    nominated: nominated.contains(&job.id),
                 }
             })
             .collect();

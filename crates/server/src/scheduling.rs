@@ -195,8 +195,7 @@ pub fn snapshot(
             started_at: seconds(j.admitted_at.unwrap_or(j.created_at)),
             expected_runtime: j.expected_runtime_seconds.map(i64::from),
             stopping: j.cancel_requested || j.preempt_requested,
-            // A cancel frees the room for anyone, whatever preemption came before it.
-            stopping_for: if j.cancel_requested { None } else { j.preempted_for },
+            stopping_for: room_promised_to(j),
         })
         .collect();
     let pending = jobs
@@ -216,14 +215,17 @@ pub fn snapshot(
         })
         .collect();
     // The preemptors whose victims ended in this pass: the room is theirs now.
-    let mut nominated: Vec<Uuid> = jobs
-        .iter()
-        .filter(|j| j.preempt_requested && !j.cancel_requested && ended.contains(&j.id))
-        .filter_map(|j| j.preempted_for)
-        .collect();
+    let mut nominated: Vec<Uuid> =
+        jobs.iter().filter(|j| ended.contains(&j.id)).filter_map(|j| room_promised_to(j)).collect();
     nominated.sort_unstable();
     nominated.dedup();
     Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default(), nominated }
+}
+
+/// The job a preemption is stopping `job` for, while it stops: the room it frees is that job's.
+/// A cancel frees the room for anyone, whatever preemption came before it.
+fn room_promised_to(job: &UnfinishedJob) -> Option<Uuid> {
+    (job.preempt_requested && !job.cancel_requested).then_some(job.preempted_for).flatten()
 }
 
 /// An unfinished job of `gpus` GPUs (type `h100`) for the tests of the server's modules.

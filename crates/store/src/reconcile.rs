@@ -142,9 +142,9 @@ pub struct Admission<'a> {
 
 /// One job the scheduler preempts ([`Store::jobs_preempt`]): why, in words, and for which job.
 #[derive(Debug, Clone)]
-pub struct Victim<'a> {
+pub struct Victim {
     pub id: Uuid,
-    pub reason: &'a str,
+    pub reason: String,
     /// The job its room is for.
     pub for_job: Uuid,
 }
@@ -450,12 +450,12 @@ impl Store {
     /// stops them and requeues them. An admitted victim that has not launched goes straight back
     /// to the queue. One statement for a whole cycle's preemptions; returns the victims it
     /// requeued or marked (not those that ended or were cancelled meanwhile).
-    pub async fn jobs_preempt(&self, victims: &[Victim<'_>]) -> Result<HashSet<Uuid>> {
+    pub async fn jobs_preempt(&self, victims: &[Victim]) -> Result<HashSet<Uuid>> {
         if victims.is_empty() {
             return Ok(HashSet::new());
         }
         let ids: Vec<Uuid> = victims.iter().map(|v| v.id).collect();
-        let reasons: Vec<&str> = victims.iter().map(|v| v.reason).collect();
+        let reasons: Vec<&str> = victims.iter().map(|v| v.reason.as_str()).collect();
         let for_jobs: Vec<Uuid> = victims.iter().map(|v| v.for_job).collect();
         // Two updates of disjoint rows (by state), one snapshot.
         // language=PostgreSQL

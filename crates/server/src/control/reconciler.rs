@@ -961,7 +961,7 @@ impl Reconciler {
             };
             self.monitoring.admission_wait.get_or_create(&labels).observe(waited);
         }
-        let reasons: Vec<String> = result
+        let victims: Vec<Victim> = result
             .preemptions
             .iter()
             .map(|preemption| {
@@ -969,14 +969,9 @@ impl Reconciler {
                     PreemptionKind::Reclaim => "to return borrowed quota to its owner",
                     PreemptionKind::LowerPriority => "for a higher-priority job of the same tenant",
                 };
-                format!("preempted {why} (job {})", preemption.for_job)
+                let reason = format!("preempted {why} (job {})", preemption.for_job);
+                Victim { id: preemption.victim, reason, for_job: preemption.for_job }
             })
-            .collect();
-        let victims: Vec<Victim<'_>> = result
-            .preemptions
-            .iter()
-            .zip(&reasons)
-            .map(|(preemption, reason)| Victim { id: preemption.victim, reason, for_job: preemption.for_job })
             .collect();
         let preempted = self.store.jobs_preempt(&victims).await?;
         for preemption in result.preemptions.iter().filter(|p| preempted.contains(&p.victim)) {
