@@ -52,6 +52,16 @@ def trained(job):
     return [[(e["epoch"], e["keys"], e["loss"]) for e in job.steps(rank)] for rank in (0, 1)]
 
 
+def assert_trained_alike(job, other, why=""):
+    """The same samples in the same order on each rank, and the same losses up to float noise:
+    CPU kernels may sum in another order from run to run on a loaded machine (a CI run found a
+    loss differing in its seventh digit)."""
+    a, b = trained(job), trained(other)
+    assert [[step[:2] for step in rank] for rank in a] == [[step[:2] for step in rank] for rank in b], why
+    losses_a, losses_b = ([step[2] for rank in steps for step in rank] for steps in (a, b))
+    assert losses_a == pytest.approx(losses_b, rel=1e-5), why
+
+
 def cached_path(cache_dir, sha256):
     return cache.shard_path(cache_dir, NAMESPACE, sha256)
 
@@ -101,7 +111,8 @@ def test_the_nodes_second_job_fetches_no_shard_and_trains_on_what_the_folder_giv
     assert {f for f in first_server.files_served if f in indexes} == indexes
     assert not indexes & set(second_server.files_served), "the indexes come from the node cache too"
     assert len(trained(local)[0]) == 8
-    assert trained(first) == trained(local) and trained(second) == trained(local), "the same samples and losses"
+    assert_trained_alike(first, local, "the same samples and losses")
+    assert_trained_alike(second, local, "the same samples and losses")
 
     # Reported, summed over the two ranks: 8 shard opens.
     assert (metric(first_server, "data/cache_misses"), metric(first_server, "data/cache_hits")) == (4, 4)
@@ -148,7 +159,7 @@ def test_a_shard_damaged_in_the_cache_is_fetched_again_and_the_run_succeeds(runs
     assert trainyard.shard_bytes_served == manifest["shards"][2]["bytes"], "that shard only"
     assert metric(trainyard, "data/cache_refetched") == 1
     assert (metric(trainyard, "data/cache_misses"), metric(trainyard, "data/cache_hits")) == (1, 7)
-    assert trained(job) == trained(runs["local"][0])
+    assert_trained_alike(job, runs["local"][0])
 
 
 def test_every_run_removes_its_view_of_the_dataset(runs):
