@@ -30,8 +30,8 @@ const GPU: &str = "sim-gpu";
 /// The simulator's figures on each layout (`cargo run --release -p trainyard-scheduler --example
 /// simulate -- kueue-baseline[-one-node]`, docs/PERFORMANCE.md), printed beside the replays'.
 const SIMULATOR_ONE_NODE: &str =
-    "Trainyard's simulator, one 600-GPU node: wall 75.6 s; admission small 54.1 s, medium 38.7 s, large 0.6 s";
-const SIMULATOR_NODES_PER_COHORT: &str = "Trainyard's simulator, three 40-GPU nodes per cohort: wall 66.9 s; admission small 44.3 s, medium 14.9 s, large 0.3 s";
+    "Trainyard's simulator, one 600-GPU node: wall 75.7 s; admission small 55.0 s, medium 39.6 s, large 0.2 s";
+const SIMULATOR_NODES_PER_COHORT: &str = "Trainyard's simulator, three 40-GPU nodes per cohort: wall 66.3 s; admission small 45.1 s, medium 12.2 s, large 0.2 s";
 
 /// One class of jobs of a tenant: how many, what each asks for, how long it runs, how often
 /// one arrives.

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::decision::{Admission, CycleResult, FlavorName, Pending, PendingReason, Preemption, PreemptionKind};
 use crate::model::{PendingJob, RunningJob, Snapshot};
-use crate::state::{FlavorId, QuotaCheck, Shape, ShapeId, State};
+use crate::state::{FlavorId, Free, QuotaCheck, Shape, ShapeId, State};
 
 /// Preemption searches per cycle at most (one per tenant, for its first waiting job).
 const MAX_PREEMPTION_SEARCHES: usize = 32;
@@ -499,11 +499,26 @@ fn find_victims<'a>(
             take(state, r, true);
         }
         let found = victims_on(state, job, flavor, t, cohort, need, quota_allows, on_flavor, &eligible, stopping.len());
+        // What the job leaves free, node by node, once its victims (and those stopping for it)
+        // have gone, where it will run then: held for it in this cycle (see `hold_for`).
+        let left = found.as_ref().map(|(victims, _)| {
+            let chosen: Vec<&RunningJob> = on_flavor.iter().copied().filter(|r| victims.contains(&r.id)).collect();
+            chosen.iter().for_each(|r| take(state, r, true));
+            let left = left_after(state, job, flavor, chosen.iter().chain(&stopping));
+            chosen.iter().for_each(|r| take(state, r, false));
+            left
+        });
         for r in &stopping {
             take(state, r, false);
         }
-        if found.is_some() {
-            return found;
+        if let Some(found) = found {
+            // Were the free part of that room handed to a job further down the queue, the
+            // preemptor would find its victims' room short when they have gone, and preempt
+            // again (round after round, as the replays showed).
+            for (node, left) in left.into_iter().flatten() {
+                state.hold(node, left);
+            }
+            return Some(found);
         }
     }
     None
@@ -566,6 +581,30 @@ fn victims_on<'a>(
         }
     }
     None
+}
+
+/// Where `job` would run now, with its victims' resources released in `state`, and what it
+/// would leave free on each of those nodes: on its victims' nodes when they can hold it, so that
+/// it takes as little as possible of what is free beside them.
+fn left_after<'r>(
+    state: &mut State<'_>,
+    job: &PendingJob,
+    flavor: FlavorId,
+    victims: impl Iterator<Item = &'r &'r RunningJob>,
+) -> Vec<(usize, Free)> {
+    let shape = Shape::of(&job.demand);
+    let their_nodes: Vec<String> = victims.flat_map(|r| r.nodes.iter().cloned()).collect();
+    let Some(nodes) =
+        state.place_warm(&shape, Some(flavor), &their_nodes).or_else(|| state.place(&shape, Some(flavor)))
+    else {
+        return Vec::new();
+    };
+    state.allocate(None, Some(flavor), &shape, &nodes);
+    let mut left: Vec<(usize, Free)> = nodes.iter().map(|&node| (node, state.free_on(node))).collect();
+    state.release(None, Some(flavor), &shape, &nodes);
+    left.sort_unstable_by_key(|(node, _)| *node);
+    left.dedup_by_key(|(node, _)| *node);
+    left
 }
 
 /// Releases (`release`) or takes back a running job's resources in the cycle's bookkeeping.

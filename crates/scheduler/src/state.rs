@@ -81,6 +81,14 @@ pub(crate) struct Shape {
     pub memory_bytes: u64,
 }
 
+/// What is free on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Free {
+    pub gpus: u32,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
 impl Shape {
     pub fn of(demand: &Demand) -> Shape {
         Shape {
@@ -303,6 +311,27 @@ impl<'a> State<'a> {
     /// index; `None` for a tenant without a policy, whose usage is not counted).
     pub fn allocate(&mut self, t: Option<usize>, flavor: Option<FlavorId>, demand: &Shape, nodes: &[usize]) {
         self.adjust(t, flavor, demand, nodes, -1);
+    }
+
+    /// What is free on `node`: GPUs, CPU (millicores), memory (bytes).
+    pub fn free_on(&self, node: usize) -> Free {
+        Free { gpus: self.free_gpus[node], cpu_millis: self.free_cpu[node], memory_bytes: self.free_mem[node] }
+    }
+
+    /// Lowers what is free on `node` to at most `left`: a preemptor holds what it will need
+    /// there beyond its victims' room, so that nobody else is placed on it this cycle. No
+    /// tenant's usage changes.
+    pub fn hold(&mut self, node: usize, left: Free) {
+        let node_flavor = self.node_flavor[node];
+        if let Some(f) = node_flavor {
+            self.index_remove(f, node);
+        }
+        self.free_gpus[node] = self.free_gpus[node].min(left.gpus);
+        self.free_cpu[node] = self.free_cpu[node].min(left.cpu_millis);
+        self.free_mem[node] = self.free_mem[node].min(left.memory_bytes);
+        if let Some(f) = node_flavor {
+            self.index_insert(f, node);
+        }
     }
 
     /// Gives a job's resources back.

@@ -378,6 +378,49 @@ fn the_room_a_preemption_frees_is_not_handed_to_the_jobs_behind_its_preemptor_in
 }
 
 #[test]
+fn the_free_room_a_preemptor_needs_beside_its_victims_room_is_held_for_it_in_its_cycle() {
+    // a-large needs the whole node: its victim's 2 GPUs and the 6 free beside them.
+    let mut t = tenant("a", None, &[(A100, quota(8, None, None))]);
+    t.preempt_lower_priority = true;
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![t],
+        vec![running("a-s0", "a", 0, A100, &["n1"], 2, 10)],
+        vec![
+            pending("a-large", "a", 5, 1, demand(1, 8, Some(A100))),
+            pending("a-next", "a", 0, 2, demand(1, 1, Some(A100))),
+        ],
+    );
+    let result = admission_cycle(&snap);
+    let victims: Vec<String> = result.preemptions.iter().map(|p| name_of(p.victim)).collect();
+    assert_eq!(victims, ["a-s0"]);
+    // Had a-next taken one of the free GPUs, a-large would find 7 when its victim has gone, and
+    // preempt a-next.
+    assert!(result.admissions.is_empty(), "{:?}", result.admissions);
+}
+
+#[test]
+fn a_preemptor_whose_victims_room_suffices_holds_none_of_the_free_room() {
+    // a-large needs 4 GPUs: its victim's 4 are enough, the 2 free beside them stay free.
+    let mut t = tenant("a", None, &[(A100, quota(8, None, None))]);
+    t.preempt_lower_priority = true;
+    let snap = snapshot(
+        vec![node("n1", "r1", A100, 8)],
+        vec![t],
+        vec![running("a-s0", "a", 0, A100, &["n1"], 4, 10), running("a-hi", "a", 9, A100, &["n1"], 2, 11)],
+        vec![
+            pending("a-large", "a", 5, 1, demand(1, 4, Some(A100))),
+            pending("a-next", "a", 0, 2, demand(1, 2, Some(A100))),
+        ],
+    );
+    let result = admission_cycle(&snap);
+    let victims: Vec<String> = result.preemptions.iter().map(|p| name_of(p.victim)).collect();
+    assert_eq!(victims, ["a-s0"]);
+    let admitted: Vec<String> = result.admissions.iter().map(|a| name_of(a.job)).collect();
+    assert_eq!(admitted, ["a-next"]);
+}
+
+#[test]
 fn a_preemptor_whose_victims_just_ended_goes_first_ahead_of_the_fair_share_order() {
     // Four GPUs are free: the room a-large's victims left. Tenant a is at its share, b at none.
     let mut snap = snapshot(
