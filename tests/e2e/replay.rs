@@ -28,10 +28,13 @@ use trainyard_tests::{ServerProcess, StatusCode, TestEnv};
 const GPU: &str = "sim-gpu";
 
 /// The simulator's figures on each layout (`cargo run --release -p trainyard-scheduler --example
-/// simulate -- kueue-baseline[-one-node]`, docs/PERFORMANCE.md), printed beside the replays'.
-const SIMULATOR_ONE_NODE: &str =
-    "Trainyard's simulator, one 600-GPU node: wall 75.7 s; admission small 55.0 s, medium 39.6 s, large 0.2 s";
-const SIMULATOR_NODES_PER_COHORT: &str = "Trainyard's simulator, three 40-GPU nodes per cohort: wall 66.3 s; admission small 45.1 s, medium 12.2 s, large 0.2 s";
+/// simulate -- kueue-baseline[-one-node]`, docs/PERFORMANCE.md), printed beside the replays':
+/// launches as fast as admitted, and at most 300 a second (`--launches-per-s 300`, the rate
+/// this 2-core machine launches at on the local replay when launches are what limits it).
+const SIMULATOR_ONE_NODE: &str = "Trainyard's simulator, one 600-GPU node: wall 75.7 s; admission small 55.0 s, medium 39.6 s, large 0.2 s; \
+     at 300 launches a second: 107.5 s; 70.6 / 41.2 / 0.2 s";
+const SIMULATOR_NODES_PER_COHORT: &str = "Trainyard's simulator, three 40-GPU nodes per cohort: wall 66.3 s; admission small 45.1 s, medium 12.2 s, large 0.2 s; \
+     at 300 launches a second: 107.5 s; 70.6 / 41.2 / 0.2 s";
 
 /// One class of jobs of a tenant: how many, what each asks for, how long it runs, how often
 /// one arrives.
@@ -403,6 +406,27 @@ fn report(label: &str, workload: &Workload, outcomes: &[Outcome]) -> f64 {
         percentile(&launch, 0.5),
         percentile(&launch, 0.95)
     );
+    // An admitted job holds its GPUs, idle, until it runs: per class, how long, and what that
+    // costs the cluster (of its last admission; a preempted job's earlier ones are not counted).
+    let mut held_idle = 0.0;
+    let per_class: Vec<String> = workload
+        .classes
+        .iter()
+        .map(|class| {
+            let waits: Vec<f64> = outcomes
+                .iter()
+                .filter(|o| o.name == class.name)
+                .filter_map(|o| o.admitted_at.zip(o.running_at).map(|(a, r)| seconds(a, r)))
+                .collect();
+            held_idle += f64::from(class.gpus) * waits.iter().sum::<f64>();
+            format!("{} {:.2} s", class.name, waits.iter().sum::<f64>() / waits.len().max(1) as f64)
+        })
+        .collect();
+    println!(
+        "   admission -> running, mean: {}; GPUs held before running: {:.1}% of capacity x wall",
+        per_class.join(", "),
+        100.0 * held_idle / (workload.capacity() as f64 * wall)
+    );
     let gpu_seconds: f64 = outcomes
         .iter()
         .map(|o| {
@@ -415,7 +439,54 @@ fn report(label: &str, workload: &Workload, outcomes: &[Outcome]) -> f64 {
         100.0 * gpu_seconds / (workload.capacity() as f64 * wall),
         outcomes.iter().map(|o| o.preemptions).sum::<i64>()
     );
+    print_timeline(workload, outcomes, first, wall);
     wall
+}
+
+/// The replay in steps of 10 s: jobs admitted and started running in each, and the GPUs held on
+/// average by jobs admitted but not running yet, and by jobs running (until their end is
+/// recorded); each job's last admission only.
+fn print_timeline(workload: &Workload, outcomes: &[Outcome], first: DateTime<Utc>, wall: f64) {
+    const STEP: f64 = 10.0;
+    let steps = (wall / STEP).ceil().max(1.0) as usize;
+    let step_of = |t: f64| ((t / STEP) as usize).min(steps - 1);
+    let (mut admitted, mut started) = (vec![0usize; steps], vec![0usize; steps]);
+    let (mut held, mut running) = (vec![0.0f64; steps], vec![0.0f64; steps]);
+    // Spreads `gpus` held from `from` to `to` over the steps, as an average over each step.
+    let spread = |into: &mut [f64], from: f64, to: f64, gpus: f64| {
+        for (i, slot) in into.iter_mut().enumerate().take(step_of(to) + 1).skip(step_of(from)) {
+            let overlap = to.min((i + 1) as f64 * STEP) - from.max(i as f64 * STEP);
+            *slot += gpus * overlap.max(0.0) / STEP;
+        }
+    };
+    for o in outcomes {
+        let gpus = f64::from(workload.classes.iter().find(|c| c.name == o.name).map_or(0, |c| c.gpus));
+        let at = |t: Option<DateTime<Utc>>| t.map(|t| seconds(first, t));
+        let (Some(a), Some(r), Some(f)) = (at(o.admitted_at), at(o.running_at), at(o.finished_at)) else { continue };
+        admitted[step_of(a)] += 1;
+        started[step_of(r)] += 1;
+        spread(&mut held, a, r, gpus);
+        spread(&mut running, r, f, gpus);
+    }
+    println!(
+        "   timeline, {} GPUs: seconds, jobs admitted / started, GPUs held before running / running (mean)",
+        workload.capacity()
+    );
+    for i in 0..steps {
+        println!(
+            "     {:>4.0}-{:<4.0} {:>6} {:>6} {:>7.0} {:>7.0}",
+            i as f64 * STEP,
+            (i + 1) as f64 * STEP,
+            admitted[i],
+            started[i],
+            held[i],
+            running[i]
+        );
+    }
+    // The rate the control plane and this machine launched at when launches were what limited
+    // it (the simulator takes it as `--launches-per-s`).
+    let busiest = started.iter().max().copied().unwrap_or(0);
+    println!("   launches a second in the busiest 10 s: {:.0}", busiest as f64 / STEP);
 }
 
 /// Kueue's usage statistic (its scheduler benchmark's recorder and checker): the quota its

@@ -12,6 +12,9 @@
 //! in between (arrivals, ends) is seen at the next one (0, the default: at every instant).
 //! `--launch-ms L`: an admitted job holds its quota L ms before it runs (its launch: the pod or
 //! process starting; 0, the default).
+//! `--launches-per-s R`: at most R launches start a second, one after another (a control plane
+//! on a machine that starts processes or pods at that rate); an admitted job holds its quota
+//! while it waits for its turn (0, the default: no limit).
 //!
 //! `kueue-baseline` is Kueue's published performance scenario (see docs/PERFORMANCE.md), each
 //! cohort on three 40-unit nodes of its own; `kueue-baseline-one-node` the same on one node of
@@ -127,21 +130,18 @@ struct Running {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = args.first().cloned().unwrap_or_else(|| "kueue-baseline".into());
-    let stop_ms: i64 = args
-        .iter()
-        .position(|a| a == "--stop-ms")
-        .and_then(|i| args.get(i + 1))
-        .map_or(0, |v| v.parse().expect("--stop-ms takes a number of milliseconds"));
-    let pass_ms: i64 = args
-        .iter()
-        .position(|a| a == "--pass-ms")
-        .and_then(|i| args.get(i + 1))
-        .map_or(0, |v| v.parse().expect("--pass-ms takes a number of milliseconds"));
-    let launch_ms: i64 = args
-        .iter()
-        .position(|a| a == "--launch-ms")
-        .and_then(|i| args.get(i + 1))
-        .map_or(0, |v| v.parse().expect("--launch-ms takes a number of milliseconds"));
+    let option = |name: &str| -> i64 {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map_or(0, |v| v.parse().unwrap_or_else(|_| panic!("{name} takes a whole number")))
+    };
+    let (stop_ms, pass_ms, launch_ms) = (option("--stop-ms"), option("--pass-ms"), option("--launch-ms"));
+    // One launch every this many microseconds at most (0: as many at once as are admitted).
+    let launch_every_us = match option("--launches-per-s") {
+        0 => 0,
+        rate => 1_000_000 / rate,
+    };
     let workload = if arg == "kueue-baseline" || arg == "kueue-baseline-one-node" {
         kueue_baseline(arg == "kueue-baseline-one-node")
     } else {
@@ -206,6 +206,8 @@ fn main() {
     // Usage over time per tenant: integral of used units over virtual ms.
     let mut usage_integral: BTreeMap<&str, f64> = BTreeMap::new();
     let mut now = 0i64;
+    // When the launcher can start its next launch (`--launches-per-s`), in microseconds.
+    let mut launcher_free_us = 0i64;
     let started = Instant::now();
 
     loop {
@@ -292,9 +294,17 @@ fn main() {
             let job = a.job.as_u128() as usize;
             pending.remove(&job);
             admitted_at[job] = Some(now);
+            // Launched after `launch_ms`, and no sooner than the launcher's rate allows: jobs
+            // admitted together start one after another, holding their GPUs meanwhile.
+            let mut start = now + launch_ms;
+            if launch_every_us > 0 {
+                let at_us = launcher_free_us.max(start * 1000);
+                launcher_free_us = at_us + launch_every_us;
+                start = (at_us + 999) / 1000;
+            }
             running.push(Running {
                 job,
-                end: now + launch_ms + jobs[job].duration_ms,
+                end: start + jobs[job].duration_ms,
                 stopping_until: None,
                 stopping_for: None,
                 flavor: a.flavor.clone(),
