@@ -134,7 +134,7 @@ struct Outcome {
     name: String,
     state: String,
     created_at: DateTime<Utc>,
-    /// Its last admission (a preempted job is admitted again), and its last start running.
+    /// Its last admission (a preempted job is admitted again), and its first start running after it.
     admitted_at: Option<DateTime<Utc>>,
     running_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
@@ -298,7 +298,11 @@ async fn outcomes(env: &TestEnv) -> Vec<Outcome> {
                 -- The last admission, as Kueue's recorder counts a workload's time to admission
                 -- (re-set at each admission after an eviction) and the simulator does.
                 (SELECT max(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'admitted') AS admitted_at,
-                (SELECT max(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'running') AS running_at,
+                -- Its first start running after that admission (none when its attempt ended
+                -- before a pass saw it running: a 200 ms job can).
+                (SELECT min(r.at) FROM job_events r WHERE r.job_id = j.id AND r.to_state = 'running'
+                    AND r.at >= (SELECT max(e.at) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'admitted'))
+                    AS running_at,
                 (SELECT count(*) FROM job_events e WHERE e.job_id = j.id AND e.to_state = 'queued'
                     AND e.from_state IS NOT NULL) AS preemptions
          FROM jobs j JOIN tenants n ON n.id = j.tenant_id WHERE n.name LIKE 'q%'",
@@ -445,7 +449,8 @@ fn report(label: &str, workload: &Workload, outcomes: &[Outcome]) -> f64 {
 
 /// The replay in steps of 10 s: jobs admitted and started running in each, and the GPUs held on
 /// average by jobs admitted but not running yet, and by jobs running (until their end is
-/// recorded); each job's last admission only.
+/// recorded); each job's last admission only. A job that ended before a pass saw it running is
+/// counted as started when admitted.
 fn print_timeline(workload: &Workload, outcomes: &[Outcome], first: DateTime<Utc>, wall: f64) {
     const STEP: f64 = 10.0;
     let steps = (wall / STEP).ceil().max(1.0) as usize;
@@ -462,7 +467,9 @@ fn print_timeline(workload: &Workload, outcomes: &[Outcome], first: DateTime<Utc
     for o in outcomes {
         let gpus = f64::from(workload.classes.iter().find(|c| c.name == o.name).map_or(0, |c| c.gpus));
         let at = |t: Option<DateTime<Utc>>| t.map(|t| seconds(first, t));
-        let (Some(a), Some(r), Some(f)) = (at(o.admitted_at), at(o.running_at), at(o.finished_at)) else { continue };
+        let (Some(a), Some(f)) = (at(o.admitted_at), at(o.finished_at)) else { continue };
+        // A job that ended before a pass saw it running counts as running from its admission.
+        let r = at(o.running_at).unwrap_or(a);
         admitted[step_of(a)] += 1;
         started[step_of(r)] += 1;
         spread(&mut held, a, r, gpus);
