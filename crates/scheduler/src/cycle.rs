@@ -500,7 +500,8 @@ fn find_victims<'a>(
         }
         let found = victims_on(state, job, flavor, t, cohort, need, quota_allows, on_flavor, &eligible, stopping.len());
         // What the job leaves free, node by node, once its victims (and those stopping for it)
-        // have gone, where it will run then: held for it in this cycle (see `hold_for`).
+        // have gone, where it will run then (`left_after`): held for it in this cycle. The
+        // victims are released once more for it; searches are few per cycle (at most 32).
         let left = found.as_ref().map(|(victims, _)| {
             let chosen: Vec<&RunningJob> = on_flavor.iter().copied().filter(|r| victims.contains(&r.id)).collect();
             chosen.iter().for_each(|r| take(state, r, true));
