@@ -329,6 +329,8 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
         simulated_gpus: Some((2, "simulated-gpu".into())),
         shard_cache_bytes: None,
         shard_cache_tenant_bytes: None,
+        pids_limit: trainyard_executor::local::DEFAULT_PIDS_LIMIT,
+        cpu_hard_limit: false,
     };
     let request = |job: u128| LaunchRequest {
         job_id: Uuid::from_u128(job),

@@ -5,6 +5,7 @@ mod authz;
 mod cache_agent;
 mod chaos;
 mod compare;
+mod confinement;
 mod control;
 mod dashboard;
 mod dashboard_usage;

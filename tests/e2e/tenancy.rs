@@ -178,7 +178,7 @@ async fn a_job_cannot_read_another_tenants_files_or_the_control_planes() {
     let volume_dir = find("avol");
     std::fs::write(format!("{volume_dir}/secret"), "A-VOLUME-SECRET").unwrap();
     let targets = [
-        ("workdir", format!("{}/jobs/{a}/replica-0/secret.txt", data.display())),
+        ("workdir", format!("{}/jobs/{a}/work-1/replica-0/secret.txt", data.display())),
         ("log", format!("{}/jobs/{a}/attempt-1/replica-0.log", data.display())),
         ("artifact", find("model.bin")),
         ("volume", format!("{volume_dir}/secret")),
@@ -442,4 +442,80 @@ async fn a_tenant_removal_asked_for_just_before_a_crash_finishes_after_the_resta
         .unwrap();
     assert_eq!((state.as_str(), restarts), ("cancelled", 0));
     assert!(!trainyard_tests::group_alive(pid), "the job's processes were stopped, not left behind");
+}
+
+/// The link attack of issue 37, in its three variants. A member's job replaces its code files
+/// with links (to a root-only file, to a folder outside every job, into another tenant's running
+/// job) and fails; when the next attempt launches, the server, as root, must write none of them:
+/// every file outside the job's folder stays as it was, and the attempt starts in a fresh folder
+/// holding the code as shipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_files_swapped_for_links_make_the_server_write_nothing_outside_the_job() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = TestEnv::start().await;
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test needs root (as tests/run has it): the attack is on a root server");
+    }
+    let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let bob = env.member("team-b", "bob", "member").await;
+    let mallory = env.member("default", "mallory", "member").await;
+
+    // Another tenant's job, running while the attack goes on.
+    let (status, job) = env.post("/api/v1/jobs", &bob, &json!({"command": ["sleep", "60"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let b = job["id"].as_str().unwrap().to_string();
+    env.wait_job_as(&bob, &b, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let b_workdir = env.data_dir().join("jobs").join(&b).join("work-1/replica-0");
+    assert!(b_workdir.is_dir(), "{} is team-b's working folder", b_workdir.display());
+
+    // Outside every job: a root-only file and a folder of root's.
+    let outside = env.dir.path().join("outside");
+    std::fs::create_dir_all(outside.join("folder")).unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = outside.join("root-only");
+    std::fs::write(&secret, "root's own").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let project = env.dir.path().join("mallory");
+    for folder in ["sub", "pkg"] {
+        std::fs::create_dir_all(project.join(folder)).unwrap();
+    }
+    std::fs::write(project.join("code.txt"), "tenant content").unwrap();
+    std::fs::write(project.join("sub/new-file.txt"), "created as root?").unwrap();
+    std::fs::write(project.join("pkg/planted.txt"), "planted in team-b").unwrap();
+    let script = format!(
+        "if [ \"$TRAINYARD_ATTEMPT\" = 1 ]; then \
+           touch attempt-1-was-here; \
+           rm -f code.txt && ln -s {secret} code.txt; \
+           rm -rf sub && ln -s {folder} sub; \
+           rm -rf pkg && ln -s {b_workdir} pkg; \
+           exit 1; \
+         fi; \
+         test ! -e attempt-1-was-here || {{ echo 'NOT FRESH'; exit 3; }}; \
+         test -f code.txt && test ! -L code.txt && test \"$(cat code.txt)\" = 'tenant content' || {{ echo 'BAD CODE'; exit 4; }}; \
+         test ! -L sub && test -f sub/new-file.txt && test ! -L pkg && test -f pkg/planted.txt || {{ echo 'BAD FOLDERS'; exit 5; }}; \
+         echo 'attempt 2 clean'",
+        secret = secret.display(),
+        folder = outside.join("folder").display(),
+        b_workdir = b_workdir.display(),
+    );
+    let submitted = env.yard_in(&project, &mallory, &["submit", "--max-restarts", "1", "--", "sh", "-c", &script]);
+    assert!(submitted.status.success(), "{}", trainyard_tests::stderr(&submitted));
+    let id = trainyard_tests::stdout(&submitted).trim().to_string();
+    let job = env.wait_job(&id, Duration::from_secs(60), |j| j["finished_at"].is_string()).await;
+    let log = trainyard_tests::stdout(&env.yard(&env.admin_token, &["logs", &id]));
+    assert_eq!(job["state"], "succeeded", "attempt 2 ran from a fresh folder with the code as shipped: {job}\n{log}");
+    assert_eq!(job["restart_count"], 1, "{job}");
+
+    // Nothing outside the job changed.
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's own", "the root-only file was overwritten");
+    assert_eq!(std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777, 0o600, "its mode changed");
+    assert_eq!(std::fs::read_dir(outside.join("folder")).unwrap().count(), 0, "a file was created outside the job");
+    assert!(!b_workdir.join("planted.txt").exists(), "a file was planted in team-b's running job");
+    // Attempt 1's folder went with it; attempt 2's holds what it was given.
+    let job_dir = env.data_dir().join("jobs").join(&id);
+    assert!(!job_dir.join("work-1").exists(), "attempt 1's working folder is removed");
+    assert!(job_dir.join("work-2/replica-0/code.txt").is_file());
+    env.post(&format!("/api/v1/jobs/{b}/cancel"), &bob, &json!({})).await;
 }

@@ -164,7 +164,7 @@ async fn a_killed_replica_restarts_the_job_from_its_last_checkpoint() {
     let volume = volumes.as_array().unwrap().iter().find(|v| v["name"] == "checkpoints").expect("a checkpoints volume");
     assert_eq!(volume["size_bytes"], 20u64 << 30, "{volume}");
     assert_eq!(volume["access_mode"], "ReadWriteMany", "{volume}");
-    assert!(!env.data_dir().join("jobs").join(&id).join("replica-0/checkpoints").exists());
+    assert!(!env.data_dir().join("jobs").join(&id).join("work-2/replica-0/checkpoints").exists());
     // Retention (keep_checkpoints, 3 by default): only the newest three of the 30 written stay.
     let folder = checkpoint_folder(&env, &id);
     let mut kept: Vec<String> = std::fs::read_dir(&folder)

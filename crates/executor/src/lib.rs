@@ -292,6 +292,12 @@ pub trait Executor: Send + Sync + 'static {
         statuses.into_iter().enumerate().map(|(rank, status)| ReplicaDetail::from_status(rank as u32, status)).collect()
     }
 
+    /// What an operator must know about how this backend confines jobs on its machine, when it
+    /// falls short (replicas not isolated, not confined in cgroups), for `/readyz` and the log.
+    fn node_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The machines jobs can run on, one entry each, when the backend knows them (`None`: use
     /// [`Executor::inventory`] as one machine).
     fn nodes(&self) -> Option<Vec<NodeInventory>> {

@@ -54,6 +54,15 @@ pub struct LocalExecutorArgs {
     /// that tenant's shards no job is reading). Default: no bound of its own.
     #[arg(long, value_name = "BYTES")]
     pub shard_cache_tenant_bytes: Option<u64>,
+    /// Processes and threads one replica may have at once (its cgroup's pids.max), so that a
+    /// fork bomb stops there.
+    #[arg(long, value_name = "N", default_value_t = trainyard_executor::local::DEFAULT_PIDS_LIMIT)]
+    pub pids_limit: u64,
+    /// Cap each replica's CPU time at its request (a CFS quota), as a Kubernetes limit equal to
+    /// the request would. Without it the request is the replica's weight: a replica may use idle
+    /// cores, and under contention each gets its share.
+    #[arg(long)]
+    pub cpu_hard_limit: bool,
 }
 
 /// The replicas' supervisor, `trainyard-shim`, which is built and installed beside `trainyard`.
@@ -86,6 +95,8 @@ pub fn local_server(
         simulated_gpus: local.simulate_gpus.map(|n| (n, local.simulate_gpu_type.clone())),
         shard_cache_bytes: local.shard_cache_bytes,
         shard_cache_tenant_bytes: local.shard_cache_tenant_bytes,
+        pids_limit: local.pids_limit,
+        cpu_hard_limit: local.cpu_hard_limit,
     })
     .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
     let storage = storage.open(data_dir).context("opening the object store")?;

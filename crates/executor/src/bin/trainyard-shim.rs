@@ -26,6 +26,9 @@ struct Args {
     uid: Option<u32>,
     #[arg(long, requires = "uid")]
     gid: Option<u32>,
+    /// A cgroup folder to join before the replica starts (one per controller on cgroup v1).
+    #[arg(long)]
+    cgroup: Vec<PathBuf>,
     /// The replica's command.
     #[arg(last = true, required = true)]
     argv: Vec<OsString>,
@@ -33,6 +36,11 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let options = ShimOptions { env_file: args.env_file, run_as: args.uid.zip(args.gid), reap_orphans: true };
+    let options = ShimOptions {
+        env_file: args.env_file,
+        run_as: args.uid.zip(args.gid),
+        reap_orphans: true,
+        cgroups: args.cgroup,
+    };
     std::process::exit(shim_main(&args.exit_file, &args.argv, &options));
 }

@@ -14,17 +14,25 @@
 //! the entry itself, so a shard a reader holds (a shared `flock`) or one being filled or checked
 //! is kept, and the entry is deleted only if its name still points at the file locked.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
+use cap_std::fs::{Dir, MetadataExt, OpenOptions};
 use nix::fcntl::{Flock, FlockArg};
 use trainyard_core::job::is_sha256_hex;
 
-/// One cached entry: when last used (ns since the epoch), its size and where it is.
+use super::tenant_fs;
+
+/// One cached entry: when last used (ns since the epoch), its size and where it is: a file
+/// `name` in `folder` (relative) of a namespace. Never a path to follow: every folder under a
+/// namespace is the tenant's, and a replica can swap any of them for a link at any time, so each
+/// is opened from its parent's handle with no link followed ([`tenant_fs`]).
 struct Entry {
     used_ns: i128,
     size: u64,
-    path: PathBuf,
+    namespace: String,
+    folder: PathBuf,
+    name: String,
 }
 
 /// What a sweep did.
@@ -39,16 +47,24 @@ pub struct Swept {
 /// Evicts the least recently used entries not in use, in every namespace under `root`, until
 /// the cache holds at most `budget` bytes.
 pub fn sweep(root: &Path, budget: u64) -> Swept {
-    evict_to(entries(root, None), budget)
+    sweep_in(root, None, budget)
 }
 
 /// [`sweep`] within one namespace (a tenant's share of the cache): its own least recently used
 /// entries not in use go until it holds at most `budget` bytes.
 pub fn sweep_namespace(root: &Path, namespace: &str, budget: u64) -> Swept {
-    evict_to(entries(root, Some(namespace)), budget)
+    sweep_in(root, Some(namespace), budget)
 }
 
-fn evict_to(mut entries: Vec<Entry>, budget: u64) -> Swept {
+fn sweep_in(root: &Path, only: Option<&str>, budget: u64) -> Swept {
+    // The root is the server's own folder (0755, nobody else writes in it).
+    let Ok(root) = Dir::open_ambient_dir(root, cap_std::ambient_authority()) else {
+        return Swept::default();
+    };
+    evict_to(&root, entries(&root, only), budget)
+}
+
+fn evict_to(root: &Dir, mut entries: Vec<Entry>, budget: u64) -> Swept {
     let mut total: u64 = entries.iter().map(|e| e.size).sum();
     let mut swept = Swept::default();
     entries.sort_by_key(|e| e.used_ns);
@@ -56,7 +72,7 @@ fn evict_to(mut entries: Vec<Entry>, budget: u64) -> Swept {
         if total <= budget {
             break;
         }
-        match evict(&entry.path) {
+        match evict(root, entry) {
             Outcome::Evicted => {
                 total -= entry.size;
                 swept.evicted += 1;
@@ -70,22 +86,23 @@ fn evict_to(mut entries: Vec<Entry>, budget: u64) -> Swept {
 }
 
 /// Every shard and index under `root` (in `only` namespace, when given), as cache.py lists them.
-fn entries(root: &Path, only: Option<&str>) -> Vec<Entry> {
+fn entries(root: &Dir, only: Option<&str>) -> Vec<Entry> {
     let mut found = Vec::new();
     for namespace in names(root).filter(|n| is_namespace(n) && only.is_none_or(|only| only == n)) {
-        let namespace_dir = root.join(&namespace);
+        let Ok(namespace_dir) = tenant_fs::open_subdir(root, namespace.as_ref()) else { continue };
         for prefix in names(&namespace_dir) {
-            let folder = namespace_dir.join(&prefix);
+            let Ok(folder) = tenant_fs::open_subdir(&namespace_dir, prefix.as_ref()) else { continue };
             if prefix == "indexes" {
                 for content in names(&folder).filter(|c| is_sha256_hex(c)) {
-                    let content_dir = folder.join(&content);
+                    let Ok(content_dir) = tenant_fs::open_subdir(&folder, content.as_ref()) else { continue };
+                    let relative = Path::new(&prefix).join(&content);
                     for name in names(&content_dir).filter(|n| !n.starts_with(".fill-")) {
-                        found.extend(entry(content_dir.join(name)));
+                        found.extend(entry(&content_dir, &namespace, &relative, name));
                     }
                 }
             } else {
                 for name in names(&folder).filter(|n| is_sha256_hex(n) && n.get(..2) == Some(prefix.as_str())) {
-                    found.extend(entry(folder.join(name)));
+                    found.extend(entry(&folder, &namespace, Path::new(&prefix), name));
                 }
             }
         }
@@ -93,12 +110,15 @@ fn entries(root: &Path, only: Option<&str>) -> Vec<Entry> {
     found
 }
 
-fn entry(path: PathBuf) -> Option<Entry> {
-    let info = std::fs::symlink_metadata(&path).ok()?;
-    info.file_type().is_file().then(|| Entry {
+fn entry(dir: &Dir, namespace: &str, folder: &Path, name: String) -> Option<Entry> {
+    // The entry itself, not what it may link to: a link is no entry.
+    let info = dir.symlink_metadata(&name).ok()?;
+    info.is_file().then(|| Entry {
         used_ns: i128::from(info.atime()) * 1_000_000_000 + i128::from(info.atime_nsec()),
         size: info.len(),
-        path,
+        namespace: namespace.to_string(),
+        folder: folder.to_path_buf(),
+        name,
     })
 }
 
@@ -108,29 +128,43 @@ enum Outcome {
     Kept,
 }
 
-/// Deletes the entry at `path` unless it is in use or being filled or checked.
-fn evict(path: &Path) -> Outcome {
-    let mut lock_path = path.as_os_str().to_owned();
-    lock_path.push(".lock");
+/// Opens a file in `dir` to read, refusing a link in its place.
+fn open_nofollow(dir: &Dir, name: &str) -> std::io::Result<std::fs::File> {
+    let mut options = OpenOptions::new();
+    options.read(true).follow(FollowSymlinks::No);
+    Ok(dir.open_with(name, &options)?.into_std())
+}
+
+/// Deletes the entry unless it is in use or being filled or checked.
+fn evict(root: &Dir, entry: &Entry) -> Outcome {
+    let Ok(folder) = tenant_fs::open_subdir(root, entry.namespace.as_ref())
+        .and_then(|namespace| tenant_fs::open_dir_beneath(&namespace, &entry.folder, false))
+    else {
+        return Outcome::Gone;
+    };
     // Held until the entry is deleted: a fill waiting on it finds the entry gone, and fetches.
-    let _fill_lock = match std::fs::File::open(&lock_path) {
+    let _fill_lock = match open_nofollow(&folder, &format!("{}.lock", entry.name)) {
         Ok(file) => match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(locked) => Some(locked),
             Err(_) => return Outcome::Kept,
         },
         Err(_) => None, // never filled beside it (an index): the entry's own lock is enough
     };
-    let Ok(file) = std::fs::File::open(path) else { return Outcome::Gone };
+    let Ok(file) = open_nofollow(&folder, &entry.name) else { return Outcome::Gone };
     let Ok(locked) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else { return Outcome::Kept };
     // Replaced since it was listed: the file under the name is someone's new fill.
-    let same = match (locked.metadata(), std::fs::metadata(path)) {
-        (Ok(opened), Ok(named)) => (opened.dev(), opened.ino()) == (named.dev(), named.ino()),
+    let same = match (locked.metadata(), folder.symlink_metadata(&entry.name)) {
+        (Ok(opened), Ok(named)) => {
+            use std::os::unix::fs::MetadataExt as _;
+            (opened.dev(), opened.ino()) == (named.dev(), named.ino())
+        }
         _ => false,
     };
     if !same {
         return Outcome::Kept;
     }
-    match std::fs::remove_file(path) {
+    // `unlinkat` in the folder's handle: the name itself goes, whatever it is.
+    match folder.remove_file(&entry.name) {
         Ok(()) => Outcome::Evicted,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Outcome::Gone,
         Err(_) => Outcome::Kept,
@@ -138,13 +172,9 @@ fn evict(path: &Path) -> Outcome {
 }
 
 /// The names in `folder`, sorted; none when it cannot be read.
-fn names(folder: &Path) -> impl Iterator<Item = String> {
-    let mut names: Vec<String> = std::fs::read_dir(folder)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
+fn names(folder: &Dir) -> impl Iterator<Item = String> + use<> {
+    let mut names: Vec<String> =
+        folder.entries().into_iter().flatten().flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
     names.sort();
     names.into_iter()
 }
@@ -219,6 +249,37 @@ mod tests {
         assert_eq!(sweep_namespace(root, "tenant-a", 1000), Swept { evicted: 1, bytes_left: 1000 });
         assert!(!a_old.exists() && a_new.exists(), "tenant A's own oldest went");
         assert!(b_oldest.exists(), "tenant B's entries are not A's share to sweep, however old");
+    }
+
+    /// The attack of issue 37: a tenant plants links in its namespace, to a folder outside the
+    /// cache (as a shard prefix, as an index folder) and to a file (as a shard); the sweep, over
+    /// budget, deletes its own entries and nothing a link points at.
+    #[test]
+    fn links_a_tenant_plants_lead_the_sweep_nowhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cache");
+        let outside = dir.path().join("outside");
+        let minutes = |m: u64| Duration::from_secs(60 * m);
+        // Files outside every cache, named as entries would be, and old.
+        let victim_shard = put(&outside, &sha(1), 1000, minutes(500));
+        let victim_index = put(&outside, &format!("{}/data.idx.json", sha(2)), 1000, minutes(500));
+        let victim_file = put(&outside, "secret", 1000, minutes(500));
+        let own = put(&root, &shard("tenant-a", 3), 1000, minutes(10));
+        let ns = root.join("tenant-a");
+        // `01/` -> outside (holds a file named like a 01... shard), `indexes` -> outside,
+        // and a shard name that is a link to a file.
+        std::os::unix::fs::symlink(&outside, ns.join("01")).unwrap();
+        std::os::unix::fs::symlink(&outside, ns.join("indexes")).unwrap();
+        std::fs::create_dir_all(ns.join("05")).unwrap();
+        std::os::unix::fs::symlink(&victim_file, ns.join("05").join(sha(5))).unwrap();
+
+        let swept = sweep(&root, 0);
+        assert_eq!(swept, Swept { evicted: 1, bytes_left: 0 }, "only the tenant's own entry counts and goes");
+        assert!(!own.exists());
+        for victim in [&victim_shard, &victim_index, &victim_file] {
+            assert!(victim.exists(), "{} was deleted through a link", victim.display());
+        }
+        assert!(ns.join("05").join(sha(5)).symlink_metadata().is_ok(), "the link itself is no entry either");
     }
 
     #[test]

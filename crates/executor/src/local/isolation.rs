@@ -103,23 +103,11 @@ pub fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
-/// Gives a folder and everything in it to `user`, readable by that user alone (0700 folders).
+/// Gives a folder the server made, and everything in it, to `user`, readable by that user alone
+/// (0700): through directory handles, following no link ([`super::tenant_fs::give_tree`]), since
+/// the tenant's processes may be writing in it at the same time.
 pub fn give_to(path: &Path, user: &TenantUser) -> std::io::Result<()> {
-    let owner = (Some(nix::unistd::Uid::from_raw(user.uid)), Some(nix::unistd::Gid::from_raw(user.gid)));
-    let mut pending = vec![path.to_path_buf()];
-    while let Some(path) = pending.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.file_type().is_symlink() {
-            continue; // never follow a link somewhere else
-        }
-        nix::unistd::chown(&path, owner.0, owner.1).map_err(std::io::Error::from)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                pending.push(entry?.path());
-            }
-        }
-    }
-    chmod(path, 0o700)
+    super::tenant_fs::give_tree(path, user.uid, user.gid)
 }
 
 #[cfg(test)]

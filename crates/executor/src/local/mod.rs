@@ -1,8 +1,10 @@
 //! The local executor: each replica is a child process on this machine.
 //!
 //! Layout under the data directory, per job:
-//! - `jobs/<job>/replica-<r>/`: the replica's working directory (and `HOME`), kept across
-//!   attempts so that a restarted replica finds what the last one wrote;
+//! - `jobs/<job>/work-<n>/replica-<r>/`: the replica's working directory (and `HOME`) in attempt
+//!   `n`: made fresh for each attempt, as a pod's is on Kubernetes (what must outlive an attempt,
+//!   such as checkpoints, goes to a volume), filled with the job's code and given to the tenant's
+//!   user; the folders of earlier attempts go when a new attempt launches;
 //! - `jobs/<job>/attempt-<n>/replica-<r>.log`: its stdout and stderr;
 //! - `jobs/<job>/attempt-<n>/intent.json`: the launch's intent (each replica's GPUs and the
 //!   rendezvous port), written whole (aside, then renamed) before the first replica starts;
@@ -34,10 +36,12 @@
 //! and replicas keep running (and are re-adopted) when the server restarts.
 
 pub mod cache_sweep;
+pub mod cgroup;
 pub mod gpus;
 pub mod isolation;
 pub mod process;
 pub mod shim;
+pub mod tenant_fs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -75,7 +79,15 @@ pub struct LocalConfig {
     pub shard_cache_bytes: Option<u64>,
     /// What one tenant's shards may take of it, in bytes; no bound of its own when `None`.
     pub shard_cache_tenant_bytes: Option<u64>,
+    /// Processes and threads one replica may have at once (its cgroup's `pids.max`).
+    pub pids_limit: u64,
+    /// Cap each replica's CPU time at its request (a CFS quota), not only weigh it.
+    pub cpu_hard_limit: bool,
 }
+
+/// The default of [`LocalConfig::pids_limit`]: room for a data loader's workers and their
+/// threads, far below what starves the machine.
+pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
 
 /// Where one replica ran, as stored in Postgres.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +130,8 @@ pub struct LocalExecutor {
     fault_pause: Option<(u32, Duration)>,
     /// Whether replicas run as their tenant's user.
     isolation: Isolation,
+    /// The cgroups each replica is confined in, or why there are none.
+    cgroups: Result<cgroup::Cgroups, String>,
     /// Tenant users looked up or created so far.
     users: Mutex<HashMap<Uuid, TenantUser>>,
     /// Set while a sweep of the shard cache runs (one at a time).
@@ -164,6 +178,15 @@ impl LocalExecutor {
                 None => gpus::discover(),
             },
         };
+        let cgroups = cgroup::Cgroups::detect();
+        match &cgroups {
+            Ok(found) => {
+                tracing::info!(version = ?found.version, "each replica runs in a cgroup of its own (memory, CPU, processes, devices)")
+            }
+            Err(why) => {
+                tracing::warn!(%why, "replicas are NOT confined: no memory, CPU or process limits, and a process a job leaves behind outlives it")
+            }
+        }
         let fault_pause = std::env::var("TRAINYARD_FAULT_LAUNCH_PAUSE").ok().and_then(|v| {
             let (rank, millis) = v.split_once(':')?;
             Some((rank.parse().ok()?, Duration::from_millis(millis.parse().ok()?)))
@@ -176,6 +199,7 @@ impl LocalExecutor {
             supervisors_unreaped: Default::default(),
             fault_pause,
             isolation,
+            cgroups,
             users: Mutex::new(HashMap::new()),
             sweeping: Arc::default(),
         })
@@ -200,6 +224,22 @@ impl LocalExecutor {
             (_, Some(user)) => format!("user {} (uid {})", user.name, user.uid),
             (Isolation::None(why), None) => format!("none: {why}"),
             (Isolation::TenantUsers, None) => "none".into(),
+        }
+    }
+
+    /// What one replica of `request` may use: its request, its GPUs' device files.
+    fn replica_limits(&self, request: &LaunchRequest, gpus: &[u32]) -> cgroup::Limits {
+        let devices = if self.config.simulated_gpus.is_some() {
+            Vec::new()
+        } else {
+            cgroup::nvidia_devices(Path::new("/dev"), gpus)
+        };
+        cgroup::Limits {
+            memory_bytes: request.spec.resources.memory.bytes(),
+            cpu_millis: request.spec.resources.cpu.0,
+            cpu_hard_limit: self.config.cpu_hard_limit,
+            pids_max: self.config.pids_limit,
+            devices,
         }
     }
 
@@ -260,8 +300,34 @@ impl LocalExecutor {
         self.config.data_dir.join("jobs").join(job_id.to_string()).join(format!("attempt-{attempt}"))
     }
 
-    fn replica_workdir(&self, job_id: Uuid, rank: u32) -> PathBuf {
-        self.config.data_dir.join("jobs").join(job_id.to_string()).join(format!("replica-{rank}"))
+    fn job_dir(&self, job_id: Uuid) -> PathBuf {
+        self.config.data_dir.join("jobs").join(job_id.to_string())
+    }
+
+    /// The folder holding an attempt's working directories (the server's: no replica can
+    /// create, rename or replace anything in it).
+    fn attempt_work_dir(&self, job_id: Uuid, attempt: i32) -> PathBuf {
+        self.job_dir(job_id).join(format!("work-{attempt}"))
+    }
+
+    fn replica_workdir(&self, job_id: Uuid, attempt: i32, rank: u32) -> PathBuf {
+        self.attempt_work_dir(job_id, attempt).join(format!("replica-{rank}"))
+    }
+
+    /// Removes the working folders of the job's attempts before `attempt` (std's
+    /// `remove_dir_all` removes links, never what they point at).
+    fn earlier_work_dirs_remove(&self, job_id: Uuid, attempt: i32) {
+        let Ok(entries) = std::fs::read_dir(self.job_dir(job_id)) else { return };
+        for entry in entries.flatten() {
+            let earlier = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.strip_prefix("work-")?.parse::<i32>().ok())
+                .is_some_and(|n| n < attempt);
+            if earlier && let Err(err) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(job = %job_id, %err, "removing an earlier attempt's working folders");
+            }
+        }
     }
 
     /// Picks `per_replica` free GPUs of the wanted type for each of `replicas` replicas.
@@ -307,15 +373,30 @@ impl LocalExecutor {
         master_port: u16,
         attempt_dir: &Path,
     ) -> Result<ReplicaPlacement, ExecutorError> {
-        let workdir = self.replica_workdir(request.job_id, rank);
-        std::fs::create_dir_all(&workdir)?;
-        deliver_code(&workdir, &request.code)?;
-        deliver_files(&workdir, &request.files)?;
+        let workdir = self.replica_workdir(request.job_id, request.attempt, rank);
+        let work_dir = self.attempt_work_dir(request.job_id, request.attempt);
+        std::fs::create_dir_all(&work_dir)?;
+        // A launch resumed after a crash may find the folder its first try made (and perhaps
+        // gave away): the replica starts from a fresh one all the same.
+        match std::fs::remove_dir_all(&workdir) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(err.into()),
+            _ => {}
+        }
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().mode(0o700).create(&workdir)?;
+        }
+        // The server's own folder until it is given away below: nothing of the tenant's can
+        // be in it yet, and every write goes through its handle all the same.
+        let folder = tenant_fs::open_own_dir(&workdir)?;
+        deliver_code(&folder, &request.code)?;
+        deliver_files(&folder, &request.files)?;
+        drop(folder);
         let user = self.tenant_user(request.tenant_id)?;
         if let Some(user) = &user {
-            // The job's folder lets its replicas through to their own working directories.
-            if let Some(job_dir) = workdir.parent() {
-                isolation::chmod(job_dir, 0o711)?;
+            // The job's folders let its replicas through to their own working directories.
+            for dir in [self.job_dir(request.job_id), work_dir] {
+                isolation::chmod(&dir, 0o711)?;
             }
             isolation::give_to(&workdir, user)?;
         }
@@ -340,6 +421,14 @@ impl LocalExecutor {
             *path = isolation::reachable_path(path);
         }
         write_private(&env_file, &serde_json::to_vec(&env).expect("environment serialises"))?;
+        let cgroup_dirs = match &self.cgroups {
+            Ok(cgroups) => {
+                let name = cgroup::group_name(request.job_id, request.attempt, rank);
+                cgroups.create(&name, &self.replica_limits(request, gpus))?;
+                cgroups.dirs(&name)
+            }
+            Err(_) => Vec::new(),
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -353,6 +442,9 @@ impl LocalExecutor {
             .arg(&env_file);
         if let Some(user) = &user {
             command.arg("--uid").arg(user.uid.to_string()).arg("--gid").arg(user.gid.to_string());
+        }
+        for dir in &cgroup_dirs {
+            command.arg("--cgroup").arg(dir);
         }
         command
             .arg("--")
@@ -426,41 +518,24 @@ impl LocalExecutor {
     }
 }
 
-/// Writes the job's code into a replica's working directory, each file as shipped (executable
-/// or not), over what an earlier attempt left there; what the job wrote itself stays (its
-/// checkpoints, for a resume).
-fn deliver_code(workdir: &Path, code: &[crate::CodeFile]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+/// Writes the job's code into a replica's fresh working directory, each file as shipped
+/// (executable or not).
+fn deliver_code(workdir: &cap_std::fs::Dir, code: &[crate::CodeFile]) -> std::io::Result<()> {
     for file in code {
-        // Paths were checked when the archive was uploaded: relative, no '..'.
-        let target = workdir.join(&file.path);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&target, &file.content)?;
+        // Paths were checked when the archive was uploaded (relative, no '..'); the handle
+        // refuses anything else again.
         let mode = if file.executable { 0o755 } else { 0o644 };
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))?;
+        tenant_fs::write_beneath(workdir, Path::new(&file.path), &file.content, mode)?;
     }
     Ok(())
 }
 
-/// Writes the template's files under `template/` in a replica's working directory, replacing
-/// what an earlier attempt had there, so every attempt starts from the recorded files.
-fn deliver_files(workdir: &Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
-    if files.is_empty() {
-        return Ok(());
-    }
-    let root = workdir.join(trainyard_core::job::TEMPLATE_FILES_DIR);
-    if root.exists() {
-        std::fs::remove_dir_all(&root)?;
-    }
+/// Writes the template's files under `template/` in a replica's fresh working directory.
+fn deliver_files(workdir: &cap_std::fs::Dir, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
+    let root = Path::new(trainyard_core::job::TEMPLATE_FILES_DIR);
     for (path, content) in files {
         // Paths were checked when the template was loaded: relative, no '..'.
-        let target = root.join(path);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(target, content)?;
+        tenant_fs::write_beneath(workdir, &root.join(path), content, 0o644)?;
     }
     Ok(())
 }
@@ -589,6 +664,8 @@ impl Executor for LocalExecutor {
                 intent
             }
         };
+        // Each attempt starts in fresh folders; the earlier ones' go (as a pod's do).
+        self.earlier_work_dirs_remove(request.job_id, request.attempt);
         let mut replicas = Vec::with_capacity(intent.gpus.len());
         let mut started_now = Vec::new();
         for (rank, replica_gpus) in intent.gpus.iter().enumerate() {
@@ -676,6 +753,18 @@ impl Executor for LocalExecutor {
         for pgid in &live {
             process::signal_group(*pgid, Signal::SIGTERM);
         }
+        // What left the replica's process group (setsid, a double fork) is still in its
+        // cgroup: it is asked to stop too, and killed with the rest after the grace period.
+        let groups: Vec<String> =
+            (0..attempt.replicas).map(|rank| cgroup::group_name(attempt.job_id, attempt.attempt, rank)).collect();
+        let cgroups = self.cgroups.clone().ok();
+        if let Some(cgroups) = &cgroups {
+            for name in &groups {
+                for pid in cgroups.procs(name) {
+                    process::signal(pid, Signal::SIGTERM);
+                }
+            }
+        }
         let changes = Arc::clone(&self.changes);
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
@@ -684,6 +773,14 @@ impl Executor for LocalExecutor {
                     tracing::info!(pgid, "replica outlived its grace period; killing it");
                     process::signal_group(pgid, Signal::SIGKILL);
                 }
+            }
+            if let Some(cgroups) = cgroups {
+                let _ = tokio::task::spawn_blocking(move || {
+                    for name in groups {
+                        cgroups.kill_all(&name, Duration::ZERO);
+                    }
+                })
+                .await;
             }
             changes.notify_one();
         });
@@ -705,8 +802,83 @@ impl Executor for LocalExecutor {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        self.gpus_free(attempt.job_id, attempt.attempt);
+        // Everything the replicas started, wherever it hid, goes with them; their GPUs are free
+        // only once their cgroups are empty.
+        let emptied = match self.cgroups.clone() {
+            Ok(cgroups) => {
+                let (job_id, number, replicas) = (attempt.job_id, attempt.attempt, attempt.replicas);
+                tokio::task::spawn_blocking(move || cgroups_empty(&cgroups, job_id, number, replicas))
+                    .await
+                    .unwrap_or(false)
+            }
+            Err(_) => true,
+        };
+        if emptied {
+            self.gpus_free(attempt.job_id, attempt.attempt);
+        }
         self.shard_cache_sweep();
+    }
+
+    async fn replica_details(&self, attempt: &AttemptRef) -> Vec<crate::ReplicaDetail> {
+        let statuses = self.observe(attempt).await;
+        statuses
+            .into_iter()
+            .enumerate()
+            .map(|(rank, status)| {
+                let mut detail = crate::ReplicaDetail::from_status(rank as u32, status);
+                // Killed by SIGKILL in a group the kernel OOM-killed in: its memory limit.
+                if let (ReplicaStatus::Exited(137), Ok(cgroups)) = (status, &self.cgroups) {
+                    let name = cgroup::group_name(attempt.job_id, attempt.attempt, rank as u32);
+                    if cgroups.oom_kills(&name) > 0 {
+                        detail.reason = Some(crate::FailureReason::OomKilled);
+                        detail.message = cgroups.memory_limit(&name).map(|limit| {
+                            format!(
+                                "used more than its memory limit of {}",
+                                trainyard_core::resources::human_memory(limit)
+                            )
+                        });
+                    }
+                }
+                detail
+            })
+            .collect()
+    }
+
+    async fn garbage_collect(&self, live: &[(Uuid, i32)]) -> usize {
+        let Ok(cgroups) = &self.cgroups else { return 0 };
+        let mut collected = 0;
+        for name in cgroups.names() {
+            // `<job uuid>-<attempt>-<rank>`: a uuid has four dashes of its own.
+            let mut parts = name.rsplitn(3, '-');
+            let (_, attempt, job) = (parts.next(), parts.next(), parts.next());
+            let Some((job, attempt)) =
+                job.and_then(|j| Uuid::parse_str(j).ok()).zip(attempt.and_then(|a| a.parse().ok()))
+            else {
+                continue;
+            };
+            if live.contains(&(job, attempt)) {
+                continue;
+            }
+            let cgroups = cgroups.clone();
+            let removed = tokio::task::spawn_blocking(move || {
+                cgroups.kill_all(&name, CGROUP_KILL_WAIT) && cgroups.remove(&name).is_ok()
+            })
+            .await
+            .unwrap_or(false);
+            collected += usize::from(removed);
+        }
+        collected
+    }
+
+    fn node_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let Isolation::None(why) = &self.isolation {
+            warnings.push(format!("replicas are not isolated: {why}"));
+        }
+        if let Err(why) = &self.cgroups {
+            warnings.push(format!("replicas are not confined in cgroups (no memory, CPU or process limits): {why}"));
+        }
+        warnings
     }
 
     async fn log_last_line(&self, job_id: Uuid, attempt: i32, replica: u32) -> Option<String> {
@@ -766,6 +938,30 @@ impl Executor for LocalExecutor {
         Ok(())
     }
 }
+
+/// Kills whatever is left in the cgroups of an attempt's replicas and removes them; true
+/// when every group is empty (then, and only then, its GPUs may go to another job).
+fn cgroups_empty(cgroups: &cgroup::Cgroups, job_id: Uuid, attempt: i32, replicas: u32) -> bool {
+    let mut empty = true;
+    for rank in 0..replicas {
+        let name = cgroup::group_name(job_id, attempt, rank);
+        if !cgroups.exists(&name) {
+            continue;
+        }
+        if cgroups.kill_all(&name, CGROUP_KILL_WAIT) {
+            if let Err(err) = cgroups.remove(&name) {
+                tracing::warn!(group = %name, %err, "removing an emptied cgroup");
+            }
+        } else {
+            tracing::error!(group = %name, pids = ?cgroups.procs(&name), "processes of an ended replica survive SIGKILL; its GPUs stay held");
+            empty = false;
+        }
+    }
+    empty
+}
+
+/// How long ending an attempt waits for the kernel to empty a replica's cgroup.
+const CGROUP_KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// The node's shard cache, under the data directory.
 const SHARD_CACHE_DIR: &str = "shard-cache";

@@ -36,6 +36,12 @@ pub fn signal_group(pgid: u32, signal: Signal) {
     }
 }
 
+/// Sends a signal to one process; one that is gone already is fine.
+pub fn signal(pid: u32, signal: Signal) {
+    let Ok(raw) = i32::try_from(pid) else { return };
+    let _ = nix::sys::signal::kill(Pid::from_raw(raw), signal);
+}
+
 /// True while a process of the group is alive. Zombies (ended, not yet reaped by their parent)
 /// do not count: they run nothing and hold nothing but a pid.
 pub fn group_has_live_members(pgid: u32) -> bool {

@@ -48,6 +48,10 @@ pub struct ShimOptions {
     /// Collect the replica's orphans (the shim's own process only: it reaps every child of the
     /// process it runs in).
     pub reap_orphans: bool,
+    /// The replica's cgroup folders (one per controller on cgroup v1), which the shim joins
+    /// before it starts the replica, so that the replica and everything it starts are born
+    /// confined. A shim that cannot join runs nothing.
+    pub cgroups: Vec<std::path::PathBuf>,
 }
 
 /// Runs `argv` to completion and records how it ended in `exit_file`. Returns the exit code.
@@ -72,6 +76,12 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
         // Without its announcement a resumed launch could start this rank again: run nothing.
         eprintln!("trainyard-shim: cannot write its pid file beside {}: {err}", exit_file.display());
         return EXIT_CANNOT_START;
+    }
+    if let Err(err) = super::cgroup::join(&options.cgroups) {
+        eprintln!("trainyard: cannot confine the replica in its cgroup, so it does not start: {err}");
+        let record = ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
+        let _ = write_exit_record(exit_file, &record);
+        return record.exit_code;
     }
     let env = match options.env_file.as_deref().map(read_env_file).transpose() {
         Ok(env) => env,

@@ -149,6 +149,8 @@ impl App {
 
     /// Whether this server is ready to serve, and how its control loop is doing.
     pub async fn readiness(&self) -> Readiness {
-        self.health.readiness(self.store.ping().await)
+        let mut readiness = self.health.readiness(self.store.ping().await);
+        readiness.node_warnings = self.executor.node_warnings();
+        readiness
     }
 }

@@ -49,6 +49,10 @@ pub struct Readiness {
     /// Launches this server cut short when it lost the leadership, for the next leader to
     /// resume (see `control::launcher`).
     pub abandoned_launches: u64,
+    /// How jobs on this server's machine fall short of confinement (replicas not isolated as
+    /// their tenant's user, not confined in cgroups): empty when they are fully confined. Not a
+    /// reason to be unready; an operator's to know.
+    pub node_warnings: Vec<String>,
 }
 
 impl LoopHealth {
@@ -115,6 +119,7 @@ impl LoopHealth {
                 unhandled_jobs: s.unhandled_jobs,
                 fenced_writes: s.fenced_writes,
                 abandoned_launches: s.abandoned_launches,
+                node_warnings: Vec::new(),
             }
         })
     }

@@ -1,0 +1,145 @@
+//! Jobs confined on the node (issue 37): every process a replica starts lives and dies in its
+//! cgroup, memory and process counts are held to the job's limits, and the server and other jobs
+//! carry on. These need root and cgroups, as tests/run has them; without, they fail and say why.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use trainyard_tests::{StatusCode, TestEnv};
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (as tests/run has it): only root makes cgroups and switches users"
+    );
+}
+
+/// Pids of live processes whose command line contains `needle`.
+fn processes_running(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let line = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+        if line.contains(needle) && !zombie {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The escape of issue 37: a 1-GPU job leaves processes behind in every way a shell can (a new
+/// session, a double fork, `nohup`) and exits 0. All of them are gone within the grace period
+/// of its end, and the GPU goes to the next job (another tenant's) only once they are.
+#[tokio::test(flavor = "multi_thread")]
+async fn processes_a_job_leaves_behind_end_with_it_before_its_gpu_is_given_again() {
+    require_root();
+    let env = TestEnv::start_with(&["--simulate-gpus", "1"]).await;
+    let (_, ready) = env.get("/readyz", &env.admin_token).await;
+    assert_eq!(ready["node_warnings"], json!([]), "replicas are fully confined here: {ready}");
+    // Both tenants may use the one GPU (quota 1 each), one at a time.
+    let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for tenant in ["default", "team-b"] {
+        let path = format!("/api/v1/admin/tenants/{tenant}/quotas/simulated-gpu");
+        let (status, body) =
+            env.call(reqwest::Method::PUT, &path, Some(&env.admin_token), Some(&json!({"nominal": 1}))).await;
+        assert!(status.is_success(), "{body}");
+    }
+    let marker = format!("trainyard-escape-{}", std::process::id());
+    let script = format!(
+        "setsid bash -c 'exec -a {marker}-setsid sleep 300' & \
+         (bash -c 'exec -a {marker}-double sleep 300' &) ; \
+         nohup bash -c 'exec -a {marker}-nohup sleep 300' >/dev/null 2>&1 & \
+         sleep 0.5; echo left three behind"
+    );
+    let a = env.submit(json!({"command": ["bash", "-c", script], "resources": {"gpus": 1, "cpu": 0.25}})).await;
+    // Another tenant's 1-GPU job waits for the GPU, and looks for the strays when it starts.
+    let bob = env.member("team-b", "bob", "member").await;
+    // `[t]rainyard-...` matches the strays' names, not this script's or grep's own command line.
+    let pattern = format!("[t]{}", &marker[1..]);
+    let check = format!("if grep -qs '{pattern}' /proc/[0-9]*/cmdline; then echo STRAYS LIVE; exit 9; fi; echo clean");
+    let (status, job) = env
+        .post("/api/v1/jobs", &bob, &json!({"command": ["sh", "-c", check], "resources": {"gpus": 1, "cpu": 0.25}}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let b = job["id"].as_str().unwrap().to_string();
+
+    let job_a = env.wait_state(&a, "succeeded", Duration::from_secs(60)).await;
+    let ended = Instant::now();
+    while !processes_running(&marker).is_empty() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(15),
+            "strays outlived their job {job_a}: {:?}",
+            processes_running(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let job_b = env.wait_job_as(&bob, &b, Duration::from_secs(60), |j| j["finished_at"].is_string()).await;
+    assert_eq!(job_b["state"], "succeeded", "team-b's job found A's strays alive on the GPU: {job_b}");
+}
+
+/// A job over its memory request is OOM-killed with a reason that names the limit; a fork bomb
+/// stops at the process limit; the server answers throughout and another job runs beside them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_is_held_to_its_memory_and_process_limits() {
+    require_root();
+    let env = TestEnv::start_with(&["--pids-limit", "64"]).await;
+    // Debian's Python: every tenant's user can run it.
+    let python = "/usr/bin/python3";
+    let hog = env
+        .submit(json!({
+            "command": [python, "-c", "b = bytearray(600 << 20); print('held', len(b))"],
+            "resources": {"memory": "128Mi", "cpu": 0.5},
+        }))
+        .await;
+    let bomb_marker = format!("trainyard-bomb-{}", std::process::id());
+    let bomb = env
+        .submit(json!({
+            "command": [python, "-c", format!(
+                "import os, time\n\
+                 # {bomb_marker}\n\
+                 forked = 0\n\
+                 for _ in range(300):\n\
+                 \x20   try:\n\
+                 \x20       pid = os.fork()\n\
+                 \x20   except OSError as err:\n\
+                 \x20       print('fork refused:', err.strerror)\n\
+                 \x20       break\n\
+                 \x20   if pid == 0:\n\
+                 \x20       time.sleep(60)\n\
+                 \x20       os._exit(0)\n\
+                 \x20   forked += 1\n\
+                 print(f'live={{forked}}')\n")],
+            "resources": {"cpu": 0.5},
+        }))
+        .await;
+    let bystander = env.submit(json!({"command": ["sh", "-c", "echo still fine"], "resources": {"cpu": 0.25}})).await;
+
+    let job = env.wait_job(&hog, Duration::from_secs(60), |j| j["finished_at"].is_string()).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    let reason = job["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("OOMKilled") && reason.contains("128 MiB"),
+        "the reason names the kill and the limit: {job}"
+    );
+
+    env.wait_state(&bomb, "succeeded", Duration::from_secs(60)).await;
+    let log = trainyard_tests::stdout(&env.yard(&env.admin_token, &["logs", &bomb]));
+    let live: u32 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("live="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the bomb's log: {log}"));
+    assert!(live < 64 && log.contains("fork refused"), "the bomb stopped at the process limit: {log}");
+    let ended = Instant::now();
+    while !processes_running(&bomb_marker).is_empty() {
+        assert!(ended.elapsed() < Duration::from_secs(15), "the bomb's sleepers outlived it");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    env.wait_state(&bystander, "succeeded", Duration::from_secs(60)).await;
+    let (status, _) = env.get("/readyz", &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "the server is unaffected");
+}
