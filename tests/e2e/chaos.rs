@@ -391,3 +391,72 @@ async fn yard_tries_again_through_a_short_database_outage_and_submits_once() {
     assert_eq!(items.len(), 1, "one job however often its submit was sent: {jobs}");
     assert!(items[0]["idempotency_key"].as_str().is_some_and(|k| k.starts_with("yard-")), "{jobs}");
 }
+
+/// The leadership fault of issue 37, repeated: the leader launches GPU jobs, is paused past its
+/// lease while the other server sees them end, resumes (now a standby, its own table still
+/// holding their GPUs), and the other is killed, so the first leads again. Every GPU job it then
+/// admits runs: what a server holds follows the attempts that are not over in the database, not
+/// what it remembers. Twice over, 0 healthy jobs may fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_that_regains_the_lead_fails_no_healthy_job() {
+    let gpus = ["--simulate-gpus", "2"];
+    let env = TestEnv::start_with(&gpus).await;
+    let path = "/api/v1/admin/tenants/default/quotas/simulated-gpu";
+    let (status, body) =
+        env.call(reqwest::Method::PUT, path, Some(&env.admin_token), Some(&json!({"nominal": 2}))).await;
+    assert!(status.is_success(), "{body}");
+    let leader_of = |url: String| async move {
+        reqwest::get(format!("{url}/readyz")).await.unwrap().json::<Value>().await.unwrap()["leader"] == true
+    };
+    let wait_leading = |url: String, what: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !leader_of(url.clone()).await {
+            assert!(Instant::now() < deadline, "{what} never took the lead");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let gpu_job = json!({"command": ["sleep", "1"], "resources": {"gpus": 1, "cpu": 0.1}});
+    let mut all = Vec::new();
+    for round in 0..2 {
+        wait_leading(env.server.url.clone(), "the first server").await;
+        let mut other = trainyard_tests::ServerProcess::start_with(&env.db.url, &env.data_dir(), &gpus);
+        // The first server launches two GPU jobs, then is paused past its lease.
+        let held: Vec<String> = vec![env.submit(gpu_job.clone()).await, env.submit(gpu_job.clone()).await];
+        for id in &held {
+            while state_of(&env, id).await != "running" {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let first = nix::unistd::Pid::from_raw(env.server.pid() as i32);
+        nix::sys::signal::kill(first, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        // The other server takes the lead and sees them end.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for id in &held {
+            while state_of(&env, id).await != "succeeded" {
+                assert!(Instant::now() < deadline, "round {round}: {id} is {}", state_of(&env, id).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        nix::sys::signal::kill(first, nix::sys::signal::Signal::SIGCONT).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        other.kill_hard();
+        // The first server leads again and runs new GPU jobs on the GPUs it once held.
+        wait_leading(env.server.url.clone(), "the first server, again").await;
+        let mut fresh = Vec::new();
+        for _ in 0..4 {
+            fresh.push(env.submit(gpu_job.clone()).await);
+        }
+        for id in &fresh {
+            let job = env.wait_job(id, Duration::from_secs(60), |j| j["finished_at"].is_string()).await;
+            assert_eq!(
+                job["state"], "succeeded",
+                "round {round}: a healthy job failed after the lead came back: {job}"
+            );
+        }
+        all.extend(held);
+        all.extend(fresh);
+    }
+    for id in &all {
+        assert_eq!(state_of(&env, id).await, "succeeded");
+    }
+}

@@ -292,6 +292,13 @@ pub trait Executor: Send + Sync + 'static {
         statuses.into_iter().enumerate().map(|(rank, status)| ReplicaDetail::from_status(rank as u32, status)).collect()
     }
 
+    /// Told, at every pass of the control loop, which attempts are not over (`live`, from the
+    /// database): a backend that keeps its own table of what attempts hold (the local backend's
+    /// GPUs) drops what it holds for any other attempt, so that a server that ended attempts
+    /// under another leader's watch does not keep their GPUs busy. Backends that hold nothing
+    /// themselves keep the default.
+    fn holdings_retain(&self, _live: &[(Uuid, i32)]) {}
+
     /// What an operator must know about how this backend confines jobs on its machine, when it
     /// falls short (replicas not isolated, not confined in cgroups), for `/readyz` and the log.
     fn node_warnings(&self) -> Vec<String> {

@@ -8,7 +8,6 @@
 //! Run: `cargo bench -p trainyard-server --bench edge`
 
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use axum::Router;
@@ -43,14 +42,13 @@ fn edge(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|err| panic!("{err}"));
     let bare: Router = Router::new().route("/api/v1/jobs", post(submit));
     let throttle = Arc::new(AuthThrottle::default());
-    let client = Some(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)));
     let guarded: Router =
         trainyard_server::edge_limits_and_headers(trainyard_server::edge_input_checks(Router::new().route(
             "/api/v1/jobs",
             post(move |body: axum::Json<serde_json::Value>| {
                 let throttle = Arc::clone(&throttle);
                 async move {
-                    if throttle.check(client, TOKEN).is_err() {
+                    if throttle.check(TOKEN).is_err() {
                         return StatusCode::TOO_MANY_REQUESTS;
                     }
                     submit(body).await

@@ -243,6 +243,27 @@ impl LocalExecutor {
         }
     }
 
+    /// Whether a supervisor of the attempt runs (a rank's pid file names a live process).
+    fn supervisors_alive(&self, job_id: Uuid, attempt: i32) -> bool {
+        let dir = self.attempt_dir(job_id, attempt);
+        let Some(intent) = read_intent(&dir.join("intent.json")) else { return false };
+        (0..intent.gpus.len()).any(|rank| {
+            let pid_file = shim::pid_file_of(&dir.join(format!("replica-{rank}.exit")));
+            shim::read_pid_record(&pid_file).is_some_and(|record| process::is_alive(record.pid, record.start_time))
+        })
+    }
+
+    /// Whether anything of the attempt runs: a supervisor, or a process left in its cgroups.
+    fn attempt_runs(&self, job_id: Uuid, attempt: i32) -> bool {
+        self.supervisors_alive(job_id, attempt)
+            || self.cgroups.as_ref().is_ok_and(|cgroups| {
+                (0..MAX_REPLICAS_LOOKED_AT)
+                    .map(|rank| cgroup::group_name(job_id, attempt, rank))
+                    .take_while(|name| cgroups.exists(name))
+                    .any(|name| !cgroups.procs(&name).is_empty())
+            })
+    }
+
     /// The node's shard cache root.
     fn shard_cache_root(&self) -> PathBuf {
         self.config.data_dir.join(SHARD_CACHE_DIR)
@@ -856,7 +877,10 @@ impl Executor for LocalExecutor {
             else {
                 continue;
             };
-            if live.contains(&(job, attempt)) {
+            // Only what an ended attempt left behind: a group whose supervisor still runs belongs
+            // to an attempt the database may not show yet (its launch finished after the pass
+            // read it), and is observed, not collected.
+            if live.contains(&(job, attempt)) || self.supervisors_alive(job, attempt) {
                 continue;
             }
             let cgroups = cgroups.clone();
@@ -868,6 +892,15 @@ impl Executor for LocalExecutor {
             collected += usize::from(removed);
         }
         collected
+    }
+
+    fn holdings_retain(&self, live: &[(Uuid, i32)]) {
+        let live: std::collections::HashSet<&(Uuid, i32)> = live.iter().collect();
+        let mut held = self.gpus_held.lock().expect("gpu table poisoned");
+        // Not over as the database has it, or processes of it still run (a launch that finished
+        // after the pass read the database; strays of an attempt that ended): then its GPUs
+        // are not free, whatever the database says.
+        held.retain(|(job, attempt), _| live.contains(&(*job, *attempt)) || self.attempt_runs(*job, *attempt));
     }
 
     fn node_warnings(&self) -> Vec<String> {
@@ -959,6 +992,9 @@ fn cgroups_empty(cgroups: &cgroup::Cgroups, job_id: Uuid, attempt: i32, replicas
     }
     empty
 }
+
+/// The most ranks of one attempt whose cgroups are looked at when its GPUs may go.
+const MAX_REPLICAS_LOOKED_AT: u32 = 1024;
 
 /// How long ending an attempt waits for the kernel to empty a replica's cgroup.
 const CGROUP_KILL_WAIT: Duration = Duration::from_secs(10);

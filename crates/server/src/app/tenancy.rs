@@ -35,17 +35,20 @@ impl App {
         self.throttled(token, client, self.store.session_open(token, client)).await
     }
 
-    /// Runs an authentication unless the client or token is throttled, and counts its failure.
+    /// Runs an authentication unless the token (by its prefix) is throttled, and counts its
+    /// failure against the token and the client; a client over its allowance gets 429 for its
+    /// failures, never for a valid credential (see [`super::throttle`]).
     pub(super) async fn throttled<T>(
         &self,
         token: &str,
         client: Option<IpAddr>,
         authenticate: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        self.throttle.check(client, token)?;
+        self.throttle.check(token)?;
         let outcome = authenticate.await;
         if let Err(Error::Unauthenticated(_)) = &outcome {
             self.throttle.failed(client, token);
+            self.throttle.check_client(client)?;
         }
         outcome
     }

@@ -1,10 +1,14 @@
-//! Throttling failed authentication. A client (its IP address) that presents tokens that do not
-//! authenticate more than [`FAILURES_PER_CLIENT`] times a minute, or anyone presenting the same
-//! wrong token (by its first characters) more than [`FAILURES_PER_TOKEN`] times a minute, is
-//! refused with 429 and `Retry-After` until its allowance has grown back, before any token is
-//! looked up: guessing tokens or probing a leaked one costs the attacker time and the database
-//! nothing. Successful authentication costs nothing here. The allowances are GCRA limiters
-//! (`governor`), in memory per server replica.
+//! Throttling failed authentication, by credential first. Anyone presenting the same wrong
+//! token (by its first characters) more than [`FAILURES_PER_TOKEN`] times a minute is refused
+//! with 429 and `Retry-After` until its allowance has grown back, before the token is looked up:
+//! probing a leaked token's neighbours costs the attacker time and the database nothing.
+//!
+//! A client address that presents more than [`FAILURES_PER_CLIENT`] tokens a minute that do not
+//! authenticate gets 429 instead of 401 for its next failures, but a valid credential from it is
+//! always served: many tenants share one address (jobs on one host, a proxy, a node's cache
+//! agent), and one of them guessing must not lock the others out. Successful authentication
+//! costs nothing here. The allowances are GCRA limiters (`governor`), in memory per server
+//! replica.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -57,22 +61,24 @@ impl AuthThrottle {
         self.blocked.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Refuses a client or token that is being throttled, with how long to wait.
-    pub fn check(&self, client: Option<IpAddr>, token: &str) -> Result<(), Error> {
+    /// Refuses a token (by its prefix) that failed too often, with how long to wait: before it
+    /// is looked up.
+    pub fn check(&self, token: &str) -> Result<(), Error> {
+        self.refusal(&Blocked::Token(token_key(token)))
+    }
+
+    /// After a failure: refuses its client when the client failed too often (a 429 in place of
+    /// the 401), with how long to wait.
+    pub fn check_client(&self, client: Option<IpAddr>) -> Result<(), Error> {
+        client.map_or(Ok(()), |ip| self.refusal(&Blocked::Client(ip)))
+    }
+
+    fn refusal(&self, key: &Blocked) -> Result<(), Error> {
         let now = Instant::now();
-        let blocked = self.blocked();
-        let keys = [client.map(Blocked::Client), Some(Blocked::Token(token_key(token)))];
-        let wait = keys
-            .iter()
-            .flatten()
-            .filter_map(|key| blocked.get(key))
-            .filter(|until| **until > now)
-            .map(|until| *until - now)
-            .max();
-        match wait {
-            Some(wait) => Err(Error::TooManyRequests {
+        match self.blocked().get(key).filter(|until| **until > now) {
+            Some(until) => Err(Error::TooManyRequests {
                 message: "too many failed authentications; wait before trying again".into(),
-                retry_after_secs: wait.as_secs().max(1),
+                retry_after_secs: (*until - now).as_secs().max(1),
             }),
             None => Ok(()),
         }
@@ -116,12 +122,13 @@ mod tests {
         let throttle = AuthThrottle::default();
         let (attacker, bystander) = (Some("10.0.0.1".parse().unwrap()), Some("10.0.0.2".parse().unwrap()));
         for i in 0..FAILURES_PER_CLIENT + 1 {
-            assert!(throttle.check(attacker, &format!("tyd_{i:08}")).is_ok(), "failure {i} is still allowed");
+            assert!(throttle.check_client(attacker).is_ok(), "failure {i} is still allowed");
             throttle.failed(attacker, &format!("tyd_{i:08}"));
         }
-        let refused = throttle.check(attacker, "tyd_someother").unwrap_err();
+        let refused = throttle.check_client(attacker).unwrap_err();
         assert!(matches!(refused, Error::TooManyRequests { retry_after_secs, .. } if retry_after_secs >= 1));
-        assert!(throttle.check(bystander, "tyd_anything").is_ok(), "another client is not held back");
+        assert!(throttle.check("tyd_someother").is_ok(), "another token from it is still looked up");
+        assert!(throttle.check_client(bystander).is_ok(), "another client is not held back");
     }
 
     #[test]
@@ -131,7 +138,7 @@ mod tests {
             let client = Some(IpAddr::from([10, 0, 1, i as u8]));
             throttle.failed(client, "tyd_deadbeef0000");
         }
-        assert!(throttle.check(Some("10.9.9.9".parse().unwrap()), "tyd_deadbeef1111").is_err());
-        assert!(throttle.check(Some("10.9.9.9".parse().unwrap()), "tyd_cafebabe1111").is_ok());
+        assert!(throttle.check("tyd_deadbeef1111").is_err());
+        assert!(throttle.check("tyd_cafebabe1111").is_ok());
     }
 }

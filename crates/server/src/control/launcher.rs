@@ -222,8 +222,17 @@ impl Launcher {
     /// leftovers. A launch not yet past opening its attempt counts with both its job's current
     /// attempt and the next.
     pub(crate) fn attempts_live(&self, current: impl Fn(Uuid) -> i32) -> Vec<(Uuid, i32)> {
+        let mut live: Vec<(Uuid, i32)> =
+            self.launches().finished.iter().map(|(job, attempt, _)| (*job, *attempt)).collect();
+        live.extend(self.attempts_in_flight(current));
+        live
+    }
+
+    /// The attempts of the launches under way (both an unfinished job's current attempt and
+    /// the next, while the launch has not said which it opens).
+    pub(crate) fn attempts_in_flight(&self, current: impl Fn(Uuid) -> i32) -> Vec<(Uuid, i32)> {
         let launches = self.launches();
-        let mut live: Vec<(Uuid, i32)> = launches.finished.iter().map(|(job, attempt, _)| (*job, *attempt)).collect();
+        let mut live = Vec::new();
         for (job, in_flight) in &launches.in_flight {
             match in_flight.attempt {
                 Some(attempt) => live.push((*job, attempt)),

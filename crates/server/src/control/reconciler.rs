@@ -488,6 +488,18 @@ impl Reconciler {
             }
         }
         self.monitoring.pass_phase("observe", phase.elapsed());
+        // What the executor holds (GPUs) follows the attempts that are not over, as the
+        // database has them (and the launches under way): a server that led before, lost the
+        // lead while other servers ended its attempts, and leads again, frees what it still held
+        // for them before it admits. (Not this server's own finished launches, which may be
+        // such attempts: one of those that the snapshot misses still runs, and the executor
+        // keeps what runs.)
+        let mut live: Vec<(Uuid, i32)> =
+            jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
+        let current: FxHashMap<Uuid, i32> =
+            jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
+        live.extend(self.launcher().attempts_in_flight(|job| current.get(&job).copied().unwrap_or(0)));
+        self.executor.holdings_retain(&live);
         self.garbage_collect(&jobs).await;
         self.tenants_finish_removal(&jobs).await?;
         let phase = Instant::now();
@@ -691,18 +703,24 @@ impl Reconciler {
         }
     }
 
+    /// The attempts that are not over: the current attempt of each unfinished job, and those
+    /// opened by launches under way since this pass read its snapshot.
+    fn attempts_live(&mut self, jobs: &[Arc<UnfinishedJob>]) -> Vec<(Uuid, i32)> {
+        let mut live: Vec<(Uuid, i32)> =
+            jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
+        let current: FxHashMap<Uuid, i32> =
+            jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
+        live.extend(self.launcher().attempts_live(|job| current.get(&job).copied().unwrap_or(0)));
+        live
+    }
+
     /// Asks the executor, now and then, to remove what attempts that are not live left behind
     /// (a cluster's Jobs of finished or unknown jobs, found after a restart).
     async fn garbage_collect(&mut self, jobs: &[Arc<UnfinishedJob>]) {
         if self.collected.is_some_and(|at| at.elapsed() < GARBAGE_COLLECT_EVERY) {
             return;
         }
-        let mut live: Vec<(Uuid, i32)> =
-            jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
-        // Attempts opened since this pass read its snapshot are live too.
-        let current: FxHashMap<Uuid, i32> =
-            jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
-        live.extend(self.launcher().attempts_live(|job| current.get(&job).copied().unwrap_or(0)));
+        let live = self.attempts_live(jobs);
         let collected = self.executor.garbage_collect(&live).await;
         if collected > 0 {
             tracing::info!(collected, "removed the leftovers of ended or unknown attempts");
