@@ -519,3 +519,73 @@ async fn code_files_swapped_for_links_make_the_server_write_nothing_outside_the_
     assert!(job_dir.join("work-2/replica-0/code.txt").is_file());
     env.post(&format!("/api/v1/jobs/{b}/cancel"), &bob, &json!({})).await;
 }
+
+/// A viewer who finds a job's token in its log in another form (capitals, percent-encoded,
+/// base64 at any offset, URL-safe base64) cannot act as the job: every form is masked for every
+/// reader. The log on disk keeps the forms, and the same search finds the token there, so the
+/// search itself is shown to work.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_viewer_cannot_act_as_a_job_with_any_encoding_of_its_token_in_the_log() {
+    use base64::Engine;
+    let env = TestEnv::start().await;
+    let viewer = env.member("default", "vera", "viewer").await;
+    let script = "import os, base64\n\
+                  t = os.environ['TRAINYARD_TOKEN']\n\
+                  print('upper', t.upper())\n\
+                  print('percent', ''.join('%%%02X' % b for b in t.encode()))\n\
+                  for lead in ['', 'x', 'u:']:\n\
+                  \x20   print('b64', base64.b64encode((lead + t).encode()).decode())\n\
+                  print('url', base64.urlsafe_b64encode(('ab' + t).encode()).decode().rstrip('='))\n\
+                  import time; time.sleep(60)\n";
+    let id = env.submit(json!({"command": ["/usr/bin/python3", "-c", script]})).await;
+    env.wait_state(&id, "running", Duration::from_secs(30)).await;
+    let on_disk = env.data_dir().join("jobs").join(&id).join("attempt-1/replica-0.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&on_disk).is_ok_and(|log| log.contains("url ")) {
+        assert!(std::time::Instant::now() < deadline, "the job never printed its forms");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Every token any word of a text decodes to, whatever its form.
+    let tokens_in = |text: &str| -> std::collections::BTreeSet<String> {
+        let token = regex::Regex::new("tyj_[0-9a-f]{64}").unwrap();
+        let mut found = std::collections::BTreeSet::new();
+        for word in text.split_whitespace() {
+            let mut forms = vec![word.to_lowercase()];
+            let bytes: Vec<u8> = word.as_bytes().to_vec();
+            if word.starts_with('%') {
+                let decoded = (0..bytes.len() / 3)
+                    .filter_map(|i| {
+                        u8::from_str_radix(std::str::from_utf8(&bytes[3 * i + 1..3 * i + 3]).ok()?, 16).ok()
+                    })
+                    .collect::<Vec<u8>>();
+                forms.push(String::from_utf8_lossy(&decoded).into_owned());
+            }
+            for engine in [base64::engine::general_purpose::STANDARD, base64::engine::general_purpose::URL_SAFE_NO_PAD]
+            {
+                if let Ok(decoded) = engine.decode(word.trim_end_matches('=')).or_else(|_| engine.decode(word)) {
+                    forms.push(String::from_utf8_lossy(&decoded).into_owned());
+                }
+            }
+            for form in forms {
+                found.extend(token.find_iter(&form).map(|m| m.as_str().to_string()));
+            }
+        }
+        found
+    };
+    let written = tokens_in(&std::fs::read_to_string(&on_disk).unwrap());
+    assert_eq!(written.len(), 1, "the search finds the job's token in the forms on disk: {written:?}");
+
+    let (status, log) = env.get(&format!("/api/v1/jobs/{id}/logs"), &viewer).await;
+    assert_eq!(status, StatusCode::OK);
+    let log = log.as_str().unwrap_or_default().to_string();
+    assert!(log.contains("upper ") && log.contains("url "), "{log}");
+    let leaked = tokens_in(&log);
+    assert!(leaked.is_empty(), "a viewer found the job's token in the log: {leaked:?}\n{log}");
+    // And the token the job really has does work as the job, so nothing above passed by luck.
+    let token = written.into_iter().next().unwrap();
+    let metrics = json!({"points": [{"name": "loss", "step": 1, "value": 0.5}]});
+    let (status, body) = env.post(&format!("/api/v1/jobs/{id}/metrics"), &token, &metrics).await;
+    assert!(status.is_success(), "{body}");
+    env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
+}
