@@ -331,6 +331,7 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
         shard_cache_tenant_bytes: None,
         pids_limit: trainyard_executor::local::DEFAULT_PIDS_LIMIT,
         cpu_hard_limit: false,
+        cgroups: true,
     };
     let request = |job: u128| LaunchRequest {
         job_id: Uuid::from_u128(job),

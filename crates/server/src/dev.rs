@@ -63,6 +63,11 @@ pub struct LocalExecutorArgs {
     /// cores, and under contention each gets its share.
     #[arg(long)]
     pub cpu_hard_limit: bool,
+    /// Do not confine replicas in cgroups (when something around the server, a container
+    /// runtime, confines them): no memory, CPU or process limits of Trainyard's own, and a
+    /// process a job leaves behind outlives it. /readyz says so.
+    #[arg(long)]
+    pub no_cgroups: bool,
 }
 
 /// The replicas' supervisor, `trainyard-shim`, which is built and installed beside `trainyard`.
@@ -97,6 +102,7 @@ pub fn local_server(
         shard_cache_tenant_bytes: local.shard_cache_tenant_bytes,
         pids_limit: local.pids_limit,
         cpu_hard_limit: local.cpu_hard_limit,
+        cgroups: !local.no_cgroups,
     })
     .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
     let storage = storage.open(data_dir).context("opening the object store")?;

@@ -35,10 +35,35 @@ impl std::fmt::Debug for DatabaseUrl {
     }
 }
 
-impl std::str::FromStr for DatabaseUrl {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(DatabaseUrl(s.to_string()))
+/// Where the Postgres URL comes from: a file, or the environment; never a flag, which `ps`
+/// shows to every user of the machine (the URL holds the password).
+#[derive(clap::Args, Debug, Clone)]
+struct DatabaseArgs {
+    /// A file holding the Postgres URL (its first line); without it, the URL is read from
+    /// TRAINYARD_DATABASE_URL.
+    #[arg(long, env = "TRAINYARD_DATABASE_URL_FILE", value_name = "FILE")]
+    database_url_file: Option<PathBuf>,
+}
+
+impl DatabaseArgs {
+    fn url(&self) -> anyhow::Result<DatabaseUrl> {
+        let url = match &self.database_url_file {
+            Some(file) => std::fs::read_to_string(file)
+                .with_context(|| format!("reading the database URL from {}", file.display()))?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            None => std::env::var("TRAINYARD_DATABASE_URL").map_err(|_| {
+                anyhow::anyhow!(
+                    "no database: set TRAINYARD_DATABASE_URL, or --database-url-file FILE (never a flag: \
+                     a URL on the command line shows its password to every user of the machine)"
+                )
+            })?,
+        };
+        anyhow::ensure!(!url.is_empty(), "the database URL is empty");
+        Ok(DatabaseUrl(url))
     }
 }
 
@@ -65,8 +90,8 @@ enum Command {
     },
     /// Production mode: Postgres by URL; applies pending migrations first.
     Serve {
-        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
-        database_url: DatabaseUrl,
+        #[command(flatten)]
+        database: DatabaseArgs,
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         /// Where the local executor keeps job folders and logs (the Kubernetes executor: the
@@ -135,13 +160,13 @@ enum Command {
     },
     /// Applies pending migrations and exits.
     Migrate {
-        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
-        database_url: DatabaseUrl,
+        #[command(flatten)]
+        database: DatabaseArgs,
     },
     /// On an empty database: creates the first tenant, a platform admin and its token (printed).
     Bootstrap {
-        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
-        database_url: DatabaseUrl,
+        #[command(flatten)]
+        database: DatabaseArgs,
         #[arg(long, default_value = dev::DEFAULT_TENANT)]
         tenant: String,
         #[arg(long, default_value = dev::DEFAULT_ADMIN)]
@@ -150,8 +175,8 @@ enum Command {
     /// A new API token for a platform admin, printed once (30 days): the way back in when every
     /// admin token is lost. Needs the database, which is trusted with everything already.
     AdminToken {
-        #[arg(long, env = "TRAINYARD_DATABASE_URL", hide_env_values = true)]
-        database_url: DatabaseUrl,
+        #[command(flatten)]
+        database: DatabaseArgs,
         #[arg(long, default_value = dev::DEFAULT_ADMIN)]
         user: String,
         /// The token's name, as `yard tokens ls` shows it.
@@ -243,7 +268,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             dev::run(DevOptions { data_dir, listen, local, storage, oidc, new_admin_token }).await
         }
         Command::Serve {
-            database_url,
+            database,
             listen,
             data_dir,
             executor,
@@ -264,7 +289,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             metrics_token_file,
             builtin_templates_dir,
         } => {
-            let store = Store::connect(&database_url.0, max_connections).await.context("connecting to Postgres")?;
+            let store = Store::connect(&database.url()?.0, max_connections).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             std::fs::create_dir_all(&data_dir)?;
             let settings = ReconcilerSettings {
@@ -294,14 +319,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
             server.serve(listener, dev::shutdown_signal(), dev::DRAIN).await?;
             Ok(())
         }
-        Command::Migrate { database_url } => {
-            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
+        Command::Migrate { database } => {
+            let store = Store::connect(&database.url()?.0, 2).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             println!("migrations applied");
             Ok(())
         }
-        Command::Bootstrap { database_url, tenant, admin } => {
-            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
+        Command::Bootstrap { database, tenant, admin } => {
+            let store = Store::connect(&database.url()?.0, 2).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             match store.bootstrap(&tenant, &admin).await? {
                 Some(token) => println!("{}", token.token),
@@ -309,8 +334,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::AdminToken { database_url, user, name } => {
-            let store = Store::connect(&database_url.0, 2).await.context("connecting to Postgres")?;
+        Command::AdminToken { database, user, name } => {
+            let store = Store::connect(&database.url()?.0, 2).await.context("connecting to Postgres")?;
             store.migrate().await.context("running migrations")?;
             println!("{}", store.admin_token_mint(&user, &name).await?.token);
             Ok(())

@@ -83,6 +83,9 @@ pub struct LocalConfig {
     pub pids_limit: u64,
     /// Cap each replica's CPU time at its request (a CFS quota), not only weigh it.
     pub cpu_hard_limit: bool,
+    /// Confine each replica in a cgroup of its own when the machine allows it; `false` leaves
+    /// confinement to someone else (a container runtime around the server), and says so.
+    pub cgroups: bool,
 }
 
 /// The default of [`LocalConfig::pids_limit`]: room for a data loader's workers and their
@@ -178,7 +181,8 @@ impl LocalExecutor {
                 None => gpus::discover(),
             },
         };
-        let cgroups = cgroup::Cgroups::detect();
+        let cgroups =
+            if config.cgroups { cgroup::Cgroups::detect() } else { Err("turned off (--no-cgroups)".to_string()) };
         match &cgroups {
             Ok(found) => {
                 tracing::info!(version = ?found.version, "each replica runs in a cgroup of its own (memory, CPU, processes, devices)")
