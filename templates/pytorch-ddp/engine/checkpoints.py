@@ -9,12 +9,23 @@ then does `latest.json` (written the same way) name it, so after a crash `latest
 complete file or nothing. A `latest.json` that names a missing or unreadable checkpoint is an
 error, never a silent start from step 0. Names carry the step zero-padded to 8 digits (longer
 beyond 10^8 steps); nothing relies on their string order: the step is parsed wherever it counts.
+
+Loading unpickles with torch.load(weights_only=True): tensors, containers and plain values only,
+so a file someone put in the checkpoint folder cannot run code when a job resumes from it. What
+the engine saves holds nothing else (seeds.py keeps NumPy's state as a list); checkpoints of
+engines before 1.8 hold NumPy's state as an array, allowed by name (`legacy_globals`).
 """
+import contextlib
 import json
 import os
 import re
 
 import torch
+
+try:
+    import numpy
+except ImportError:  # NumPy is optional (seeds.py)
+    numpy = None
 
 LATEST = "latest.json"
 _NAME = re.compile(r"ckpt-(\d+)\.pt")
@@ -94,6 +105,31 @@ def checkpoint_save(directory, state, step, keep):
         os.remove(os.path.join(directory, old))
 
 
+def legacy_globals():
+    """What the pickles of checkpoints written before engine 1.8 name besides tensors: NumPy's
+    generator state, an array of uint32 (numpy.ndarray, numpy.dtype and the function that rebuilds
+    an array, named numpy.core.multiarray._reconstruct by NumPy 1 and numpy._core.multiarray.
+    _reconstruct by NumPy 2). Empty without NumPy (such a checkpoint then fails to load, clearly)."""
+    if numpy is None:
+        return []
+    reconstruct = numpy.ndarray(0).__reduce__()[0]
+    return [numpy.ndarray, numpy.dtype, type(numpy.dtype(numpy.uint32)),
+            (reconstruct, "numpy.core.multiarray._reconstruct"), (reconstruct, "numpy._core.multiarray._reconstruct")]
+
+
+def _allowing(globals_):
+    """torch.serialization.safe_globals (torch 2.5 and later) over `globals_`."""
+    safe_globals = getattr(torch.serialization, "safe_globals", None)
+    return safe_globals(globals_) if safe_globals is not None and globals_ else contextlib.nullcontext()
+
+
+def checkpoint_load(path):
+    """The state in `path`, onto the CPU, unpickling only tensors, containers and plain values
+    (and `legacy_globals`)."""
+    with _allowing(legacy_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def checkpoint_latest(directory):
     """The state `latest.json` names, loaded onto the CPU (every process would otherwise unpickle
     tensors onto the device they were saved from); None when there is no `latest.json` (a first
@@ -113,8 +149,7 @@ def checkpoint_latest(directory):
                               f"delete it to start over from step 0") from None
     path = os.path.join(directory, name)
     try:
-        # Our own file, holding RNG states (tuples, NumPy arrays) as well as tensors.
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return checkpoint_load(path)
     except FileNotFoundError:
         raise CheckpointError(f"cannot resume: {latest} names {path}, which is missing") from None
     except Exception as err:  # torch.load raises many kinds for a damaged file

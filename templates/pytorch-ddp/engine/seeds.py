@@ -9,7 +9,8 @@ as if it had never stopped.
   `batch_seed(seed, epoch, rank, batch)`, so augmentations depend on which batch is decoded, not
   on which worker decodes it or how many workers there are, and a resumed run decodes the same.
 - A checkpoint holds each rank's own generator states (`rng_state`); on resume each rank restores
-  its own (`rng_restore`), CUDA included.
+  its own (`rng_restore`), CUDA included. They hold tensors and plain Python values only (NumPy's
+  state as a list of ints), so checkpoints load with torch.load(weights_only=True).
 """
 import contextlib
 import hashlib
@@ -54,7 +55,7 @@ def rng_state(device):
     when it is a GPU)."""
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
+        state["numpy"] = numpy_state_plain(numpy.random.get_state())
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -65,9 +66,24 @@ def rng_restore(state, device):
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"].cpu())
     if numpy is not None and "numpy" in state:
-        numpy.random.set_state(state["numpy"])
+        numpy.random.set_state(numpy_state_array(state["numpy"]))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def numpy_state_plain(state):
+    """NumPy's legacy generator state (`numpy.random.get_state()`: name, 624 uint32 keys as an
+    array, position, has_gauss, cached_gaussian) with the keys as a list of ints: no array, so a
+    checkpoint holding it loads with weights_only=True."""
+    name, keys, position, has_gauss, cached = state
+    return (name, [int(k) for k in keys], int(position), int(has_gauss), float(cached))
+
+
+def numpy_state_array(state):
+    """The state as `numpy.random.set_state` takes it, from `numpy_state_plain`'s form or from the
+    array form checkpoints of engines before 1.8 hold."""
+    name, keys, position, has_gauss, cached = state
+    return (name, numpy.asarray(keys, dtype=numpy.uint32), position, has_gauss, cached)
 
 
 @contextlib.contextmanager

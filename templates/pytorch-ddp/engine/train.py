@@ -3,7 +3,9 @@ torch.compile, gradient accumulation, warm-up then cosine decay, atomic checkpoi
 a final checkpoint on SIGTERM, and metrics reported to Trainyard (when TRAINYARD_URL,
 TRAINYARD_TOKEN and TRAINYARD_JOB_ID are set; without them it trains and reports nothing).
 
-Device and backend: placement.py (NCCL on the process's own GPU, gloo on CPU). Seeds: seeds.py
+Device and backend: placement.py (NCCL on the process's own GPU, gloo on CPU). How each step runs
+there (precision, gradient scaler, compile, pinned memory, the optimizer's kernel):
+step_settings.py, printed by rank 0 as its `engine:` line. Seeds: seeds.py
 (each rank its own, restored per rank on resume). Data order: shards.py (equal batches per rank,
 each sample at most once per epoch, resumable at any step); a dataset on Trainyard's object store
 (`--data store:NAME@VERSION`) is read through the node's shard cache (remote.py, cache.py), its
@@ -28,8 +30,10 @@ import importlib.util
 import json
 import math
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 import urllib.request
@@ -46,6 +50,7 @@ import record  # noqa: E402
 import remote  # noqa: E402
 import seeds  # noqa: E402
 import shards  # noqa: E402
+import step_settings  # noqa: E402
 
 # Test hook: a folder where each rank appends, per optimizer step, the keys of the samples it
 # trained on and its loss (rank-<r>.jsonl), so tests can check exactly-once and bitwise resume.
@@ -77,7 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64, help="per process")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--precision", choices=step_settings.PRECISIONS, default=step_settings.DEFAULT_PRECISION)
     p.add_argument("--compile", default="false", choices=["true", "false"])
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -125,30 +130,62 @@ def load_user_code(path):
 
 
 class Reporter:
-    """Posts metric points to Trainyard in batches (rank 0 only; nowhere without a server)."""
+    """Posts metric points to Trainyard in batches (rank 0 only; nowhere without a server), from a
+    thread of its own: the training loop never waits for the server (a GPU would idle while it
+    did). Points a post failed to deliver go with the next batch. `close` waits for what was
+    handed over."""
 
     def __init__(self, enabled):
         self.url, self.token, self.job = (os.environ.get(k) for k in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_JOB_ID"))
         self.enabled = enabled and all((self.url, self.token, self.job))
         self.points = []
+        self._outbox = queue.Queue()
+        self._sender = None
 
     def add(self, step, **values):
         if self.enabled:
             self.points += [{"step": int(step), "name": k, "value": float(v)} for k, v in values.items() if math.isfinite(v)]
 
     def flush(self):
+        """Hands the points added so far to the sending thread."""
         if not (self.enabled and self.points):
             return
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_all, name="trainyard-metrics", daemon=True)
+            self._sender.start()
+        self._outbox.put(self.points)
+        self.points = []
+
+    def close(self, timeout=10.0):
+        """Flushes, then waits (at most `timeout` seconds) until the thread posted everything."""
+        self.flush()
+        if self._sender is not None:
+            self._outbox.put(None)
+            self._sender.join(timeout)
+            self._sender = None
+
+    def _send_all(self):
+        unsent = []
+        while True:
+            batch = self._outbox.get()
+            if batch is None:
+                return
+            unsent += batch
+            if self._post(unsent):
+                unsent = []
+
+    def _post(self, points):
         request = urllib.request.Request(
             f"{self.url}/api/v1/jobs/{self.job}/metrics",
-            data=json.dumps({"points": self.points}).encode(),
+            data=json.dumps({"points": points}).encode(),
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
         )
         try:
             urllib.request.urlopen(request, timeout=10).read()
-            self.points = []
+            return True
         except OSError as err:  # metrics must never stop training
             print(f"trainyard: could not report metrics: {err}", file=sys.stderr, flush=True)
+            return False
 
 
 def gpu_utilization(device):
@@ -160,6 +197,51 @@ def gpu_utilization(device):
         return {"gpu_utilization": torch.cuda.utilization(device) / 100.0}
     except Exception:  # no pynvml, or NVML refused: report nothing rather than stop training
         return {}
+
+
+class StepVotes:
+    """What each rank says after an optimizer step (a stop was requested; its autotune window is
+    ready), summed over the ranks with one all-reduce per step, so that every rank takes the same
+    decision at the same step. The sums of step k are read at step k + 1: on a GPU the
+    all-reduce and the copy of its result into page-locked host memory are queued behind step
+    k's work, and step k + 1 waits for that copy only once its own work is queued, so the GPU
+    never runs dry waiting for the host. (Reading the sums at once, as a `.tolist()` does, waits
+    for everything queued before it: the GPU idles every step while the host launches the next.)
+    On the CPU the all-reduce is done when it returns; the sums are read a step late there too,
+    so that both behave alike."""
+
+    def __init__(self, device, count):
+        """`device`: where collectives run (placement.collective_device); `count` votes a step."""
+        self.device, self.count = torch.device(device), count
+        self.pending = None
+        self.host = torch.empty(count, pin_memory=True) if self.device.type == "cuda" else None
+
+    def collect(self):
+        """The sums cast at the previous step (zeros at this process's first step)."""
+        if self.pending is None:
+            return (0.0,) * self.count
+        sums, copied = self.pending
+        self.pending = None
+        if copied is not None:
+            copied.synchronize()
+        return tuple(sums.tolist())
+
+    def cast(self, *votes):
+        """Casts this step's votes (truthy counts 1), after `collect` read the previous step's."""
+        if len(votes) != self.count or self.pending is not None:
+            raise ValueError("cast one vote per kind, once per step, after collecting the previous sums")
+        flags = torch.zeros(self.count, device=self.device)
+        for index, vote in enumerate(votes):
+            if vote:
+                flags[index].fill_(1.0)  # a fill kernel on the device: no copy from the host
+        dist.all_reduce(flags)
+        if self.host is None:
+            self.pending = (flags, None)
+            return
+        self.host.copy_(flags, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        self.pending = (self.host, copied)
 
 
 class SampleLog:
@@ -174,6 +256,32 @@ class SampleLog:
             line = json.dumps({"epoch": epoch, "step": step, "keys": keys, "loss": loss.item()}) + "\n"
             with open(self.path, "a") as f:
                 f.write(line)
+
+
+def averages_gradients(world_size):
+    """Whether DDP must all-reduce the gradients: not in a job of one process, whose gradients are
+    their own average (DDP would all-reduce each bucket with itself, then divide it by one: a
+    kernel or two per bucket every step for nothing)."""
+    return world_size > 1
+
+
+def gradients_as_they_are(_state, bucket):
+    """A DDP communication hook that leaves a bucket's gradients as they are (the no-op hook of
+    DistributedDataParallel.register_comm_hook's documentation)."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+def native_bf16(device):
+    """Whether `device` computes bf16 natively (every CPU does, through autocast); on a GPU,
+    torch.cuda.is_bf16_supported without counting emulation (its argument since torch 2.3)."""
+    if device.type != "cuda":
+        return True
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:
+        return torch.cuda.is_bf16_supported()
 
 
 def steps_per_epoch(samples_per_rank, batch_size, grad_accum):
@@ -422,13 +530,24 @@ def main():
     stop = {"requested": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
 
+    settings = step_settings.step_settings(args.precision, args.compile == "true", device.type,
+                                           bf16_supported=native_bf16(device))
+    if rank == 0:
+        for note in settings.notes:
+            print(f"trainyard: {note}", flush=True)
+        print(step_settings.describe(settings, device, backend), flush=True)
+
     user = load_user_code(args.user_module)
     seeds.seed_everything(seeds.rank_seed(args.seed, rank))
     net = user.build_model().to(device)
-    model = torch.compile(net) if args.compile == "true" else net
-    # DDP starts every rank from rank 0's parameters and buffers (it broadcasts them).
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+    model = torch.compile(net) if settings.compile else net
+    # DDP starts every rank from rank 0's parameters and buffers (it broadcasts them). Gradients
+    # live in its all-reduce buckets: no copy into them and back every step.
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                  gradient_as_bucket_view=True)
+    if not averages_gradients(world):
+        ddp.register_comm_hook(state=None, hook=gradients_as_they_are)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, **step_settings.optimizer_options(settings))
     data_folder, data_view = args.data, None
     store_dataset = remote.store_dataset(args.data)
     if store_dataset is not None:
@@ -453,12 +572,8 @@ def main():
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-    precision = args.precision
-    if precision == "fp16" and device.type != "cuda":
-        print("trainyard: fp16 needs a GPU; using bf16 on CPU", flush=True)
-        precision = "bf16"
-    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=settings.grad_scaler)
+    autocast_dtype = settings.autocast_dtype
 
     epoch, step, cursor, rng, resumed_pipeline = 0, 0, 0, None, None
     state = resume_state(args.output, rank, collectives)
@@ -467,7 +582,9 @@ def main():
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
+        if state["scaler"] and settings.grad_scaler:
+            # Empty when written without the scaler (another precision): it starts afresh.
+            scaler.load_state_dict(state["scaler"])
         step = state["step"]
         mine = saved_rank_state(state.get("ranks"), rank, world, order)
         if mine is not None:
@@ -480,7 +597,7 @@ def main():
         del state
     run_record = RunRecord(args, world, local_world, backend, device, dataset.plan) if rank == 0 else None
     # Starts no decode worker yet, and draws from no generator of this process.
-    pipeline = InputPipeline(args, dataset, local_world, pin_memory=device.type == "cuda",
+    pipeline = InputPipeline(args, dataset, local_world, pin_memory=settings.pin_memory,
                              seed=seeds.rank_seed(args.seed, rank), resumed=resumed_pipeline)
     if run_record is not None:
         AT_EXIT.append(lambda code: run_record.post(pipeline.settings(), quiet=code != 0))
@@ -505,6 +622,8 @@ def main():
         dist.barrier()
 
     reporter = Reporter(rank == 0)
+    AT_EXIT.append(lambda _code: reporter.close(timeout=2.0))
+    votes = StepVotes(collectives, 2)
     if data_view is not None:
         report_data_counts(data_view, args.data, reporter, step, collectives)
     sample_log = SampleLog(rank)
@@ -545,16 +664,15 @@ def main():
             scheduler.step()
             step, cursor = step + 1, micro * args.batch_size
             sample_log.record(epoch, step, step_keys, step_loss)
-            # Every rank agrees on stopping at the same step, and on when autotune's window ends
-            # (on the backend's device: NCCL reduces CUDA tensors only).
-            flags = torch.tensor([1.0 if stop["requested"] else 0.0, 1.0 if pipeline.window_ready() else 0.0],
-                                 device=collectives)
-            dist.all_reduce(flags)
-            stop_votes, ready_votes = flags.tolist()
+            # Every rank agrees on stopping at the same step, and on when autotune's window ends,
+            # from the votes of the step before (StepVotes: the host does not wait for the GPU).
+            stop_votes, ready_votes = votes.collect()
             stopping = stop_votes > 0
             decision = pipeline.step_ended(ready_votes == world and not stopping and step < total_steps, collectives)
             if decision is not None and pipeline.confirmed() and run_record is not None:
                 run_record.post(pipeline.settings())
+            # After step_ended: a window it just closed does not vote ready again.
+            votes.cast(stop["requested"], pipeline.window_ready())
             if rank == 0 and step % args.log_every == 0:
                 # This process's steps over its own time: a resumed run starts counting afresh.
                 samples = (step - resumed_at) * args.batch_size * args.grad_accum * world
@@ -579,14 +697,14 @@ def main():
                 checkpoint()
             if stopping:
                 print("stopping on SIGTERM after a final checkpoint", flush=True)
-                reporter.flush()
+                reporter.close()
                 dist.destroy_process_group()
                 sys.exit(143)
             if step >= total_steps:
                 finished = True
                 break
         epoch, cursor = epoch + 1, 0
-    reporter.flush()
+    reporter.close()
     dist.barrier()
     dist.destroy_process_group()
     print(f"done: {step} steps", flush=True)

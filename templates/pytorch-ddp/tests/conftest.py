@@ -3,6 +3,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 # templates/ is embedded in the server binary as it is on disk: leave no __pycache__ in it.
 sys.dont_write_bytecode = True
@@ -12,6 +13,23 @@ sys.path.insert(0, ENGINE)
 sys.path.insert(0, TESTS)
 
 import shardset  # noqa: E402
+
+# Why a test marked `gpu` is skipped: said in pytest's summary (-rs), so that a run on a machine
+# without one shows what it did not check. tests/gpu/run runs them on one.
+NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False here (tests/gpu/run runs these on one)"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped, with the reason, without one")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=NO_GPU))
+
 
 # Seven shards of uneven sizes: they divide among no number of ranks.
 UNEVEN_SHARDS = [150, 90, 200, 60, 130, 170, 100]

@@ -3,8 +3,9 @@ need no Rust build: USTAR shards `<prefix>-NNNNNN.tar` with fixed header fields,
 shard (`<prefix>-NNNNNN.idx.json`: each sample's key, header offset, and its members' data
 offsets and sizes) and `dataset.json`, the manifest, written last.
 
-The samples are the built-in example's: 8x8 single-channel images of 4 classes (class k lights
-quadrant k, plus seeded jitter) as `<key>.bin` (64 float32) and `<key>.cls` (the label as text).
+The samples are the built-in example's by default: 8x8 single-channel images of 4 classes (class k
+lights quadrant k, plus seeded jitter) as `<key>.bin` (64 float32) and `<key>.cls` (the label as
+text); `fields` gives others (the GPU benchmark's token sequences).
 """
 import hashlib
 import io
@@ -27,9 +28,15 @@ def image(index, rng):
     return struct.pack("<64f", *values), str(cls).encode()
 
 
-def write_dataset(dest, shard_sizes, seed=12345):
+def image_fields(index, rng):
+    """The example's sample `index`: [(extension, bytes)]."""
+    return list(zip(("bin", "cls"), image(index, rng)))
+
+
+def write_dataset(dest, shard_sizes, seed=12345, fields=image_fields, key_prefix="img"):
     """Writes len(shard_sizes) shards, shard i holding shard_sizes[i] samples keyed
-    `img<NNNNN>` (numbered across shards). Returns every key, in packing order."""
+    `<key_prefix><NNNNN>` (numbered across shards), each with the members `fields(number, rng)`
+    gives. Returns every key, in packing order."""
     os.makedirs(dest, exist_ok=True)
     rng = random.Random(seed)
     keys, entries, number = [], [], 0
@@ -38,11 +45,11 @@ def write_dataset(dest, shard_sizes, seed=12345):
         buffer, indexed = io.BytesIO(), []
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
             for _ in range(size):
-                key, fields = f"img{number:05d}", image(number, rng)
+                key, members_data = f"{key_prefix}{number:05d}", fields(number, rng)
                 number += 1
                 keys.append(key)
                 header_offset, members = archive.offset, []
-                for ext, data in zip(("bin", "cls"), fields):
+                for ext, data in members_data:
                     info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size, info.mode, info.mtime, info.uid, info.gid = len(data), 0o444, 0, 0, 0
                     # A USTAR header is one 512-byte block; the data follows it.

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import checkpoints
+import seeds
 import train
 
 
@@ -65,6 +66,53 @@ def test_the_latest_checkpoint_loads_onto_the_cpu(tmp_path, monkeypatch):
     state = checkpoints.checkpoint_latest(str(tmp_path))
     assert torch.equal(state["w"], torch.ones(2))
     assert calls[0]["map_location"] == "cpu", "not onto the device each tensor was saved from (cuda:0 for every rank)"
+    assert calls[0]["weights_only"] is True, "tensors and plain values only: unpickling runs no code"
+
+
+class RunsCode:
+    """What a crafted file pickles to run code as it loads (here only os.getpid)."""
+
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def test_a_checkpoint_that_would_run_code_as_it_loads_is_refused(tmp_path):
+    checkpoints.checkpoint_save(str(tmp_path), {"w": torch.ones(2), "payload": RunsCode()}, 5, keep=0)
+    with pytest.raises(checkpoints.CheckpointError, match="cannot be loaded: UnpicklingError"):
+        checkpoints.checkpoint_latest(str(tmp_path))
+
+
+def test_what_the_engine_saves_loads_with_weights_only(tmp_path):
+    """Every kind of value a checkpoint holds: tensors, an optimizer's and a scheduler's state,
+    the generator states (Python's tuples, NumPy's as a list), per-rank dicts."""
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
+    net(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "scaler": {}, "step": 3, "epoch": 0,
+             "ranks": [{"rng": seeds.rng_state(torch.device("cpu")), "data": {"epoch": 0, "cursor": 8, "order": {}}}]}
+    checkpoints.checkpoint_save(str(tmp_path), state, 3, keep=0)
+    path = os.path.join(str(tmp_path), checkpoints.checkpoint_name(3))
+    unsafe = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if unsafe is not None:
+        assert unsafe(path) == [], "nothing beyond what weights_only allows by itself"
+    loaded = checkpoints.checkpoint_latest(str(tmp_path))
+    assert isinstance(loaded["ranks"][0]["rng"]["numpy"][1], list)
+    assert torch.equal(loaded["model"]["weight"], net.state_dict()["weight"])
+
+
+def test_a_checkpoint_of_an_engine_before_1_8_with_numpys_state_as_an_array_still_resumes(tmp_path):
+    numpy = pytest.importorskip("numpy")
+    numpy.random.seed(7)
+    legacy = {"python": seeds.random.getstate(), "torch": torch.get_rng_state(), "numpy": numpy.random.get_state()}
+    expected = numpy.random.random()
+    checkpoints.checkpoint_save(str(tmp_path), {"ranks": [{"rng": legacy}]}, 9, keep=0)
+    loaded = checkpoints.checkpoint_latest(str(tmp_path))
+    numpy.random.seed(0)
+    seeds.rng_restore(loaded["ranks"][0]["rng"], torch.device("cpu"))
+    assert numpy.random.random() == expected
 
 
 @pytest.mark.parametrize("damage, message", [

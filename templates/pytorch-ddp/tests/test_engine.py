@@ -162,6 +162,20 @@ def test_a_broken_checkpoint_named_by_latest_fails_clearly_instead_of_starting_o
     assert again.steps(0) == [], "no step was trained from scratch"
 
 
+def test_rank_0_says_how_its_steps_run_and_the_users_code_runs_so(uneven_dataset, tmp_path):
+    """The `engine:` line names every decision of step_settings.py; on CPU, fp16 falls back to
+    bf16 and says so, and the user's loss_fn sees bf16 outputs under autocast."""
+    data, _ = uneven_dataset
+    user = os.path.join(os.path.dirname(os.path.abspath(__file__)), "user_gpu.py")
+    job = Job(tmp_path, data, replicas=1, user_module=user, precision="fp16", max_steps=4, checkpoint_every=4).start()
+    assert job.wait(60) == [0], job.logs()
+    log = job.log(0)
+    assert "trainyard: fp16 needs a GPU; using bf16 on CPU" in log, log
+    assert ("engine: cpu over gloo; bf16 (autocast torch.bfloat16); gradient scaler off; compile off; "
+            "pinned memory off; AdamW") in log, log
+    assert "user: rank 0 outputs torch.bfloat16 on cpu, autocast True" in log, log
+
+
 def test_sigterm_ends_training_after_a_final_checkpoint(uneven_dataset, tmp_path):
     data, _ = uneven_dataset
     job = Job(tmp_path, data, epochs=1000, checkpoint_every=1000).start()

@@ -50,7 +50,13 @@ def test_a_saved_state_brings_every_generator_back():
     assert set(saved) == {"python", "numpy", "torch"}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_numpys_state_is_saved_as_plain_values():
+    state = seeds.rng_state(torch.device("cpu"))["numpy"]
+    assert state[0] == "MT19937" and isinstance(state[1], list) and len(state[1]) == 624
+    assert all(type(value) in (str, list, int, float) for value in state)
+
+
+@pytest.mark.gpu
 def test_a_saved_state_brings_the_cuda_generator_back():
     device = torch.device("cuda:0")
     saved = seeds.rng_state(device)
