@@ -364,6 +364,60 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
     after.release(&attempt).await;
 }
 
+/// Servers of several data directories on one machine share its cgroups (tests do, and so may
+/// two deployments): one's garbage collection takes none of the other's replicas, however long
+/// they have run, and its own strays only once their launch has settled and their supervisor
+/// ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn garbage_collection_takes_no_replica_of_another_data_directory() {
+    use trainyard_executor::local::{LocalConfig, LocalExecutor};
+    use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaStatus};
+    use uuid::Uuid;
+    let config = |dir: &Path| LocalConfig {
+        data_dir: dir.to_path_buf(),
+        supervisor: trainyard_tests::bin("trainyard-shim"),
+        cpus: Some(4.0),
+        memory_bytes: None,
+        simulated_gpus: None,
+        shard_cache_bytes: None,
+        shard_cache_tenant_bytes: None,
+        pids_limit: trainyard_executor::local::DEFAULT_PIDS_LIMIT,
+        cpu_hard_limit: false,
+        cgroups: true,
+    };
+    let (mine, theirs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mine, theirs) =
+        (LocalExecutor::new(config(mine.path())).unwrap(), LocalExecutor::new(config(theirs.path())).unwrap());
+    let job = Uuid::now_v7();
+    let request = LaunchRequest {
+        job_id: job,
+        tenant_id: Uuid::from_u128(1),
+        tenant: "default".into(),
+        attempt: 1,
+        spec: serde_json::from_value(json!({"command": ["sleep", "30"], "args": [], "env": {},
+            "resources": {"cpu": 0.25, "memory": "64Mi"}, "replicas": 1}))
+        .unwrap(),
+        files: BTreeMap::new(),
+        env: BTreeMap::new(),
+        code: Vec::new(),
+        nodes: Vec::new(),
+    };
+    let placement = theirs.launch(&request).await.unwrap();
+    let attempt = AttemptRef { job_id: job, attempt: 1, replicas: 1, placement: Some(placement) };
+    // Nothing is live for `mine`: everything on the machine is someone else's or a stray.
+    assert_eq!(mine.garbage_collect(&[]).await, 0, "another data directory's replica is not a stray");
+    assert_eq!(theirs.garbage_collect(&[]).await, 0, "a launch that has not settled is not a stray");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(theirs.observe(&attempt).await, [ReplicaStatus::Running]);
+    theirs.terminate(&attempt, Duration::from_millis(200)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while theirs.observe(&attempt).await.contains(&ReplicaStatus::Running) {
+        assert!(Instant::now() < deadline, "the replica did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    theirs.release(&attempt).await;
+}
+
 /// `yard` goes on through a short database outage: a listing, and a submit with the code it
 /// ships, are answered 503 while the database is away; yard sends them again after the
 /// server's `Retry-After` (doubling), saying so, and both succeed once it is back. The submit

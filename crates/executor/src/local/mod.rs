@@ -247,6 +247,12 @@ impl LocalExecutor {
         }
     }
 
+    /// Whether the attempt is more than strays: a launch begun a moment ago, or a live
+    /// supervisor. Garbage collection takes only strays.
+    fn attempt_runs_beyond_strays(&self, job_id: Uuid, attempt: i32) -> bool {
+        self.launch_recent(job_id, attempt) || self.supervisors_alive(job_id, attempt)
+    }
+
     /// Whether a supervisor of the attempt runs (a rank's pid file names a live process).
     fn supervisors_alive(&self, job_id: Uuid, attempt: i32) -> bool {
         let dir = self.attempt_dir(job_id, attempt);
@@ -255,6 +261,15 @@ impl LocalExecutor {
             let pid_file = shim::pid_file_of(&dir.join(format!("replica-{rank}.exit")));
             shim::read_pid_record(&pid_file).is_some_and(|record| process::is_alive(record.pid, record.start_time))
         })
+    }
+
+    /// Whether the attempt's launch began a moment ago (its intent is younger than
+    /// [`LAUNCH_SETTLES`]): its supervisors may not have announced themselves yet, nor the
+    /// database recorded it, so what it holds is not taken from it.
+    fn launch_recent(&self, job_id: Uuid, attempt: i32) -> bool {
+        std::fs::metadata(self.attempt_dir(job_id, attempt).join("intent.json"))
+            .and_then(|meta| meta.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|age| age < LAUNCH_SETTLES))
     }
 
     /// Whether anything of the attempt runs: a supervisor, or a process left in its cgroups.
@@ -884,7 +899,10 @@ impl Executor for LocalExecutor {
             // Only what an ended attempt left behind: a group whose supervisor still runs belongs
             // to an attempt the database may not show yet (its launch finished after the pass
             // read it), and is observed, not collected.
-            if live.contains(&(job, attempt)) || self.supervisors_alive(job, attempt) {
+            // Another data directory's (servers of several data directories share the
+            // machine's cgroups: tests do), or not an ended attempt's strays: not ours to take.
+            let ours = self.attempt_dir(job, attempt).is_dir();
+            if !ours || live.contains(&(job, attempt)) || self.attempt_runs_beyond_strays(job, attempt) {
                 continue;
             }
             let cgroups = cgroups.clone();
@@ -996,6 +1014,11 @@ fn cgroups_empty(cgroups: &cgroup::Cgroups, job_id: Uuid, attempt: i32, replicas
     }
     empty
 }
+
+/// How long after its launch began an attempt's holdings and cgroups are its own whatever the
+/// database says: longer than a launch takes to be recorded, shorter than garbage collection's
+/// cadence.
+const LAUNCH_SETTLES: Duration = Duration::from_secs(30);
 
 /// The most ranks of one attempt whose cgroups are looked at when its GPUs may go.
 const MAX_REPLICAS_LOOKED_AT: u32 = 1024;
