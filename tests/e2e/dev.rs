@@ -83,6 +83,9 @@ fn dev_prints_a_working_login_stops_cleanly_and_keeps_its_data() {
     let status = interrupt_and_wait(&mut dev);
     assert!(status.success(), "Ctrl-C ends trainyard dev cleanly: {status:?}");
     assert!(!data_dir.join("postgres/pgdata/postmaster.pid").exists(), "Postgres was stopped");
+    // Postgres's log holds rows of every tenant in its error details: no other user reads it.
+    let log_mode = std::fs::metadata(data_dir.join("postgres/postgres.log")).unwrap().permissions().mode();
+    assert_eq!(log_mode & 0o077, 0, "postgres.log is {log_mode:o}");
 
     // Second start: same data, no new token, the saved login still works.
     let (mut dev, printed) = start_dev(&data_dir, &listen);

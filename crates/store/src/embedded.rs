@@ -170,6 +170,12 @@ impl EmbeddedPostgres {
     async fn pg_ctl_start(&self) -> Result<(), EmbeddedError> {
         let pgdata = self.dir.join("pgdata");
         let log = self.dir.join("postgres.log");
+        // Made readable to all by an earlier version: its owner's alone, as a new one is.
+        if let Err(err) = std::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            && err.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(%err, log = %log.display(), "cannot make Postgres's log private");
+        }
         self.run(
             self.command("pg_ctl")
                 .arg("start")
@@ -223,7 +229,11 @@ async fn init_cluster(
     std::fs::create_dir_all(&pgdata)?;
     std::fs::set_permissions(&pgdata, std::fs::Permissions::from_mode(0o700))?;
     let log = dir.join("postgres.log");
-    std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+    {
+        // Postgres's log holds other tenants' rows in its error details: its owner's alone.
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&log)?;
+    }
     if let Some((uid, gid)) = run_as {
         for path in [&pgdata, &pwfile, &log] {
             std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
