@@ -917,8 +917,11 @@ impl Executor for LocalExecutor {
     }
 
     fn holdings_retain(&self, live: &[(Uuid, i32)]) {
-        let live: std::collections::HashSet<&(Uuid, i32)> = live.iter().collect();
         let mut held = self.gpus_held.lock().expect("gpu table poisoned");
+        if held.is_empty() {
+            return; // every pass, most often with nothing held: no set of the live attempts
+        }
+        let live: std::collections::HashSet<&(Uuid, i32)> = live.iter().collect();
         // Not over as the database has it, or processes of it still run (a launch that finished
         // after the pass read the database; strays of an attempt that ended): then its GPUs
         // are not free, whatever the database says.

@@ -47,6 +47,13 @@ use uuid::Uuid;
 pub(crate) const ACTOR_EXECUTOR: &str = "executor";
 pub(crate) const ACTOR_RECONCILER: &str = "reconciler";
 
+/// Which of this server's own launches [`Reconciler::attempts_live`] counts beside the snapshot.
+#[derive(Debug, Clone, Copy)]
+enum LaunchesCounted {
+    InFlight,
+    InFlightAndFinished,
+}
+
 /// How often the executor is asked to remove leftovers of attempts that are not live.
 const GARBAGE_COLLECT_EVERY: Duration = Duration::from_secs(60);
 /// How often the quotas behind the quota gauges are read again.
@@ -494,11 +501,7 @@ impl Reconciler {
         // for them before it admits. (Not this server's own finished launches, which may be
         // such attempts: one of those that the snapshot misses still runs, and the executor
         // keeps what runs.)
-        let mut live: Vec<(Uuid, i32)> =
-            jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
-        let current: FxHashMap<Uuid, i32> =
-            jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
-        live.extend(self.launcher().attempts_in_flight(|job| current.get(&job).copied().unwrap_or(0)));
+        let live = self.attempts_live(&jobs, LaunchesCounted::InFlight);
         self.executor.holdings_retain(&live);
         self.garbage_collect(&jobs).await;
         self.tenants_finish_removal(&jobs).await?;
@@ -703,14 +706,19 @@ impl Reconciler {
         }
     }
 
-    /// The attempts that are not over: the current attempt of each unfinished job, and those
-    /// opened by launches under way since this pass read its snapshot.
-    fn attempts_live(&mut self, jobs: &[Arc<UnfinishedJob>]) -> Vec<(Uuid, i32)> {
+    /// The attempts that are not over: the current attempt of each unfinished job, and those of
+    /// this server's launches since this pass read its snapshot (`launches`: the ones under way,
+    /// or also the finished ones).
+    fn attempts_live(&mut self, jobs: &[Arc<UnfinishedJob>], launches: LaunchesCounted) -> Vec<(Uuid, i32)> {
         let mut live: Vec<(Uuid, i32)> =
             jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
         let current: FxHashMap<Uuid, i32> =
             jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
-        live.extend(self.launcher().attempts_live(|job| current.get(&job).copied().unwrap_or(0)));
+        let current = |job| current.get(&job).copied().unwrap_or(0);
+        live.extend(match launches {
+            LaunchesCounted::InFlight => self.launcher().attempts_in_flight(current),
+            LaunchesCounted::InFlightAndFinished => self.launcher().attempts_live(current),
+        });
         live
     }
 
@@ -720,7 +728,7 @@ impl Reconciler {
         if self.collected.is_some_and(|at| at.elapsed() < GARBAGE_COLLECT_EVERY) {
             return;
         }
-        let live = self.attempts_live(jobs);
+        let live = self.attempts_live(jobs, LaunchesCounted::InFlightAndFinished);
         let collected = self.executor.garbage_collect(&live).await;
         if collected > 0 {
             tracing::info!(collected, "removed the leftovers of ended or unknown attempts");
