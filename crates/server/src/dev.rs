@@ -55,8 +55,9 @@ pub struct LocalExecutorArgs {
     #[arg(long, value_name = "BYTES")]
     pub shard_cache_tenant_bytes: Option<u64>,
     /// Processes and threads one replica may have at once (its cgroup's pids.max), so that a
-    /// fork bomb stops there.
-    #[arg(long, value_name = "N", default_value_t = trainyard_executor::local::DEFAULT_PIDS_LIMIT)]
+    /// fork bomb stops there (at least 16: the supervisor and a shell must start).
+    #[arg(long, value_name = "N", default_value_t = trainyard_executor::local::DEFAULT_PIDS_LIMIT,
+          value_parser = clap::value_parser!(u64).range(16..))]
     pub pids_limit: u64,
     /// Cap each replica's CPU time at its request (a CFS quota), as a Kubernetes limit equal to
     /// the request would. Without it the request is the replica's weight: a replica may use idle
