@@ -515,3 +515,95 @@ async fn a_leader_that_regains_the_lead_fails_no_healthy_job() {
         assert_eq!(state_of(&env, id).await, "succeeded");
     }
 }
+
+/// Every kind of write the control loops make beside launching and observing (log archiving,
+/// the retention sweep, finishing a tenant's removal, the pending reasons and notes) carries the
+/// leader's epoch: a leader deposed by a takeover has each refused as fenced, and the new leader
+/// makes the same calls. The check before deleting objects or a tenant's namespace likewise.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_control_write_of_a_deposed_leader_is_refused_and_the_new_leaders_goes_through() {
+    use trainyard_core::Error;
+    use trainyard_store::{Store, audit::Audit, storage::RetentionDue};
+    let db = trainyard_tests::TestDb::fresh().await;
+    let (old, new) = (Store::from_pool(db.pool.clone()), Store::from_pool(db.pool.clone()));
+    old.bootstrap("default", "admin").await.unwrap();
+    let deposed = old.leadership_try(uuid::Uuid::now_v7(), Duration::from_millis(300)).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leader = new.leadership_try(uuid::Uuid::now_v7(), Duration::from_secs(60)).await.unwrap();
+    let leader = leader.expect("the expired lease is taken over");
+    assert!(leader.epoch() > deposed.epoch(), "a takeover increments the epoch");
+    assert_eq!(old.control_epoch(), deposed.epoch(), "the deposed leader does not know it yet");
+
+    let (job, tenant) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let due = RetentionDue { job_id: job, tenant_id: tenant, logs: true, artifacts: true };
+    let audit = Audit::control_loop("tenant.removed", "tenant:gone");
+    let mut refused = Vec::new();
+    for store in [&old, &new] {
+        let results: Vec<(&str, Result<(), Error>)> = vec![
+            ("control_fence_check", store.control_fence_check().await),
+            ("attempts_logs_archived", store.attempts_logs_archived(&[(job, 1)]).await),
+            ("attempt_logs_archive_failed", store.attempt_logs_archive_failed(job, 1, Duration::from_secs(10)).await),
+            ("retention_done", store.retention_done(&due).await),
+            ("dataset_pushes_abandoned", store.dataset_pushes_abandoned(chrono::Duration::days(1), 10).await.map(drop)),
+            ("node_datasets_forget_stale", store.node_datasets_forget_stale().await.map(drop)),
+            ("tenant_removed", store.tenant_removed(tenant, &audit).await.map(drop)),
+            ("tenant_objects_removed", store.tenant_objects_removed(tenant).await),
+            ("job_note", store.job_note(job, "a note", "test").await.map(drop)),
+            ("job_pending_reasons_set", store.job_pending_reasons_set(&[job], &["a reason".into()]).await),
+        ];
+        for (write, result) in results {
+            if std::ptr::eq(store, &old) {
+                match result {
+                    Err(Error::Fenced(_)) => refused.push(write),
+                    other => panic!("the deposed leader's {write} was not refused as fenced: {other:?}"),
+                }
+            } else {
+                assert!(result.is_ok(), "the new leader's {write} failed: {result:?}");
+            }
+        }
+    }
+    println!("refused for the deposed leader: {}", refused.join(", "));
+}
+
+/// The completeness of the test above: every store function the control loops call that writes
+/// (an INSERT, UPDATE or DELETE in its body) is fenced (`control_fence` in its body).
+#[test]
+fn every_store_write_the_control_loops_call_is_fenced() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read_all = |dir: &Path| -> Vec<String> {
+        let mut texts = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                texts.push(std::fs::read_to_string(&path).unwrap());
+            }
+        }
+        texts
+    };
+    let called = regex::Regex::new(r"store\s*\.\s*(\w+)\(").unwrap();
+    let mut calls = BTreeSet::new();
+    for text in read_all(&root.join("crates/server/src/control")) {
+        calls.extend(called.captures_iter(&text).map(|c| c[1].to_string()));
+    }
+    // Each store function's body: from its `pub async fn` to the next one.
+    let mut bodies = BTreeMap::new();
+    let starts = regex::Regex::new(r"pub async fn (\w+)").unwrap();
+    for text in read_all(&root.join("crates/store/src")) {
+        let found: Vec<_> =
+            starts.captures_iter(&text).map(|c| (c.get(0).unwrap().start(), c[1].to_string())).collect();
+        for (i, (at, name)) in found.iter().enumerate() {
+            let end = found.get(i + 1).map_or(text.len(), |next| next.0);
+            bodies.insert(name.clone(), text[*at..end].to_string());
+        }
+    }
+    let writes = regex::Regex::new(r"\b(INSERT INTO|UPDATE \w+( \w+)? SET|DELETE FROM)\b").unwrap();
+    // Taking the lease is how an epoch starts; it cannot carry one.
+    let unfenceable = ["leadership_try"];
+    let unfenced: Vec<&String> = calls
+        .iter()
+        .filter(|name| !unfenceable.contains(&name.as_str()))
+        .filter(|name| bodies.get(*name).is_some_and(|body| writes.is_match(body) && !body.contains("control_fence")))
+        .collect();
+    assert!(calls.len() > 15, "found only {} store calls in the control loops: {calls:?}", calls.len());
+    assert!(unfenced.is_empty(), "control-loop writes without the leader's fence: {unfenced:?}");
+}

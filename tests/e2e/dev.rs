@@ -72,6 +72,21 @@ fn dev_prints_a_working_login_stops_cleanly_and_keeps_its_data() {
     };
     let logged_in = yard(&args[1..]);
     assert!(logged_in.status.success(), "{}", stderr(&logged_in));
+    assert!(printed.iter().any(|l| l.trim().starts_with("it expires:")), "the admin token's expiry: {printed:?}");
+    // The same login with the token on standard input: out of the process list and the history.
+    assert_eq!(args[4], "--token");
+    let mut piped = Command::new(bin("yard"))
+        .args(["login", "--url", args[3]])
+        .env("HOME", home.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut piped.stdin.take().unwrap(), format!("{}\n", args[5]).as_bytes()).unwrap();
+    let from_stdin = piped.wait_with_output().unwrap();
+    assert!(from_stdin.status.success() && stderr(&from_stdin).contains("Signed in"), "{}", stderr(&from_stdin));
     let config = home.path().join(".config/trainyard/config.json");
     assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600, "the token file is private");
     let submitted = yard(&["submit", "--name", "hello", "--", "echo", "hello"]);

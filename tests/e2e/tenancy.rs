@@ -184,6 +184,8 @@ async fn a_job_cannot_read_another_tenants_files_or_the_control_planes() {
         ("volume", format!("{volume_dir}/secret")),
         ("object store", format!("{}/objects", data.display())),
         ("data directory", data.display().to_string()),
+        // Its names are the tenants' ids; each replica passes through to its own tenant's folder.
+        ("shard cache root", format!("{}/shard-cache", data.display())),
         ("server environment", format!("/proc/{}/environ", env.server.pid())),
     ];
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", env.server.pid())).unwrap();
@@ -261,6 +263,19 @@ async fn a_lost_admin_token_is_replaced_from_the_database_for_platform_admins_on
     let (status, me) = env.get("/api/v1/me", &token).await;
     assert_eq!(status, StatusCode::OK, "{me}");
     assert_eq!(me["user"], "admin");
+    // Neither the bootstrap token nor the recovery token lasts for ever: 30 days, like any admin's.
+    let (status, tokens) = env.get("/api/v1/tokens", &token).await;
+    assert_eq!(status, StatusCode::OK, "{tokens}");
+    let tokens = tokens.as_array().expect("a list of tokens");
+    let bootstrap = tokens.iter().find(|t| t["name"] == "bootstrap").expect("the bootstrap token is listed");
+    let newest = tokens.iter().max_by_key(|t| t["created_at"].as_str().unwrap_or_default().to_string()).unwrap();
+    assert_ne!(bootstrap["id"], newest["id"], "the recovery token is listed: {tokens:?}");
+    for listed in [bootstrap, newest] {
+        let expires: chrono::DateTime<chrono::Utc> =
+            serde_json::from_value(listed["expires_at"].clone()).unwrap_or_else(|_| panic!("no expiry: {listed}"));
+        let days = (expires - chrono::Utc::now()).num_hours() as f64 / 24.0;
+        assert!((29.9..=30.1).contains(&days), "expires in {days:.2} days: {listed}");
+    }
 
     env.member("default", "alice", "member").await;
     let refused = std::process::Command::new(trainyard_tests::bin("trainyard"))
@@ -588,4 +603,88 @@ async fn a_viewer_cannot_act_as_a_job_with_any_encoding_of_its_token_in_the_log(
     let (status, body) = env.post(&format!("/api/v1/jobs/{id}/metrics"), &token, &metrics).await;
     assert!(status.is_success(), "{body}");
     env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
+}
+
+/// No type holding a secret prints it with `Debug`: no struct of the workspace that derives
+/// `Debug` has a field named like a secret holding plain text (`String`, bytes): such types write
+/// their own `Debug`, which redacts, and the crates' unit tests check each of them with a secret
+/// in it. A field of a type that redacts itself (`TokenCreated`) is fine.
+#[test]
+fn no_type_that_derives_debug_holds_a_field_named_like_a_secret() {
+    const SECRET_FIELDS: &[&str] =
+        &["token", "secret", "password", "pkce_verifier", "nonce", "csrf", "client_secret", "signature"];
+    let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
+    let derive = regex::Regex::new(r"#\[derive\([^\]]*\bDebug\b[^\]]*\)\]").unwrap();
+    let struct_start = regex::Regex::new(r"^\s*(pub(\([^)]*\))? )?struct \w+").unwrap();
+    let field = regex::Regex::new(r"^\s*(pub(\([^)]*\))? )?(\w+): (.*)$").unwrap();
+    let plain_text = regex::Regex::new(r"\b(String|str|u8)\b").unwrap();
+    let mut found = Vec::new();
+    let mut files = 0;
+    let mut stack = vec![crates];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|extension| extension != "rs") {
+                continue;
+            }
+            files += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (at, line) in lines.iter().enumerate() {
+                if !derive.is_match(line) {
+                    continue;
+                }
+                // The struct this derive is on (attributes and doc comments may lie between).
+                let Some(start) = (at + 1..lines.len().min(at + 8)).find(|&i| struct_start.is_match(lines[i])) else {
+                    continue;
+                };
+                if !lines[start].trim_end().ends_with('{') {
+                    continue; // a tuple or unit struct
+                }
+                for (offset, body) in lines[start + 1..].iter().enumerate() {
+                    if body.trim_start().starts_with('}') {
+                        break;
+                    }
+                    if let Some(captures) = field.captures(body)
+                        && SECRET_FIELDS.contains(&&captures[3])
+                        && plain_text.is_match(&captures[4])
+                    {
+                        let name = &captures[3];
+                        found.push(format!("{}:{}: {name}", path.display(), start + offset + 2));
+                    }
+                }
+            }
+        }
+    }
+    assert!(files > 50, "read only {files} source files under crates/");
+    assert!(
+        found.is_empty(),
+        "types that derive Debug and hold a secret (write a redacting Debug instead):\n{}",
+        found.join("\n")
+    );
+}
+
+/// Request traces, at their most detailed, name the path but never the query: a download link's
+/// signature or a sign-in's authorization code never reaches the server's log.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_trace_holds_a_download_signature_or_a_sign_in_code() {
+    let env = TestEnv::start_with_env(&[], &[("RUST_LOG".into(), "info,tower_http=trace".into())]).await;
+    let client = reqwest::Client::new();
+    for path in [
+        "/api/v1/artifacts/download?key=t%2Fjob%2Fmodel.bin&expires=4102444800&sig=SIGSECRET0123456789abcdef",
+        "/sso/callback?code=CODESECRET0123456789&state=STATESECRET0123456789",
+    ] {
+        let response = client.get(format!("{}{path}", env.server.url)).send().await.unwrap();
+        assert!(response.status().is_client_error() || response.status().is_redirection(), "{path}: {response:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = std::fs::read_to_string(env.data_dir().join("server.log")).unwrap();
+    assert!(log.contains("/api/v1/artifacts/download"), "request traces are on, with the path:\n{log}");
+    for secret in ["SIGSECRET", "CODESECRET", "STATESECRET"] {
+        assert!(!log.contains(secret), "{secret} is in the server's log:\n{log}");
+    }
 }

@@ -62,9 +62,11 @@ enum Command {
         #[arg(long)]
         url: String,
         /// Your API token (tyd_...): printed by `deploy/dev` for the admin, or made on the
-        /// dashboard's Tokens page or with `yard tokens create`.
+        /// dashboard's Tokens page or with `yard tokens create`. Without it, the token is read
+        /// from standard input (`yard login --url URL < token-file`), which keeps it out of the
+        /// process list and the shell's history.
         #[arg(long)]
-        token: String,
+        token: Option<String>,
     },
     /// Print a completion script for your shell: `yard completions bash > /etc/bash_completion.d/yard`,
     /// or `source <(yard completions bash)`.
@@ -474,6 +476,22 @@ fn tenant_removal(tenant: &Tenant) -> String {
     }
 }
 
+/// `yard login`'s token from standard input: its first line, trimmed; a prompt first when a person
+/// types it.
+fn token_from_stdin() -> anyhow::Result<String> {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        eprint!("API token (tyd_...): ");
+    }
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).context("reading the token from standard input")?;
+    let token = line.trim().to_string();
+    if token.is_empty() {
+        anyhow::bail!("no token: give --token, or the token on standard input");
+    }
+    Ok(token)
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -514,7 +532,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         bail!("-o csv is for `yard usage`; this command prints a table, or JSON with -o json");
     }
     if let Command::Login { url, token } = &cli.command {
-        let config = Config { url: url.trim_end_matches('/').to_string(), token: token.clone() };
+        let token = match token {
+            Some(token) => token.clone(),
+            None => token_from_stdin()?,
+        };
+        let config = Config { url: url.trim_end_matches('/').to_string(), token };
         let me: Me = Client::new(config.clone())?.get("/api/v1/me").await?;
         let path = config::save(&config)?;
         eprintln!(

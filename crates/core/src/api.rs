@@ -139,13 +139,25 @@ pub struct TokenCreate {
     pub tenant: Option<String>,
 }
 
-/// A freshly created token. The secret is shown here once and never again.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// A freshly created token. The secret is shown here once and never again (its `Debug` shows
+/// it never).
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
 pub struct TokenCreated {
     pub id: Uuid,
     pub name: String,
     pub token: String,
     pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl std::fmt::Debug for TokenCreated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenCreated")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("token", &"<redacted>")
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
 }
 
 /// A token as listed: never its secret.
@@ -817,4 +829,30 @@ pub struct UsageSeries {
     pub tenant: String,
     /// GPU-hours in each bucket, in order.
     pub gpu_hours: Vec<f64>,
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn a_created_tokens_debug_does_not_show_the_token_also_inside_an_invitation() {
+        let created = TokenCreated {
+            id: Uuid::nil(),
+            name: "laptop".into(),
+            token: "tyd_0123456789abcdef".into(),
+            expires_at: None,
+        };
+        let added = MemberAdded {
+            user: "ada".into(),
+            tenant: "vision".into(),
+            role: Role::Member,
+            user_created: true,
+            token: Some(created.clone()),
+        };
+        for printed in [format!("{created:?}"), format!("{added:?}"), format!("{added:#?}")] {
+            assert!(!printed.contains("tyd_0123456789abcdef"), "{printed}");
+            assert!(printed.contains("laptop"), "{printed}");
+        }
+    }
 }

@@ -45,8 +45,9 @@ pub struct Gpu {
     pub gpu_type: String,
 }
 
-/// One attempt of one job, as the executor should launch it.
-#[derive(Debug, Clone)]
+/// One attempt of one job, as the executor should launch it. Its `Debug` names the attempt's
+/// variables without their values (the job token is one), and the files by path.
+#[derive(Clone)]
 pub struct LaunchRequest {
     pub job_id: Uuid,
     pub tenant_id: Uuid,
@@ -64,6 +65,22 @@ pub struct LaunchRequest {
     /// The node the scheduler placed each replica on, by rank (empty when it did not say): a
     /// cluster executor steers the replicas there; replicas see theirs as `TRAINYARD_NODE`.
     pub nodes: Vec<String>,
+}
+
+impl std::fmt::Debug for LaunchRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchRequest")
+            .field("job_id", &self.job_id)
+            .field("tenant_id", &self.tenant_id)
+            .field("tenant", &self.tenant)
+            .field("attempt", &self.attempt)
+            .field("spec", &self.spec)
+            .field("files", &self.files.keys().collect::<Vec<_>>())
+            .field("env", &self.env.keys().map(|name| (name, "<redacted>")).collect::<BTreeMap<_, _>>())
+            .field("code", &self.code.iter().map(|file| &file.path).collect::<Vec<_>>())
+            .field("nodes", &self.nodes)
+            .finish()
+    }
 }
 
 /// One file of the code shipped with a job.

@@ -53,13 +53,29 @@ pub struct TenantObjects {
     pub service_account: ServiceAccount,
 }
 
-/// What one attempt consists of. The Job owns the rest (see [`attempt_owned_by`]).
-#[derive(Debug, Clone, PartialEq)]
+/// What one attempt consists of. The Job owns the rest (see [`attempt_owned_by`]). Its `Debug`
+/// shows the Secret's name and keys, not its values (the job token is one).
+#[derive(Clone, PartialEq)]
 pub struct AttemptObjects {
     pub job: Job,
     pub service: Service,
     pub config_map: ConfigMap,
     pub secret: Secret,
+}
+
+impl std::fmt::Debug for AttemptObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<&String> = self.secret.data.iter().flat_map(|data| data.keys()).collect();
+        f.debug_struct("AttemptObjects")
+            .field("job", &self.job)
+            .field("service", &self.service)
+            .field("config_map", &self.config_map)
+            .field(
+                "secret",
+                &format_args!("Secret {{ name: {:?}, keys: {keys:?}, values: <redacted> }}", self.secret.metadata.name),
+            )
+            .finish()
+    }
 }
 
 /// Converts a manifest written as JSON into its typed form. The JSON is ours, so a mismatch is

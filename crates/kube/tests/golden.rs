@@ -131,3 +131,20 @@ fn a_misspelled_field_is_caught() {
     let job = serde_json::json!({ "apiVersion": "batch/v1", "kind": "Job", "metadata": { "name": "x" }, "spec": { "backofLimit": 0, "template": {} } });
     assert!(check_document(&job).is_err());
 }
+
+/// The job token reaches the attempt's Secret, and no `Debug` of the request or of the objects
+/// shows it (a log line or a panic message that prints either leaks nothing).
+#[test]
+fn neither_the_launch_request_nor_the_attempt_objects_debug_print_the_job_token() {
+    let request = examples::shell();
+    let token = &request.env["TRAINYARD_TOKEN"];
+    let objects = trainyard_kube::manifests::attempt_objects(&examples::config(), &request, None).unwrap();
+    let in_secret = objects.secret.data.as_ref().and_then(|data| data.get("TRAINYARD_TOKEN")).map(|value| &value.0);
+    assert_eq!(in_secret, Some(&token.as_bytes().to_vec()), "the Secret carries the token to the pods");
+    for printed in [format!("{request:?}"), format!("{request:#?}"), format!("{objects:?}"), format!("{objects:#?}")] {
+        assert!(!printed.contains(token.as_str()), "the token is printed: {printed}");
+        assert!(printed.contains("TRAINYARD_TOKEN"), "the variable's name is kept: {printed}");
+    }
+    let bytes = format!("{:?}", token.as_bytes());
+    assert!(!format!("{objects:?}").contains(&bytes[1..bytes.len() - 1]), "the token's bytes are printed");
+}

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use trainyard_executor::local::{LocalConfig, LocalExecutor};
 use trainyard_store::Store;
 use trainyard_store::embedded::{Durability, EmbeddedPostgres};
+use trainyard_store::tenancy::ADMIN_TOKEN_DAYS;
 
 use crate::Server;
 use crate::control::reconciler::ReconcilerSettings;
@@ -164,10 +165,16 @@ async fn serve_on(postgres: &EmbeddedPostgres, data_dir: &Path, options: &DevOpt
         Some(token) => {
             println!("  admin token (shown once, keep it): {}", token.token);
             println!("  sign in:    yard login --url {url} --token {}", token.token);
+            if let Some(expires) = token.expires_at {
+                println!(
+                    "  it expires: {} (then start with --new-admin-token for another)",
+                    expires.format("%Y-%m-%d")
+                );
+            }
         }
         None => match new_token {
             Some(token) => {
-                println!("  new admin token (30 days, shown once): {}", token.token);
+                println!("  new admin token ({ADMIN_TOKEN_DAYS} days, shown once): {}", token.token);
                 println!("  sign in:    yard login --url {url} --token {}", token.token);
             }
             None => println!(

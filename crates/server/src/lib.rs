@@ -73,8 +73,15 @@ pub fn app(state: AppState) -> Router {
                 "a handler panicked",
             )))
         }))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(state)
+}
+
+/// Each request's trace span: its method and path, never its query, which may carry a download's
+/// signature or a sign-in's authorization code (no trace at any level holds either). Under
+/// tower-http's target and level, as its default span (`RUST_LOG=tower_http=debug` shows it).
+fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
+    tracing::debug_span!(target: "tower_http::trace", "request", method = %request.method(), path = %request.uri().path())
 }
 
 /// The input check every routed request passes before its handler: text Postgres cannot store

@@ -163,7 +163,8 @@ enum Command {
         #[command(flatten)]
         database: DatabaseArgs,
     },
-    /// On an empty database: creates the first tenant, a platform admin and its token (printed).
+    /// On an empty database: creates the first tenant, a platform admin and its token (printed;
+    /// it expires in 30 days like every admin token, and `admin-token` makes another).
     Bootstrap {
         #[command(flatten)]
         database: DatabaseArgs,

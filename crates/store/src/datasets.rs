@@ -242,7 +242,7 @@ impl Store {
 
     /// Forgets up to `limit` pushes on which no version is registered and nothing was uploaded
     /// for a day (`older_than`), returning their prefixes, whose objects the caller removes. A
-    /// registration waits on the row's lock, then finds it gone.
+    /// registration waits on the row's lock, then finds it gone. Fenced: the retention sweep's.
     pub async fn dataset_pushes_abandoned(&self, older_than: chrono::Duration, limit: i64) -> Result<Vec<String>> {
         // language=PostgreSQL
         sqlx::query_scalar(
@@ -253,10 +253,12 @@ impl Store {
                    AND NOT EXISTS (SELECT 1 FROM datasets d
                                    WHERE d.tenant_id = q.tenant_id AND d.store_prefix = q.store_prefix)
                  LIMIT $2 FOR UPDATE SKIP LOCKED)
+               AND (SELECT control_fence($3))
              RETURNING p.store_prefix",
         )
         .bind(older_than)
         .bind(limit)
+        .bind(self.control_epoch())
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)
@@ -347,13 +349,16 @@ impl Store {
     }
 
     /// Forgets cache reports older than a day (no longer trusted: a cache evicts without
-    /// telling); the number forgotten.
+    /// telling); the number forgotten. Fenced: the retention sweep's.
     pub async fn node_datasets_forget_stale(&self) -> Result<u64> {
         // language=PostgreSQL
-        let done = sqlx::query("DELETE FROM node_datasets WHERE reported_at <= now() - interval '1 day'")
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        let done = sqlx::query(
+            "DELETE FROM node_datasets WHERE reported_at <= now() - interval '1 day' AND (SELECT control_fence($1))",
+        )
+        .bind(self.control_epoch())
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
         Ok(done.rows_affected())
     }
 

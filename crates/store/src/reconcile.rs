@@ -958,6 +958,19 @@ impl Store {
         self.control_epoch.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// `Error::Fenced` unless this process holds the current epoch: asked before a control-loop
+    /// action outside the database that a deposed leader must not take (deleting objects,
+    /// removing a tenant's namespace), whose record is fenced too but comes after it.
+    pub async fn control_fence_check(&self) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query_scalar::<_, bool>("SELECT control_fence($1)")
+            .bind(self.control_epoch())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
     /// Takes the lease for `lease` if no one holds an unexpired one (a takeover increments the
     /// epoch). `None` when another server leads.
     pub async fn leadership_try(&self, holder: Uuid, lease: std::time::Duration) -> Result<Option<Leadership>> {

@@ -13,14 +13,24 @@ use crate::{Store, db_error};
 /// How long a session lasts at most; never longer than its token.
 pub const SESSION_LIFETIME_HOURS: i64 = 12;
 
-/// A session as the browser holds it.
-#[derive(Debug, Clone)]
+/// A session as the browser holds it. Its `Debug` shows neither secret.
+#[derive(Clone)]
 pub struct WebSession {
     /// The cookie's value. Shown once, here.
     pub secret: String,
     /// The value every form post of this session must carry.
     pub csrf: String,
     pub expires_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for WebSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebSession")
+            .field("secret", &"<redacted>")
+            .field("csrf", &"<redacted>")
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
 }
 
 /// 256 random bits in hex: session secrets, CSRF values.
@@ -122,4 +132,18 @@ struct SessionRow {
     #[sqlx(flatten)]
     caller: CallerRow,
     csrf: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sessions_debug_shows_neither_its_cookie_nor_its_csrf_value() {
+        let session = WebSession { secret: random_hex(), csrf: random_hex(), expires_at: Utc::now() };
+        for printed in [format!("{session:?}"), format!("{session:#?}")] {
+            assert!(!printed.contains(&session.secret) && !printed.contains(&session.csrf), "{printed}");
+            assert!(printed.contains("expires_at"), "{printed}");
+        }
+    }
 }

@@ -15,12 +15,23 @@ use crate::{Store, db_error};
 /// How long the browser may take at the identity provider before its sign-in is forgotten.
 pub const SSO_LOGIN_MINUTES: i64 = 10;
 
-/// What the server keeps of a sign-in while the browser is at the identity provider.
-#[derive(Debug, Clone)]
+/// What the server keeps of a sign-in while the browser is at the identity provider. Its `Debug`
+/// shows neither secret.
+#[derive(Clone)]
 pub struct PendingLogin {
     pub pkce_verifier: String,
     pub nonce: String,
     pub tenant: Option<String>,
+}
+
+impl std::fmt::Debug for PendingLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingLogin")
+            .field("pkce_verifier", &"<redacted>")
+            .field("nonce", &"<redacted>")
+            .field("tenant", &self.tenant)
+            .finish()
+    }
 }
 
 /// A verified identity and what the identity provider's groups grant it.
@@ -228,5 +239,22 @@ impl Store {
         let mut caller = self.caller_from_row(row).await?;
         caller.session = true;
         Ok((session, caller))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_sign_ins_debug_shows_neither_its_verifier_nor_its_nonce() {
+        let pending = PendingLogin {
+            pkce_verifier: "verifier-0123456789".into(),
+            nonce: "nonce-0123456789".into(),
+            tenant: Some("vision".into()),
+        };
+        let printed = format!("{pending:?}");
+        assert!(!printed.contains("verifier-0123456789") && !printed.contains("nonce-0123456789"), "{printed}");
+        assert!(printed.contains("vision"), "{printed}");
     }
 }

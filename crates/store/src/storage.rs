@@ -333,31 +333,36 @@ impl Store {
         .map_err(db_error)
     }
 
-    /// Marks what retention removed of a job (after the objects are gone).
+    /// Marks what retention removed of a job (after the objects are gone). A control-loop
+    /// write: fenced by the leader's epoch, like the other writes of the retention sweep and of
+    /// log archiving below.
     pub async fn retention_done(&self, due: &RetentionDue) -> Result<()> {
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
         sqlx::query(
             "UPDATE jobs SET
                  logs_expired_at = CASE WHEN $2 THEN coalesce(logs_expired_at, now()) ELSE logs_expired_at END,
                  artifacts_expired_at =
                      CASE WHEN $3 THEN coalesce(artifacts_expired_at, now()) ELSE artifacts_expired_at END
-             WHERE id = $1",
+             WHERE id = $1 AND (SELECT control_fence($4))",
         )
         .bind(due.job_id)
         .bind(due.logs)
         .bind(due.artifacts)
-        .execute(&self.pool)
+        .bind(self.control_epoch())
+        .execute(&mut *tx)
         .await
         .map_err(db_error)?;
         if due.artifacts {
             // language=PostgreSQL
-            sqlx::query("DELETE FROM artifacts WHERE job_id = $1")
+            sqlx::query("DELETE FROM artifacts WHERE job_id = $1 AND (SELECT control_fence($2))")
                 .bind(due.job_id)
-                .execute(&self.pool)
+                .bind(self.control_epoch())
+                .execute(&mut *tx)
                 .await
                 .map_err(db_error)?;
         }
-        Ok(())
+        tx.commit().await.map_err(db_error)
     }
 }
 
@@ -454,10 +459,11 @@ impl Store {
         sqlx::query(
             "UPDATE job_attempts a SET logs_archived_at = now()
              FROM unnest($1::uuid[], $2::int[]) AS u(job_id, attempt)
-             WHERE a.job_id = u.job_id AND a.attempt = u.attempt",
+             WHERE a.job_id = u.job_id AND a.attempt = u.attempt AND (SELECT control_fence($3))",
         )
         .bind(attempts.iter().map(|(job_id, _)| *job_id).collect::<Vec<_>>())
         .bind(attempts.iter().map(|(_, attempt)| *attempt).collect::<Vec<_>>())
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?;
@@ -471,11 +477,12 @@ impl Store {
             "UPDATE job_attempts
                 SET logs_archive_failures = logs_archive_failures + 1,
                     logs_archive_next_at = now() + make_interval(secs => $3)
-              WHERE job_id = $1 AND attempt = $2",
+              WHERE job_id = $1 AND attempt = $2 AND (SELECT control_fence($4))",
         )
         .bind(job_id)
         .bind(attempt)
         .bind(retry_in.as_secs_f64())
+        .bind(self.control_epoch())
         .execute(&self.pool)
         .await
         .map_err(db_error)?;

@@ -357,7 +357,7 @@ impl Store {
     /// Finishes a removal once the executor holds nothing of the tenant: its volumes are
     /// forgotten (their storage went with the executor's cleanup) and `removed_at` is set. False
     /// when a job of the tenant is still unfinished (nothing is changed then) or it was finished
-    /// before.
+    /// before. A control-loop write, fenced by the leader's epoch (the whole transaction).
     pub async fn tenant_removed(&self, tenant_id: Uuid, audit: &Audit) -> Result<bool> {
         let mut tx = self.begin().await?;
         // language=PostgreSQL
@@ -365,10 +365,12 @@ impl Store {
             "UPDATE tenants SET removed_at = now()
              WHERE id = $1 AND removal_requested_at IS NOT NULL AND removed_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM jobs WHERE tenant_id = $1 AND state <> ALL($2))
+               AND (SELECT control_fence($3))
              RETURNING id",
         )
         .bind(tenant_id)
         .bind(JobState::names_where(JobState::is_terminal))
+        .bind(self.control_epoch())
         .fetch_optional(&mut *tx)
         .await
         .map_err(db_error)?;
@@ -406,14 +408,18 @@ impl Store {
         .map_err(db_error)
     }
 
-    /// Records that a removed tenant's objects are gone from the object store.
+    /// Records that a removed tenant's objects are gone from the object store (fenced).
     pub async fn tenant_objects_removed(&self, tenant_id: Uuid) -> Result<()> {
         // language=PostgreSQL
-        sqlx::query("UPDATE tenants SET objects_removed_at = now() WHERE id = $1 AND removed_at IS NOT NULL")
-            .bind(tenant_id)
-            .execute(&self.pool)
-            .await
-            .map_err(db_error)?;
+        sqlx::query(
+            "UPDATE tenants SET objects_removed_at = now()
+             WHERE id = $1 AND removed_at IS NOT NULL AND (SELECT control_fence($2))",
+        )
+        .bind(tenant_id)
+        .bind(self.control_epoch())
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 
@@ -516,8 +522,9 @@ impl Store {
     }
 
     /// On an empty database, creates the first tenant, a platform-admin user who administers it,
-    /// and that user's token. Returns `None` when any user exists already. Safe to race: the
-    /// advisory lock lets only one caller bootstrap.
+    /// and that user's token, which expires like any admin's ([`ADMIN_TOKEN_DAYS`]). Returns
+    /// `None` when any user exists already. Safe to race: the advisory lock lets only one caller
+    /// bootstrap.
     pub async fn bootstrap(&self, tenant: &str, admin: &str) -> Result<Option<TokenCreated>> {
         let mut tx = self.begin().await?;
         // language=PostgreSQL
@@ -554,7 +561,7 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(db_error)?;
-        let token = token_create_in(&mut *tx, tenant_id, user_id, "bootstrap", None).await?;
+        let token = token_create_in(&mut *tx, tenant_id, user_id, "bootstrap", Some(ADMIN_TOKEN_DAYS)).await?;
         let audit =
             Audit::local("serve", "platform.bootstrap", format!("user:{admin}")).on_tenant(Some(tenant_id), tenant);
         audit::append(&mut *tx, &audit, Outcome::Ok, Some("first tenant, platform admin and token")).await?;
@@ -562,6 +569,11 @@ impl Store {
         Ok(Some(token))
     }
 }
+
+/// How long the tokens minted outside the API last (the bootstrap admin's first token and the
+/// recovery tokens of `trainyard admin-token` and `trainyard dev --new-admin-token`): like any
+/// token, they end; the way back in is another recovery token.
+pub const ADMIN_TOKEN_DAYS: u32 = 30;
 
 impl Store {
     /// A new token for a platform admin, in their first tenant by name: the way back in when
@@ -585,7 +597,7 @@ impl Store {
             )
         })?;
         let mut tx = self.begin().await?;
-        let created = token_create_in(&mut *tx, tenant_id, user_id, name, Some(30)).await?;
+        let created = token_create_in(&mut *tx, tenant_id, user_id, name, Some(ADMIN_TOKEN_DAYS)).await?;
         let audit = Audit::local("admin-token", "token.create", format!("token:{}", created.id))
             .on_tenant(Some(tenant_id), &tenant)
             .for_user(user_id, user);

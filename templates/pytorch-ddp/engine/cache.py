@@ -111,9 +111,10 @@ def lock_path(path):
     return path + ".lock"
 
 
-def cached_files(root):
-    """What the cache under `root` holds, in the namespaces this process can read:
-    (entries, stale_fills). Entries are the cached shards and indexes, each as (used_ns, size,
+def cached_files(root, known=()):
+    """What the cache under `root` holds, in the namespaces this process can read, `known`
+    namespaces among them where `root` cannot be listed (the local executor lets no replica list
+    it: its names are the tenants'): (entries, stale_fills). Entries are the cached shards and indexes, each as (used_ns, size,
     namespace, sha256, path): used_ns the last use (the file's access time), sha256 the shard's
     (None for an index). stale_fills are the paths of `.fill-*` files untouched for
     STALE_FILL_SECONDS."""
@@ -135,7 +136,7 @@ def cached_files(root):
             elif (kind := kind_of(name)) is not False:
                 entries.append((info.st_atime_ns, info.st_size, namespace, kind, path))
 
-    for namespace in _listdir(root):
+    for namespace in sorted(set(_listdir(root)) | set(known)):
         if not NAMESPACE.fullmatch(namespace):
             continue
         for prefix in _listdir(os.path.join(root, namespace)):
@@ -319,7 +320,7 @@ class ShardCache:
         """Evicts the least recently used shards not in use until this tenant's part and the
         whole cache are within their budgets, and removes stale fills. Counts `over_budget` when
         what is left over budget is all in use."""
-        shards, stale_fills = cached_files(self.root)
+        shards, stale_fills = cached_files(self.root, known=(self.namespace,))
         for stale in stale_fills:
             with contextlib.suppress(FileNotFoundError, PermissionError):
                 os.unlink(stale)

@@ -164,6 +164,27 @@ def test_over_budget_the_least_recently_used_shards_go(tmp_path):
     assert cache_.stats()["evicted"] == 2 and cache_.stats()["over_budget"] == 0
 
 
+def test_a_root_the_replica_cannot_list_still_keeps_its_own_namespace_within_budget(tmp_path, monkeypatch):
+    """The local executor makes the cache root 0711 (its names are the tenants' ids): a replica
+    enters its own namespace but cannot list the root. Its budget still counts and evicts there."""
+    shards = [shard(20 + i, MB) for i in range(4)]
+    store = Store()
+    cache_ = ShardCache(tmp_path, "team-a", 2 * MB)
+    listdir = os.listdir
+
+    def unlistable_root(folder):
+        if os.fspath(folder) == os.fspath(tmp_path):
+            raise PermissionError(13, "Permission denied", os.fspath(folder))
+        return listdir(folder)
+
+    monkeypatch.setattr(cache.os, "listdir", unlistable_root)
+    for data, sha256 in shards:
+        open_and_read(cache_, data, sha256, store)
+    assert cache_.stats()["evicted"] == 2
+    monkeypatch.setattr(cache.os, "listdir", listdir)
+    assert set(cache.inventory(tmp_path)["team-a"]) == {shards[2][1], shards[3][1]}
+
+
 def test_a_shard_held_open_is_not_evicted_until_it_is_closed(tmp_path):
     (a, sha_a), (b, sha_b), (c, sha_c) = shard(10, MB), shard(11, MB), shard(12, MB)
     store = Store()

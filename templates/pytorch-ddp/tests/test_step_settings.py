@@ -1,11 +1,10 @@
 """Every decision the engine takes for a GPU, checked without one: the precision and its autocast
 dtype, the gradient scaler (fp16 only, and what its state in a checkpoint is), pinned memory,
-the fused optimizer, compile, no gradient all-reduce in a job of one process, the votes every
+the fused optimizer, compile, no DDP wrapper in a job of one process, the votes every
 rank reads a step late, the metrics sent from a thread of their own, and the defaults the engine
 shares with its template. Each rule is the one torch documents (step_settings.py cites them);
 tests/test_gpu.py runs the same decisions on a GPU.
 """
-import copy
 import os
 import re
 import threading
@@ -13,14 +12,11 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 import step_settings
 import train
 from fake_trainyard import FakeTrainyard
-from jobs import free_port
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "template.yaml")
 
@@ -103,34 +99,9 @@ def test_a_disabled_gradient_scaler_saves_nothing_and_loads_nothing():
     disabled.load_state_dict({"scale": 1024.0})  # ignored when disabled
 
 
-def test_only_a_job_of_several_processes_all_reduces_its_gradients():
-    assert not train.averages_gradients(1)
-    assert train.averages_gradients(2) and train.averages_gradients(64)
-
-
-@pytest.fixture
-def one_process_group():
-    """This process as the single rank of a gloo group."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_one_process_keeps_the_gradients_ddp_would_have_all_reduced(one_process_group):
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    alone, reduced = copy.deepcopy(net), copy.deepcopy(net)
-    hooked = DistributedDataParallel(alone, gradient_as_bucket_view=True)
-    hooked.register_comm_hook(state=None, hook=train.gradients_as_they_are)
-    plain = DistributedDataParallel(reduced, gradient_as_bucket_view=True)
-    for step in range(3):
-        x = torch.randn(8, 4)
-        with hooked.no_sync() if step == 0 else torch.enable_grad():  # accumulation too
-            hooked(x).pow(2).sum().backward()
-        with plain.no_sync() if step == 0 else torch.enable_grad():
-            plain(x).pow(2).sum().backward()
-    for mine, theirs in zip(alone.parameters(), reduced.parameters()):
-        assert torch.equal(mine.grad, theirs.grad)
+def test_only_a_job_of_several_processes_wraps_its_model_in_ddp():
+    assert not train.wraps_in_ddp(1)
+    assert train.wraps_in_ddp(2) and train.wraps_in_ddp(64)
 
 
 def test_votes_are_read_one_step_late_alike_on_every_rank(monkeypatch):

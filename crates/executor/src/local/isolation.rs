@@ -110,8 +110,47 @@ pub fn give_to(path: &Path, user: &TenantUser) -> std::io::Result<()> {
     super::tenant_fs::give_tree(path, user.uid, user.gid)
 }
 
+/// Why other users' processes show in `/proc`, from `/proc/self/mountinfo`'s text: `None` when
+/// `/proc` is mounted with `hidepid` 1 (`noaccess`) or 2 (`invisible`), under which a tenant's
+/// user reads no other user's command lines or environment; otherwise the reason, for
+/// `/readyz`. Slurm's advice for shared nodes is the same mount option (proc(5): "hidepid").
+pub fn proc_exposure(mountinfo: &str) -> Option<String> {
+    let Some(line) = mountinfo.lines().find(|line| line.split(' ').nth(4) == Some("/proc")) else {
+        return Some("no /proc mount found".to_string());
+    };
+    // After the " - " separator: file system type, source, then the super block's options.
+    let options = line.split(" - ").nth(1).and_then(|rest| rest.split(' ').nth(2)).unwrap_or_default();
+    let hidepid = options.split(',').find_map(|option| option.strip_prefix("hidepid="));
+    match hidepid {
+        Some("1" | "2" | "noaccess" | "invisible") => None,
+        _ => Some(
+            "every tenant's replicas can read the others' command lines in /proc: mount it with \
+             hidepid=invisible (`mount -o remount,hidepid=invisible /proc`, and in /etc/fstab)"
+                .to_string(),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn proc_hides_other_users_processes_only_with_hidepid_1_or_2() {
+        let mounted = |options: &str| {
+            format!(
+                "21 26 0:20 / /sys rw,nosuid - sysfs sysfs rw\n\
+                 22 26 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc {options}\n"
+            )
+        };
+        for hidden in ["rw,hidepid=2", "rw,hidepid=invisible", "rw,hidepid=noaccess,gid=4", "rw,hidepid=1"] {
+            assert_eq!(proc_exposure(&mounted(hidden)), None, "{hidden}");
+        }
+        for shown in ["rw", "rw,hidepid=0", "rw,hidepid=off", "rw,hidepid=ptraceable", "rw,subset=pid"] {
+            let why = proc_exposure(&mounted(shown)).unwrap_or_else(|| panic!("{shown} hides nothing"));
+            assert!(why.contains("hidepid=invisible"), "{why}");
+        }
+        assert!(proc_exposure("").unwrap().contains("no /proc"));
+    }
+
     use super::*;
 
     #[test]

@@ -154,9 +154,9 @@ impl LocalExecutor {
         std::fs::create_dir_all(config.data_dir.join("jobs"))?;
         let cache_root = config.data_dir.join(SHARD_CACHE_DIR);
         std::fs::create_dir_all(&cache_root)?;
-        // Replicas list it (cache.py's budget sees the namespaces it can read) and enter their
-        // own tenant's folder; none may create anything in it.
-        isolation::chmod(&cache_root, 0o755)?;
+        // Replicas pass through to their own tenant's folder; none may list it (its names are
+        // the tenants' ids) or create anything in it. cache.py's budget counts its own folder.
+        isolation::chmod(&cache_root, 0o711)?;
         let isolation = Isolation::detect();
         match &isolation {
             Isolation::TenantUsers => {
@@ -935,6 +935,14 @@ impl Executor for LocalExecutor {
         }
         if let Err(why) = &self.cgroups {
             warnings.push(format!("replicas are not confined in cgroups (no memory, CPU or process limits): {why}"));
+        }
+        if self.isolation == Isolation::TenantUsers
+            && let Some(why) = std::fs::read_to_string("/proc/self/mountinfo").map_or_else(
+                |err| Some(format!("cannot read /proc/self/mountinfo: {err}")),
+                |text| isolation::proc_exposure(&text),
+            )
+        {
+            warnings.push(why);
         }
         warnings
     }

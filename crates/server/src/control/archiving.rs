@@ -197,6 +197,8 @@ where
 /// trusted. Idempotent: a job whose objects are gone but whose record failed is simply swept
 /// again.
 pub async fn retention_sweep(store: &Store, storage: &Storage, executor: &dyn Executor) -> Result<usize> {
+    // Each record below is fenced, but the objects go first: a deposed leader deletes nothing.
+    store.control_fence_check().await?;
     store.node_datasets_forget_stale().await?;
     let due = store.retention_due(chrono::Utc::now(), RETENTION_BATCH).await?;
     for job in &due {

@@ -564,6 +564,8 @@ impl Reconciler {
             if jobs.iter().any(|j| j.tenant_id == tenant_id) {
                 continue;
             }
+            // The record below is fenced, but the namespace and folders go first.
+            self.store.control_fence_check().await?;
             if let Err(err) = self.executor.tenant_remove(tenant_id, &name).await {
                 tracing::warn!(tenant = %name, %err, "removing a tenant's namespace; trying again at the next pass");
                 continue;
