@@ -146,3 +146,60 @@ async fn a_job_is_held_to_its_memory_and_process_limits() {
     let (status, _) = env.get("/readyz", &env.admin_token).await;
     assert_eq!(status, StatusCode::OK, "the server is unaffected");
 }
+
+/// A running job whose row no longer decodes (its stored spec as a later version might write
+/// it): its GPU stays its own (another job waits, counted by the scheduler and held by the
+/// executor), and a cancel still stops its processes, ends it `cancelled` and frees the GPU.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_job_whose_row_no_longer_decodes_keeps_its_gpu_and_can_be_cancelled() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "1"]).await;
+    let path = "/api/v1/admin/tenants/default/quotas/simulated-gpu";
+    let (status, body) =
+        env.call(reqwest::Method::PUT, path, Some(&env.admin_token), Some(&json!({"nominal": 1}))).await;
+    assert!(status.is_success(), "{body}");
+    let marker = format!("trainyard-unreadable-{}", std::process::id());
+    let script = format!("exec -a {marker} sleep 300");
+    let a = env.submit(json!({"command": ["bash", "-c", script], "resources": {"gpus": 1, "cpu": 0.25}})).await;
+    env.wait_state(&a, "running", Duration::from_secs(30)).await;
+    let id: uuid::Uuid = a.parse().unwrap();
+    let state = |id: uuid::Uuid| {
+        let pool = env.db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, Option<String>)>("SELECT state, reason FROM jobs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    sqlx::query("UPDATE jobs SET spec = jsonb_set(spec, '{command}', '\"no longer a list\"') WHERE id = $1")
+        .bind(id)
+        .execute(&env.db.pool)
+        .await
+        .unwrap();
+    let noted = Instant::now();
+    while !state(id).await.1.unwrap_or_default().contains("cannot be handled") {
+        assert!(noted.elapsed() < Duration::from_secs(15), "the unreadable row is not noted: {:?}", state(id).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = env.submit(json!({"command": ["true"], "resources": {"gpus": 1, "cpu": 0.25}})).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = state(b.parse().unwrap()).await;
+    assert_eq!(waiting.0, "queued", "the next job must wait for the GPU the unreadable one holds: {waiting:?}");
+    assert!(!processes_running(&marker).is_empty(), "the unreadable job runs on");
+
+    let (status, body) = env.post(&format!("/api/v1/jobs/{a}/cancel"), &env.admin_token, &json!({})).await;
+    assert!(status.is_success(), "{status} {body}");
+    let asked = Instant::now();
+    while state(id).await.0 != "cancelled" || !processes_running(&marker).is_empty() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the unreadable job did not stop: {:?}, processes {:?}",
+            state(id).await,
+            processes_running(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("cancelled after {:?}: {:?}", asked.elapsed(), state(id).await);
+    env.wait_state(&b, "succeeded", Duration::from_secs(30)).await;
+}

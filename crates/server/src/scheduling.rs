@@ -222,6 +222,35 @@ pub fn snapshot(
     Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default(), nominated }
 }
 
+/// A job whose row does not decode, as the scheduler counts it while it holds capacity: what its
+/// replicas take (read from its stored spec field by field), on the nodes it was placed on.
+/// `None` when it holds nothing or what it takes cannot be read (then it is not counted, and
+/// `/readyz` counts it among the unhandled jobs).
+pub fn running_unreadable(job: &trainyard_store::reconcile::UnhandledJob, default_node: &str) -> Option<RunningJob> {
+    if !job.state.is_some_and(|state| state.holds_capacity()) {
+        return None;
+    }
+    let (replicas, resources) = (job.replicas?, job.resources.as_ref()?);
+    Some(RunningJob {
+        id: job.id,
+        tenant: job.tenant_id,
+        priority: job.priority,
+        demand: Demand {
+            replicas,
+            gpus: resources.gpus,
+            gpu_type: resources.gpu_type.clone(),
+            cpu_millis: resources.cpu.millis(),
+            memory_bytes: resources.memory.bytes(),
+        },
+        flavor: job.flavor.clone(),
+        nodes: job.assigned_nodes.clone().unwrap_or_else(|| vec![default_node.to_string(); replicas as usize]),
+        started_at: seconds(job.since),
+        expected_runtime: None,
+        stopping: job.cancel_requested,
+        stopping_for: None,
+    })
+}
+
 /// The job a preemption is stopping `job` for, while it stops: the room it frees is that job's.
 /// A cancel frees the room for anyone, whatever preemption came before it.
 fn room_promised_to(job: &UnfinishedJob) -> Option<Uuid> {

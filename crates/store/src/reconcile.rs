@@ -72,14 +72,37 @@ struct CachedRow {
 
 /// A job as the loops see it with the content hashes its datasets read (queued jobs only), or
 /// what is wrong with its row.
-type DecodedRow = std::result::Result<(Arc<UnfinishedJob>, Vec<String>), String>;
+type DecodedRow = std::result::Result<(Arc<UnfinishedJob>, Vec<String>), Box<UnhandledJob>>;
 
 /// A job row the loops cannot decode (a spec or state this version does not understand): it is
-/// reported and skipped, and every other job goes on.
+/// reported and left out of scheduling, and every other job goes on. What does decode of it is
+/// kept, so that it still holds what its attempt holds and still stops when cancelled.
 #[derive(Debug, Clone)]
 pub struct UnhandledJob {
     pub id: Uuid,
     pub problem: String,
+    pub tenant_id: Uuid,
+    /// Its state, when that decodes.
+    pub state: Option<JobState>,
+    pub priority: i32,
+    pub cancel_requested: bool,
+    pub flavor: Option<String>,
+    pub assigned_nodes: Option<Vec<String>>,
+    /// Since when it holds capacity (admitted), or was submitted.
+    pub since: DateTime<Utc>,
+    /// Its latest attempt, if it has one.
+    pub attempt: Option<AttemptRecord>,
+    /// How many replicas it runs and what each takes, read from the stored spec as plain JSON
+    /// (its `replicas` and `resources`), each when it decodes on its own.
+    pub replicas: Option<u32>,
+    pub resources: Option<trainyard_core::resources::Resources>,
+}
+
+impl UnhandledJob {
+    /// Its attempt that began and has not ended (it holds GPUs and processes), by number.
+    pub fn live_attempt(&self) -> Option<&AttemptRecord> {
+        self.attempt.as_ref().filter(|attempt| !attempt.ended)
+    }
 }
 
 /// The unfinished jobs, and the rows among them that could not be decoded.
@@ -208,7 +231,7 @@ impl Store {
                     }
                     unfinished.jobs.push(Arc::clone(job));
                 }
-                Err(problem) => unfinished.unhandled.push(UnhandledJob { id: *id, problem: problem.clone() }),
+                Err(unhandled) => unfinished.unhandled.push((**unhandled).clone()),
             }
         }
         if !reads_data.is_empty() {
@@ -1089,15 +1112,46 @@ fn unfinished_job_decode(row: UnfinishedRow) -> DecodedRow {
         }
         _ => Vec::new(),
     };
+    let attempt = row.attempt.map(|number| AttemptRecord {
+        number,
+        placement: row.placement.clone(),
+        ended: row.attempt_ended.unwrap_or(false),
+        started_at: row.attempt_started_at,
+        ended_at: row.attempt_ended_at,
+    });
+    let state = JobState::parse(&row.state);
+    let unhandled = |problem: String| {
+        let plain: Option<serde_json::Value> = serde_json::from_str(&row.spec).ok();
+        let field = |name: &str| plain.as_ref().and_then(|spec| spec.get(name)).cloned();
+        UnhandledJob {
+            id: row.id,
+            problem,
+            tenant_id: row.tenant_id,
+            state,
+            priority: row.priority,
+            cancel_requested: row.cancel_requested,
+            flavor: row.flavor.clone(),
+            assigned_nodes: row.assigned_nodes.clone(),
+            since: row.admitted_at.unwrap_or(row.created_at),
+            attempt: attempt.clone(),
+            replicas: field("replicas").and_then(|v| serde_json::from_value(v).ok()),
+            resources: field("resources").and_then(|v| serde_json::from_value(v).ok()),
+        }
+    };
     // Decoded from text, no JSON tree in between.
-    let spec: JobSpec =
-        serde_json::from_str(&row.spec).map_err(|err| format!("its stored spec does not decode: {err}"))?;
+    let spec: JobSpec = match serde_json::from_str(&row.spec) {
+        Ok(spec) => spec,
+        Err(err) => return Err(Box::new(unhandled(format!("its stored spec does not decode: {err}")))),
+    };
+    let Some(state) = state else {
+        return Err(Box::new(unhandled(format!("its state {:?} is unknown", row.state))));
+    };
     let job = UnfinishedJob {
         id: row.id,
         tenant_id: row.tenant_id,
         tenant: row.tenant_name,
         name: row.job_name,
-        state: JobState::parse(&row.state).ok_or_else(|| format!("its state {:?} is unknown", row.state))?,
+        state,
         reason: row.reason,
         spec: Arc::new(spec),
         priority: row.priority,
@@ -1112,13 +1166,7 @@ fn unfinished_job_decode(row: UnfinishedRow) -> DecodedRow {
         assigned_nodes: row.assigned_nodes,
         warm_nodes: Vec::new(),
         expected_runtime_seconds: row.expected_runtime_seconds,
-        attempt: row.attempt.map(|number| AttemptRecord {
-            number,
-            placement: row.placement,
-            ended: row.attempt_ended.unwrap_or(false),
-            started_at: row.attempt_started_at,
-            ended_at: row.attempt_ended_at,
-        }),
+        attempt,
     };
     Ok((Arc::new(job), hashes))
 }

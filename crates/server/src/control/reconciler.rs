@@ -427,6 +427,7 @@ impl Reconciler {
         self.monitoring.pass_phase("read", phase.elapsed());
         let phase = Instant::now();
         self.report_unhandled(&unhandled).await;
+        self.cancel_unhandled(&unhandled).await?;
         self.gauges_update(&jobs).await;
         // A quarantined job's count is kept while it is unfinished, so its back-off keeps doubling.
         let live: FxHashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
@@ -501,12 +502,12 @@ impl Reconciler {
         // for them before it admits. (Not this server's own finished launches, which may be
         // such attempts: one of those that the snapshot misses still runs, and the executor
         // keeps what runs.)
-        let live = self.attempts_live(&jobs, LaunchesCounted::InFlight);
+        let live = self.attempts_live(&jobs, &unhandled, LaunchesCounted::InFlight);
         self.executor.holdings_retain(&live);
-        self.garbage_collect(&jobs).await;
+        self.garbage_collect(&jobs, &unhandled).await;
         self.tenants_finish_removal(&jobs).await?;
         let phase = Instant::now();
-        let admitted = self.admit(&jobs, &ended).await;
+        let admitted = self.admit(&jobs, &unhandled, &ended).await;
         self.monitoring.pass_phase("admit", phase.elapsed());
         let phase = Instant::now();
         if let Err(trainyard_core::Error::Fenced(err)) = &admitted {
@@ -708,12 +709,77 @@ impl Reconciler {
         }
     }
 
-    /// The attempts that are not over: the current attempt of each unfinished job, and those of
-    /// this server's launches since this pass read its snapshot (`launches`: the ones under way,
-    /// or also the finished ones).
-    fn attempts_live(&mut self, jobs: &[Arc<UnfinishedJob>], launches: LaunchesCounted) -> Vec<(Uuid, i32)> {
+    /// Undecodable jobs that are cancelled still stop: the live attempt's replicas are
+    /// terminated (how many there are is read from the stored spec as plain JSON), and once
+    /// none runs the attempt ends and the job is `cancelled`, its processes and GPUs released. One
+    /// with no live attempt is `cancelled` at once.
+    async fn cancel_unhandled(&mut self, unhandled: &[UnhandledJob]) -> Result<()> {
+        for job in unhandled.iter().filter(|j| j.cancel_requested) {
+            if self.is_quarantined(job.id) {
+                continue;
+            }
+            let reason = format!("cancelled; its stored row cannot be read: {}", job.problem);
+            let Some(record) = job.live_attempt() else {
+                let from = [JobState::Queued, JobState::Admitted, JobState::Starting, JobState::Restarting];
+                let to = JobState::Cancelled;
+                match self.store.job_transition(job.id, &from, to, ACTOR_RECONCILER, Some(&reason)).await {
+                    Ok(_) => {}
+                    Err(err) => self.step_failed(job.id, "cancel an unreadable job", err)?,
+                }
+                continue;
+            };
+            let Some(replicas) = job.replicas else {
+                tracing::error!(job = %job.id, "cannot stop an unreadable job: its stored spec names no replica count");
+                continue;
+            };
+            let attempt =
+                AttemptRef { job_id: job.id, attempt: record.number, replicas, placement: record.placement.clone() };
+            let statuses = self.executor.observe(&attempt).await;
+            if statuses.contains(&ReplicaStatus::Running) {
+                self.stop(&attempt);
+                continue;
+            }
+            let exit_codes: Vec<Option<i32>> = statuses
+                .iter()
+                .map(|s| match s {
+                    ReplicaStatus::Exited(code) => Some(*code),
+                    _ => None,
+                })
+                .collect();
+            self.executor.release(&attempt).await;
+            let end = AttemptEnd {
+                job_id: job.id,
+                attempt: record.number,
+                exit_codes: &exit_codes,
+                image_digests: &[],
+                to: JobState::Cancelled,
+                reason: Some(&reason),
+                actor: ACTOR_RECONCILER,
+            };
+            match self.store.attempts_end(&[end]).await {
+                Ok(_) => {
+                    self.stopping.remove(&(job.id, record.number));
+                    tracing::info!(job = %job.id, "an unreadable job was cancelled and its replicas stopped");
+                }
+                Err(err) => self.step_failed(job.id, "cancel an unreadable job", err)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The attempts that are not over: the current attempt of each unfinished job (also of one
+    /// whose row does not decode: it still holds what it runs on), and those of this server's
+    /// launches since this pass read its snapshot (`launches`: the ones under way, or also the
+    /// finished ones).
+    fn attempts_live(
+        &mut self,
+        jobs: &[Arc<UnfinishedJob>],
+        unhandled: &[UnhandledJob],
+        launches: LaunchesCounted,
+    ) -> Vec<(Uuid, i32)> {
         let mut live: Vec<(Uuid, i32)> =
             jobs.iter().filter_map(|j| j.attempt.as_ref().map(|a| (j.id, a.number))).collect();
+        live.extend(unhandled.iter().filter_map(|j| j.live_attempt().map(|a| (j.id, a.number))));
         let current: FxHashMap<Uuid, i32> =
             jobs.iter().map(|j| (j.id, j.attempt.as_ref().map_or(0, |a| a.number))).collect();
         let current = |job| current.get(&job).copied().unwrap_or(0);
@@ -726,11 +792,11 @@ impl Reconciler {
 
     /// Asks the executor, now and then, to remove what attempts that are not live left behind
     /// (a cluster's Jobs of finished or unknown jobs, found after a restart).
-    async fn garbage_collect(&mut self, jobs: &[Arc<UnfinishedJob>]) {
+    async fn garbage_collect(&mut self, jobs: &[Arc<UnfinishedJob>], unhandled: &[UnhandledJob]) {
         if self.collected.is_some_and(|at| at.elapsed() < GARBAGE_COLLECT_EVERY) {
             return;
         }
-        let live = self.attempts_live(jobs, LaunchesCounted::InFlightAndFinished);
+        let live = self.attempts_live(jobs, unhandled, LaunchesCounted::InFlightAndFinished);
         let collected = self.executor.garbage_collect(&live).await;
         if collected > 0 {
             tracing::info!(collected, "removed the leftovers of ended or unknown attempts");
@@ -953,13 +1019,22 @@ impl Reconciler {
 
     /// Runs an admission cycle: admits what the scheduler admits (with its placement), asks
     /// preemption victims to stop, and keeps every waiting job's reason current. Returns the jobs
-    /// admitted in this pass, as admitted (their flavor and nodes set).
-    async fn admit(&mut self, jobs: &[Arc<UnfinishedJob>], ended: &HashSet<Uuid>) -> Result<Vec<UnfinishedJob>> {
+    /// admitted in this pass, as admitted (their flavor and nodes set). Jobs whose rows do not
+    /// decode (`unhandled`) count with what they hold, as far as their stored spec tells.
+    async fn admit(
+        &mut self,
+        jobs: &[Arc<UnfinishedJob>],
+        unhandled: &[UnhandledJob],
+        ended: &HashSet<Uuid>,
+    ) -> Result<Vec<UnfinishedJob>> {
         if !jobs.iter().any(|j| j.state == JobState::Queued) {
             self.monitoring.pending_jobs.clear();
             return Ok(Vec::new());
         }
         let mut snapshot = scheduling::snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
+        let default_node =
+            snapshot.nodes.first().map(|n| n.name.clone()).unwrap_or_else(|| scheduling::LOCAL_NODE.into());
+        snapshot.running.extend(unhandled.iter().filter_map(|j| scheduling::running_unreadable(j, &default_node)));
         snapshot.nominated.append(&mut self.nominated_next);
         // CPU-bound (tens of milliseconds at a queue of 100,000): off the async workers.
         let cycle_started = Instant::now();
