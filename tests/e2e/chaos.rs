@@ -332,6 +332,7 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
         pids_limit: trainyard_executor::local::DEFAULT_PIDS_LIMIT,
         cpu_hard_limit: false,
         cgroups: true,
+        pid_namespace: true,
     };
     let request = |job: u128| LaunchRequest {
         job_id: Uuid::from_u128(job),
@@ -384,6 +385,7 @@ async fn garbage_collection_takes_no_replica_of_another_data_directory() {
         pids_limit: trainyard_executor::local::DEFAULT_PIDS_LIMIT,
         cpu_hard_limit: false,
         cgroups: true,
+        pid_namespace: true,
     };
     let (mine, theirs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mine, theirs) =

@@ -31,16 +31,27 @@ fn processes_running(needle: &str) -> Vec<u32> {
 
 /// The escape of issue 37: a 1-GPU job leaves processes behind in every way a shell can (a new
 /// session, a double fork, `nohup`) and exits 0. All of them are gone within the grace period
-/// of its end, and the GPU goes to the next job (another tenant's) only once they are.
+/// of its end, and the GPU goes to the next job (another tenant's) only once they are. Without
+/// PID namespaces (the cgroup alone holds them; the next job looks for them in /proc), then with
+/// (the default: they end with the replica's namespace).
 #[tokio::test(flavor = "multi_thread")]
 async fn processes_a_job_leaves_behind_end_with_it_before_its_gpu_is_given_again() {
     require_root();
-    let env = TestEnv::start_with(&["--simulate-gpus", "1"]).await;
+    escape_and_next_job(&["--no-pid-namespace"]).await;
+    escape_and_next_job(&[]).await;
+}
+
+async fn escape_and_next_job(extra: &[&str]) {
+    let env = TestEnv::start_with(&[&["--simulate-gpus", "1"], extra].concat()).await;
     let (_, ready) = env.get("/readyz", &env.admin_token).await;
-    // Fully confined here; this machine's /proc may show every user's processes (a mount option
-    // of the host's, which the server reports and does not change).
+    // Fully confined here; without PID namespaces, this machine's /proc may show every user's
+    // processes (a mount option of the host's, which the server reports and does not change).
     let warnings = ready["node_warnings"].as_array().cloned().unwrap_or_default();
-    assert!(warnings.iter().all(|w| w.as_str().is_some_and(|w| w.contains("hidepid"))), "{ready}");
+    if extra.is_empty() {
+        assert_eq!(warnings, Vec::<serde_json::Value>::new(), "{ready}");
+    } else {
+        assert!(warnings.iter().all(|w| w.as_str().is_some_and(|w| w.contains("hidepid"))), "{ready}");
+    }
     // Both tenants may use the one GPU (quota 1 each), one at a time.
     let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -202,4 +213,50 @@ async fn a_running_job_whose_row_no_longer_decodes_keeps_its_gpu_and_can_be_canc
     }
     println!("cancelled after {:?}: {:?}", asked.elapsed(), state(id).await);
     env.wait_state(&b, "succeeded", Duration::from_secs(30)).await;
+}
+
+/// The supervisor's PID namespace, on its own (`trainyard-shim --pid-namespace`, as the local
+/// executor starts it as root): the replica is PID 2 after its init and its `/proc` lists its own
+/// processes only; a signal ends it as before (recorded as that signal); what it leaves running,
+/// even in a session of its own, ends with it.
+#[test]
+fn a_replica_in_its_own_pid_namespace_sees_only_its_processes_and_leaves_nothing_behind() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let exit_file = dir.path().join("replica-0.exit");
+    let shim = |script: &str| -> serde_json::Value {
+        let _ = std::fs::remove_file(&exit_file);
+        let status = std::process::Command::new(trainyard_tests::bin("trainyard-shim"))
+            .arg("--exit-file")
+            .arg(&exit_file)
+            .args(["--pid-namespace", "--", "sh", "-c", script])
+            .status()
+            .unwrap();
+        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&exit_file).unwrap()).unwrap();
+        assert_eq!(status.code(), record["exit_code"].as_i64().map(|c| c as i32), "{record}");
+        record
+    };
+    let seen = dir.path().join("seen");
+    let record = shim(&format!("echo $$ > {0}; ls /proc | grep -c '^[0-9]' >> {0}", seen.display()));
+    assert_eq!(record, json!({"exit_code": 0, "signal": null}));
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines[0], "2", "the replica is PID 2 of its namespace: {seen}");
+    let listed: u32 = lines[1].parse().unwrap();
+    assert!(listed <= 4, "its /proc lists its init, sh, ls and grep, not the machine's: {seen}");
+    assert_eq!(shim("kill -TERM $$"), json!({"exit_code": 143, "signal": 15}));
+    assert_eq!(shim("exit 3"), json!({"exit_code": 3, "signal": null}));
+
+    let marker = format!("trainyard-pidns-{}", std::process::id());
+    let record = shim(&format!("setsid sh -c 'exec -a {marker} sleep 300' & sleep 0.3; exit 0"));
+    assert_eq!(record["exit_code"], 0);
+    let ended = Instant::now();
+    while !processes_running(&marker).is_empty() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(2),
+            "left running after the replica: {:?}",
+            processes_running(&marker)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -59,6 +59,7 @@ fn launch(c: &mut Criterion) {
             pids_limit: DEFAULT_PIDS_LIMIT,
             cpu_hard_limit: false,
             cgroups: confined,
+            pid_namespace: confined,
         })
         .unwrap_or_else(|err| panic!("{err}"));
         let name = if confined { "in a cgroup" } else { "without cgroups" };

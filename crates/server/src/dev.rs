@@ -70,6 +70,11 @@ pub struct LocalExecutorArgs {
     /// process a job leaves behind outlives it. /readyz says so.
     #[arg(long)]
     pub no_cgroups: bool,
+    /// Do not give each replica a PID namespace and `/proc` of its own: replicas then see every
+    /// process of the machine and their command lines (unless /proc is mounted with
+    /// hidepid=invisible). /readyz says so.
+    #[arg(long)]
+    pub no_pid_namespace: bool,
 }
 
 /// The replicas' supervisor, `trainyard-shim`, which is built and installed beside `trainyard`.
@@ -105,6 +110,7 @@ pub fn local_server(
         pids_limit: local.pids_limit,
         cpu_hard_limit: local.cpu_hard_limit,
         cgroups: !local.no_cgroups,
+        pid_namespace: !local.no_pid_namespace,
     })
     .with_context(|| format!("preparing the job folders under {}", data_dir.display()))?;
     let storage = storage.open(data_dir).context("opening the object store")?;

@@ -86,6 +86,9 @@ pub struct LocalConfig {
     /// Confine each replica in a cgroup of its own when the machine allows it; `false` leaves
     /// confinement to someone else (a container runtime around the server), and says so.
     pub cgroups: bool,
+    /// Run each replica in a PID namespace of its own, with its own `/proc`, when replicas run
+    /// as their tenants' users (root); `false` leaves them in the machine's, and says so.
+    pub pid_namespace: bool,
 }
 
 /// The default of [`LocalConfig::pids_limit`]: room for a data loader's workers and their
@@ -284,6 +287,12 @@ impl LocalExecutor {
     }
 
     /// The node's shard cache root.
+    /// Whether replicas run in PID namespaces of their own: only where they run as their
+    /// tenants' users (the server is root), unless turned off.
+    fn pid_namespaces(&self) -> bool {
+        self.config.pid_namespace && self.isolation == Isolation::TenantUsers
+    }
+
     fn shard_cache_root(&self) -> PathBuf {
         self.config.data_dir.join(SHARD_CACHE_DIR)
     }
@@ -485,6 +494,9 @@ impl LocalExecutor {
         }
         for dir in &cgroup_dirs {
             command.arg("--cgroup").arg(dir);
+        }
+        if self.pid_namespaces() {
+            command.arg("--pid-namespace");
         }
         command
             .arg("--")
@@ -937,12 +949,13 @@ impl Executor for LocalExecutor {
             warnings.push(format!("replicas are not confined in cgroups (no memory, CPU or process limits): {why}"));
         }
         if self.isolation == Isolation::TenantUsers
+            && !self.pid_namespaces()
             && let Some(why) = std::fs::read_to_string("/proc/self/mountinfo").map_or_else(
                 |err| Some(format!("cannot read /proc/self/mountinfo: {err}")),
                 |text| isolation::proc_exposure(&text),
             )
         {
-            warnings.push(why);
+            warnings.push(format!("replicas share the machine's process table (--no-pid-namespace): {why}"));
         }
         warnings
     }

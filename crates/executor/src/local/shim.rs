@@ -14,6 +14,15 @@
 //! The shim leads the replica's process group, so a signal to the group reaches both. The shim
 //! survives SIGTERM/SIGINT/SIGHUP (it notes them and keeps waiting, so it can record how the
 //! replica ended); SIGKILL ends both.
+//!
+//! With `pid_namespace` (the local executor's default as root) the replica runs in a PID
+//! namespace of its own, with a `/proc` of its own: it sees its own processes only (no other
+//! tenant's command lines), as in a container. Its init (PID 1 there) is the shim's own binary
+//! again (`--namespace-init`): it mounts the namespace's `/proc`, starts the replica, reaps what
+//! is orphaned inside, and ends when the replica does; the
+//! kernel then kills whatever is left in the namespace, so nothing the replica started outlives
+//! it. A signal the control plane sends the group reaches the replica as before (PID 1 itself
+//! ignores it: an init has no default actions).
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -52,6 +61,9 @@ pub struct ShimOptions {
     /// before it starts the replica, so that the replica and everything it starts are born
     /// confined. A shim that cannot join runs nothing.
     pub cgroups: Vec<std::path::PathBuf>,
+    /// Run the replica in a PID and mount namespace of its own, with its own `/proc` (needs
+    /// root; where the kernel refuses, the replica runs without and its log says so).
+    pub pid_namespace: bool,
 }
 
 /// Runs `argv` to completion and records how it ended in `exit_file`. Returns the exit code.
@@ -83,33 +95,10 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
         let _ = write_exit_record(exit_file, &record);
         return record.exit_code;
     }
-    let env = match options.env_file.as_deref().map(read_env_file).transpose() {
-        Ok(env) => env,
-        Err(err) => {
-            eprintln!("trainyard-shim: cannot read the replica's environment: {err}");
-            let record = ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
-            let _ = write_exit_record(exit_file, &record);
-            return record.exit_code;
-        }
-    };
-    let record = match argv.split_first() {
-        None => {
-            eprintln!("trainyard-shim: no command given");
-            ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
-        }
-        Some((program, args)) => match replica_command(program, args, env, options.run_as).spawn() {
-            Ok(mut child) => match child.wait() {
-                Ok(status) => record_of(status),
-                Err(err) => {
-                    eprintln!("trainyard-shim: lost track of the replica: {err}");
-                    ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
-                }
-            },
-            Err(err) => {
-                eprintln!("trainyard: cannot start {}: {err}", program.to_string_lossy());
-                ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
-            }
-        },
+    let record = if options.pid_namespace && !argv.is_empty() {
+        run_in_pid_namespace(exit_file, argv, options)
+    } else {
+        read_env_and_run(argv, options)
     };
     if options.reap_orphans {
         reap_orphans();
@@ -118,6 +107,147 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
         eprintln!("trainyard-shim: cannot record the exit status in {}: {err}", exit_file.display());
     }
     record.exit_code
+}
+
+/// Starts the replica and waits for it.
+fn run(mut command: Command) -> ExitRecord {
+    match command.spawn() {
+        Ok(mut child) => match child.wait() {
+            Ok(status) => record_of(status),
+            Err(err) => {
+                eprintln!("trainyard-shim: lost track of the replica: {err}");
+                ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
+            }
+        },
+        Err(err) => {
+            eprintln!("trainyard: cannot start {}: {err}", command.get_program().to_string_lossy());
+            ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
+        }
+    }
+}
+
+/// Reads the replica's environment file and runs the replica (here, or as PID 1 of its
+/// namespace: the same steps).
+fn read_env_and_run(argv: &[OsString], options: &ShimOptions) -> ExitRecord {
+    let env = match options.env_file.as_deref().map(read_env_file).transpose() {
+        Ok(env) => env,
+        Err(err) => {
+            eprintln!("trainyard-shim: cannot read the replica's environment: {err}");
+            return ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
+        }
+    };
+    match argv.split_first() {
+        None => {
+            eprintln!("trainyard-shim: no command given");
+            ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
+        }
+        Some((program, args)) => run(replica_command(program, args, env, options.run_as)),
+    }
+}
+
+/// Where the namespace's init writes the replica's raw wait status, beside the exit file.
+fn status_file_of(exit_file: &Path) -> std::path::PathBuf {
+    exit_file.with_extension("status")
+}
+
+/// Runs the replica in a new PID and mount namespace (the module's documentation): the shim
+/// starts its own binary as the namespace's init (`--namespace-init`, [`namespace_init_main`]),
+/// which reports how the replica ended in a file, as the raw wait status (an exit code alone
+/// could not say that the replica was killed by a signal: an init cannot die of one).
+fn run_in_pid_namespace(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> ExitRecord {
+    use nix::mount::{MsFlags, mount};
+    use nix::sched::{CloneFlags, unshare};
+    let entered = unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS).and_then(|()| {
+        // Mounts made in the new namespace (its /proc) stay there.
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+    });
+    let this = std::env::current_exe();
+    let (Ok(()), Ok(this)) = (entered.map_err(|e| e.to_string()), this.map_err(|e| e.to_string())) else {
+        eprintln!("trainyard: no PID namespace for this replica: it sees every process of the machine");
+        return read_env_and_run(argv, options);
+    };
+    let status_file = status_file_of(exit_file);
+    let _ = std::fs::remove_file(&status_file);
+    let mut init = Command::new(this);
+    init.arg("--namespace-init").arg("--exit-file").arg(exit_file).env_clear().stdin(Stdio::null());
+    if let Some(env_file) = &options.env_file {
+        init.arg("--env-file").arg(env_file);
+    }
+    if let Some((uid, gid)) = options.run_as {
+        init.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
+    }
+    init.arg("--").args(argv);
+    let ended = match init.spawn().and_then(|mut child| child.wait()) {
+        Ok(status) => status,
+        Err(err) => {
+            eprintln!("trainyard-shim: cannot run the replica's init: {err}");
+            return ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
+        }
+    };
+    let reported = std::fs::read_to_string(&status_file).ok().and_then(|text| text.trim().parse::<i32>().ok());
+    let _ = std::fs::remove_file(&status_file);
+    use std::os::unix::process::ExitStatusExt;
+    match (reported, ended.signal()) {
+        (Some(raw), _) => record_of(ExitStatus::from_raw(raw)),
+        // The init was killed (a SIGKILL to the group after the grace period): the kernel
+        // killed the replica with it, by the same signal.
+        (None, Some(signal)) => ExitRecord { exit_code: 128 + signal, signal: Some(signal) },
+        (None, None) => {
+            eprintln!("trainyard-shim: the replica's init ended ({ended}) without saying how the replica did");
+            ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
+        }
+    }
+}
+
+/// `trainyard-shim --namespace-init`: PID 1 of a replica's namespace. Mounts its `/proc`, reads
+/// the environment file, starts the replica, reaps every process orphaned inside until the
+/// replica ends, and writes the replica's raw wait status beside the exit file (127 << 8, an
+/// exit code of 127, when it could not start). Returns 0; as it ends, the kernel kills whatever
+/// is left in the namespace.
+pub fn namespace_init_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> i32 {
+    use nix::mount::{MsFlags, mount};
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if let Err(err) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
+        eprintln!("trainyard: cannot mount this replica's own /proc ({err}): it sees the machine's");
+    }
+    let raw = match spawn_replica(argv, options) {
+        None => EXIT_CANNOT_START << 8,
+        Some(replica) => loop {
+            match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == replica => break code << 8,
+                Ok(WaitStatus::Signaled(pid, signal, core)) if pid == replica => {
+                    break signal as i32 | if core { 0x80 } else { 0 };
+                }
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {} // an orphan reaped, or a signal
+                Err(_) => break EXIT_CANNOT_START << 8,     // no child left: cannot happen
+            }
+        },
+    };
+    if let Err(err) = super::write_whole(&status_file_of(exit_file), format!("{raw}\n").as_bytes()) {
+        eprintln!("trainyard-shim: cannot record how the replica ended: {err}");
+    }
+    0
+}
+
+/// Starts the replica with its environment file read; its pid, or `None` (said on stderr).
+fn spawn_replica(argv: &[OsString], options: &ShimOptions) -> Option<nix::unistd::Pid> {
+    let env = match options.env_file.as_deref().map(read_env_file).transpose() {
+        Ok(env) => env,
+        Err(err) => {
+            eprintln!("trainyard-shim: cannot read the replica's environment: {err}");
+            return None;
+        }
+    };
+    let (program, args) = argv.split_first()?;
+    match replica_command(program, args, env, options.run_as).spawn() {
+        // The child is reaped by the loop above, by pid.
+        Ok(child) => Some(nix::unistd::Pid::from_raw(child.id() as i32)),
+        Err(err) => {
+            eprintln!("trainyard: cannot start {}: {err}", program.to_string_lossy());
+            None
+        }
+    }
 }
 
 /// Reaps the replica's orphans that have ended or are ending (those a signal to the group
