@@ -267,9 +267,28 @@ async fn pytorch_ddp_checkpoints_go_to_a_volume_made_at_the_first_run() {
     assert!(body["error"]["message"].as_str().unwrap().contains("yard volumes create checkpoints"), "{body}");
     assert_eq!(env.jobs_in_db().await, 0);
 
-    // With room, the run makes it; an empty value opts out (the working folder).
+    // With room, a run refused for anything else makes no volume either: one whose job-level
+    // fields fail the checks a direct submit passes (refused before the submit), and one whose
+    // idempotency key was used for another request (refused by the submit itself: the volume
+    // made goes again).
     let policy = json!({"storage_quota_bytes": 100u64 << 30});
     env.call(Method::PUT, "/api/v1/admin/tenants/default/storage", Some(&env.admin_token), Some(&policy)).await;
+    let refused = json!({"params": {"data": "/data/shards", "cpu": 0.5, "memory": "1Gi"}, "max_restarts": 1000});
+    let (status, body) = env.post("/api/v1/templates/pytorch-ddp/jobs", &env.admin_token, &refused).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "max_restarts", "{body}");
+    let keyed = |volume: &str| {
+        json!({"params": {"data": "/data/shards", "cpu": 0.5, "memory": "1Gi", "checkpoint_volume": volume},
+               "idempotency_key": "first-run"})
+    };
+    let (status, body) = env.post("/api/v1/templates/pytorch-ddp/jobs", &env.admin_token, &keyed("")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = env.post("/api/v1/templates/pytorch-ddp/jobs", &env.admin_token, &keyed("checkpoints")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "the key names another request: {body}");
+    let (_, listed) = env.get("/api/v1/volumes", &env.admin_token).await;
+    assert_eq!(listed, json!([]), "a refused run leaves no volume");
+
+    // The run makes it; an empty value opts out (the working folder).
     let (status, body) = env.post("/api/v1/templates/pytorch-ddp/jobs", &env.admin_token, &run).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let (_, listed) = env.get("/api/v1/volumes", &env.admin_token).await;

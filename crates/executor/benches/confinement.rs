@@ -1,6 +1,6 @@
 //! What confining a replica costs the local executor (issue 37): the cgroup set-up and removal
-//! alone, and a whole launch of one replica (`true`) to its end and release, with and without
-//! cgroups, side by side in one run. Needs root and cgroups (as tests/run has them); without,
+//! alone, and a whole launch of one replica (`true`) to its end and release, unconfined, in a
+//! cgroup, and in a cgroup and a PID namespace of its own, side by side in one run. Needs root and cgroups (as tests/run has them); without,
 //! the cgroup rows say they are skipped.
 //!
 //! `cargo bench -p trainyard-executor --bench confinement`
@@ -46,7 +46,7 @@ fn launch(c: &mut Criterion) {
     let runtime = tokio::runtime::Runtime::new().unwrap_or_else(|err| panic!("{err}"));
     let mut group = c.benchmark_group("local launch of one replica, to its end and release");
     group.sample_size(30).measurement_time(Duration::from_secs(10));
-    for confined in [false, true] {
+    for (confined, pid_namespace) in [(false, false), (true, false), (true, true)] {
         let dir = tempfile::tempdir().unwrap_or_else(|err| panic!("{err}"));
         let executor = LocalExecutor::new(LocalConfig {
             data_dir: dir.path().to_path_buf(),
@@ -59,10 +59,14 @@ fn launch(c: &mut Criterion) {
             pids_limit: DEFAULT_PIDS_LIMIT,
             cpu_hard_limit: false,
             cgroups: confined,
-            pid_namespace: confined,
+            pid_namespace,
         })
         .unwrap_or_else(|err| panic!("{err}"));
-        let name = if confined { "in a cgroup" } else { "without cgroups" };
+        let name = match (confined, pid_namespace) {
+            (false, _) => "without cgroups",
+            (true, false) => "in a cgroup",
+            (true, true) => "in a cgroup and a PID namespace",
+        };
         let warnings = executor.node_warnings();
         if confined && warnings.iter().any(|w| w.contains("cgroups")) {
             eprintln!("SKIPPED {name}: {warnings:?}");

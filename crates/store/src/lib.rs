@@ -1,15 +1,20 @@
 //! Postgres persistence for Trainyard.
 //!
 //! Everything durable lives here: tenants, users, memberships, token hashes, jobs with their
-//! state, attempts and events. Nothing is cached in memory across calls, so any number of server
-//! processes can share one database, and a restarted server picks up exactly where the last one
-//! stopped.
+//! state, attempts and events, datasets, storage, audit, sessions. The database is the truth:
+//! any number of server processes share one, and a restarted server picks up exactly where the
+//! last one stopped. The one thing kept in memory is a cache of the unfinished jobs' decoded
+//! rows ([`reconcile::Store::jobs_unfinished`]), checked against each row's version at every
+//! read.
 //!
-//! Two kinds of queries, kept in separate modules:
-//! - [`tenancy`] and [`jobs`] answer requests. Every query of tenant data takes the caller's
-//!   tenant id and filters by it; an id from another tenant finds nothing.
-//! - [`reconcile`] serves the control loops. They act for the platform across tenants, by job
-//!   id, and are never reachable from a request.
+//! Two kinds of queries:
+//! - Those that answer requests ([`tenancy`], [`jobs`], [`datasets`], [`storage`], ...). Every
+//!   query of tenant data takes the caller's tenant id and filters by it; an id from another
+//!   tenant finds nothing.
+//! - [`reconcile`], the control loops' queries, across tenants by job id. Their writes carry the
+//!   leader's fencing epoch (`control_fence`), so a deposed leader's are refused. Requests use
+//!   only its reads: the scheduling board and "why pending" read the same snapshot the
+//!   scheduler decides on (`app/scheduling.rs`).
 //!
 //! [`embedded`] runs a private Postgres cluster for `trainyard dev` and the tests.
 

@@ -1,7 +1,7 @@
 //! Storage records: artefact hashes, volumes under the tenant's storage quota, the storage
-//! policy (retention, quota), what retention has removed, and the shared URL-signing key.
-//! The bytes themselves live in the object store (`trainyard-storage`); these rows hold what a
-//! store cannot.
+//! policy (retention, quota), what retention has removed and the logs archived. The bytes
+//! themselves live in the object store (`trainyard-storage`); these rows hold what a store
+//! cannot. (The key that signs download links is in a file, never here: docs/security.md.)
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -165,8 +165,11 @@ impl App {
             }
         }
         // A volume parameter names one of the tenant's volumes: the job gets its path, and the
-        // spec lists it so that a cluster executor mounts it there.
+        // spec lists it so that a cluster executor mounts it there. One the template makes
+        // (`create_size`) is made only once the whole run is checked, just before the submit,
+        // and removed again if the submit fails: a refused run leaves nothing behind.
         let mut volumes: Vec<trainyard_core::job::VolumeMount> = Vec::new();
+        let mut to_make: Vec<(String, String, String)> = Vec::new(); // (parameter, volume, size)
         for (param, spec) in &template.manifest.parameters {
             if spec.kind != trainyard_templates::ParamKind::Volume {
                 continue;
@@ -179,14 +182,16 @@ impl App {
                 Ok(path) => path,
                 Err(Error::NotFound { .. }) => match &spec.create_size {
                     // The template makes what it names: a durable place shared by the tenant's
-                    // jobs (checkpoints that outlive pods), charged to its storage quota.
-                    Some(size) if mode == RunMode::Submit => {
-                        self.volume_for_template(caller, param, &name, size).await?
+                    // jobs (checkpoints that outlive pods), charged to its storage quota. The
+                    // path is the one it will have (a preview or what-if makes nothing).
+                    Some(size) => {
+                        if mode == RunMode::Submit && !to_make.iter().any(|(_, made, _)| *made == name) {
+                            to_make.push((param.clone(), name.clone(), size.clone()));
+                        }
+                        self.executor.volume_path(&name).unwrap_or_else(|| {
+                            self.storage.volume_dir(caller.tenant_id, &name).to_string_lossy().into_owned()
+                        })
                     }
-                    // A preview or what-if creates nothing; the path is the one it would have.
-                    Some(_) => self.executor.volume_path(&name).unwrap_or_else(|| {
-                        self.storage.volume_dir(caller.tenant_id, &name).to_string_lossy().into_owned()
-                    }),
                     None => {
                         return Err(Error::invalid(
                             format!("params.{param}"),
@@ -238,7 +243,24 @@ impl App {
             return Ok(TemplateRunOutcome::DryRun(Box::new(DryRun { name: valid.name, values, spec: valid.spec })));
         }
         let params = serde_json::Value::Object(run.params);
-        let submitted = self.store.job_submit(caller, valid, Some(&params), &request_hash, audit).await?;
+        let mut made = Vec::new();
+        for (param, name, size) in &to_make {
+            match self.volume_for_template(caller, param, name, size).await {
+                Ok(Some(_)) => made.push(name.as_str()),
+                Ok(None) => {} // another run made it a moment ago: it is theirs
+                Err(err) => {
+                    self.volumes_unmade(caller, &made).await;
+                    return Err(err);
+                }
+            }
+        }
+        let submitted = match self.store.job_submit(caller, valid, Some(&params), &request_hash, audit).await {
+            Ok(submitted) => submitted,
+            Err(err) => {
+                self.volumes_unmade(caller, &made).await;
+                return Err(err);
+            }
+        };
         if matches!(submitted, Submitted::Created(_)) {
             self.scheduling_changed();
         }
@@ -276,8 +298,15 @@ impl App {
 
 impl App {
     /// Creates the volume a template's parameter names (its `create_size`), read-write for every
-    /// replica. A refusal (the storage quota) names the parameter.
-    async fn volume_for_template(&self, caller: &Caller, param: &str, name: &str, size: &str) -> Result<String> {
+    /// replica: its path, or `None` when another run created it a moment ago. A refusal (the
+    /// storage quota) names the parameter.
+    async fn volume_for_template(
+        &self,
+        caller: &Caller,
+        param: &str,
+        name: &str,
+        size: &str,
+    ) -> Result<Option<String>> {
         let size = trainyard_core::resources::Memory::parse(size).map_err(Error::internal)?;
         let request = trainyard_core::api::VolumeCreate {
             name: name.to_string(),
@@ -288,10 +317,10 @@ impl App {
         match self.volume_create(caller, request).await {
             Ok(volume) => {
                 tracing::info!(tenant = %caller.tenant, volume = name, "volume created for a template run");
-                Ok(volume.path)
+                Ok(Some(volume.path))
             }
             // Another run created it a moment ago.
-            Err(Error::Conflict(_)) => self.volume_path(caller.tenant_id, name).await,
+            Err(Error::Conflict(_)) => Ok(None),
             Err(Error::InvalidInput { message, .. }) => Err(Error::invalid(
                 format!("params.{param}"),
                 format!(
@@ -299,6 +328,16 @@ impl App {
                 ),
             )),
             Err(other) => Err(other),
+        }
+    }
+
+    /// Removes the volumes a run made before its submit failed (the failure is what the caller
+    /// hears; a removal that fails is logged, and the volume is the tenant's to delete).
+    async fn volumes_unmade(&self, caller: &Caller, made: &[&str]) {
+        for name in made {
+            if let Err(err) = self.volume_delete(caller, name).await {
+                tracing::warn!(tenant = %caller.tenant, volume = name, %err, "cannot remove the volume of a refused run");
+            }
         }
     }
 }

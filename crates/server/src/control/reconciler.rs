@@ -318,7 +318,8 @@ impl Reconciler {
     }
 
     /// Runs passes until `shutdown`, while this server leads: one leader across server replicas
-    /// (a Postgres advisory lock), the others wait as standbys and take over when it goes. A
+    /// (a lease with a fencing epoch in Postgres, [`Leadership`]), the others wait as standbys
+    /// and take over when it expires. A
     /// failed pass (database away) is logged and retried; a pass that panics outside any one
     /// job's step is logged with its message, counted, and retried after a back-off that
     /// doubles (1 s to 30 s) — the loop itself never stops before `shutdown`.
