@@ -215,41 +215,80 @@ async fn a_running_job_whose_row_no_longer_decodes_keeps_its_gpu_and_can_be_canc
     env.wait_state(&b, "succeeded", Duration::from_secs(30)).await;
 }
 
-/// The supervisor's PID namespace, on its own (`trainyard-shim --pid-namespace`, as the local
-/// executor starts it as root): the replica is PID 2 after its init and its `/proc` lists its own
-/// processes only; a signal ends it as before (recorded as that signal); what it leaves running,
-/// even in a session of its own, ends with it.
-#[test]
-fn a_replica_in_its_own_pid_namespace_sees_only_its_processes_and_leaves_nothing_behind() {
+/// A replica in its own PID namespace, as the local executor starts it as root: it is PID 2
+/// (its supervisor is 1) and its `/proc` lists its own processes only; a signal ends it as
+/// before (recorded as that signal); what it leaves running, even in a session of its own, ends
+/// with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_in_its_own_pid_namespace_sees_only_its_processes_and_leaves_nothing_behind() {
+    use trainyard_executor::local::{DEFAULT_PIDS_LIMIT, LocalConfig, LocalExecutor};
+    use trainyard_executor::{AttemptRef, Executor, LaunchRequest, ReplicaStatus};
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let exit_file = dir.path().join("replica-0.exit");
-    let shim = |script: &str| -> serde_json::Value {
-        let _ = std::fs::remove_file(&exit_file);
-        let status = std::process::Command::new(trainyard_tests::bin("trainyard-shim"))
-            .arg("--exit-file")
-            .arg(&exit_file)
-            .args(["--pid-namespace", "--", "sh", "-c", script])
-            .status()
+    let executor = LocalExecutor::new(LocalConfig {
+        data_dir: dir.path().to_path_buf(),
+        supervisor: trainyard_tests::bin("trainyard-shim"),
+        cpus: Some(2.0),
+        memory_bytes: None,
+        simulated_gpus: None,
+        shard_cache_bytes: None,
+        shard_cache_tenant_bytes: None,
+        pids_limit: DEFAULT_PIDS_LIMIT,
+        cpu_hard_limit: false,
+        cgroups: true,
+        pid_namespace: true,
+    })
+    .unwrap();
+    assert_eq!(executor.node_warnings(), Vec::<String>::new(), "fully confined here, PID namespaces too");
+    let run = |script: String| {
+        let executor = &executor;
+        let data = dir.path().to_path_buf();
+        async move {
+            let spec = serde_json::from_value(json!({"command": ["sh", "-c", script], "args": [], "env": {},
+                "resources": {"cpu": 0.5, "memory": "256Mi"}, "replicas": 1}))
             .unwrap();
-        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&exit_file).unwrap()).unwrap();
-        assert_eq!(status.code(), record["exit_code"].as_i64().map(|c| c as i32), "{record}");
-        record
+            let request = LaunchRequest {
+                job_id: uuid::Uuid::now_v7(),
+                tenant_id: uuid::Uuid::from_u128(7),
+                tenant: "pidns".into(),
+                attempt: 1,
+                spec,
+                files: Default::default(),
+                env: Default::default(),
+                code: Vec::new(),
+                nodes: Vec::new(),
+            };
+            let placement = executor.launch(&request).await.unwrap();
+            let attempt = AttemptRef { job_id: request.job_id, attempt: 1, replicas: 1, placement: Some(placement) };
+            let started = Instant::now();
+            let status = loop {
+                match executor.observe(&attempt).await[..] {
+                    [ReplicaStatus::Running] => {
+                        assert!(started.elapsed() < Duration::from_secs(20), "the replica did not end");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    [status] => break status,
+                    ref other => panic!("{other:?}"),
+                }
+            };
+            let log = std::fs::read_to_string(data.join(format!("jobs/{}/attempt-1/replica-0.log", request.job_id)));
+            (status, log.unwrap_or_default(), attempt)
+        }
     };
-    let seen = dir.path().join("seen");
-    let record = shim(&format!("echo $$ > {0}; ls /proc | grep -c '^[0-9]' >> {0}", seen.display()));
-    assert_eq!(record, json!({"exit_code": 0, "signal": null}));
-    let seen = std::fs::read_to_string(&seen).unwrap();
-    let lines: Vec<&str> = seen.lines().collect();
-    assert_eq!(lines[0], "2", "the replica is PID 2 of its namespace: {seen}");
-    let listed: u32 = lines[1].parse().unwrap();
-    assert!(listed <= 4, "its /proc lists its init, sh, ls and grep, not the machine's: {seen}");
-    assert_eq!(shim("kill -TERM $$"), json!({"exit_code": 143, "signal": 15}));
-    assert_eq!(shim("exit 3"), json!({"exit_code": 3, "signal": null}));
+    let (status, log, attempt) = run("echo pid $$; echo listed $(ls /proc | grep -c '^[0-9]')".into()).await;
+    executor.release(&attempt).await;
+    assert_eq!(status, ReplicaStatus::Exited(0), "{log}");
+    assert!(log.contains("pid 2\n"), "the replica is PID 2 of its namespace: {log}");
+    let listed: u32 = log.split("listed ").nth(1).and_then(|rest| rest.trim().parse().ok()).unwrap_or(99);
+    assert!(listed <= 5, "its /proc lists its supervisor, sh, ls and grep, not the machine's: {log}");
+    let (status, log, attempt) = run("kill -TERM $$".into()).await;
+    executor.release(&attempt).await;
+    assert_eq!(status, ReplicaStatus::Exited(143), "a signal ends it as before: {log}");
 
     let marker = format!("trainyard-pidns-{}", std::process::id());
-    let record = shim(&format!("setsid sh -c 'exec -a {marker} sleep 300' & sleep 0.3; exit 0"));
-    assert_eq!(record["exit_code"], 0);
+    let (status, log, attempt) = run(format!("setsid sh -c 'exec -a {marker} sleep 300' & sleep 0.3; exit 0")).await;
+    assert_eq!(status, ReplicaStatus::Exited(0), "{log}");
+    // Before the release kills its cgroup: the namespace's end alone took them.
     let ended = Instant::now();
     while !processes_running(&marker).is_empty() {
         assert!(
@@ -257,6 +296,7 @@ fn a_replica_in_its_own_pid_namespace_sees_only_its_processes_and_leaves_nothing
             "left running after the replica: {:?}",
             processes_running(&marker)
         );
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    executor.release(&attempt).await;
 }

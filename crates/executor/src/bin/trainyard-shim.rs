@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::Parser;
-use trainyard_executor::local::shim::{ShimOptions, namespace_init_main, shim_main};
+use trainyard_executor::local::shim::{ShimOptions, shim_main};
 
 /// Starts a replica, waits for it and records how it ended.
 #[derive(Parser)]
@@ -29,12 +29,9 @@ struct Args {
     /// A cgroup folder to join before the replica starts (one per controller on cgroup v1).
     #[arg(long)]
     cgroup: Vec<PathBuf>,
-    /// Run the replica in a PID namespace of its own, with its own /proc.
+    /// This process is PID 1 of a new PID and mount namespace: mount its own /proc there.
     #[arg(long)]
     pid_namespace: bool,
-    /// Be that namespace's init (started by the shim itself, not by the server).
-    #[arg(long, hide = true)]
-    namespace_init: bool,
     /// The replica's command.
     #[arg(last = true, required = true)]
     argv: Vec<OsString>,
@@ -49,8 +46,5 @@ fn main() {
         cgroups: args.cgroup,
         pid_namespace: args.pid_namespace,
     };
-    if args.namespace_init {
-        std::process::exit(namespace_init_main(&args.exit_file, &args.argv, &options));
-    }
     std::process::exit(shim_main(&args.exit_file, &args.argv, &options));
 }

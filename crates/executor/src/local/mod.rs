@@ -138,6 +138,9 @@ pub struct LocalExecutor {
     isolation: Isolation,
     /// The cgroups each replica is confined in, or why there are none.
     cgroups: Result<cgroup::Cgroups, String>,
+    /// Whether each replica's supervisor starts as PID 1 of a PID and mount namespace of its
+    /// own, or why not.
+    namespaces: Result<(), String>,
     /// Tenant users looked up or created so far.
     users: Mutex<HashMap<Uuid, TenantUser>>,
     /// Set while a sweep of the shard cache runs (one at a time).
@@ -198,6 +201,15 @@ impl LocalExecutor {
             let (rank, millis) = v.split_once(':')?;
             Some((rank.parse().ok()?, Duration::from_millis(millis.parse().ok()?)))
         });
+        let namespaces = match (config.pid_namespace, &isolation) {
+            (false, _) => Err("turned off (--no-pid-namespace)".to_string()),
+            (true, Isolation::None(_)) => Err("replicas run as the server's own user".to_string()),
+            (true, Isolation::TenantUsers) => namespaces_probe(),
+        };
+        match &namespaces {
+            Ok(()) => tracing::info!("each replica runs in a PID namespace of its own, with its own /proc"),
+            Err(why) => tracing::warn!(%why, "replicas share the machine's PID namespace"),
+        }
         Ok(LocalExecutor {
             config,
             inventory,
@@ -207,6 +219,7 @@ impl LocalExecutor {
             fault_pause,
             isolation,
             cgroups,
+            namespaces,
             users: Mutex::new(HashMap::new()),
             sweeping: Arc::default(),
         })
@@ -290,7 +303,7 @@ impl LocalExecutor {
     /// Whether replicas run in PID namespaces of their own: only where they run as their
     /// tenants' users (the server is root), unless turned off.
     fn pid_namespaces(&self) -> bool {
-        self.config.pid_namespace && self.isolation == Isolation::TenantUsers
+        self.namespaces.is_ok()
     }
 
     fn shard_cache_root(&self) -> PathBuf {
@@ -511,7 +524,7 @@ impl LocalExecutor {
             .stderr(log)
             .process_group(0)
             .kill_on_drop(false);
-        let mut child = command.spawn().map_err(|err| {
+        let mut child = spawn_supervisor(command, self.pid_namespaces()).map_err(|err| {
             ExecutorError::Launch(format!("cannot start the supervisor {}: {err}", self.config.supervisor.display()))
         })?;
         let pid = child.id().ok_or_else(|| ExecutorError::Launch("the supervisor exited at once".into()))?;
@@ -949,13 +962,13 @@ impl Executor for LocalExecutor {
             warnings.push(format!("replicas are not confined in cgroups (no memory, CPU or process limits): {why}"));
         }
         if self.isolation == Isolation::TenantUsers
-            && !self.pid_namespaces()
+            && let Err(shared) = &self.namespaces
             && let Some(why) = std::fs::read_to_string("/proc/self/mountinfo").map_or_else(
                 |err| Some(format!("cannot read /proc/self/mountinfo: {err}")),
                 |text| isolation::proc_exposure(&text),
             )
         {
-            warnings.push(format!("replicas share the machine's process table (--no-pid-namespace): {why}"));
+            warnings.push(format!("replicas share the machine's process table ({shared}): {why}"));
         }
         warnings
     }
@@ -1051,6 +1064,40 @@ const MAX_REPLICAS_LOOKED_AT: u32 = 1024;
 const CGROUP_KILL_WAIT: Duration = Duration::from_secs(10);
 
 /// The node's shard cache, under the data directory.
+/// Starts a replica's supervisor; with `pid_namespace`, as PID 1 of a new PID namespace in a new
+/// mount namespace (its `--pid-namespace` then mounts the namespace's `/proc`). The namespaces
+/// a process's children are born in are a setting of the thread that starts them: a thread of
+/// its own unshares, spawns and ends, and no other thread of the server is touched. (No second
+/// process as the namespace's init: the supervisor is it.)
+fn spawn_supervisor(
+    mut command: tokio::process::Command,
+    pid_namespace: bool,
+) -> std::io::Result<tokio::process::Child> {
+    if !pid_namespace {
+        return command.spawn();
+    }
+    let runtime = tokio::runtime::Handle::current();
+    std::thread::spawn(move || {
+        let _runtime = runtime.enter();
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID | nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(std::io::Error::from)?;
+        command.spawn()
+    })
+    .join()
+    .unwrap_or_else(|_| Err(std::io::Error::other("the thread starting the supervisor panicked")))
+}
+
+/// Whether this server may give replicas PID and mount namespaces (root, and a kernel and
+/// container that allow them): a thread unshares both and ends, starting nothing.
+fn namespaces_probe() -> Result<(), String> {
+    std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID | nix::sched::CloneFlags::CLONE_NEWNS)
+    })
+    .join()
+    .map_err(|_| "the probe panicked".to_string())?
+    .map_err(|err| format!("the kernel refuses new PID and mount namespaces: {err}"))
+}
+
 const SHARD_CACHE_DIR: &str = "shard-cache";
 
 /// The scheduler's name for this machine (a node of its GPU type when it has several is named

@@ -15,14 +15,13 @@
 //! survives SIGTERM/SIGINT/SIGHUP (it notes them and keeps waiting, so it can record how the
 //! replica ended); SIGKILL ends both.
 //!
-//! With `pid_namespace` (the local executor's default as root) the replica runs in a PID
-//! namespace of its own, with a `/proc` of its own: it sees its own processes only (no other
-//! tenant's command lines), as in a container. Its init (PID 1 there) is the shim's own binary
-//! again (`--namespace-init`): it mounts the namespace's `/proc`, starts the replica, reaps what
-//! is orphaned inside, and ends when the replica does; the
-//! kernel then kills whatever is left in the namespace, so nothing the replica started outlives
-//! it. A signal the control plane sends the group reaches the replica as before (PID 1 itself
-//! ignores it: an init has no default actions).
+//! With `pid_namespace` (the local executor's default as root) the shim is started as PID 1 of a
+//! new PID namespace, in a new mount namespace (the executor's `spawn_supervisor`): it mounts a
+//! `/proc` of its own there, so the replica sees its own processes only (no other tenant's
+//! command lines), as in a container. As the namespace's init it reaps what is orphaned inside,
+//! and when it ends, the kernel kills whatever is left in the namespace: nothing the replica
+//! started outlives it. A signal the control plane sends the group reaches the replica as
+//! before; the shim's own handlers keep it alive to record how the replica ended.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -61,8 +60,9 @@ pub struct ShimOptions {
     /// before it starts the replica, so that the replica and everything it starts are born
     /// confined. A shim that cannot join runs nothing.
     pub cgroups: Vec<std::path::PathBuf>,
-    /// Run the replica in a PID and mount namespace of its own, with its own `/proc` (needs
-    /// root; where the kernel refuses, the replica runs without and its log says so).
+    /// The shim was started as PID 1 of a new PID and mount namespace: it mounts the
+    /// namespace's own `/proc` before the replica starts (where it cannot, the replica's log
+    /// says so and it runs on).
     pub pid_namespace: bool,
 }
 
@@ -84,6 +84,7 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
     {
         eprintln!("trainyard-shim: cannot collect the replica's orphans: {err}");
     }
+    // Before /proc is the namespace's: the pid announced is the one the server sees.
     if let Err(err) = announce(exit_file) {
         // Without its announcement a resumed launch could start this rank again: run nothing.
         eprintln!("trainyard-shim: cannot write its pid file beside {}: {err}", exit_file.display());
@@ -95,11 +96,10 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
         let _ = write_exit_record(exit_file, &record);
         return record.exit_code;
     }
-    let record = if options.pid_namespace && !argv.is_empty() {
-        run_in_pid_namespace(exit_file, argv, options)
-    } else {
-        read_env_and_run(argv, options)
-    };
+    if options.pid_namespace {
+        own_proc();
+    }
+    let record = read_env_and_run(argv, options);
     if options.reap_orphans {
         reap_orphans();
     }
@@ -145,108 +145,15 @@ fn read_env_and_run(argv: &[OsString], options: &ShimOptions) -> ExitRecord {
     }
 }
 
-/// Where the namespace's init writes the replica's raw wait status, beside the exit file.
-fn status_file_of(exit_file: &Path) -> std::path::PathBuf {
-    exit_file.with_extension("status")
-}
-
-/// Runs the replica in a new PID and mount namespace (the module's documentation): the shim
-/// starts its own binary as the namespace's init (`--namespace-init`, [`namespace_init_main`]),
-/// which reports how the replica ended in a file, as the raw wait status (an exit code alone
-/// could not say that the replica was killed by a signal: an init cannot die of one).
-fn run_in_pid_namespace(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> ExitRecord {
+/// In the new PID and mount namespace the shim was started in: mounts there are made private,
+/// then a `/proc` of the namespace is mounted over the machine's. A failure is said in the
+/// replica's log; the replica runs on, seeing the machine's processes.
+fn own_proc() {
     use nix::mount::{MsFlags, mount};
-    use nix::sched::{CloneFlags, unshare};
-    let entered = unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS).and_then(|()| {
-        // Mounts made in the new namespace (its /proc) stay there.
-        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-    });
-    let this = std::env::current_exe();
-    let (Ok(()), Ok(this)) = (entered.map_err(|e| e.to_string()), this.map_err(|e| e.to_string())) else {
-        eprintln!("trainyard: no PID namespace for this replica: it sees every process of the machine");
-        return read_env_and_run(argv, options);
-    };
-    let status_file = status_file_of(exit_file);
-    let _ = std::fs::remove_file(&status_file);
-    let mut init = Command::new(this);
-    init.arg("--namespace-init").arg("--exit-file").arg(exit_file).env_clear().stdin(Stdio::null());
-    if let Some(env_file) = &options.env_file {
-        init.arg("--env-file").arg(env_file);
-    }
-    if let Some((uid, gid)) = options.run_as {
-        init.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
-    }
-    init.arg("--").args(argv);
-    let ended = match init.spawn().and_then(|mut child| child.wait()) {
-        Ok(status) => status,
-        Err(err) => {
-            eprintln!("trainyard-shim: cannot run the replica's init: {err}");
-            return ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
-        }
-    };
-    let reported = std::fs::read_to_string(&status_file).ok().and_then(|text| text.trim().parse::<i32>().ok());
-    let _ = std::fs::remove_file(&status_file);
-    use std::os::unix::process::ExitStatusExt;
-    match (reported, ended.signal()) {
-        (Some(raw), _) => record_of(ExitStatus::from_raw(raw)),
-        // The init was killed (a SIGKILL to the group after the grace period): the kernel
-        // killed the replica with it, by the same signal.
-        (None, Some(signal)) => ExitRecord { exit_code: 128 + signal, signal: Some(signal) },
-        (None, None) => {
-            eprintln!("trainyard-shim: the replica's init ended ({ended}) without saying how the replica did");
-            ExitRecord { exit_code: EXIT_CANNOT_START, signal: None }
-        }
-    }
-}
-
-/// `trainyard-shim --namespace-init`: PID 1 of a replica's namespace. Mounts its `/proc`, reads
-/// the environment file, starts the replica, reaps every process orphaned inside until the
-/// replica ends, and writes the replica's raw wait status beside the exit file (127 << 8, an
-/// exit code of 127, when it could not start). Returns 0; as it ends, the kernel kills whatever
-/// is left in the namespace.
-pub fn namespace_init_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> i32 {
-    use nix::mount::{MsFlags, mount};
-    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let private = mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>);
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    if let Err(err) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
-        eprintln!("trainyard: cannot mount this replica's own /proc ({err}): it sees the machine's");
-    }
-    let raw = match spawn_replica(argv, options) {
-        None => EXIT_CANNOT_START << 8,
-        Some(replica) => loop {
-            match waitpid(None, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == replica => break code << 8,
-                Ok(WaitStatus::Signaled(pid, signal, core)) if pid == replica => {
-                    break signal as i32 | if core { 0x80 } else { 0 };
-                }
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {} // an orphan reaped, or a signal
-                Err(_) => break EXIT_CANNOT_START << 8,     // no child left: cannot happen
-            }
-        },
-    };
-    if let Err(err) = super::write_whole(&status_file_of(exit_file), format!("{raw}\n").as_bytes()) {
-        eprintln!("trainyard-shim: cannot record how the replica ended: {err}");
-    }
-    0
-}
-
-/// Starts the replica with its environment file read; its pid, or `None` (said on stderr).
-fn spawn_replica(argv: &[OsString], options: &ShimOptions) -> Option<nix::unistd::Pid> {
-    let env = match options.env_file.as_deref().map(read_env_file).transpose() {
-        Ok(env) => env,
-        Err(err) => {
-            eprintln!("trainyard-shim: cannot read the replica's environment: {err}");
-            return None;
-        }
-    };
-    let (program, args) = argv.split_first()?;
-    match replica_command(program, args, env, options.run_as).spawn() {
-        // The child is reaped by the loop above, by pid.
-        Ok(child) => Some(nix::unistd::Pid::from_raw(child.id() as i32)),
-        Err(err) => {
-            eprintln!("trainyard: cannot start {}: {err}", program.to_string_lossy());
-            None
-        }
+    if let Err(err) = private.and_then(|()| mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>)) {
+        eprintln!("trainyard: cannot mount this replica's own /proc ({err}): it sees every process of the machine");
     }
 }
 
@@ -326,7 +233,11 @@ pub struct PidRecord {
 
 /// Writes this process's pid file (whole: aside, then renamed) before the replica starts.
 fn announce(exit_file: &Path) -> std::io::Result<()> {
-    let pid = std::process::id();
+    // As the machine's /proc names it (in a PID namespace of its own, getpid() says 1).
+    let pid = std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|link| link.to_str()?.parse().ok())
+        .unwrap_or_else(std::process::id);
     let start_time = super::process::start_time(pid).unwrap_or_default();
     super::write_whole(&pid_file_of(exit_file), format!("{pid} {start_time}\n").as_bytes())
 }
