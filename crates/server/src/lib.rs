@@ -15,6 +15,7 @@ pub mod api;
 pub mod app;
 pub mod cache_agent;
 pub mod cluster;
+pub mod code;
 pub mod control;
 pub mod dev;
 pub mod error;
@@ -59,9 +60,14 @@ pub struct AppState {
     pub shutdown: CancellationToken,
 }
 
+/// Every route of the server: the REST API and the dashboard (`trainyard routes` lists them).
+pub fn route_table() -> routes::RouteTable {
+    routes::RouteTable::new().merge(api::routes()).merge(web::routes())
+}
+
 /// The HTTP application: API, health checks, landing page.
 pub fn app(state: AppState) -> Router {
-    let (routes, _) = routes::table().into_parts();
+    let (routes, _) = route_table().into_parts();
     let routes = edge_input_checks(routes)
         .fallback(|| async {
             ApiError::Domain(trainyard_core::Error::NotFound { kind: trainyard_core::error::ObjectKind::Route })

@@ -346,7 +346,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Routes => {
-            for path in trainyard_server::routes::table().into_parts().1 {
+            for path in trainyard_server::route_table().into_parts().1 {
                 println!("{path}");
             }
             Ok(())

@@ -1,7 +1,8 @@
 //! The server's route table: every path it serves, recorded as the routers are built, so that
 //! `trainyard routes` lists them all and the authorization coverage test
 //! (`tests/e2e/authz.rs`) walks every one, every method, for every kind of caller. A route added
-//! anywhere but through [`RouteTable::route`] would escape that test: add routes here.
+//! anywhere but through [`RouteTable::route`] would escape that test. The whole table is
+//! [`crate::route_table`]: the API's routes and the dashboard's, merged.
 
 use axum::Router;
 use axum::routing::MethodRouter;
@@ -40,9 +41,4 @@ impl Default for RouteTable {
     fn default() -> Self {
         RouteTable::new()
     }
-}
-
-/// Every route of the server: the REST API and the dashboard.
-pub fn table() -> RouteTable {
-    RouteTable::new().merge(crate::api::routes()).merge(crate::web::routes())
 }

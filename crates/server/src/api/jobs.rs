@@ -197,7 +197,7 @@ pub async fn code_upload(
 ) -> ApiResult<(StatusCode, Json<trainyard_core::api::CodeUploaded>)> {
     // Read here rather than by an extractor, so that an archive over the limit gets the API's
     // own JSON error.
-    let max = crate::app::code::MAX_CODE_BYTES;
+    let max = crate::code::MAX_CODE_BYTES;
     let body = axum::body::to_bytes(body, max).await.map_err(|_| {
         crate::error::ApiError::PayloadTooLarge(format!("the archive is over the limit of {} MiB", max >> 20))
     })?;

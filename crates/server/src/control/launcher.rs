@@ -358,7 +358,7 @@ impl LaunchContext {
         let code = match (&job.spec.code, &self.code_storage) {
             (None, _) => Vec::new(),
             (Some(code), Some(storage)) => {
-                use crate::app::code::{CodeUnavailable, code_files};
+                use crate::code::{CodeUnavailable, code_files};
                 code_files(storage, job.tenant_id, &code.digest).await.map_err(|problem| match problem {
                     CodeUnavailable::Store(why) => LaunchFailure::ControlPlane(why),
                     CodeUnavailable::Archive(why) => LaunchFailure::Job(why),
