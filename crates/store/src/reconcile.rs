@@ -586,7 +586,7 @@ impl Store {
     /// Moves an admitted or restarting job to `starting` and opens its next attempt and its row
     /// of the usage ledger (what it holds, from now), in one transaction. Returns the attempt
     /// number, or `None` when the job was no longer launchable. For an attempt that will not
-    /// start (its launch failed before anything ran); a launch uses [`Store::attempt_open`].
+    /// start (its launch failed before anything ran); a launch uses [`Store::attempts_open`].
     pub async fn attempt_begin(&self, job_id: Uuid, actor: &str, held: Held) -> Result<Option<i32>> {
         let mut tx = self.begin().await?;
         let Some((_, attempt)) = self.attempt_begin_in(&mut tx, job_id, actor, held).await? else {
@@ -596,25 +596,10 @@ impl Store {
         Ok(Some(attempt))
     }
 
-    /// Opens a job's next attempt and prepares its launch, in one statement: what
-    /// [`Store::attempt_begin`] does, then what [`Store::attempt_prepare`] does. Returns the
-    /// attempt number and the job token for its engine, or `None` when the job was no longer
-    /// launchable (cancelled or moved meanwhile).
-    pub async fn attempt_open(
-        &self,
-        job_id: Uuid,
-        actor: &str,
-        held: Held,
-        server: &ServerRecord,
-    ) -> Result<Option<(i32, String)>> {
-        let server = serde_json::to_value(server).map_err(Error::internal)?;
-        let mut opened = self.attempts_open(&[AttemptToOpen { job_id, held, server }], actor).await?;
-        Ok(opened.remove(&job_id))
-    }
-
-    /// Opens the next attempt of each job of `opens`, as [`Store::attempt_open`] does, all in
-    /// one statement (one commit), however many: launches running side by side open their
-    /// attempts together. All or none: a refused row refuses the whole batch. Returns, for each
+    /// Opens the next attempt of each job of `opens` and prepares its launch, in one statement
+    /// (one commit), however many: what [`Store::attempt_begin`] does, then what
+    /// [`Store::attempt_prepare`] does; launches running side by side open their attempts
+    /// together. All or none: a refused row refuses the whole batch. Returns, for each
     /// job that was still launchable, its attempt number and job token.
     pub async fn attempts_open(&self, opens: &[AttemptToOpen], actor: &str) -> Result<HashMap<Uuid, (i32, String)>> {
         if opens.is_empty() {
