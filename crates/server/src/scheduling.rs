@@ -110,9 +110,13 @@ fn demand_of(job: &UnfinishedJob) -> Demand {
 
 /// What a job's spec asks of the cluster, as the scheduler counts it.
 pub fn demand_of_spec(spec: &trainyard_core::job::JobSpec) -> Demand {
-    let r = &spec.resources;
+    demand(spec.replicas, &spec.resources)
+}
+
+/// What `replicas` replicas that each take `r` ask of the cluster.
+fn demand(replicas: u32, r: &trainyard_core::resources::Resources) -> Demand {
     Demand {
-        replicas: spec.replicas,
+        replicas,
         gpus: r.gpus,
         gpu_type: r.gpu_type.clone(),
         cpu_millis: r.cpu.millis(),
@@ -235,13 +239,7 @@ pub fn running_unreadable(job: &trainyard_store::reconcile::UnhandledJob, defaul
         id: job.id,
         tenant: job.tenant_id,
         priority: job.priority,
-        demand: Demand {
-            replicas,
-            gpus: resources.gpus,
-            gpu_type: resources.gpu_type.clone(),
-            cpu_millis: resources.cpu.millis(),
-            memory_bytes: resources.memory.bytes(),
-        },
+        demand: demand(replicas, resources),
         flavor: job.flavor.clone(),
         nodes: job.assigned_nodes.clone().unwrap_or_else(|| vec![default_node.to_string(); replicas as usize]),
         started_at: seconds(job.since),

@@ -740,13 +740,7 @@ impl Reconciler {
                 self.stop(&attempt);
                 continue;
             }
-            let exit_codes: Vec<Option<i32>> = statuses
-                .iter()
-                .map(|s| match s {
-                    ReplicaStatus::Exited(code) => Some(*code),
-                    _ => None,
-                })
-                .collect();
+            let exit_codes = exit_codes_of(&statuses);
             self.executor.release(&attempt).await;
             let end = AttemptEnd {
                 job_id: job.id,
@@ -913,13 +907,7 @@ impl Reconciler {
                 reason
             }
         };
-        let exit_codes: Vec<Option<i32>> = statuses
-            .iter()
-            .map(|s| match s {
-                ReplicaStatus::Exited(code) => Some(*code),
-                _ => None,
-            })
-            .collect();
+        let exit_codes = exit_codes_of(&statuses);
         // Free what the attempt still holds first, so that once the state says it ended, none
         // of its processes is left. Repeating this after a failed write is harmless.
         self.executor.release(&attempt).await;
@@ -1130,4 +1118,15 @@ fn restart_due(job: &UnfinishedJob, base: Duration, now: chrono::DateTime<chrono
 /// The tenant and GPU type a job's metrics are labelled with.
 fn labels_of(job: &UnfinishedJob) -> TenantGpu {
     TenantGpu { tenant: job.tenant.clone(), gpu_type: job.flavor.clone().unwrap_or_else(|| "none".into()) }
+}
+
+/// Each replica's exit code, in rank order; `None` for one that did not exit (lost).
+fn exit_codes_of(statuses: &[ReplicaStatus]) -> Vec<Option<i32>> {
+    statuses
+        .iter()
+        .map(|s| match s {
+            ReplicaStatus::Exited(code) => Some(*code),
+            _ => None,
+        })
+        .collect()
 }
