@@ -1,8 +1,8 @@
 //! Each replica of the local executor in a control group of its own, as Slurm's cgroup plugins
 //! confine a job step (`proctrack/cgroup`, `task/cgroup`): memory (swap included) at the job's
 //! request, a CPU weight at its request (and, when the operator asks, a hard quota), a limit on
-//! processes, and on cgroup v1 the devices controller, so a replica opens only its own GPUs'
-//! device files. Every process a replica starts stays in its group whatever it does (`setsid`,
+//! processes, and a device filter (the devices controller on v1, an eBPF program on v2:
+//! `trainyard-device-filter`), so a replica opens only its own GPUs' device files. Every process a replica starts stays in its group whatever it does (`setsid`,
 //! double forks, `nohup`): ending a replica kills the group, and its GPUs are free only once the
 //! group is empty.
 //!
@@ -19,6 +19,8 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use trainyard_device_filter::{Access, DeviceRule, Kind};
 
 /// The controllers a v1 machine must mount for replicas to be confined.
 const V1_CONTROLLERS: [&str; 5] = ["memory", "cpu", "pids", "devices", "freezer"];
@@ -106,7 +108,21 @@ impl Cgroups {
             }
         };
         cgroups.parents_make().map_err(|err| format!("cannot make {PARENT}/ in the cgroup hierarchy: {err}"))?;
+        if cgroups.version == Version::V2 {
+            // Said at start, not at each launch: a kernel that refuses the device filter
+            // (no BPF, or lockdown) would otherwise fail every job.
+            cgroups.device_filter_probe().map_err(|err| format!("cgroup v2 cannot limit devices here: {err}"))?;
+        }
         Ok(cgroups)
+    }
+
+    /// Attaches a device filter to a group made for the purpose, and removes it.
+    fn device_filter_probe(&self) -> std::io::Result<()> {
+        let probe = self.dir("pids", &format!("probe-{}", std::process::id()));
+        std::fs::create_dir_all(&probe)?;
+        let attached = trainyard_device_filter::attach(&probe, &device_rules(&[]));
+        std::fs::remove_dir(&probe)?;
+        attached
     }
 
     /// The folders of group `name`: one per controller on v1, one on v2. The supervisor joins
@@ -170,7 +186,7 @@ impl Cgroups {
                 // Nothing, then the pseudo devices every program uses, then its GPUs.
                 write("devices", "devices.deny", "a".into())?;
                 for rule in device_rules(&limits.devices) {
-                    write("devices", "devices.allow", rule)?;
+                    write("devices", "devices.allow", rule.v1_rule())?;
                 }
             }
             Version::V2 => {
@@ -183,6 +199,11 @@ impl Cgroups {
                     write("cpu", "cpu.max", format!("{} {CFS_PERIOD_US}", cpu_quota_us(limits.cpu_millis)))?;
                 }
                 write("pids", "pids.max", limits.pids_max.to_string())?;
+                // v2 has no devices controller: the same rules as an eBPF filter on the group.
+                let dir = self.dir("pids", name);
+                trainyard_device_filter::attach(&dir, &device_rules(&limits.devices)).map_err(|err| {
+                    std::io::Error::new(err.kind(), format!("limiting the devices of {}: {err}", dir.display()))
+                })?;
             }
         }
         Ok(())
@@ -353,27 +374,19 @@ pub fn cpu_quota_us(cpu_millis: u64) -> u64 {
     (cpu_millis * CFS_PERIOD_US / 1000).max(1000)
 }
 
-/// The v1 `devices.allow` rules of a replica: what runc gives every container (the null, zero,
-/// full, random and urandom devices, terminals, and `mknod` of anything, which opens nothing),
-/// then `extra` (its GPUs and the driver's control files).
-pub fn device_rules(extra: &[(u32, u32)]) -> Vec<String> {
-    let mut rules: Vec<String> = [
-        "c *:* m",
-        "b *:* m",
-        "c 1:3 rwm",
-        "c 1:5 rwm",
-        "c 1:7 rwm",
-        "c 1:8 rwm",
-        "c 1:9 rwm",
-        "c 5:0 rwm",
-        "c 5:1 rwm",
-        "c 5:2 rwm",
-        "c 136:* rwm",
-    ]
-    .into_iter()
-    .map(str::to_string)
-    .collect();
-    rules.extend(extra.iter().map(|(major, minor)| format!("c {major}:{minor} rw")));
+/// The device rules of a replica: what runc gives every container (the null, zero, full,
+/// random and urandom devices, terminals, and `mknod` of anything, which opens nothing), then
+/// `extra` (its GPUs and the driver's control files), read and write.
+pub fn device_rules(extra: &[(u32, u32)]) -> Vec<DeviceRule> {
+    let any = |kind| DeviceRule { kind, major: None, minor: None, access: Access::MKNOD };
+    let mut rules = vec![any(Kind::Char), any(Kind::Block)];
+    rules.extend(
+        [(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 1), (5, 2)]
+            .map(|(major, minor)| DeviceRule::char(major, minor, Access::ALL)),
+    );
+    // Pseudo-terminals: every minor of major 136.
+    rules.push(DeviceRule { kind: Kind::Char, major: Some(136), minor: None, access: Access::ALL });
+    rules.extend(extra.iter().map(|(major, minor)| DeviceRule::char(*major, *minor, Access::READ_WRITE)));
     rules
 }
 
@@ -421,7 +434,7 @@ mod tests {
 
     #[test]
     fn device_rules_allow_the_pseudo_devices_and_only_the_given_gpus() {
-        let rules = device_rules(&[(195, 0), (195, 255)]);
+        let rules: Vec<String> = device_rules(&[(195, 0), (195, 255)]).iter().map(DeviceRule::v1_rule).collect();
         assert!(rules.contains(&"c 1:3 rwm".to_string()), "/dev/null");
         assert!(rules.contains(&"c 195:0 rw".to_string()) && rules.contains(&"c 195:255 rw".to_string()));
         assert!(!rules.iter().any(|r| r.starts_with("c 195:1 ")), "no other GPU");
