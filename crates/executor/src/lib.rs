@@ -362,10 +362,17 @@ pub trait Executor: Send + Sync + 'static {
         follow: bool,
     ) -> Result<Option<Box<dyn AsyncRead + Send + Unpin>>, ExecutorError>;
 
-    /// Where replicas find a tenant's volume when this backend provisions volumes itself (a
-    /// cluster mounts a claim there); `None` when the server's directory for it is the path.
+    /// Where replicas find a tenant's volume: a cluster mounts its claim there, the local
+    /// executor binds the server's folder for it there in each replica's mount namespace.
+    /// `None` when the server's folder is the path replicas use (no mount namespaces).
     fn volume_path(&self, _name: &str) -> Option<String> {
         None
+    }
+
+    /// Whether this backend provisions volumes itself ([`Executor::volume_ensure`]); if not, the
+    /// server makes a folder for each and hands it to [`Executor::volume_dir_prepare`].
+    fn provisions_volumes(&self) -> bool {
+        false
     }
 
     /// Provisions a volume (a PersistentVolumeClaim on Kubernetes). Repeating it is harmless.

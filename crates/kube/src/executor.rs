@@ -660,6 +660,10 @@ impl Executor for KubernetesExecutor {
         Some(format!("{}/{name}", names::VOLUMES_DIR))
     }
 
+    fn provisions_volumes(&self) -> bool {
+        true
+    }
+
     /// Applies the volume's claim in the tenant's namespace (made first if new).
     async fn volume_ensure(&self, volume: &VolumeRequest) -> Result<(), ExecutorError> {
         let tenant = TenantRef { id: volume.tenant_id, slug: volume.tenant.clone() };

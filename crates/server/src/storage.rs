@@ -65,7 +65,7 @@ impl StorageArgs {
             part_size: usize::try_from(self.object_store_part_size).context("part size")?,
         };
         let objects = ObjectStorage::open(&config)?;
-        let volumes_dir = data_dir.join("volumes");
+        let volumes_dir = data_dir.join(trainyard_executor::local::VOLUMES_DIR);
         std::fs::create_dir_all(&volumes_dir)
             .with_context(|| format!("creating the volumes folder {}", volumes_dir.display()))?;
         tracing::info!(store = objects.url(), "object store");

@@ -32,9 +32,18 @@ struct Args {
     /// This process is PID 1 of a new PID and mount namespace: mount its own /proc there.
     #[arg(long)]
     pid_namespace: bool,
+    /// FOLDER=PATH: bind FOLDER at PATH in that namespace (a tenant's volume), before the
+    /// replica starts.
+    #[arg(long, value_parser = bind_of, requires = "pid_namespace")]
+    bind: Vec<(PathBuf, PathBuf)>,
     /// The replica's command.
     #[arg(last = true, required = true)]
     argv: Vec<OsString>,
+}
+
+fn bind_of(text: &str) -> Result<(PathBuf, PathBuf), String> {
+    let (from, to) = text.split_once('=').ok_or("expected FOLDER=PATH")?;
+    Ok((from.into(), to.into()))
 }
 
 fn main() {
@@ -45,6 +54,7 @@ fn main() {
         reap_orphans: true,
         cgroups: args.cgroup,
         pid_namespace: args.pid_namespace,
+        binds: args.bind,
     };
     std::process::exit(shim_main(&args.exit_file, &args.argv, &options));
 }

@@ -141,6 +141,9 @@ pub struct LocalExecutor {
     /// Whether each replica's supervisor starts as PID 1 of a PID and mount namespace of its
     /// own, or why not.
     namespaces: Result<(), String>,
+    /// Whether replicas find the tenant's volumes at `/volumes/<name>` (bound there in their
+    /// mount namespace), as on Kubernetes, rather than at the server's folders.
+    volumes_bound: bool,
     /// Tenant users looked up or created so far.
     users: Mutex<HashMap<Uuid, TenantUser>>,
     /// Set while a sweep of the shard cache runs (one at a time).
@@ -210,6 +213,15 @@ impl LocalExecutor {
             Ok(()) => tracing::info!("each replica runs in a PID namespace of its own, with its own /proc"),
             Err(why) => tracing::warn!(%why, "replicas share the machine's PID namespace"),
         }
+        // The empty folder the volumes are bound over in each replica's namespace; made once.
+        let volumes_bound = namespaces.is_ok()
+            && match std::fs::create_dir_all(VOLUMES_SEEN_AT) {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::warn!(%err, "cannot make {VOLUMES_SEEN_AT}: replicas see volumes at the server's folders");
+                    false
+                }
+            };
         Ok(LocalExecutor {
             config,
             inventory,
@@ -220,6 +232,7 @@ impl LocalExecutor {
             isolation,
             cgroups,
             namespaces,
+            volumes_bound,
             users: Mutex::new(HashMap::new()),
             sweeping: Arc::default(),
         })
@@ -304,6 +317,39 @@ impl LocalExecutor {
     /// tenants' users (the server is root), unless turned off.
     fn pid_namespaces(&self) -> bool {
         self.namespaces.is_ok()
+    }
+
+    /// The server's folder of each volume the job uses and where its replicas see it, for
+    /// each volume that is not used at the folder itself.
+    fn volume_binds(&self, request: &LaunchRequest) -> Result<Vec<(PathBuf, String)>, ExecutorError> {
+        let mut binds = Vec::new();
+        for volume in &request.spec.volumes {
+            trainyard_core::names::VolumeName::parse(&volume.name)
+                .map_err(|why| ExecutorError::Launch(format!("volume {:?}: {why}", volume.name)))?;
+            let folder = self.config.data_dir.join(VOLUMES_DIR).join(request.tenant_id.to_string()).join(&volume.name);
+            if Path::new(&volume.path) == folder {
+                continue;
+            }
+            if volume.path != volume_seen_at(&volume.name) {
+                return Err(ExecutorError::Launch(format!(
+                    "volume {} is mounted at {}, which this executor cannot provide",
+                    volume.name, volume.path
+                )));
+            }
+            if !self.volumes_bound {
+                return Err(ExecutorError::Launch(format!(
+                    "volume {} is at {} in the replicas' own mount namespaces, which this server does not make ({})",
+                    volume.name,
+                    volume.path,
+                    match &self.namespaces {
+                        Err(why) => why.clone(),
+                        Ok(()) => format!("it could not make {VOLUMES_SEEN_AT}"),
+                    }
+                )));
+            }
+            binds.push((folder, volume.path.clone()));
+        }
+        Ok(binds)
     }
 
     fn shard_cache_root(&self) -> PathBuf {
@@ -510,6 +556,9 @@ impl LocalExecutor {
         }
         if self.pid_namespaces() {
             command.arg("--pid-namespace");
+        }
+        for (folder, seen_at) in self.volume_binds(request)? {
+            command.arg("--bind").arg(format!("{}={}", folder.display(), seen_at));
         }
         command
             .arg("--")
@@ -1020,6 +1069,10 @@ impl Executor for LocalExecutor {
         }
     }
 
+    fn volume_path(&self, name: &str) -> Option<String> {
+        self.volumes_bound.then(|| volume_seen_at(name))
+    }
+
     async fn volume_dir_prepare(&self, tenant_id: Uuid, dir: &Path) -> Result<(), ExecutorError> {
         let Some(user) = self.tenant_user(tenant_id)? else { return Ok(()) };
         // `<volumes>/<tenant>/<name>`: the folders above it let only the tenant's user through.
@@ -1099,6 +1152,17 @@ fn namespaces_probe() -> Result<(), String> {
 }
 
 const SHARD_CACHE_DIR: &str = "shard-cache";
+
+/// The tenants' volumes, under the data directory: `volumes/<tenant id>/<name>/`.
+pub const VOLUMES_DIR: &str = "volumes";
+
+/// Where replicas in mount namespaces of their own see their tenant's volumes (as on
+/// Kubernetes): `/volumes/<name>`.
+const VOLUMES_SEEN_AT: &str = "/volumes";
+
+fn volume_seen_at(name: &str) -> String {
+    format!("{VOLUMES_SEEN_AT}/{name}")
+}
 
 /// The scheduler's name for this machine (a node of its GPU type when it has several is named
 /// `local-<type>`).

@@ -64,6 +64,10 @@ pub struct ShimOptions {
     /// namespace's own `/proc` before the replica starts (where it cannot, the replica's log
     /// says so and it runs on).
     pub pid_namespace: bool,
+    /// Folders to bind in the namespace at the paths the replica sees them (the tenant's
+    /// volumes at `/volumes/<name>`), with `pid_namespace`. A folder that cannot be bound
+    /// stops the replica from starting: its writes would land nowhere durable.
+    pub binds: Vec<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Runs `argv` to completion and records how it ended in `exit_file`. Returns the exit code.
@@ -98,6 +102,12 @@ pub fn shim_main(exit_file: &Path, argv: &[OsString], options: &ShimOptions) -> 
     }
     if options.pid_namespace {
         own_proc();
+        if let Err(err) = bind_volumes(&options.binds) {
+            eprintln!("trainyard: cannot bind the replica's volumes, so it does not start: {err}");
+            let record = ExitRecord { exit_code: EXIT_CANNOT_START, signal: None };
+            let _ = write_exit_record(exit_file, &record);
+            return record.exit_code;
+        }
     }
     let record = read_env_and_run(argv, options);
     if options.reap_orphans {
@@ -155,6 +165,39 @@ fn own_proc() {
     if let Err(err) = private.and_then(|()| mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>)) {
         eprintln!("trainyard: cannot mount this replica's own /proc ({err}): it sees every process of the machine");
     }
+}
+
+/// Binds each folder at the path the replica sees it, in the shim's own mount namespace: a
+/// small tmpfs of the namespace's own goes over each target's parent (`/volumes`, an empty
+/// folder on the machine), so that only this replica's volumes are there. The folder is opened
+/// without following links and bound through its handle: the path is the server's
+/// (`<data>/volumes/<tenant>/<name>`, whose parents the tenant cannot write), and even so no
+/// link in it is followed.
+fn bind_volumes(binds: &[(std::path::PathBuf, std::path::PathBuf)]) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+
+    use nix::fcntl::{OFlag, open};
+    use nix::mount::{MsFlags, mount};
+    use nix::sys::stat::Mode;
+    let parents: std::collections::BTreeSet<&Path> = binds.iter().filter_map(|(_, to)| to.parent()).collect();
+    for parent in parents {
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        mount(Some("tmpfs"), parent, Some("tmpfs"), flags, Some("mode=0755,size=64k"))
+            .map_err(|err| format!("mounting a tmpfs on {}: {err}", parent.display()))?;
+    }
+    for (from, to) in binds {
+        std::fs::create_dir(to).map_err(|err| format!("making {}: {err}", to.display()))?;
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let folder =
+            open(from.as_path(), flags, Mode::empty()).map_err(|err| format!("opening {}: {err}", from.display()))?;
+        let by_handle = format!("/proc/self/fd/{}", folder.as_raw_fd());
+        mount(Some(by_handle.as_str()), to, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|err| format!("binding {} at {}: {err}", from.display(), to.display()))?;
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        mount(None::<&str>, to, None::<&str>, flags, None::<&str>)
+            .map_err(|err| format!("making {} nosuid: {err}", to.display()))?;
+    }
+    Ok(())
 }
 
 /// Reaps the replica's orphans that have ended or are ending (those a signal to the group

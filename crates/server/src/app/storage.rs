@@ -226,8 +226,7 @@ impl App {
         trainyard_core::names::VolumeName::parse(&request.name).map_err(|message| Error::invalid("name", message))?;
         // Where jobs find it: the backend's mount path (a cluster's claim), or a directory here.
         let dir = self.storage.volume_dir(caller.tenant_id, &request.name);
-        let mounted = self.executor.volume_path(&request.name);
-        let path = mounted.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());
+        let path = self.executor.volume_path(&request.name).unwrap_or_else(|| dir.to_string_lossy().into_owned());
         let volume = self
             .store
             .volume_create(
@@ -242,8 +241,8 @@ impl App {
                 audit,
             )
             .await?;
-        let provisioned = match mounted {
-            Some(_) => {
+        let provisioned = match self.executor.provisions_volumes() {
+            true => {
                 let provision = trainyard_executor::VolumeRequest {
                     tenant_id: caller.tenant_id,
                     tenant: caller.tenant.clone(),
@@ -254,7 +253,7 @@ impl App {
                 };
                 self.executor.volume_ensure(&provision).await.map_err(|err| err.to_string())
             }
-            None => match tokio::fs::create_dir_all(&dir).await {
+            false => match tokio::fs::create_dir_all(&dir).await {
                 Ok(()) => self
                     .executor
                     .volume_dir_prepare(caller.tenant_id, &dir)

@@ -9,6 +9,9 @@
 //! agent), and one of them guessing must not lock the others out. Successful authentication
 //! costs nothing here. The allowances are GCRA limiters (`governor`), in memory per server
 //! replica.
+//!
+//! Not per account: a credential is a random token found by its hash, with no account part that
+//! a guess could name, and passwords are the identity provider's, which throttles its own.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
