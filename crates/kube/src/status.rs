@@ -13,6 +13,7 @@
 //! | Failed, `Evicted` or a `DisruptionTarget` by eviction | failed: Evicted |
 //! | `Unknown`, on a node that vanished, or removed by the taint manager or pod GC | failed: NodeLost |
 //! | Failed with a non-zero exit code | failed: Error, that code |
+//! | `StartError` (exit 128): the command is not in the image, or not executable | failed: Error, 127 or 126 as a shell says it |
 //! | `CreateContainerConfigError` (its Secret or ConfigMap missing) for longer than `image_pull_timeout` | failed: Lost |
 
 use std::time::Duration;
@@ -86,7 +87,11 @@ pub fn replica_from_pod(rank: u32, pod: &Pod, ctx: &Context<'_>) -> ReplicaDetai
             } else {
                 FailureReason::Error
             };
-            failed(detail, reason, Some(end.exit_code), end.message.clone())
+            let code = match end.reason.as_deref() {
+                Some("StartError" | "ContainerCannotRun") => start_error_code(end.message.as_deref()),
+                _ => None,
+            };
+            failed(detail, reason, Some(code.unwrap_or(end.exit_code)), end.message.clone())
         }
         ("Failed", _) => failed(detail, FailureReason::Lost, None, status.and_then(|s| s.message.clone())),
         (_, Some(ContainerState { running: Some(_), .. })) => {
@@ -112,6 +117,21 @@ pub fn replica_from_pod(rank: u32, pod: &Pod, ctx: &Context<'_>) -> ReplicaDetai
             detail
         }
         _ => unscheduled(detail, conditions, ctx),
+    }
+}
+
+/// The exit code a shell (and the local executor) gives a command that could not start, from
+/// the runtime's words: 127 for a program that is not there, 126 for one that cannot be run.
+/// The runtime itself says 128 for both, which would read as "killed by signal 0" and be
+/// restarted; 127 and 126 are not (the same rule and hint as for a local replica).
+fn start_error_code(message: Option<&str>) -> Option<i32> {
+    let message = message?;
+    if message.contains("executable file not found") || message.contains("no such file or directory") {
+        Some(127)
+    } else if message.contains("permission denied") {
+        Some(126)
+    } else {
+        None
     }
 }
 

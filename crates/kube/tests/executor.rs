@@ -461,6 +461,25 @@ async fn an_oom_killed_replica_fails_with_exit_137_and_says_so() {
     assert_eq!((detail.reason, detail.exit_code), (Some(FailureReason::OomKilled), Some(137)));
 }
 
+/// containerd and runc's words, as a real kubelet (v1.36, containerd 1.6) reported them for
+/// `yard submit -- no-such-program`: exit 128, which would read as a signal and be restarted.
+#[tokio::test]
+async fn a_program_missing_from_the_image_fails_with_exit_127_as_a_shell_says() {
+    let message = "failed to create containerd task: failed to create shim task: OCI runtime create failed: \
+        runc create failed: unable to start container process: exec: \"no-such-program\": executable file \
+        not found in $PATH: unknown";
+    let start_error = |code: i32, message: &str| {
+        let end = json!({ "terminated": { "exitCode": code, "reason": "StartError", "message": message } });
+        json!({ "phase": "Failed", "containerStatuses": container(end) })
+    };
+    let detail = failure_of(|_| {}, |fake, pod| fake.pod_status_set(NS, pod, start_error(128, message))).await;
+    assert_eq!((detail.reason, detail.exit_code), (Some(FailureReason::Error), Some(127)));
+    assert!(detail.message.as_deref().is_some_and(|m| m.contains("executable file not found")), "{detail:?}");
+    let denied = "exec: \"/data/run.sh\": permission denied: unknown";
+    let detail = failure_of(|_| {}, |fake, pod| fake.pod_status_set(NS, pod, start_error(128, denied))).await;
+    assert_eq!(detail.exit_code, Some(126), "found but not executable");
+}
+
 #[tokio::test]
 async fn a_program_error_keeps_its_exit_code() {
     let detail = failure_of(|_| {}, |fake, pod| fake.pod_status_set(NS, pod, exited(3, "Error"))).await;
