@@ -342,11 +342,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Openapi => {
-            print!("{}", trainyard_server::api::openapi_document());
+            print!("{}", trainyard_server::http::api::openapi_document());
             Ok(())
         }
         Command::Routes => {
-            for path in trainyard_server::route_table().into_parts().1 {
+            for path in trainyard_server::http::route_table().into_parts().1 {
                 println!("{path}");
             }
             Ok(())

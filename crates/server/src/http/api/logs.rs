@@ -6,10 +6,10 @@ use serde::Deserialize;
 use trainyard_core::api::ErrorBody;
 use utoipa::IntoParams;
 
-use crate::AppState;
 use crate::app::logs::LogRequest;
-use crate::error::ApiResult;
-use crate::extract::{ApiQuery, Auth, JobId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiQuery, Auth, JobId};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

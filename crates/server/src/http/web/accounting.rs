@@ -11,8 +11,8 @@ use trainyard_core::Error;
 use trainyard_core::api::{AuditEntry, UsageRow, UsageSeries};
 
 use super::{Nav, WebAuth, WebResult, render, when};
-use crate::AppState;
 use crate::app::accounting::{AuditQuery, UsageQuery};
+use crate::http::AppState;
 
 /// A window the usage page offers: its `from` value, its words, and its length in hours.
 pub struct Window {

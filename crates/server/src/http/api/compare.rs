@@ -5,10 +5,10 @@ use trainyard_core::api::ErrorBody;
 use trainyard_core::compare::Comparison;
 use utoipa::IntoParams;
 
-use crate::AppState;
 use crate::app::compare::compared_ids;
-use crate::error::ApiResult;
-use crate::extract::{ApiQuery, Auth};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiQuery, Auth};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

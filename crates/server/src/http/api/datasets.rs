@@ -6,9 +6,9 @@ use axum::response::{IntoResponse, Response};
 pub use trainyard_core::api::dataset_headers::{CONTENT_HEADER, KIND_HEADER, SHA256_HEADER, TENANT_HEADER};
 use trainyard_core::api::{Dataset, DatasetFileUploaded, DatasetRegister, ErrorBody, NodeCacheReport};
 
-use crate::AppState;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth, DatasetReaderAuth, JobAuth, JobId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, Auth, DatasetReaderAuth, JobAuth, JobId};
 
 /// Register a dataset version (immutable): described in full, from a data-pack job's output, or
 /// from files pushed to the object store (`from_store`: refused, naming the file, unless every

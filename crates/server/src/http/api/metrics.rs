@@ -4,9 +4,9 @@ use serde::Deserialize;
 use trainyard_core::api::{ErrorBody, JobMetrics, JobOutput, MetricBatch, MetricsAccepted};
 use utoipa::IntoParams;
 
-use crate::AppState;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, ApiQuery, Auth, JobAuth, JobId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, ApiQuery, Auth, JobAuth, JobId};
 
 /// Report metric points. Only for a job's engine, with the job token it finds in
 /// `TRAINYARD_TOKEN`; up to 50,000 points per request.

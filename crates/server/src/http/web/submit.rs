@@ -19,9 +19,9 @@ use trainyard_templates::{ParamKind, ParamSpec};
 
 use super::jobs::ScheduleView;
 use super::{CsrfForm, Nav, WebAuth, WebResult, render};
-use crate::AppState;
 use crate::app::{RunMode, TemplateRunOutcome};
-use crate::extract::parse_id;
+use crate::http::AppState;
+use crate::http::extract::parse_id;
 
 /// Form fields of parameters are named `p.<parameter>`, apart from the job's own fields.
 const PARAM_PREFIX: &str = "p.";

@@ -12,9 +12,9 @@ use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
 use super::{CsrfForm, Nav, WebAuth, WebResult, can_write, render, when};
-use crate::AppState;
 use crate::app::App;
-use crate::extract::parse_id;
+use crate::http::AppState;
+use crate::http::extract::parse_id;
 
 /// How long the link behind a download button lives: just long enough to follow it.
 const PAGE_LINK_SECONDS: u64 = 60;

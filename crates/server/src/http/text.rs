@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use trainyard_core::Error;
 
-use crate::error::ApiError;
-use crate::extract::MAX_BODY_BYTES;
+use crate::http::error::ApiError;
+use crate::http::extract::MAX_BODY_BYTES;
 
 /// The middleware: passes the request on unchanged unless it carries a NUL.
 pub async fn refuse_unstorable(matched: Option<MatchedPath>, request: Request, next: Next) -> Response {

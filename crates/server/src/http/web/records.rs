@@ -11,8 +11,8 @@ use trainyard_core::record::AttemptRunRecord;
 use trainyard_core::record::summary;
 
 use super::{WebAuth, WebResult};
-use crate::AppState;
-use crate::extract::parse_id;
+use crate::http::AppState;
+use crate::http::extract::parse_id;
 
 /// An attempt's record as the job page shows it: one line a fact, every package listed.
 pub struct RecordSummary {

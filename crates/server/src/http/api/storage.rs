@@ -11,9 +11,9 @@ use trainyard_core::api::{
 };
 use utoipa::IntoParams;
 
-use crate::AppState;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, ApiQuery, Auth, JobId, UploadAuth};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, ApiQuery, Auth, JobId, UploadAuth};
 
 /// A job's artefacts: path, size, SHA-256 (when uploaded through the API) and time.
 #[utoipa::path(get, path = "/api/v1/jobs/{id}/artifacts", tag = "storage",

@@ -5,10 +5,10 @@ use trainyard_core::api::ErrorBody;
 use trainyard_core::lineage::Lineage;
 use utoipa::IntoParams;
 
-use crate::AppState;
 use crate::app::lineage::LineageRoot;
-use crate::error::ApiResult;
-use crate::extract::{ApiQuery, Auth, JobId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiQuery, Auth, JobId};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

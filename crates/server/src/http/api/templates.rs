@@ -8,10 +8,10 @@ use trainyard_store::jobs::Submitted;
 use trainyard_store::templates::Published;
 use utoipa::IntoParams;
 
-use crate::AppState;
 use crate::app::{RunMode, TemplateRunOutcome};
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, ApiQuery, Auth};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, ApiQuery, Auth};
 
 /// Built-in templates and the tenant's own, with their versions.
 #[utoipa::path(get, path = "/api/v1/templates", tag = "templates", security(("bearer" = [])),

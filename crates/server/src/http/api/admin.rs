@@ -3,9 +3,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use trainyard_core::api::{ErrorBody, MemberAdd, MemberAdded, Tenant, TenantCreate};
 
-use crate::AppState;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, Auth};
 
 /// Every tenant (platform admins).
 #[utoipa::path(get, path = "/api/v1/admin/tenants", tag = "admin", security(("bearer" = [])),

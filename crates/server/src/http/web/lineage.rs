@@ -9,9 +9,9 @@ use serde::Deserialize;
 use trainyard_core::lineage::{Direction, Lineage, LineageNode, NodeKind};
 
 use super::{Nav, WebAuth, WebResult, render};
-use crate::AppState;
 use crate::app::lineage::LineageRoot;
-use crate::extract::parse_id;
+use crate::http::AppState;
+use crate::http::extract::parse_id;
 use trainyard_core::error::ObjectKind;
 
 #[derive(Debug, Default, Deserialize)]

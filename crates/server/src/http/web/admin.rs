@@ -14,8 +14,8 @@ use trainyard_core::error::ObjectKind;
 use trainyard_core::resources::human_memory;
 
 use super::{CsrfForm, Nav, WebAuth, WebResult, render, when_opt};
-use crate::AppState;
-use crate::extract::parse_id;
+use crate::http::AppState;
+use crate::http::extract::parse_id;
 
 /// One GPU type's bar: the parts as percentages of the bar's length, and the figures.
 pub struct QuotaBar {
@@ -325,7 +325,7 @@ async fn after(state: &AppState, auth: &WebAuth, outcome: trainyard_core::Result
     match outcome {
         Ok(message) => Ok(render(&admin_page(state, auth, Some(message), None).await?)),
         Err(err @ (Error::InvalidInput { .. } | Error::NotFound { .. } | Error::Conflict(_))) => {
-            let status = crate::error::ApiError::Domain(err.clone()).status();
+            let status = crate::http::error::ApiError::Domain(err.clone()).status();
             let mut response = render(&admin_page(state, auth, None, Some(err.to_string())).await?);
             *response.status_mut() = status;
             Ok(response)

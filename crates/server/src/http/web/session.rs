@@ -20,7 +20,7 @@ use trainyard_core::auth::Caller;
 use trainyard_store::sessions::random_hex;
 
 use super::{WebError, render};
-use crate::AppState;
+use crate::http::AppState;
 
 const SESSION_COOKIE: &str = "trainyard_session";
 const LOGIN_COOKIE: &str = "trainyard_login";
@@ -42,7 +42,7 @@ impl FromRequestParts<AppState> for WebAuth {
             .get(SESSION_COOKIE)
             .map(|c| c.value().to_string())
             .ok_or_else(|| Error::Unauthenticated("sign in first".into()))?;
-        let (caller, csrf) = state.app.session_authenticate(&secret, crate::extract::client_ip(parts)).await?;
+        let (caller, csrf) = state.app.session_authenticate(&secret, crate::http::extract::client_ip(parts)).await?;
         // For the form extractor that follows: the value this session's forms must carry.
         parts.extensions.insert(SessionCsrf(csrf.clone()));
         Ok(WebAuth { caller, csrf })
@@ -108,7 +108,7 @@ pub async fn login_page(State(state): State<AppState>, headers: HeaderMap, jar: 
 
 pub async fn login(
     State(state): State<AppState>,
-    crate::extract::ClientIp(client): crate::extract::ClientIp,
+    crate::http::extract::ClientIp(client): crate::http::extract::ClientIp,
     headers: HeaderMap,
     jar: CookieJar,
     Form(form): Form<BTreeMap<String, String>>,
@@ -194,7 +194,7 @@ pub struct SsoReturn {
 /// Single sign-on, step two: the identity provider sent the browser back.
 pub async fn sso_callback(
     State(state): State<AppState>,
-    crate::extract::ClientIp(client): crate::extract::ClientIp,
+    crate::http::extract::ClientIp(client): crate::http::extract::ClientIp,
     headers: HeaderMap,
     jar: CookieJar,
     axum::extract::Query(back): axum::extract::Query<SsoReturn>,

@@ -4,9 +4,9 @@ use axum::http::StatusCode;
 use trainyard_core::api::ErrorBody;
 use trainyard_core::record::{EngineRecord, JobRunRecords};
 
-use crate::AppState;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth, JobAuth, JobId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, Auth, JobAuth, JobId};
 
 /// Complete the run record of the token's attempt with what only the engine knows: its
 /// environment (every installed package), hardware and drivers, seeds, data and shard

@@ -16,7 +16,7 @@ mod storage;
 mod templates;
 mod tokens;
 
-use crate::routes::RouteTable;
+use crate::http::routes::RouteTable;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, patch, post, put};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};

@@ -25,7 +25,7 @@ mod session;
 mod storage;
 mod submit;
 
-use crate::routes::RouteTable;
+use crate::http::routes::RouteTable;
 use askama::Template;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -33,7 +33,7 @@ use axum::routing::{get, post};
 use trainyard_core::Error;
 use trainyard_core::auth::{Action, Caller};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 pub use session::{CsrfForm, WebAuth};
 
 pub fn routes() -> RouteTable {

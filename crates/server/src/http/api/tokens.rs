@@ -3,9 +3,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use trainyard_core::api::{ErrorBody, Me, TokenCreate, TokenCreated, TokenInfo};
 
-use crate::AppState;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth, TokenId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, Auth, TokenId};
 
 /// Who the token belongs to: user, tenant, role.
 #[utoipa::path(get, path = "/api/v1/me", tag = "tokens", security(("bearer" = [])),

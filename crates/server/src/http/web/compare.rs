@@ -13,9 +13,9 @@ use trainyard_core::compare::{ComparedRun, Comparison};
 use uuid::Uuid;
 
 use super::{Nav, WebAuth, WebResult, render};
-use crate::AppState;
-use crate::api::jobs::{ListParams, list_filter};
 use crate::app::compare::compared_ids;
+use crate::http::AppState;
+use crate::http::api::jobs::{ListParams, list_filter};
 
 /// The most steps a chart carries; longer series are thinned evenly (every k-th step kept).
 const MAX_CHART_STEPS: usize = 4000;

@@ -8,10 +8,10 @@ use trainyard_core::{Error, Result};
 use trainyard_store::jobs::{JobFilter, Submitted};
 use utoipa::IntoParams;
 
-use crate::AppState;
 use crate::app::templates::RerunOutcome;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, ApiQuery, Auth, JobId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, ApiQuery, Auth, JobId};
 
 /// Submit a job. With an `idempotency_key` used before, returns the earlier job (200).
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs", request_body = JobSubmission,
@@ -199,7 +199,7 @@ pub async fn code_upload(
     // own JSON error.
     let max = crate::code::MAX_CODE_BYTES;
     let body = axum::body::to_bytes(body, max).await.map_err(|_| {
-        crate::error::ApiError::PayloadTooLarge(format!("the archive is over the limit of {} MiB", max >> 20))
+        crate::http::error::ApiError::PayloadTooLarge(format!("the archive is over the limit of {} MiB", max >> 20))
     })?;
     let uploaded = state.app.code_upload(&caller, &digest, body).await?;
     let status = if uploaded.created { StatusCode::CREATED } else { StatusCode::OK };

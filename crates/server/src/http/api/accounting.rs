@@ -6,10 +6,10 @@ use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use trainyard_core::api::{AuditPage, ErrorBody, UsageReport};
 
-use crate::AppState;
 use crate::app::accounting::{AuditQuery, UsageQuery};
-use crate::error::ApiResult;
-use crate::extract::{ApiQuery, Auth, ClientIp};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiQuery, Auth, ClientIp};
 
 /// The server's metrics in Prometheus' text format, for a scraper with the metrics token
 /// (`--metrics-token-file`) or a platform admin's API token. Every metric is described in

@@ -12,8 +12,8 @@ use trainyard_core::error::ObjectKind;
 use trainyard_store::metrics::{JOB_TOKEN_PREFIX, JobCaller};
 use uuid::Uuid;
 
-use crate::AppState;
-use crate::error::ApiError;
+use crate::http::AppState;
+use crate::http::error::ApiError;
 use crate::storage::Uploader;
 
 /// The largest request body the API reads.

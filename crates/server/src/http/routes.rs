@@ -2,12 +2,12 @@
 //! `trainyard routes` lists them all and the authorization coverage test
 //! (`tests/e2e/authz.rs`) walks every one, every method, for every kind of caller. A route added
 //! anywhere but through [`RouteTable::route`] would escape that test. The whole table is
-//! [`crate::route_table`]: the API's routes and the dashboard's, merged.
+//! [`crate::http::route_table`]: the API's routes and the dashboard's, merged.
 
 use axum::Router;
 use axum::routing::MethodRouter;
 
-use crate::AppState;
+use crate::http::AppState;
 
 /// A router and the paths it serves.
 pub struct RouteTable {

@@ -4,9 +4,9 @@ use axum::http::StatusCode;
 use trainyard_core::api::{ErrorBody, QuotaReport, QuotaSet, QuotaSetResult, Schedule, TenantPolicyUpdate};
 use trainyard_core::job::JobSubmission;
 
-use crate::AppState;
-use crate::error::ApiResult;
-use crate::extract::{ApiJson, Auth, JobId};
+use crate::http::AppState;
+use crate::http::error::ApiResult;
+use crate::http::extract::{ApiJson, Auth, JobId};
 
 /// The waiting jobs you may see (your tenant's; all for platform admins), in the order the
 /// scheduler considers them, with reasons, positions and estimated starts.

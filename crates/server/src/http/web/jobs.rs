@@ -19,10 +19,10 @@ use trainyard_core::resources::{human_cpus, human_gpus, human_memory};
 use uuid::Uuid;
 
 use super::{CsrfForm, Nav, WebAuth, WebResult, can_write, render, when, when_opt};
-use crate::AppState;
-use crate::api::jobs::{ListParams, list_filter};
 use crate::app::logs::LogRequest;
-use crate::extract::parse_id;
+use crate::http::AppState;
+use crate::http::api::jobs::{ListParams, list_filter};
+use crate::http::extract::parse_id;
 
 /// How many jobs a page lists.
 const PAGE_SIZE: u32 = 50;
