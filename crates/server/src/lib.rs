@@ -63,8 +63,8 @@ impl Server {
         });
         let wake = Arc::new(Notify::new());
         let storage = Arc::new(storage);
-        let board = Arc::new(crate::control::board::ScheduleBoard::new(settings.schedule_max_age));
-        let health = Arc::new(crate::control::health::LoopHealth::new(settings.ready_max_pass_age));
+        let board = Arc::new(crate::scheduling::board::ScheduleBoard::new(settings.schedule_max_age));
+        let health = Arc::new(crate::scheduling::health::LoopHealth::new(settings.ready_max_pass_age));
         let monitoring = Arc::new(monitoring::Monitoring::new());
         let app = App::new(AppParts {
             store: store.clone(),

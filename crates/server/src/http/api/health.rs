@@ -3,8 +3,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 
-use crate::control::health::Readiness;
 use crate::http::AppState;
+use crate::scheduling::health::Readiness;
 
 /// Alive: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "The server is up")))]
