@@ -5,6 +5,7 @@
 //! - [`http`]: the HTTP edge: the REST API, the dashboard, extractors, errors, the router.
 //! - [`app`]: the operations, independent of HTTP.
 //! - [`control`]: the control loops (admission, launch, observation, archiving).
+//! - [`scheduling`]: the read model the loops write and requests read (snapshot, board, health).
 //! - [`storage`]: the object store, artefacts, volumes, log archiving and retention.
 //!
 //! Here: [`Server`], which wires the parts and serves.
@@ -13,10 +14,9 @@
 
 pub mod app;
 pub mod cache_agent;
-pub mod cluster;
+pub mod cmd;
 pub mod code;
 pub mod control;
-pub mod dev;
 pub mod http;
 pub mod monitoring;
 pub mod oidc;
