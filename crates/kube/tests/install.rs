@@ -38,7 +38,7 @@ const OPERATOR_SECRETS: &[&str] =
     &["trainyard-database", "trainyard-signing-key", "trainyard-object-store", "trainyard-metrics-token"];
 
 /// The environment the server reads: the `env = "..."` of its settings (crates/server/src:
-/// main.rs, storage.rs, oidc.rs; `TRAINYARD_METRICS_TOKEN_FILE` for /metrics), the log filter,
+/// main.rs, cmd/cluster.rs, storage.rs, oidc.rs; `TRAINYARD_METRICS_TOKEN_FILE` for /metrics), the log filter,
 /// and the S3 credentials the object store client takes from the environment (docs/storage.md).
 /// A name outside this list in the ConfigMap or the Deployment is a typo the server ignores.
 const SERVER_ENVIRONMENT: &[&str] = &[

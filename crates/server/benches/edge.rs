@@ -42,8 +42,8 @@ fn edge(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap_or_else(|err| panic!("{err}"));
     let bare: Router = Router::new().route("/api/v1/jobs", post(submit));
     let throttle = Arc::new(AuthThrottle::default());
-    let guarded: Router =
-        trainyard_server::edge_limits_and_headers(trainyard_server::edge_input_checks(Router::new().route(
+    let guarded: Router = trainyard_server::http::edge_limits_and_headers(trainyard_server::http::edge_input_checks(
+        Router::new().route(
             "/api/v1/jobs",
             post(move |body: axum::Json<serde_json::Value>| {
                 let throttle = Arc::clone(&throttle);
@@ -54,7 +54,8 @@ fn edge(c: &mut Criterion) {
                     submit(body).await
                 }
             }),
-        )));
+        ),
+    ));
     let mut group = c.benchmark_group("submit request at the edge");
     for (name, router) in [("bare router", bare), ("with edge checks and throttle", guarded)] {
         group.bench_function(name, |b| {

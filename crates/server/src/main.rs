@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
-use trainyard_server::cluster::{self, ExecutorKind, KubeExecutorArgs};
+use trainyard_server::cmd::cluster::{self, ExecutorKind, KubeExecutorArgs};
+use trainyard_server::cmd::dev::{self, DevOptions, LocalExecutorArgs};
 use trainyard_server::control::reconciler::ReconcilerSettings;
-use trainyard_server::dev::{self, DevOptions, LocalExecutorArgs};
 use trainyard_server::oidc::{Oidc, OidcArgs};
 use trainyard_server::storage::StorageArgs;
 use trainyard_store::Store;
@@ -342,11 +342,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Openapi => {
-            print!("{}", trainyard_server::api::openapi_document());
+            print!("{}", trainyard_server::http::api::openapi_document());
             Ok(())
         }
         Command::Routes => {
-            for path in trainyard_server::route_table().into_parts().1 {
+            for path in trainyard_server::http::route_table().into_parts().1 {
                 println!("{path}");
             }
             Ok(())

@@ -477,7 +477,7 @@ mod tests {
         state: trainyard_core::job::JobState,
         gpus: u32,
     ) -> std::sync::Arc<trainyard_store::reconcile::UnfinishedJob> {
-        std::sync::Arc::new(crate::scheduling::job_for_tests(tenant, state, gpus))
+        std::sync::Arc::new(crate::scheduling::snapshot::job_for_tests(tenant, state, gpus))
     }
 
     fn tenant(name: &str, nominal: i64) -> trainyard_store::reconcile::TenantPolicyRow {

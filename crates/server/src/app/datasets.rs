@@ -585,8 +585,8 @@ impl App {
         // The local machine's nodes (one per GPU type) share its one cache.
         let sharing = match self.executor.nodes() {
             Some(_) => Vec::new(),
-            None => crate::scheduling::nodes_sharing_a_cache(
-                &crate::scheduling::nodes_of(&self.executor.inventory()),
+            None => crate::scheduling::snapshot::nodes_sharing_a_cache(
+                &crate::scheduling::snapshot::nodes_of(&self.executor.inventory()),
                 &report.node,
             ),
         };

@@ -42,9 +42,9 @@ use trainyard_store::audit::Audit;
 pub use jobs::MAX_METRIC_POINTS;
 pub use templates::{RunMode, TemplateRunOutcome};
 
-use crate::control::board::ScheduleBoard;
-use crate::control::health::{LoopHealth, Readiness};
 use crate::monitoring::Monitoring;
+use crate::scheduling::board::ScheduleBoard;
+use crate::scheduling::health::{LoopHealth, Readiness};
 use crate::storage::Storage;
 use crate::templates::Templates;
 
@@ -56,12 +56,12 @@ pub struct App {
     /// Pokes the reconciler so a submit or a cancel is acted on now, not at the next tick.
     reconciler_wake: Arc<Notify>,
     /// Every queued job's reason, positions and estimate, shared by readers (see
-    /// [`crate::control::board`]).
+    /// [`crate::scheduling::board`]).
     schedule: Arc<ScheduleBoard>,
     templates: Arc<Templates>,
     /// The object store and volumes (see [`crate::storage`]).
     storage: Arc<Storage>,
-    /// How the control loop is doing (see [`crate::control::health`]).
+    /// How the control loop is doing (see [`crate::scheduling::health`]).
     health: Arc<LoopHealth>,
     /// Failed authentication, throttled per client and per token.
     throttle: Arc<throttle::AuthThrottle>,

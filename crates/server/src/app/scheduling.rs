@@ -13,7 +13,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::App;
-use crate::control::board::{BoardInput, schedule_of};
+use crate::scheduling::board::{BoardInput, schedule_of};
 
 impl App {
     /// What the executor offers in all (the machine's GPUs for the local executor).
@@ -24,13 +24,13 @@ impl App {
     /// What the executor offers, as the scheduler's nodes (platform admins).
     pub fn nodes(&self, caller: &Caller) -> Result<Vec<trainyard_scheduler::Node>> {
         caller.require_platform_admin()?;
-        Ok(crate::scheduling::nodes_for(self.executor.as_ref()))
+        Ok(crate::scheduling::snapshot::nodes_for(self.executor.as_ref()))
     }
 
     /// The scheduler's view right now (what the next admission cycle would see).
     async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
         let jobs = self.store.jobs_unfinished().await?.jobs;
-        crate::scheduling::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default()).await
+        crate::scheduling::snapshot::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default()).await
     }
 
     /// What the schedule board is computed from, read now; owns what it reads with, so that a
@@ -40,7 +40,8 @@ impl App {
         async move {
             let jobs = store.jobs_unfinished().await?.jobs;
             let snapshot =
-                crate::scheduling::snapshot_now(&store, executor.as_ref(), &jobs, &Default::default()).await?;
+                crate::scheduling::snapshot::snapshot_now(&store, executor.as_ref(), &jobs, &Default::default())
+                    .await?;
             Ok(BoardInput { snapshot, jobs })
         }
     }
@@ -60,8 +61,8 @@ impl App {
     pub async fn nodes_usage(&self, caller: &Caller) -> Result<trainyard_core::api::Nodes> {
         caller.authorize(Action::ReadJobs)?;
         let jobs = self.store.jobs_unfinished().await?.jobs;
-        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
-        let mut items = crate::scheduling::node_usage(&nodes, &jobs);
+        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
+        let mut items = crate::scheduling::snapshot::node_usage(&nodes, &jobs);
         // What each node's cache holds of the caller's tenant's datasets.
         let mut cached: std::collections::HashMap<String, Vec<String>> = Default::default();
         for (node, version) in self.store.node_cached_datasets(caller.tenant_id).await? {
@@ -126,7 +127,7 @@ impl App {
         }
         let hashes: Vec<String> = datasets.iter().map(|d| d.content_hash.clone()).collect();
         let caching = self.store.nodes_caching(tenant_id, &hashes).await?;
-        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
+        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
         let warm: Vec<String> = nodes.iter().filter(|n| caching.contains(&n.name)).map(|n| n.name.clone()).collect();
         Ok(Some((CacheLocality { nodes: warm.len(), of: nodes.len() }, warm)))
     }
@@ -150,8 +151,8 @@ impl App {
         if self.cluster_grows {
             return Ok(());
         }
-        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
-        match trainyard_scheduler::never_fits(&nodes, &crate::scheduling::demand_of_spec(spec)) {
+        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
+        match trainyard_scheduler::never_fits(&nodes, &crate::scheduling::snapshot::demand_of_spec(spec)) {
             Some(unfit) => {
                 Err(Error::invalid(unfit.field, format!("can never run on this cluster: {}", unfit.message)))
             }
@@ -177,7 +178,7 @@ impl App {
             priority,
             seq: u64::MAX,
             submitted_at: now,
-            demand: crate::scheduling::demand_of_spec(spec),
+            demand: crate::scheduling::snapshot::demand_of_spec(spec),
             expected_runtime: expected_runtime.map(i64::from),
             warm_nodes: locality.as_ref().map(|(_, warm)| warm.clone()).unwrap_or_default(),
             cache_wait_secs: spec.cache_wait_seconds.unwrap_or(0),
@@ -195,7 +196,7 @@ impl App {
         caller.authorize(Action::ReadJobs)?;
         let policies = self.store.tenant_policies().await?;
         // In name order: the order lenders are attributed in.
-        let mut tenants = crate::scheduling::policies(&policies);
+        let mut tenants = crate::scheduling::snapshot::policies(&policies);
         tenants.sort_by(|a, b| a.name.cmp(&b.name));
         let snapshot = self.scheduling_snapshot().await?;
         let mine =
@@ -256,7 +257,7 @@ impl App {
         .await?;
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
-        let nodes = crate::scheduling::nodes_for(self.executor.as_ref());
+        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
         let warnings = trainyard_scheduler::fit::missing_gpu_type(&nodes, flavor)
             .map(|missing| format!("{missing}: no job can use this quota until such nodes join"))
             .into_iter()
@@ -272,7 +273,7 @@ impl App {
             Err(err) => return tracing::warn!(%err, "cannot read quotas to mirror them"),
         };
         if let Some(policy) = policies.iter().find(|p| p.name == tenant) {
-            let ceiling = crate::scheduling::ceiling_of(policy);
+            let ceiling = crate::scheduling::snapshot::ceiling_of(policy);
             if let Err(err) = self.executor.tenant_ceiling_set(policy.id, &ceiling).await {
                 tracing::warn!(tenant, %err, "cannot mirror the quota ceiling");
             }

@@ -24,10 +24,10 @@ use trainyard_store::Store;
 use trainyard_store::reconcile::{AttemptEnd, AttemptToOpen, Held, UnfinishedJob};
 
 use crate::control::gather::{Gather, all_or_each};
-use crate::control::health::LoopHealth;
 use crate::control::outcome::state_after_failure;
 use crate::control::reconciler::{ACTOR_EXECUTOR, ACTOR_RECONCILER, Step, guarded};
 use crate::monitoring::Monitoring;
+use crate::scheduling::health::LoopHealth;
 use crate::templates::Templates;
 use uuid::Uuid;
 

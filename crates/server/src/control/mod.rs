@@ -4,16 +4,15 @@
 //!   isolated so that no single job can stop it;
 //! - [`launcher`]: launches, run beside the passes, a bounded number at once;
 //! - [`gather`]: the writes launches running side by side make together, in one statement;
-//! - [`outcome`]: what an attempt's observed replicas mean, as a pure decision table;
-//! - [`board`]: every queued job's reason, position and estimate, shared by readers;
-//! - [`health`]: how the loop is doing, for `/readyz`.
+//! - [`outcome`]: what an attempt's observed replicas mean, as a pure decision table.
 //!
 //! - [`archiving`]: copying ended attempts' logs to the object store, and the retention sweep.
+//!
+//! What the loop publishes for requests to read (the schedule board, its own health) is in
+//! [`crate::scheduling`], below both the loop and the operations.
 
 pub mod archiving;
-pub mod board;
 pub(crate) mod gather;
-pub mod health;
 pub mod launcher;
 pub mod outcome;
 pub mod reconciler;

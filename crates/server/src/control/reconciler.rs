@@ -33,14 +33,14 @@ use trainyard_store::reconcile::{
     Admission, AttemptEnd, Leadership, Started, TenantPolicyRow, Unfinished, UnfinishedJob, UnhandledJob, Victim,
 };
 
-use crate::control::health::{LoopHealth, panic_message};
 use crate::control::launcher::{Launch, LaunchContext, Launcher};
 use crate::control::outcome::{
     EndCause, Failure, JobFacts, REASON_LOST, Verdict, attempt_verdict, deterministic_failure, exit_description,
     restart_delay, shell_hint,
 };
 use crate::monitoring::{Monitoring, TenantGpu, TenantReason};
-use crate::scheduling;
+use crate::scheduling::health::{LoopHealth, panic_message};
+use crate::scheduling::snapshot::{LOCAL_NODE, ceiling_of, running_unreadable, snapshot_now};
 use crate::templates::Templates;
 use uuid::Uuid;
 
@@ -67,7 +67,7 @@ pub struct ReconcilerSettings {
     pub grace: Duration,
     /// The API's URL as replicas reach it (`TRAINYARD_URL`); the listening address when unset.
     pub api_url: Option<String>,
-    /// How long readers share one answer to "why pending, when" (see [`crate::control::board`]).
+    /// How long readers share one answer to "why pending, when" (see [`crate::scheduling::board`]).
     pub schedule_max_age: Duration,
     /// The leader is unready (`/readyz` answers 503) when its loop completed no pass for this long.
     pub ready_max_pass_age: Duration,
@@ -95,7 +95,7 @@ impl Default for ReconcilerSettings {
             tick: Duration::from_secs(1),
             grace: Duration::from_secs(10),
             api_url: None,
-            schedule_max_age: crate::control::board::DEFAULT_MAX_AGE,
+            schedule_max_age: crate::scheduling::board::DEFAULT_MAX_AGE,
             ready_max_pass_age: Duration::from_secs(30),
             lease: Duration::from_secs(3),
             min_pass_interval: Duration::from_millis(100),
@@ -113,7 +113,7 @@ pub struct Reconciler {
     templates: Arc<Templates>,
     wake: Arc<Notify>,
     /// Told when a pass changed what the scheduler sees, so readers get a fresh answer.
-    board: Arc<crate::control::board::ScheduleBoard>,
+    board: Arc<crate::scheduling::board::ScheduleBoard>,
     settings: ReconcilerSettings,
     /// Attempts we asked to stop, and when; only to avoid re-signalling every pass. Losing
     /// this on restart is harmless: the next pass signals again.
@@ -272,7 +272,7 @@ impl Reconciler {
         executor: Arc<dyn Executor>,
         templates: Arc<Templates>,
         wake: Arc<Notify>,
-        board: Arc<crate::control::board::ScheduleBoard>,
+        board: Arc<crate::scheduling::board::ScheduleBoard>,
         health: Arc<LoopHealth>,
         settings: ReconcilerSettings,
     ) -> Self {
@@ -801,8 +801,7 @@ impl Reconciler {
         match self.store.tenant_policies().await {
             Ok(tenants) => {
                 for tenant in &tenants {
-                    if let Err(err) = self.executor.tenant_ceiling_set(tenant.id, &scheduling::ceiling_of(tenant)).await
-                    {
+                    if let Err(err) = self.executor.tenant_ceiling_set(tenant.id, &ceiling_of(tenant)).await {
                         tracing::warn!(tenant = %tenant.name, %err, "cannot mirror the quota ceiling");
                     }
                 }
@@ -1020,10 +1019,9 @@ impl Reconciler {
             self.monitoring.pending_jobs.clear();
             return Ok(Vec::new());
         }
-        let mut snapshot = scheduling::snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
-        let default_node =
-            snapshot.nodes.first().map(|n| n.name.clone()).unwrap_or_else(|| scheduling::LOCAL_NODE.into());
-        snapshot.running.extend(unhandled.iter().filter_map(|j| scheduling::running_unreadable(j, &default_node)));
+        let mut snapshot = snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
+        let default_node = snapshot.nodes.first().map(|n| n.name.clone()).unwrap_or_else(|| LOCAL_NODE.into());
+        snapshot.running.extend(unhandled.iter().filter_map(|j| running_unreadable(j, &default_node)));
         snapshot.nominated.append(&mut self.nominated_next);
         // CPU-bound (tens of milliseconds at a queue of 100,000): off the async workers.
         let cycle_started = Instant::now();
