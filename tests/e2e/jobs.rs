@@ -489,3 +489,33 @@ async fn follower_goes_away(env: &TestEnv, id: &str, first: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A pod the kube-scheduler cannot place (the nodes' CPU is held by pods Trainyard does not
+/// know): the job stays `starting`, and its reason says what the pod says, within a pass or two,
+/// not ten minutes of silence.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_whose_pod_the_cluster_cannot_place_says_why_while_it_waits() {
+    let scratch = tempfile::tempdir().unwrap();
+    let fake = trainyard_tests::FakeApiServer::start(scratch.path(), &["1", "--cpu-free", "1000"]);
+    let env = TestEnv::start_with_env(
+        &["--executor", "kubernetes", "--kube-image", "registry.example/runtime:1"],
+        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
+    )
+    .await;
+    let id = env.submit(json!({"command": ["true"], "resources": {"cpu": 2}})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let job = loop {
+        let (_, job) = env.get(&format!("/api/v1/jobs/{id}"), &env.admin_token).await;
+        if job["reason"].as_str().is_some_and(|r| r.contains("Insufficient cpu")) {
+            break job;
+        }
+        assert!(std::time::Instant::now() < deadline, "no reason said why the pod waits: {job}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(job["state"], "starting", "{job}");
+    assert!(job["reason"].as_str().unwrap().starts_with("replica 0 waits: 0/1 nodes are available"), "{job}");
+    // A job the cluster can place runs, and its reason is gone once it does.
+    let placed = env.submit(json!({"command": ["sleep", "300"], "resources": {"cpu": 0.5}})).await;
+    let job = env.wait_state(&placed, "running", Duration::from_secs(20)).await;
+    assert!(job["reason"].is_null(), "{job}");
+}

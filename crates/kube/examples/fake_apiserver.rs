@@ -11,11 +11,14 @@
 //! is a Kubernetes.
 //!
 //! Usage: fake_apiserver NODES [--gpus N] [--gpu-product NAME[,NAME...]] [--markers DIR]
+//! [--cpu-free MILLICORES]
 //! (prints `listening on http://127.0.0.1:PORT`, then serves). `--gpus`: GPU nodes with N GPUs
 //! each (default: CPU nodes), of product NAME; several names split the nodes among them in
 //! equal consecutive blocks (the replay gives each cohort a GPU type of its own). `--markers`: for each pod, the file
 //! `DIR/<job>.<attempt>.<rank>`, made when it starts, with `end` appended when it succeeds: what
-//! the replay's replicas write on the local executor.
+//! the replay's replicas write on the local executor. `--cpu-free`: the CPU each node has left
+//! beside pods Trainyard does not know (DaemonSets, other installations): a pod asking for more
+//! stays Pending, as the kube-scheduler leaves it, with its `Insufficient cpu` condition.
 
 #[path = "../tests/support/fake_api.rs"]
 mod fake_api;
@@ -34,11 +37,13 @@ struct Options {
     gpus: u32,
     gpu_products: Vec<String>,
     markers: Option<PathBuf>,
+    cpu_free_millis: Option<u64>,
 }
 
 impl Options {
     fn parse() -> Options {
-        let mut options = Options { nodes: 16, gpus: 0, gpu_products: vec!["sim-gpu".into()], markers: None };
+        let mut options =
+            Options { nodes: 16, gpus: 0, gpu_products: vec!["sim-gpu".into()], markers: None, cpu_free_millis: None };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -46,6 +51,7 @@ impl Options {
                 "--gpus" => options.gpus = value().parse().expect("--gpus takes a number"),
                 "--gpu-product" => options.gpu_products = value().split(',').map(str::to_string).collect(),
                 "--markers" => options.markers = Some(PathBuf::from(value())),
+                "--cpu-free" => options.cpu_free_millis = Some(value().parse().expect("--cpu-free takes millicores")),
                 nodes => options.nodes = nodes.parse().expect("NODES is a number"),
             }
         }
@@ -67,7 +73,7 @@ async fn main() {
             fake.cpu_node_put(name);
         }
     }
-    tokio::spawn(play_the_controllers(fake.clone(), node_names, options.markers));
+    tokio::spawn(play_the_controllers(fake.clone(), node_names, options.markers, options.cpu_free_millis));
 
     let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
         let fake = fake.clone();
@@ -86,7 +92,7 @@ async fn main() {
 /// turn, as soon as it is seen. Reads only the Jobs added since the last look (as a controller's
 /// watch does): listing every Job at each change made the fake, not the server measured, the
 /// benchmark's bottleneck (it used more than a core of this 2-core machine for 500 jobs).
-async fn play_the_controllers(fake: FakeApi, nodes: Vec<String>, markers: Option<PathBuf>) {
+async fn play_the_controllers(fake: FakeApi, nodes: Vec<String>, markers: Option<PathBuf>, cpu_free: Option<u64>) {
     let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
     let mut next_node = 0;
     let mut changes = fake.subscribe();
@@ -105,6 +111,17 @@ async fn play_the_controllers(fake: FakeApi, nodes: Vec<String>, markers: Option
             let completions = job["spec"]["completions"].as_u64().unwrap_or(1) as u32;
             let runtime = sleep_seconds(&job["spec"]["template"]["spec"]["containers"][0]);
             let allowed = nodes_allowed(&job["spec"]["template"]["spec"]);
+            let asked = cpu_millis(&job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"]);
+            if let Some(free) = cpu_free.filter(|free| asked > *free) {
+                for index in 0..completions {
+                    let status = json!({ "phase": "Pending", "conditions": [{ "type": "PodScheduled", "status": "False",
+                        "reason": "Unschedulable", "lastTransitionTime": chrono_now(),
+                        "message": format!("0/{} nodes are available: {} Insufficient cpu. ({free}m free, {asked}m asked)",
+                            nodes.len(), nodes.len()) }] });
+                    fake.pod_create(&namespace, &name, index, "", status);
+                }
+                continue;
+            }
             for index in 0..completions {
                 // Where the Job's node affinity names nodes (Trainyard's placement), one of
                 // them; otherwise the next node in turn.
@@ -133,6 +150,22 @@ async fn play_the_controllers(fake: FakeApi, nodes: Vec<String>, markers: Option
             return;
         }
     }
+}
+
+/// A CPU quantity (`"2"`, `"500m"`) in millicores; 0 when absent or unreadable.
+fn cpu_millis(quantity: &Value) -> u64 {
+    let text = quantity.as_str().map(str::to_string).or_else(|| quantity.as_u64().map(|n| n.to_string()));
+    let Some(text) = text else { return 0 };
+    match text.strip_suffix('m') {
+        Some(millis) => millis.parse().unwrap_or(0),
+        None => text.parse::<f64>().map(|cores| (cores * 1000.0) as u64).unwrap_or(0),
+    }
+}
+
+/// Now, as Kubernetes writes times (RFC 3339, seconds).
+fn chrono_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    k8s_openapi::jiff::Timestamp::from_second(secs as i64).map(|t| t.to_string()).unwrap_or_default()
 }
 
 /// The node names a pod spec's preferred node affinity names (`matchFields` on

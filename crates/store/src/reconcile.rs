@@ -540,8 +540,8 @@ impl Store {
         Ok(QueuedAhead { ahead, higher, more_than_counted: ahead > QUEUED_AHEAD_COUNTED })
     }
 
-    /// Sets the reasons of queued jobs (`ids[i]` gets `reasons[i]`) in one statement; jobs no
-    /// longer queued are left alone.
+    /// Sets why queued jobs wait for admission, and why starting jobs wait for their replicas
+    /// (`ids[i]` gets `reasons[i]`), in one statement; jobs in any other state are left alone.
     ///
     /// A change of usage rewords thousands of reasons at once, pass after pass: the rows the
     /// loops read last ([`Store::jobs_unfinished`]) are kept up to date here, so that the next
@@ -557,7 +557,7 @@ impl Store {
         let reworded: Vec<(Uuid, i64)> = sqlx::query_as(
             "UPDATE jobs SET reason = u.reason
                FROM unnest($1::uuid[], $2::text[], $4::bigint[]) AS u(id, reason, version)
-              WHERE jobs.id = u.id AND jobs.state = 'queued' AND jobs.reason IS DISTINCT FROM u.reason
+              WHERE jobs.id = u.id AND jobs.state IN ('queued', 'starting') AND jobs.reason IS DISTINCT FROM u.reason
                 AND (u.version IS NULL OR jobs.xmin::text::bigint = u.version)
                 AND (SELECT control_fence($3))
               RETURNING jobs.id, jobs.xmin::text::bigint",

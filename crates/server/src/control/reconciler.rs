@@ -230,6 +230,9 @@ enum Observed {
     Unchanged,
     /// Every replica of the attempt started: the job is running, its replicas run these images.
     Started { attempt: i32, images: Vec<String> },
+    /// The attempt's replicas wait (for a node, an image): the job's reason says why, in the
+    /// cluster's words.
+    Waiting { reason: String },
     /// The attempt ended and what it held is released: its end is to be recorded.
     Ended(Ending),
     /// A launch that was interrupted: launch attempt (its number) again.
@@ -457,11 +460,13 @@ impl Reconciler {
             }
         }
         let mut starts = Vec::new();
+        let mut waits = Vec::new();
         let mut ends = Vec::new();
         for (job, outcome) in outcomes {
             match outcome {
                 Step::Done(Observed::Unchanged) => {}
                 Step::Done(Observed::Started { attempt, images }) => starts.push((job, attempt, images)),
+                Step::Done(Observed::Waiting { reason }) => waits.push((job, reason)),
                 Step::Done(Observed::Ended(ending)) => ends.push((job, ending)),
                 Step::Done(Observed::Resume(attempt)) => self.launcher().start(job, Launch::Resume(attempt)),
                 Step::Done(Observed::Stop(attempt)) => self.stop(&attempt),
@@ -470,6 +475,11 @@ impl Reconciler {
             }
         }
         self.record_starts(&starts).await?;
+        if !waits.is_empty() {
+            let (ids, reasons): (Vec<Uuid>, Vec<String>) =
+                waits.into_iter().map(|(job, reason)| (job.id, reason)).unzip();
+            self.store.job_pending_reasons_set(&ids, &reasons).await?;
+        }
         for (job, attempt) in self.record_ends(&ends).await? {
             self.stopping.remove(&(job, attempt));
             ended.insert(job);
@@ -873,6 +883,12 @@ impl Reconciler {
                     // Every container started: the images they run are known now.
                     return Ok(Observed::Started { attempt: record.number, images: image_digests(&details) });
                 }
+                if job.state == JobState::Starting
+                    && let Some(reason) = waiting_reason(&details)
+                    && job.reason.as_deref() != Some(reason.as_str())
+                {
+                    return Ok(Observed::Waiting { reason });
+                }
                 return Ok(Observed::Unchanged);
             }
             Verdict::Ended { to, cause } => (to, cause),
@@ -1093,6 +1109,16 @@ impl Reconciler {
         }
         Ok(admitted)
     }
+}
+
+/// Why a starting attempt waits, from the first replica the cluster says something about
+/// (`0/3 nodes are available: 3 Insufficient cpu`, a pull back-off): the job's reason until
+/// every replica runs, so that `yard jobs show` and the dashboard say what the pod says.
+fn waiting_reason(details: &[ReplicaDetail]) -> Option<String> {
+    details
+        .iter()
+        .filter(|d| d.phase == ReplicaPhase::Pending)
+        .find_map(|d| d.message.as_deref().filter(|m| !m.is_empty()).map(|m| format!("replica {} waits: {m}", d.rank)))
 }
 
 /// The distinct images an attempt's replicas ran, by digest, in rank order of first use.
