@@ -671,7 +671,7 @@ async fn volumes_stay_within_the_storage_quota(backend: Backend) {
     // Where jobs see it, as on Kubernetes: never the server's own folders.
     assert_eq!(volumes[0]["path"], "/volumes/data");
     assert!(!volumes.to_string().contains(env.data_dir().to_str().unwrap()), "{volumes}");
-    let path = volume_folder(&env, "data");
+    let path = env.volume_folder("data");
     assert!(path.is_dir(), "{}", path.display());
 
     let over = env.yard(&env.admin_token, &["volumes", "create", "more", "--size", "5Gi"]);
@@ -782,9 +782,9 @@ async fn a_volume_parameter_mounts_the_named_volume() {
     assert_eq!(status, StatusCode::CREATED);
     let ran = env.yard(&env.admin_token, &["run", "writer", "--set", "scratch=scratch", "--wait"]);
     assert!(ran.status.success(), "{} {}", stdout(&ran), stderr(&ran));
-    let written = volume_folder(&env, "scratch").join("out.txt");
+    let written = env.volume_folder("scratch").join("out.txt");
     assert_eq!(std::fs::read_to_string(written).unwrap(), "from-the-job\n");
-    let seen = std::fs::read_to_string(volume_folder(&env, "scratch").join("seen.txt")).unwrap();
+    let seen = std::fs::read_to_string(env.volume_folder("scratch").join("seen.txt")).unwrap();
     assert_eq!(seen, "scratch\n", "the job sees the volumes it uses, no other");
     // The spec records the volume and where the job was told it is, for a cluster to mount.
     let (_, jobs) = env.get("/api/v1/jobs?template=writer", &env.admin_token).await;
@@ -804,7 +804,7 @@ async fn a_volume_parameter_mounts_the_named_volume() {
     assert!(message.contains("mounted by 1 unfinished job(s)") && message.contains(id), "{message}");
     let refused = env.yard(&env.admin_token, &["volumes", "delete", "scratch"]);
     assert!(!refused.status.success() && stderr(&refused).contains(id), "{}", stderr(&refused));
-    let kept = volume_folder(&env, "scratch").join("out.txt");
+    let kept = env.volume_folder("scratch").join("out.txt");
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "from-the-job\n", "nothing was removed");
     assert_eq!(env.get("/api/v1/volumes", &env.admin_token).await.1[0]["name"], "scratch");
 
@@ -814,15 +814,6 @@ async fn a_volume_parameter_mounts_the_named_volume() {
     let deleted = env.yard(&env.admin_token, &["volumes", "delete", "scratch"]);
     assert!(deleted.status.success(), "{}", stderr(&deleted));
     assert!(!kept.exists(), "the volume's data went with it");
-}
-
-/// The server's folder of the admin tenant's volume `name`: `<data>/volumes/<tenant id>/<name>`.
-fn volume_folder(env: &TestEnv, name: &str) -> PathBuf {
-    let tenants: Vec<PathBuf> =
-        std::fs::read_dir(env.data_dir().join("volumes")).unwrap().flatten().map(|e| e.path().join(name)).collect();
-    let found: Vec<&PathBuf> = tenants.iter().filter(|p| p.is_dir()).collect();
-    assert_eq!(found.len(), 1, "one tenant has a volume {name}: {tenants:?}");
-    found[0].clone()
 }
 
 /// Publishes a template `name` with one required `volume` parameter, `scratch`, that runs

@@ -303,7 +303,8 @@ async fn removing_a_tenant_stops_its_jobs_shuts_its_doors_and_keeps_its_records(
     // What the tenant has: a running job, a job that can only wait, a volume with data.
     let (status, volume) = env.post("/api/v1/volumes", &xena, &json!({"name": "scratch", "size": "1Mi"})).await;
     assert_eq!(status, StatusCode::CREATED, "{volume}");
-    let volume_dir = std::path::PathBuf::from(volume["path"].as_str().unwrap());
+    assert_eq!(volume["path"], "/volumes/scratch", "where its jobs see it, not the server's folder");
+    let volume_dir = env.volume_folder("scratch");
     let (status, running) = env.post("/api/v1/jobs", &xena, &json!({"command": ["sleep", "600"]})).await;
     assert_eq!(status, StatusCode::CREATED, "{running}");
     let running = running["id"].as_str().unwrap().to_string();

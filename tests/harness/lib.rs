@@ -274,6 +274,19 @@ impl TestEnv {
         self.dir.path().join("data")
     }
 
+    /// The server's folder of volume `name` (`<data>/volumes/<tenant id>/<name>`), which jobs
+    /// see at `/volumes/<name>`; exactly one tenant may have a volume of that name.
+    pub fn volume_folder(&self, name: &str) -> PathBuf {
+        let folders: Vec<PathBuf> = std::fs::read_dir(self.data_dir().join("volumes"))
+            .expect("the volumes folder")
+            .flatten()
+            .map(|tenant| tenant.path().join(name))
+            .filter(|folder| folder.is_dir())
+            .collect();
+        assert_eq!(folders.len(), 1, "one tenant has a volume {name}: {folders:?}");
+        folders[0].clone()
+    }
+
     pub fn restart_after_crash(&mut self) {
         let env = self.server.env.clone();
         self.restart_after_crash_with_env(&env);
