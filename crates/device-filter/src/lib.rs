@@ -192,34 +192,46 @@ pub fn attach(group_dir: &Path, rules: &[DeviceRule]) -> io::Result<()> {
     bpf(BPF_PROG_ATTACH, &mut attr).map(drop)
 }
 
-/// Loads the program; the verifier's words are in the error when it refuses it.
+/// Loads the program; the verifier's words are in the error when it refuses it. Without a log
+/// first: asking the verifier for its log makes a load several times slower.
 fn prog_load(code: &[u8]) -> io::Result<OwnedFd> {
+    match prog_load_logged(code, None) {
+        Ok(fd) => Ok(fd),
+        Err(_) => {
+            let mut log = vec![0u8; 64 * 1024];
+            let err = match prog_load_logged(code, Some(&mut log)) {
+                Ok(fd) => return Ok(fd),
+                Err(err) => err,
+            };
+            let said = String::from_utf8_lossy(&log[..log.iter().position(|b| *b == 0).unwrap_or(0)]).into_owned();
+            Err(io::Error::new(err.kind(), format!("loading the device filter: {err}; the verifier said: {said}")))
+        }
+    }
+}
+
+fn prog_load_logged(code: &[u8], log: Option<&mut [u8]>) -> io::Result<OwnedFd> {
     let license = c"Apache-2.0";
-    let mut log = vec![0u8; 64 * 1024];
+    let (log_level, log_size, log_buf) = match log {
+        Some(log) => (1, u32::try_from(log.len()).map_err(io::Error::other)?, log.as_mut_ptr() as u64),
+        None => (0, 0, 0),
+    };
     let mut attr = ProgLoadAttr {
         prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
         insn_cnt: u32::try_from(code.len() / ebpf::INSN_SIZE).map_err(io::Error::other)?,
         insns: code.as_ptr() as u64,
         license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: u32::try_from(log.len()).map_err(io::Error::other)?,
-        log_buf: log.as_mut_ptr() as u64,
+        log_level,
+        log_size,
+        log_buf,
         kern_version: 0,
         prog_flags: 0,
         prog_name: *b"trainyard_dev\0\0\0",
     };
-    match bpf(BPF_PROG_LOAD, &mut attr) {
-        Ok(fd) => {
-            // SAFETY: a successful BPF_PROG_LOAD returns a new file descriptor that nothing else owns.
-            #[allow(unsafe_code)]
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            Ok(fd)
-        }
-        Err(err) => {
-            let said = String::from_utf8_lossy(&log[..log.iter().position(|b| *b == 0).unwrap_or(0)]).into_owned();
-            Err(io::Error::new(err.kind(), format!("loading the device filter: {err}; the verifier said: {said}")))
-        }
-    }
+    let fd = bpf(BPF_PROG_LOAD, &mut attr)?;
+    // SAFETY: a successful BPF_PROG_LOAD returns a new file descriptor that nothing else owns.
+    #[allow(unsafe_code)]
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(fd)
 }
 
 fn fd_u32(fd: &impl AsRawFd) -> u32 {
