@@ -43,6 +43,10 @@ pub struct KubeConfig {
     /// deploy/kubernetes/cache-agent): replicas read datasets on Trainyard's object store
     /// through it (`TRAINYARD_DATASET_URL`). `None`: from the server, with no cache beyond the pod.
     pub cache_agent_url: Option<String>,
+    /// This installation's id (`trainyard.dev/installation` on every attempt's objects): garbage
+    /// collection deletes only Jobs that carry it. `None`: no label, and only unlabelled Jobs
+    /// are collected.
+    pub installation: Option<String>,
 }
 
 impl KubeConfig {
@@ -68,6 +72,7 @@ impl KubeConfig {
             log_dir: log_dir.into(),
             storage_class: None,
             cache_agent_url: None,
+            installation: None,
         }
     }
 }

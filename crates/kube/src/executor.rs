@@ -416,6 +416,9 @@ impl KubernetesExecutor {
         let now = k8s_openapi::jiff::Timestamp::now();
         let doomed: Vec<Arc<Job>> = self.cache.jobs.state_filter(|job| {
             let Some(key) = names::attempt_of(job.labels()) else { return false };
+            if !names::made_by(job.labels(), self.config.installation.as_deref()) {
+                return false; // another installation's, whatever its database says
+            }
             let age = job.creation_timestamp().map(|t| now.duration_since(t.0).unsigned_abs()).unwrap_or_default();
             !live.contains(&key)
                 && age >= GC_MIN_AGE
@@ -615,7 +618,8 @@ impl Executor for KubernetesExecutor {
     }
 
     /// Deletes the Jobs (and so everything else) of attempts that are not in `live`: finished,
-    /// cancelled, or unknown to Trainyard. Jobs younger than a few minutes are spared, since
+    /// cancelled, or unknown to Trainyard; only Jobs this installation made
+    /// ([`names::made_by`]). Jobs younger than a few minutes are spared, since
     /// their launch may not be recorded yet. Returns how many it deleted.
     async fn garbage_collect(&self, live: &[(Uuid, i32)]) -> usize {
         self.jobs_collect(live).await

@@ -163,7 +163,10 @@ pub fn attempt_objects(
 ) -> Result<AttemptObjects, ManifestError> {
     let ns = names::namespace(&config.namespace_prefix, &request.tenant, request.tenant_id);
     let name = names::attempt_object(request.job_id, request.attempt);
-    let labels = names::attempt_labels(request.tenant_id, request.job_id, request.attempt);
+    let mut labels = names::attempt_labels(request.tenant_id, request.job_id, request.attempt);
+    if let Some(installation) = &config.installation {
+        labels.insert(names::LABEL_INSTALLATION.to_string(), installation.clone());
+    }
     Ok(AttemptObjects {
         job: job(config, request, gpu_label, &ns, &name, &labels),
         service: typed(json!({

@@ -12,6 +12,8 @@ pub const LABEL_TENANT: &str = "trainyard.dev/tenant";
 pub const LABEL_JOB: &str = "trainyard.dev/job";
 pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
 pub const LABEL_VOLUME: &str = "trainyard.dev/volume";
+/// The installation (its database's id) that made an attempt's objects.
+pub const LABEL_INSTALLATION: &str = "trainyard.dev/installation";
 /// The annotation (and, since Kubernetes 1.28, label) an Indexed Job puts on each pod.
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// The label selector of every watcher.
@@ -79,6 +81,14 @@ pub fn attempt_labels(tenant_id: Uuid, job_id: Uuid, attempt: i32) -> BTreeMap<S
     labels.insert(LABEL_JOB.to_string(), job_id.to_string());
     labels.insert(LABEL_ATTEMPT.to_string(), attempt.to_string());
     labels
+}
+
+/// Whether an object is this installation's to delete: it carries `installation` as its label
+/// (an installation without an id owns what carries none). An object made before
+/// installations were labelled is no one's: finished, Kubernetes removes it after
+/// `job_ttl_after_finished`.
+pub fn made_by(labels: &BTreeMap<String, String>, installation: Option<&str>) -> bool {
+    labels.get(LABEL_INSTALLATION).map(String::as_str) == installation
 }
 
 /// The job and attempt an object belongs to, read back from its labels (adoption).

@@ -577,6 +577,46 @@ async fn garbage_collection_deletes_jobs_of_ended_or_unknown_attempts_only() {
     assert_eq!(fake.list("jobs").len(), 1, "the live attempt's Job stays");
 }
 
+/// Two installations on one cluster (staging beside production): each collects only the Jobs
+/// it made, though neither's database knows the other's attempts; a Job made before Jobs were
+/// labelled is no one's to collect.
+#[tokio::test]
+async fn garbage_collection_takes_only_this_installations_jobs() {
+    let logs = tempfile::tempdir().unwrap();
+    let fake = FakeApi::default();
+    let old = "2026-01-01T00:00:00Z";
+    let jobs = [("staging", 11), ("production", 12), ("production", 13)]
+        .map(|(installation, n)| (Some(installation), uuid::Uuid::from_u128(n)));
+    for (installation, job) in jobs.into_iter().chain([(None, uuid::Uuid::from_u128(14))]) {
+        let name = trainyard_kube::names::attempt_object(job, 1);
+        let mut labels = trainyard_kube::names::attempt_labels(TENANT, job, 1);
+        if let Some(installation) = installation {
+            labels.insert(trainyard_kube::names::LABEL_INSTALLATION.to_string(), installation.to_string());
+        }
+        fake.put("jobs", json!({ "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": { "name": name, "namespace": NS, "labels": labels, "creationTimestamp": old }, "spec": { "template": {} } }));
+    }
+    let mut production = config(&logs);
+    production.installation = Some("production".into());
+    let executor = executor(&fake, production).await;
+    // Production's database knows job 12's attempt only.
+    assert_eq!(executor.garbage_collect(&[(uuid::Uuid::from_u128(12), 1)]).await, 1);
+    let left: Vec<String> =
+        fake.list("jobs").iter().map(|j| j["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    let name = |n| trainyard_kube::names::attempt_object(uuid::Uuid::from_u128(n), 1);
+    assert!(!left.contains(&name(13)), "production's unknown attempt is collected: {left:?}");
+    for kept in [11, 12, 14] {
+        assert!(left.contains(&name(kept)), "job {kept} stays (staging's, live, or unlabelled): {left:?}");
+    }
+    // What it launches carries its label, Job and pods' template alike.
+    fake.node_put("gpu-1", "nvidia-h100-80gb-hbm3", 8);
+    fake.node_put("gpu-2", "nvidia-h100-80gb-hbm3", 8);
+    executor.launch(&examples::pytorch_ddp()).await.expect("launch");
+    let job = fake.get("jobs", NS, JOB_NAME).expect("the launched Job");
+    assert_eq!(job["metadata"]["labels"][trainyard_kube::names::LABEL_INSTALLATION], "production");
+    assert_eq!(job["spec"]["template"]["metadata"]["labels"][trainyard_kube::names::LABEL_INSTALLATION], "production");
+}
+
 #[tokio::test]
 async fn logs_stream_from_the_pod_and_are_kept_when_the_attempt_is_released() {
     use tokio::io::AsyncReadExt;

@@ -979,6 +979,15 @@ impl Store {
         Ok(())
     }
 
+    /// This installation's id (made with the database, migration 25): what the Kubernetes
+    /// executor labels its objects with, so that its garbage collection takes only its own.
+    pub async fn installation_id(&self) -> Result<Uuid> {
+        // language=PostgreSQL
+        let (id,): (Uuid,) =
+            sqlx::query_as("SELECT id FROM installation").fetch_one(&self.pool).await.map_err(db_error)?;
+        Ok(id)
+    }
+
     /// Takes the lease for `lease` if no one holds an unexpired one (a takeover increments the
     /// epoch). `None` when another server leads.
     pub async fn leadership_try(&self, holder: Uuid, lease: std::time::Duration) -> Result<Option<Leadership>> {

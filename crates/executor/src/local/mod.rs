@@ -481,6 +481,8 @@ impl LocalExecutor {
         master_port: u16,
         attempt_dir: &Path,
     ) -> Result<ReplicaPlacement, ExecutorError> {
+        // Refused before anything is made for the replica.
+        let binds = self.volume_binds(request)?;
         let workdir = self.replica_workdir(request.job_id, request.attempt, rank);
         let work_dir = self.attempt_work_dir(request.job_id, request.attempt);
         std::fs::create_dir_all(&work_dir)?;
@@ -557,7 +559,7 @@ impl LocalExecutor {
         if self.pid_namespaces() {
             command.arg("--pid-namespace");
         }
-        for (folder, seen_at) in self.volume_binds(request)? {
+        for (folder, seen_at) in binds {
             command.arg("--bind").arg(format!("{}={}", folder.display(), seen_at));
         }
         command

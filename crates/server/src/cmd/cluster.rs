@@ -72,6 +72,7 @@ pub async fn kube_server(
     config.storage_class = args.kube_storage_class.clone();
     config.cache_agent_url = args.kube_cache_agent_url.clone();
     config.termination_grace = settings.grace;
+    config.installation = Some(store.installation_id().await.context("reading this installation's id")?.to_string());
     let executor = KubernetesExecutor::connect(config).await.context("connecting to Kubernetes")?;
     let storage = storage.open(data_dir).context("opening the object store")?;
     Server::new(store, Arc::new(executor), storage, settings).map_err(anyhow::Error::msg)
