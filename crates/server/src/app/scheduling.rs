@@ -148,6 +148,18 @@ impl App {
     /// node, a GPU type no node has, a gang larger than the cluster) with a 422 naming the field
     /// and the capacity, unless the operator said the cluster grows (`--cluster-grows`).
     pub(crate) fn fits_cluster(&self, spec: &trainyard_core::job::JobSpec) -> Result<()> {
+        if let (Some(code), Some(max)) = (&spec.code, self.executor.code_bytes_max())
+            && code.size_bytes > max
+        {
+            return Err(Error::invalid(
+                "code",
+                format!(
+                    "the code archive takes {}, more than this cluster delivers with a job ({}): ship larger files in the image or a volume",
+                    trainyard_core::resources::human_memory(code.size_bytes),
+                    trainyard_core::resources::human_memory(max)
+                ),
+            ));
+        }
         if self.cluster_grows {
             return Ok(());
         }
