@@ -224,7 +224,8 @@ struct SubmitArgs {
     /// Memory per replica (4Gi, 512Mi).
     #[arg(long, default_value = "1Gi")]
     memory: String,
-    /// Higher runs first within your tenant (-1000 to 1000); may preempt lower priorities.
+    /// Higher runs first within your tenant (-1000 to 1000); a job that asks for GPUs may preempt
+    /// lower priorities (quotas and preemption are about GPUs: a CPU-only job waits for room).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
     /// Relaunches after a failed attempt.
