@@ -171,6 +171,23 @@ async fn following_logs_streams_output_and_ends_when_the_job_ends() {
         tokio::time::timeout(Duration::from_secs(30), followed).await.expect("follow ends with the job").unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(stdout(&output), "line 1\nline 2\nline 3\n");
+    assert!(stderr(&output).contains(&format!("== job {id} succeeded")), "the outcome ends it: {}", stderr(&output));
+
+    // A failing job: the follow ends with its outcome and exit code, and fails as `yard wait` does.
+    let (status, body) = env
+        .post(
+            "/api/v1/jobs",
+            &env.admin_token,
+            &json!({"command": ["sh", "-c", "echo trying; exit 3"], "max_restarts": 0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().unwrap();
+    let output = env.yard(&env.admin_token, &["logs", id, "-f"]);
+    assert_eq!(stdout(&output), "trying\n");
+    let said = stderr(&output);
+    assert!(said.contains(&format!("== job {id} failed")) && said.contains("code 3"), "{said}");
+    assert_eq!(output.status.code(), Some(1), "{said}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -110,7 +110,8 @@ enum Command {
         #[arg(long, default_value_t = trainyard_core::lineage::DEFAULT_DEPTH)]
         depth: u32,
     },
-    /// Print a replica's log; `-f` follows it until the job ends.
+    /// Print a replica's log; `-f` follows it until the job ends, then says how it ended (on
+    /// stderr; exit status 1 when it failed or was cancelled, as `yard wait`).
     Logs {
         id: String,
         #[arg(long, default_value_t = 0)]
@@ -671,7 +672,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 stdout.write_all(&chunk.context("the log stream broke off")?)?;
                 stdout.flush()?;
             }
-            Ok(ExitCode::SUCCESS)
+            drop(stdout);
+            if !follow {
+                return Ok(ExitCode::SUCCESS);
+            }
+            logs_outcome(&client, id).await
         }
         Command::Cancel { id } => {
             let id = client.job_id(&id).await?;
@@ -946,6 +951,28 @@ async fn code_upload(client: &Client, dir: &std::path::Path) -> anyhow::Result<S
 }
 
 /// Polls the job with a spinner until it ends.
+/// After `yard logs -f`: how the job came out, on stderr (the log itself is stdout), and as the
+/// exit status, as `yard wait` gives it: 0 when it succeeded, 1 when it failed or was cancelled.
+/// The log ends with its replica; the job's end is recorded by the next pass, so it is waited
+/// for a few seconds.
+async fn logs_outcome(client: &Client, id: uuid::Uuid) -> anyhow::Result<ExitCode> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let job = loop {
+        let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
+        let still = matches!(job.state, JobState::Starting | JobState::Running);
+        if !still || std::time::Instant::now() >= deadline {
+            break job;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let reason = job.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+    eprintln!("== job {} {}{reason}", job.id, job.state);
+    Ok(match job.state {
+        JobState::Failed | JobState::Cancelled => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    })
+}
+
 async fn wait(client: &Client, out: Output, id: &str, timeout: Option<Duration>) -> anyhow::Result<ExitCode> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.enable_steady_tick(Duration::from_millis(120));
