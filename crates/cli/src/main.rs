@@ -448,6 +448,10 @@ enum AdminQuotaCommand {
         /// How many of its idle GPUs others may borrow (default: all).
         #[arg(long)]
         lend: Option<u64>,
+        /// Set it even though no node has this GPU type yet (else a type the cluster lacks is
+        /// refused: a typo would otherwise be a quota no job can use).
+        #[arg(long)]
+        allow_unknown: bool,
     },
 }
 
@@ -801,9 +805,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Usage(args) => accounting::usage(&client, out, args).await,
         Command::Audit(args) => accounting::audit(&client, out, args).await,
         Command::Admin {
-            command: AdminCommand::Quota { command: AdminQuotaCommand::Set { tenant, flavor, nominal, borrow, lend } },
+            command:
+                AdminCommand::Quota {
+                    command: AdminQuotaCommand::Set { tenant, flavor, nominal, borrow, lend, allow_unknown },
+                },
         } => {
-            let body = QuotaSet { nominal, borrowing_limit: borrow, lending_limit: lend };
+            let body = QuotaSet { nominal, borrowing_limit: borrow, lending_limit: lend, allow_unknown };
             let set: trainyard_core::api::QuotaSetResult =
                 client.put_json(&format!("/api/v1/admin/tenants/{tenant}/quotas/{flavor}"), &body).await?;
             eprintln!("quota of {tenant} for {flavor}: nominal {nominal}");

@@ -417,6 +417,10 @@ pub struct QuotaSet {
     /// How many of its idle GPUs others may borrow; all when absent.
     #[serde(default)]
     pub lending_limit: Option<u64>,
+    /// Set it even though no node has GPUs of this type (nodes of it are about to join); else a
+    /// GPU type the cluster lacks (a typo, another spelling) is refused.
+    #[serde(default)]
+    pub allow_unknown: bool,
 }
 
 /// Changes a tenant's scheduling policy; absent fields stay as they are.

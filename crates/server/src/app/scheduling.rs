@@ -260,8 +260,21 @@ impl App {
         quota: QuotaSet,
     ) -> Result<trainyard_core::api::QuotaSetResult> {
         let audit = Audit::by(caller, "quota.set", format!("tenant:{tenant}/quota:{flavor}"));
+        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
+        let missing = trainyard_scheduler::fit::missing_gpu_type(&nodes, flavor);
         self.audited(&audit, async {
             caller.require_platform_admin()?;
+            if let Some(missing) = &missing
+                && !quota.allow_unknown
+                && !self.cluster_grows
+            {
+                return Err(Error::invalid(
+                    "flavor",
+                    format!(
+                        "{missing}; to set it before such nodes join, allow unknown GPU types (yard: --allow-unknown)"
+                    ),
+                ));
+            }
             self.store
                 .quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit, &audit)
                 .await
@@ -269,8 +282,7 @@ impl App {
         .await?;
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
-        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
-        let warnings = trainyard_scheduler::fit::missing_gpu_type(&nodes, flavor)
+        let warnings = missing
             .map(|missing| format!("{missing}: no job can use this quota until such nodes join"))
             .into_iter()
             .collect();

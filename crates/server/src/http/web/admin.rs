@@ -356,6 +356,7 @@ pub async fn quota_set(State(state): State<AppState>, auth: WebAuth, CsrfForm(fo
             nominal,
             borrowing_limit: optional_number(&form, "borrowing_limit")?,
             lending_limit: optional_number(&form, "lending_limit")?,
+            allow_unknown: field(&form, "allow_unknown") == "on",
         };
         let set = state.app.quota_set(&auth.caller, tenant, flavor, quota).await?;
         let mut message = format!("quota of {tenant} for {flavor} set to {nominal} GPUs");
