@@ -514,6 +514,12 @@ async fn main() -> ExitCode {
         }
         Err(err) => {
             match err.downcast_ref::<ApiFailure>() {
+                Some(failure) if failure.problems.len() > 1 => {
+                    eprintln!("error: {} problems:", failure.problems.len());
+                    for problem in &failure.problems {
+                        eprintln!("  {}: {}", problem.field, problem.message);
+                    }
+                }
                 Some(failure) => eprintln!("error: {}", failure.message),
                 None => eprintln!("error: {err:#}"),
             }
