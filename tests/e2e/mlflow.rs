@@ -229,6 +229,25 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
         .await;
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
 
+    // Text Postgres cannot store (NUL), in a body and in a query: MLflow's 400, not Trainyard's 422.
+    let (status, body) = env
+        .post("/api/2.0/mlflow/runs/set-tag", &member, &json!({"run_id": run, "key": "k", "value": "a\u{0}b"}))
+        .await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+    let (status, body) = env.get("/api/2.0/mlflow/experiments/get-by-name?experiment_name=a%00b", &member).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+
+    // NaN and infinities, which JSON lacks, in protobuf's spelling both ways.
+    for value in ["NaN", "Infinity", "-Infinity"] {
+        let log = json!({"run_id": run, "key": format!("odd{}", value.len()), "value": value, "timestamp": 1});
+        let (status, body) = env.post("/api/2.0/mlflow/runs/log-metric", &member, &log).await;
+        assert_eq!(status, StatusCode::OK, "{value}: {body}");
+        let key = format!("odd{}", value.len());
+        let (_, body) =
+            env.get(&format!("/api/2.0/mlflow/metrics/get-history?run_id={run}&metric_key={key}"), &member).await;
+        assert_eq!(body["metrics"][0]["value"], value, "{body}");
+    }
+
     // Credentials, in MLflow's shape too: none is 401, a viewer may not write.
     let (status, body) =
         env.call(reqwest::Method::GET, &format!("/api/2.0/mlflow/runs/get?run_id={run}"), None, None).await;

@@ -28,6 +28,9 @@ use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiQuery, Auth};
 use crate::http::routes::RouteTable;
 
+/// Where MLflow's routes are (the edge answers them in MLflow's error shape).
+pub const MLFLOW_PREFIX: &str = "/api/2.0/mlflow/";
+
 pub fn routes() -> RouteTable {
     RouteTable::new()
         .route("/api/2.0/mlflow/experiments/get-by-name", get(experiment_get_by_name))
