@@ -51,7 +51,12 @@ with mlflow.start_run(run_name="laptop") as run:
     mlflow.set_tag("team", "vision")
     mlflow.set_tag("team", "vision-2")  # tags overwrite
 run_id = run.info.run_id
+# A second run in the Default experiment, id 0, which every tenant has: another tenant's search of
+# its own experiment 0 must not find it.
+with mlflow.start_run(experiment_id="0") as default_run:
+    mlflow.log_param("where", "default")
 runs = mlflow.search_runs(experiment_names=["mnist"], output_format="list")
+everywhere = mlflow.search_runs(search_all_experiments=True, output_format="list")
 matching = mlflow.search_runs(
     experiment_names=["mnist"], filter_string="params.lr = '0.1' and tags.team = 'vision-2'", output_format="list")
 not_matching = mlflow.search_runs(experiment_names=["mnist"], filter_string="params.lr = '0.2'", output_format="list")
@@ -60,7 +65,10 @@ history = client.get_metric_history(run_id, "loss")
 got = client.get_run(run_id)
 print(json.dumps({
     "run_id": run_id,
+    "default_run_id": default_run.info.run_id,
     "runs": [r.info.run_id for r in runs],
+    "everywhere": sorted(r.info.run_id for r in everywhere),
+    "experiments": sorted(e.name for e in MlflowClient().search_experiments()),
     "matching": [r.info.run_id for r in matching],
     "not_matching": len(not_matching),
     "status": got.info.status,
@@ -84,6 +92,11 @@ async fn the_mlflow_client_logs_a_run_and_reads_it_back_and_another_tenant_sees_
     let logged = tokio::task::block_in_place(|| mlflow_python(&env, &member, LOG_A_RUN));
     let run_id = logged["run_id"].as_str().unwrap().to_string();
     assert_eq!(logged["runs"], json!([run_id]), "search_runs finds the run: {logged}");
+    let default_run = logged["default_run_id"].as_str().unwrap().to_string();
+    let mut both = vec![run_id.clone(), default_run.clone()];
+    both.sort();
+    assert_eq!(logged["everywhere"], json!(both), "both runs, in both experiments");
+    assert_eq!(logged["experiments"], json!(["Default", "mnist"]));
     assert_eq!(logged["matching"], json!([run_id]), "the filter on a param and a tag matches it");
     assert_eq!(logged["not_matching"], 0, "another value of the param matches nothing");
     assert_eq!(logged["status"], "FINISHED", "end_run finished it");
@@ -108,6 +121,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 client = MlflowClient()
 runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+in_default = mlflow.search_runs(experiment_ids=["0"], output_format="list")
 try:
     client.get_run("{run_id}")
     code = None
@@ -118,14 +132,16 @@ try:
     write = None
 except MlflowException as e:
     write = e.error_code
-print(json.dumps({{"runs": len(runs), "get_run": code, "log_param": write,
+print(json.dumps({{"runs": len(runs), "in_default": len(in_default), "get_run": code, "log_param": write,
+                   "experiments": [e.name for e in client.search_experiments()],
                    "experiment": client.get_experiment_by_name("mnist") is not None}}))
 "#
     );
     let seen = tokio::task::block_in_place(|| mlflow_python(&env, &other, &script));
     assert_eq!(
         seen,
-        json!({"runs": 0, "get_run": "RESOURCE_DOES_NOT_EXIST", "log_param": "RESOURCE_DOES_NOT_EXIST", "experiment": false}),
+        json!({"runs": 0, "in_default": 0, "get_run": "RESOURCE_DOES_NOT_EXIST", "log_param": "RESOURCE_DOES_NOT_EXIST",
+               "experiments": ["Default"], "experiment": false}),
         "another tenant sees nothing and writes nothing"
     );
     let (status, body) = env.get(&format!("/api/2.0/mlflow/runs/get?run_id={run_id}"), &member).await;
