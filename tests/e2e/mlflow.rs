@@ -273,4 +273,32 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
     assert_mlflow_error(status, &body, StatusCode::FORBIDDEN, "PERMISSION_DENIED");
     let (status, _) = env.get(&format!("/api/2.0/mlflow/runs/get?run_id={run}"), &viewer).await;
     assert_eq!(status, StatusCode::OK, "a viewer reads");
+    let (status, body) = env.post("/api/2.0/mlflow/runs/create", &viewer, &json!({})).await;
+    assert_mlflow_error(status, &body, StatusCode::FORBIDDEN, "PERMISSION_DENIED");
+
+    // Making experiments and runs is audited, refusals too (what is logged to a run is not).
+    let (status, page) = env.get("/api/v1/audit?action=mlflow.&limit=100", &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let entries: Vec<(String, String, String)> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().into(),
+                e["actor"].as_str().unwrap().into(),
+                e["outcome"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    for want in [
+        ("mlflow.run.create", "user:mia", "ok"),
+        ("mlflow.experiment.create", "user:mia", "ok"),
+        ("mlflow.experiment.create", "user:mia", "conflict"),
+        ("mlflow.run.create", "user:vera", "denied"),
+    ] {
+        let want = (want.0.to_string(), want.1.to_string(), want.2.to_string());
+        assert!(entries.contains(&want), "{want:?} in {entries:?}");
+    }
+    assert_eq!(entries.len(), 4, "one entry per attempt to make something, none for logging: {entries:?}");
 }

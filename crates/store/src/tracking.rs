@@ -7,6 +7,7 @@ use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunF
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
+use crate::audit::{self, Audit, Outcome};
 use crate::{Store, db_error, violated_constraint};
 
 /// The tag MLflow keeps a run's name in, beside the run's own field.
@@ -52,21 +53,27 @@ pub struct RunNew<'a> {
 }
 
 impl Store {
-    /// Makes an experiment of the tenant; a taken name is a conflict.
-    pub async fn mlflow_experiment_create(&self, tenant_id: Uuid, name: &str) -> Result<i64> {
+    /// Makes an experiment of the tenant, with its audit entry; a taken name is refused.
+    pub async fn mlflow_experiment_create(&self, tenant_id: Uuid, name: &str, audit: &Audit) -> Result<i64> {
+        let mut tx = self.begin().await?;
         // language=PostgreSQL
-        sqlx::query_scalar("INSERT INTO mlflow_experiments (tenant_id, name) VALUES ($1, $2) RETURNING experiment_id")
-            .bind(tenant_id)
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|err| match violated_constraint(&err) {
-                Some("mlflow_experiments_name_unique") => {
-                    Error::AlreadyExists(format!("an experiment named '{name}' already exists"))
-                }
-                Some("mlflow_experiments_name_length") => Error::invalid("name", "1 to 500 characters"),
-                _ => db_error(err),
-            })
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO mlflow_experiments (tenant_id, name) VALUES ($1, $2) RETURNING experiment_id",
+        )
+        .bind(tenant_id)
+        .bind(name)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|err| match violated_constraint(&err) {
+            Some("mlflow_experiments_name_unique") => {
+                Error::AlreadyExists(format!("an experiment named '{name}' already exists"))
+            }
+            Some("mlflow_experiments_name_length") => Error::invalid("name", "1 to 500 characters"),
+            _ => db_error(err),
+        })?;
+        audit::append(&mut *tx, &audit.clone().target(format!("mlflow-experiment:{id}")), Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(id)
     }
 
     pub async fn mlflow_experiment_get(&self, tenant_id: Uuid, experiment_id: i64) -> Result<Experiment> {
@@ -113,8 +120,15 @@ impl Store {
         Ok(rows.into_iter().map(experiment_of).collect())
     }
 
-    /// Makes a run in an experiment of the tenant, with its first tags, in one transaction.
-    pub async fn mlflow_run_create(&self, tenant_id: Uuid, created_by: Uuid, run: &RunNew<'_>) -> Result<Run> {
+    /// Makes a run in an experiment of the tenant, with its first tags and its audit entry, in
+    /// one transaction.
+    pub async fn mlflow_run_create(
+        &self,
+        tenant_id: Uuid,
+        created_by: Uuid,
+        run: &RunNew<'_>,
+        audit: &Audit,
+    ) -> Result<Run> {
         let mut tx = self.begin().await?;
         // language=PostgreSQL
         let sql = concat!(
@@ -140,6 +154,8 @@ impl Store {
         let mut tags: Vec<KeyValue> = run.tags.iter().filter(|t| t.key != RUN_NAME_TAG).cloned().collect();
         tags.push(KeyValue { key: RUN_NAME_TAG.into(), value: info.run_name.clone() });
         tags_upsert(&mut tx, tenant_id, info.run_id, &tags).await?;
+        let target = format!("mlflow-run:{}", info.run_id.simple());
+        audit::append(&mut *tx, &audit.clone().target(target), Outcome::Ok, None).await?;
         tx.commit().await.map_err(db_error)?;
         self.mlflow_run_get(tenant_id, info.run_id).await
     }

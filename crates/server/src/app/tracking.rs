@@ -1,13 +1,16 @@
 //! Experiment tracking through MLflow's API (issue 42): experiments and runs of the caller's
 //! tenant, read by its viewers and written by its members (`Action::ReadRuns`,
 //! `Action::LogRuns`), with MLflow's rules ([`trainyard_core::tracking`]). Pages are offsets,
-//! handed to the client as opaque tokens.
+//! handed to the client as opaque tokens. Making an experiment or a run is audited (`mlflow.*`, refusals
+//! too), run to its end even if the client goes; what is logged to a run is data, like an
+//! engine's metrics, and is not.
 
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::tracking::{
     Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunStatus,
 };
 use trainyard_core::{Error, Result};
+use trainyard_store::audit::Audit;
 use trainyard_store::tracking::RunNew;
 use uuid::Uuid;
 
@@ -52,11 +55,20 @@ pub struct RunCreate {
 
 impl App {
     pub async fn mlflow_experiment_create(&self, caller: &Caller, name: &str) -> Result<i64> {
+        let (caller, name) = (caller.clone(), name.to_string());
+        self.uncancelled(move |app| async move {
+            let audit = Audit::by(&caller, "mlflow.experiment.create", format!("mlflow-experiment:{name}"));
+            app.audited(&audit, app.mlflow_experiment_create_checked(&caller, &name, &audit)).await
+        })
+        .await
+    }
+
+    async fn mlflow_experiment_create_checked(&self, caller: &Caller, name: &str, audit: &Audit) -> Result<i64> {
         caller.authorize(Action::LogRuns)?;
         if name.trim().is_empty() {
             return Err(Error::invalid("name", "an experiment needs a name"));
         }
-        self.store.mlflow_experiment_create(caller.tenant_id, name).await
+        self.store.mlflow_experiment_create(caller.tenant_id, name, audit).await
     }
 
     pub async fn mlflow_experiment_get(&self, caller: &Caller, experiment_id: i64) -> Result<Experiment> {
@@ -81,6 +93,15 @@ impl App {
     }
 
     pub async fn mlflow_run_create(&self, caller: &Caller, run: RunCreate) -> Result<Run> {
+        let caller = caller.clone();
+        self.uncancelled(move |app| async move {
+            let audit = Audit::by(&caller, "mlflow.run.create", format!("mlflow-experiment:{}", run.experiment_id));
+            app.audited(&audit, app.mlflow_run_create_checked(&caller, run, &audit)).await
+        })
+        .await
+    }
+
+    async fn mlflow_run_create_checked(&self, caller: &Caller, run: RunCreate, audit: &Audit) -> Result<Run> {
         caller.authorize(Action::LogRuns)?;
         LogBatch { tags: run.tags.clone(), ..Default::default() }.validate()?;
         let start_time = run.start_time.unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
@@ -92,7 +113,7 @@ impl App {
             start_time,
             tags: &run.tags,
         };
-        self.store.mlflow_run_create(caller.tenant_id, caller.user_id, &new).await
+        self.store.mlflow_run_create(caller.tenant_id, caller.user_id, &new, audit).await
     }
 
     pub async fn mlflow_run_get(&self, caller: &Caller, run_id: Uuid) -> Result<Run> {
