@@ -1,5 +1,5 @@
 //! MLflow-compatible tracking: experiments, runs, and the params, tags and metrics logged to
-//! them (migration 26). Every query takes the caller's tenant id; another tenant's experiment or
+//! them (migration 27). Every query takes the caller's tenant id; another tenant's experiment or
 //! run answers as none does. Params are written once, tags overwrite, metrics append.
 
 use trainyard_core::error::ObjectKind;
