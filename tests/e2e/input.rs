@@ -324,3 +324,48 @@ async fn a_name_gets_the_same_answer_from_the_api_a_template_and_the_dashboard()
     assert!(page.contains(rule), "the dashboard shows the same rule:\n{page}");
     assert_eq!(env.jobs_in_db().await, 0);
 }
+
+/// A submission that breaks three rules is told all three at once: in the API (each field in
+/// `errors`), by the CLI (one a line) and on the dashboard's form (each next to its field, and
+/// a summary at the top); nothing is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submission_with_three_errors_gets_three_in_the_api_the_cli_and_the_form() {
+    let env = TestEnv::start().await;
+    let bad = json!({"command": ["true"], "name": "Bad Name!", "replicas": 0, "priority": 5000});
+    let (status, body) = env.post("/api/v1/jobs", &env.admin_token, &bad).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let fields: Vec<&str> =
+        body["error"]["errors"].as_array().unwrap().iter().map(|e| e["field"].as_str().unwrap()).collect();
+    assert_eq!(fields, ["name", "replicas", "priority"], "{body}");
+    assert_eq!(body["error"]["field"], "name", "the first, as before, for clients that read one");
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("3 problems: name: "), "{body}");
+
+    let cli = env.yard(
+        &env.admin_token,
+        &["submit", "--name", "Bad Name!", "--replicas", "0", "--priority", "5000", "--", "true"],
+    );
+    assert!(!cli.status.success());
+    let said = trainyard_tests::stderr(&cli);
+    assert!(said.contains("error: 3 problems:\n"), "{said}");
+    for field in ["  name: ", "  replicas: ", "  priority: "] {
+        assert!(said.contains(field), "{field} in {said}");
+    }
+
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (_, form) = web.get("/submit/shell").await;
+    let csrf = trainyard_tests::web::csrf_of(&form);
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("p.command", "true"),
+        ("name", "Bad Name!"),
+        ("priority", "5000"),
+        ("max_restarts", "1000"),
+    ];
+    let (status, page) = web.post_form("/submit/shell", &fields).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{page}");
+    for id in ["form-error", "f-name-error", "f-priority-error"] {
+        assert!(page.contains(&format!("id=\"{id}\"")), "{id} shown: {page}");
+    }
+    assert!(page.contains("3 problems"), "the summary at the top names all three: {page}");
+    assert_eq!(env.jobs_in_db().await, 0, "nothing was written");
+}

@@ -171,6 +171,23 @@ async fn following_logs_streams_output_and_ends_when_the_job_ends() {
         tokio::time::timeout(Duration::from_secs(30), followed).await.expect("follow ends with the job").unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(stdout(&output), "line 1\nline 2\nline 3\n");
+    assert!(stderr(&output).contains(&format!("== job {id} succeeded")), "the outcome ends it: {}", stderr(&output));
+
+    // A failing job: the follow ends with its outcome and exit code, and fails as `yard wait` does.
+    let (status, body) = env
+        .post(
+            "/api/v1/jobs",
+            &env.admin_token,
+            &json!({"command": ["sh", "-c", "echo trying; exit 3"], "max_restarts": 0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().unwrap();
+    let output = env.yard(&env.admin_token, &["logs", id, "-f"]);
+    assert_eq!(stdout(&output), "trying\n");
+    let said = stderr(&output);
+    assert!(said.contains(&format!("== job {id} failed")) && said.contains("code 3"), "{said}");
+    assert_eq!(output.status.code(), Some(1), "{said}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -518,4 +535,43 @@ async fn a_job_whose_pod_the_cluster_cannot_place_says_why_while_it_waits() {
     let placed = env.submit(json!({"command": ["sleep", "300"], "resources": {"cpu": 0.5}})).await;
     let job = env.wait_state(&placed, "running", Duration::from_secs(20)).await;
     assert!(job["reason"].is_null(), "{job}");
+}
+
+/// Kubernetes ships a job's code in the attempt's ConfigMap (1 MiB at most): code larger than
+/// that is refused at submit, naming the limit and the way out, and nothing is queued; it used
+/// to queue, wait its turn and fail only at its launch.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_larger_than_the_cluster_delivers_is_refused_at_submit() {
+    let scratch = tempfile::tempdir().unwrap();
+    let fake = trainyard_tests::FakeApiServer::start(scratch.path(), &["1"]);
+    let env = TestEnv::start_with_env(
+        &["--executor", "kubernetes", "--kube-image", "registry.example/runtime:1"],
+        &[("KUBECONFIG".to_string(), fake.kubeconfig.display().to_string())],
+    )
+    .await;
+    let project = env.dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    // Bytes no compression shrinks (an xorshift sequence), 1.5 MiB of them.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let noise: Vec<u8> = (0..(3 << 19))
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(project.join("weights.bin"), noise).unwrap();
+    let refused = env.yard_in(&project, &env.admin_token, &["submit", "--", "true"]);
+    assert!(!refused.status.success(), "{}", stdout(&refused));
+    let said = stderr(&refused);
+    assert!(
+        said.contains("code") && said.contains("more than this cluster delivers") && said.contains("image or a volume"),
+        "{said}"
+    );
+    assert_eq!(env.jobs_in_db().await, 0, "nothing was queued");
+
+    std::fs::write(project.join("weights.bin"), b"small").unwrap();
+    let accepted = env.yard_in(&project, &env.admin_token, &["submit", "--", "true"]);
+    assert!(accepted.status.success(), "{}", stderr(&accepted));
 }

@@ -278,13 +278,29 @@ async fn jobs_that_can_never_fit_are_refused_with_the_capacity_named() {
     let waits = env.yard(&env.admin_token, &["submit", "--gpus", "8", "--what-if", "--", "true"]);
     assert_eq!(waits.status.code(), Some(3), "{}{}", stdout(&waits), stderr(&waits));
 
-    // A quota for a GPU type no node has: set, with a warning (API and CLI).
+    // A quota for a GPU type no node has (a typo, another spelling): refused, naming the
+    // cluster's types and the way to set it anyway; nothing is stored.
     let (status, body) =
         env.call(Method::PUT, "/api/v1/admin/tenants/default/quotas/b200", Some(&env.admin_token), Some(&quota)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "flavor", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no node of this cluster has GPUs of type b200 (its GPU types: sim-gpu)"), "{message}");
+    assert!(message.contains("--allow-unknown"), "{message}");
+    let refused = env.yard(&env.admin_token, &["admin", "quota", "set", "default", "b200", "--nominal", "4"]);
+    assert!(!refused.status.success() && stderr(&refused).contains("GPUs of type b200"), "{}", stderr(&refused));
+    let (_, report) = env.get("/api/v1/quota", &env.admin_token).await;
+    assert!(!report.to_string().contains("b200"), "nothing stored: {report}");
+    // Allowed on purpose (nodes of it are about to join): set, with a warning (API and CLI).
+    let allowed = json!({"nominal": 8, "allow_unknown": true});
+    let (status, body) = env
+        .call(Method::PUT, "/api/v1/admin/tenants/default/quotas/b200", Some(&env.admin_token), Some(&allowed))
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["warnings"][0].as_str().unwrap().contains("no node of this cluster has GPUs of type b200"), "{body}");
-    let set = env.yard(&env.admin_token, &["admin", "quota", "set", "default", "b200", "--nominal", "4"]);
-    assert!(set.status.success());
+    let set =
+        env.yard(&env.admin_token, &["admin", "quota", "set", "default", "b200", "--nominal", "4", "--allow-unknown"]);
+    assert!(set.status.success(), "{}", stderr(&set));
     assert!(stderr(&set).contains("warning: no node of this cluster has GPUs of type b200"));
 }
 

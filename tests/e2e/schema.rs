@@ -71,6 +71,60 @@ async fn an_illegal_transition_cannot_be_persisted() {
     assert!(err.to_string().contains("cancelled -> queued"), "terminal states are final: {err}");
 }
 
+/// A job whose replicas ended before any pass saw them running went from `starting` to its end
+/// and had no `started_at` ("Started -"): it takes its first launched attempt's start; a launch
+/// that started nothing leaves it unset.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_that_ends_before_it_is_seen_running_still_has_started() {
+    let db = TestDb::fresh().await;
+    let store = trainyard_store::Store::from_pool(db.pool.clone());
+    store.bootstrap("default", "admin").await.unwrap();
+    let job = |placed: bool| {
+        let pool = db.pool.clone();
+        async move {
+            let id: uuid::Uuid = sqlx::query_scalar(
+                "INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by)
+                 SELECT gen_random_uuid(), t.id, 'x', '{}', 'test', u.id FROM tenants t, users u RETURNING id",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            for state in ["admitted", "starting"] {
+                sqlx::query("UPDATE jobs SET state = $1 WHERE id = $2")
+                    .bind(state)
+                    .bind(id)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            let placement = placed.then(|| serde_json::json!({"replicas": []}));
+            sqlx::query(
+                "INSERT INTO job_attempts (job_id, tenant_id, attempt, placement, started_at)
+                 SELECT id, tenant_id, 1, $2, now() - interval '3 seconds' FROM jobs WHERE id = $1",
+            )
+            .bind(id)
+            .bind(placement)
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query("UPDATE jobs SET state = 'succeeded' WHERE id = $1").bind(id).execute(&pool).await.unwrap();
+            let (started, attempt_started): (Option<chrono::DateTime<chrono::Utc>>, chrono::DateTime<chrono::Utc>) =
+                sqlx::query_as(
+                    "SELECT j.started_at, a.started_at FROM jobs j JOIN job_attempts a ON a.job_id = j.id WHERE j.id = $1",
+                )
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (started, attempt_started)
+        }
+    };
+    let (started, attempt_started) = job(true).await;
+    assert_eq!(started, Some(attempt_started), "it started when its attempt was launched");
+    let (started, _) = job(false).await;
+    assert_eq!(started, None, "a launch that placed nothing started nothing");
+}
+
 /// A transaction whose caller is cancelled while it begins leaves no transaction open on the
 /// pooled connection. (sqlx 0.9.0's `Pool::begin` does, transact-rs/sqlx#4393: the next user of
 /// the connection writes into a transaction nobody commits. A chaos run lost a job's writes and

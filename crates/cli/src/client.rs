@@ -19,6 +19,8 @@ pub struct ApiFailure {
     pub code: String,
     pub message: String,
     pub field: Option<String>,
+    /// Every input the server refused, with why (`invalid_input`): printed one a line.
+    pub problems: Vec<trainyard_core::error::FieldProblem>,
 }
 
 /// How many more times a request the server answered 503 (its database away, or too busy) is
@@ -239,10 +241,20 @@ async fn failure_of(response: Response) -> ApiFailure {
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
     match serde_json::from_str::<ErrorBody>(&text) {
-        Ok(body) => ApiFailure { status, code: body.error.code, message: body.error.message, field: body.error.field },
-        Err(_) => {
-            ApiFailure { status, code: "http".into(), message: format!("{status}: {}", text.trim()), field: None }
-        }
+        Ok(body) => ApiFailure {
+            status,
+            code: body.error.code,
+            message: body.error.message,
+            field: body.error.field,
+            problems: body.error.errors,
+        },
+        Err(_) => ApiFailure {
+            status,
+            code: "http".into(),
+            message: format!("{status}: {}", text.trim()),
+            field: None,
+            problems: Vec::new(),
+        },
     }
 }
 

@@ -110,7 +110,8 @@ enum Command {
         #[arg(long, default_value_t = trainyard_core::lineage::DEFAULT_DEPTH)]
         depth: u32,
     },
-    /// Print a replica's log; `-f` follows it until the job ends.
+    /// Print a replica's log; `-f` follows it until the job ends, then says how it ended (on
+    /// stderr; exit status 1 when it failed or was cancelled, as `yard wait`).
     Logs {
         id: String,
         #[arg(long, default_value_t = 0)]
@@ -224,7 +225,8 @@ struct SubmitArgs {
     /// Memory per replica (4Gi, 512Mi).
     #[arg(long, default_value = "1Gi")]
     memory: String,
-    /// Higher runs first within your tenant (-1000 to 1000); may preempt lower priorities.
+    /// Higher runs first within your tenant (-1000 to 1000); a job that asks for GPUs may preempt
+    /// lower priorities (quotas and preemption are about GPUs: a CPU-only job waits for room).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,
     /// Relaunches after a failed attempt.
@@ -446,6 +448,10 @@ enum AdminQuotaCommand {
         /// How many of its idle GPUs others may borrow (default: all).
         #[arg(long)]
         lend: Option<u64>,
+        /// Set it even though no node has this GPU type yet (else a type the cluster lacks is
+        /// refused: a typo would otherwise be a quota no job can use).
+        #[arg(long)]
+        allow_unknown: bool,
     },
 }
 
@@ -508,6 +514,12 @@ async fn main() -> ExitCode {
         }
         Err(err) => {
             match err.downcast_ref::<ApiFailure>() {
+                Some(failure) if failure.problems.len() > 1 => {
+                    eprintln!("error: {} problems:", failure.problems.len());
+                    for problem in &failure.problems {
+                        eprintln!("  {}: {}", problem.field, problem.message);
+                    }
+                }
                 Some(failure) => eprintln!("error: {}", failure.message),
                 None => eprintln!("error: {err:#}"),
             }
@@ -670,7 +682,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 stdout.write_all(&chunk.context("the log stream broke off")?)?;
                 stdout.flush()?;
             }
-            Ok(ExitCode::SUCCESS)
+            drop(stdout);
+            if !follow {
+                return Ok(ExitCode::SUCCESS);
+            }
+            logs_outcome(&client, id).await
         }
         Command::Cancel { id } => {
             let id = client.job_id(&id).await?;
@@ -795,9 +811,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Usage(args) => accounting::usage(&client, out, args).await,
         Command::Audit(args) => accounting::audit(&client, out, args).await,
         Command::Admin {
-            command: AdminCommand::Quota { command: AdminQuotaCommand::Set { tenant, flavor, nominal, borrow, lend } },
+            command:
+                AdminCommand::Quota {
+                    command: AdminQuotaCommand::Set { tenant, flavor, nominal, borrow, lend, allow_unknown },
+                },
         } => {
-            let body = QuotaSet { nominal, borrowing_limit: borrow, lending_limit: lend };
+            let body = QuotaSet { nominal, borrowing_limit: borrow, lending_limit: lend, allow_unknown };
             let set: trainyard_core::api::QuotaSetResult =
                 client.put_json(&format!("/api/v1/admin/tenants/{tenant}/quotas/{flavor}"), &body).await?;
             eprintln!("quota of {tenant} for {flavor}: nominal {nominal}");
@@ -945,6 +964,28 @@ async fn code_upload(client: &Client, dir: &std::path::Path) -> anyhow::Result<S
 }
 
 /// Polls the job with a spinner until it ends.
+/// After `yard logs -f`: how the job came out, on stderr (the log itself is stdout), and as the
+/// exit status, as `yard wait` gives it: 0 when it succeeded, 1 when it failed or was cancelled.
+/// The log ends with its replica; the job's end is recorded by the next pass, so it is waited
+/// for a few seconds.
+async fn logs_outcome(client: &Client, id: uuid::Uuid) -> anyhow::Result<ExitCode> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let job = loop {
+        let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
+        let still = matches!(job.state, JobState::Starting | JobState::Running);
+        if !still || std::time::Instant::now() >= deadline {
+            break job;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let reason = job.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+    eprintln!("== job {} {}{reason}", job.id, job.state);
+    Ok(match job.state {
+        JobState::Failed | JobState::Cancelled => ExitCode::FAILURE,
+        _ => ExitCode::SUCCESS,
+    })
+}
+
 async fn wait(client: &Client, out: Output, id: &str, timeout: Option<Duration>) -> anyhow::Result<ExitCode> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.enable_steady_tick(Duration::from_millis(120));

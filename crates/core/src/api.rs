@@ -238,9 +238,14 @@ pub struct ErrorDetail {
     pub code: String,
     /// What went wrong, for people.
     pub message: String,
-    /// The offending input, as a path such as `resources.gpus`, when there is one.
+    /// The offending input, as a path such as `resources.gpus`, when there is one (the first,
+    /// when several are).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// Every offending input with its message (`invalid_input` only): all the rules a request
+    /// breaks are named at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<crate::error::FieldProblem>,
 }
 
 /// One reported value of a metric.
@@ -417,6 +422,10 @@ pub struct QuotaSet {
     /// How many of its idle GPUs others may borrow; all when absent.
     #[serde(default)]
     pub lending_limit: Option<u64>,
+    /// Set it even though no node has GPUs of this type (nodes of it are about to join); else a
+    /// GPU type the cluster lacks (a typo, another spelling) is refused.
+    #[serde(default)]
+    pub allow_unknown: bool,
 }
 
 /// Changes a tenant's scheduling policy; absent fields stay as they are.

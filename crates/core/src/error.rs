@@ -9,6 +9,10 @@ pub enum Error {
     /// The request is malformed or breaks a rule; `field` names the offending input.
     #[error("{field}: {message}")]
     InvalidInput { field: String, message: String },
+    /// Several inputs break rules at once: every one is named, so that a caller fixes them all
+    /// in one go (always two or more; one is [`Error::InvalidInput`]).
+    #[error("{}", .0.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; "))]
+    InvalidFields(Vec<FieldProblem>),
     /// No such object for this caller. Also returned for other tenants' objects, so that
     /// existence never leaks across tenants.
     #[error("{kind} not found")]
@@ -39,6 +43,60 @@ pub enum Error {
     /// A bug or an unexpected failure. The message is logged, never sent to the caller.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// One input that breaks a rule, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct FieldProblem {
+    /// The input, as a path such as `resources.gpus`.
+    pub field: String,
+    pub message: String,
+}
+
+/// Collects every broken rule of an input before answering, instead of stopping at the first.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<FieldProblem>);
+
+impl Problems {
+    pub fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldProblem { field: field.into(), message: message.into() });
+    }
+
+    /// Adds the problem of a check that returned one.
+    pub fn check(&mut self, outcome: Result<(), Error>) {
+        match outcome {
+            Ok(()) => {}
+            Err(Error::InvalidInput { field, message }) => self.add(field, message),
+            Err(Error::InvalidFields(problems)) => self.0.extend(problems),
+            Err(other) => self.add("", other.to_string()),
+        }
+    }
+
+    /// `Ok` when nothing broke a rule; else one error naming each problem.
+    pub fn into_result(mut self) -> Result<(), Error> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => {
+                let FieldProblem { field, message } = self.0.remove(0);
+                Err(Error::InvalidInput { field, message })
+            }
+            _ => Err(Error::InvalidFields(self.0)),
+        }
+    }
+}
+
+impl Error {
+    /// Every input problem of an error: one for [`Error::InvalidInput`], each of
+    /// [`Error::InvalidFields`], none for any other error.
+    pub fn field_problems(&self) -> Vec<FieldProblem> {
+        match self {
+            Error::InvalidInput { field, message } => {
+                vec![FieldProblem { field: field.clone(), message: message.clone() }]
+            }
+            Error::InvalidFields(problems) => problems.clone(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// The kinds of objects a caller can ask for; used in not-found errors.

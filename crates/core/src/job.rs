@@ -181,93 +181,87 @@ pub struct ValidSubmission {
 impl JobSubmission {
     /// Checks every rule and returns the canonical job, or an error naming the first bad field.
     pub fn validate(self) -> Result<ValidSubmission, Error> {
+        // Every rule is checked, and every broken one named at once.
+        let mut problems = crate::error::Problems::default();
         if self.command.is_empty() || self.command[0].trim().is_empty() {
-            return Err(Error::invalid("command", "must name a program to run, e.g. [\"python\", \"train.py\"]"));
+            problems.add("command", "must name a program to run, e.g. [\"python\", \"train.py\"]");
         }
         let argv_bytes: usize = self.command.iter().chain(&self.args).map(|a| a.len()).sum();
         if self.command.len() + self.args.len() > MAX_ARGV_ITEMS || argv_bytes > MAX_ARGV_BYTES {
-            return Err(Error::invalid(
+            problems.add(
                 "args",
                 format!("command and args together may have at most {MAX_ARGV_ITEMS} items and {MAX_ARGV_BYTES} bytes"),
-            ));
+            );
         }
         for (field, items) in [("command", &self.command), ("args", &self.args)] {
             if let Some(i) = items.iter().position(|a| a.contains('\0')) {
-                return Err(Error::invalid(format!("{field}[{i}]"), "must not contain a NUL byte"));
+                problems.add(format!("{field}[{i}]"), "must not contain a NUL byte");
             }
         }
-        validate_env(&self.env)?;
-
-        let name = match self.name {
-            Some(name) => {
-                validate_name(&name)?;
-                name
-            }
-            None => default_name(&self.command[0]),
-        };
+        problems.check(validate_env(&self.env));
+        if let Some(name) = &self.name {
+            problems.check(validate_name(name));
+        }
         if self.replicas == 0 || self.replicas > MAX_REPLICAS {
-            return Err(Error::invalid("replicas", format!("must be between 1 and {MAX_REPLICAS}")));
+            problems.add("replicas", format!("must be between 1 and {MAX_REPLICAS}"));
         }
         if self.resources.cpu.millis() == 0 {
-            return Err(Error::invalid("resources.cpu", "must be more than 0"));
+            problems.add("resources.cpu", "must be more than 0");
         }
         if self.resources.gpus > MAX_GPUS_PER_REPLICA {
-            return Err(Error::invalid(
+            problems.add(
                 "resources.gpus",
                 format!("at most {MAX_GPUS_PER_REPLICA} GPUs per replica; use more replicas for more GPUs"),
-            ));
+            );
         }
         if let Some(gpu_type) = &self.resources.gpu_type {
             let ok = !gpu_type.is_empty()
                 && gpu_type.len() <= 63
                 && gpu_type.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
             if !ok {
-                return Err(Error::invalid(
+                problems.add(
                     "resources.gpu_type",
                     "must be 1 to 63 letters, digits, '-', '_' or '.', e.g. nvidia-h100-80gb",
-                ));
+                );
             }
         }
         if !PRIORITY_RANGE.contains(&self.priority) {
-            return Err(Error::invalid(
-                "priority",
-                format!("must be between {} and {}", PRIORITY_RANGE.start(), PRIORITY_RANGE.end()),
-            ));
+            problems
+                .add("priority", format!("must be between {} and {}", PRIORITY_RANGE.start(), PRIORITY_RANGE.end()));
         }
         if let Some(code) = &self.code
             && !is_sha256_digest(code)
         {
-            return Err(Error::invalid("code", "must be the digest of an uploaded archive: sha256: and 64 hex digits"));
+            problems.add("code", "must be the digest of an uploaded archive: sha256: and 64 hex digits");
         }
         if let Some(limit) = self.time_limit_seconds
             && !(1..=MAX_TIME_LIMIT_SECONDS).contains(&limit)
         {
-            return Err(Error::invalid(
-                "time_limit_seconds",
-                format!("must be 1 to {MAX_TIME_LIMIT_SECONDS} (30 days)"),
-            ));
+            problems.add("time_limit_seconds", format!("must be 1 to {MAX_TIME_LIMIT_SECONDS} (30 days)"));
         }
         if let Some(wait) = self.cache_wait_seconds
             && wait > MAX_CACHE_WAIT_SECONDS
         {
-            return Err(Error::invalid(
+            problems.add(
                 "cache_wait_seconds",
                 format!(
                     "must be at most {MAX_CACHE_WAIT_SECONDS} (an hour): data locality is worth minutes of waiting, not hours"
                 ),
-            ));
+            );
         }
         if self.max_restarts > MAX_RESTARTS {
-            return Err(Error::invalid("max_restarts", format!("must be at most {MAX_RESTARTS}")));
+            problems.add("max_restarts", format!("must be at most {MAX_RESTARTS}"));
         }
         if let Some(key) = &self.idempotency_key
             && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN || key.chars().any(char::is_control))
         {
-            return Err(Error::invalid(
-                "idempotency_key",
-                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} printable characters"),
-            ));
+            problems.add("idempotency_key", format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} printable characters"));
         }
+        problems.into_result()?;
+        let name = match self.name {
+            Some(name) => name,
+            None => default_name(&self.command[0]),
+        };
         Ok(ValidSubmission {
             name,
             spec: JobSpec {
@@ -482,6 +476,20 @@ mod tests {
         assert_eq!(job.spec.replicas, 1);
         assert_eq!(job.spec.resources, Resources::default());
         assert_eq!(job.spec.argv(), ["/usr/bin/python3", "-c", "print(1)"]);
+    }
+
+    #[test]
+    fn every_broken_rule_is_named_at_once() {
+        let err = submission(serde_json::json!({
+            "command": ["true"], "name": "Bad Name!", "replicas": 0, "priority": 5000
+        }))
+        .unwrap_err();
+        let fields: Vec<String> = err.field_problems().into_iter().map(|p| p.field).collect();
+        assert_eq!(fields, ["name", "replicas", "priority"], "{err}");
+        assert!(matches!(err, Error::InvalidFields(_)));
+        // One problem stays one error naming its field.
+        let one = submission(serde_json::json!({"command": ["true"], "replicas": 0})).unwrap_err();
+        assert_eq!(field_of(one), "replicas");
     }
 
     #[test]

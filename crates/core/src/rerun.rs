@@ -97,11 +97,15 @@ pub fn pinned_image(record: &RunRecord) -> Option<String> {
     }
 }
 
-/// `repository@sha256:<64 hex>`.
+/// `repository@sha256:<64 hex>`, or an image's own id `sha256:<64 hex>`: what containerd
+/// reports for an image imported into the node rather than pulled (no repository digest), which
+/// the node's runtime finds by that id.
 fn is_digest(image: &str) -> bool {
-    image.split_once("@sha256:").is_some_and(|(repository, hex)| {
-        !repository.is_empty() && hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
-    })
+    let hex64 = |hex: &str| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    if let Some(id) = image.strip_prefix("sha256:") {
+        return hex64(id);
+    }
+    image.split_once("@sha256:").is_some_and(|(repository, hex)| !repository.is_empty() && hex64(hex))
 }
 
 /// The inputs of a job that a rerun cannot pin, each named with what its latest run record
@@ -388,6 +392,12 @@ mod tests {
         // Not a digest: too short, or no repository.
         assert_eq!(pinned_image(&record(Some(tag), &["ghcr.io/x/trainer@sha256:abc"])), None);
         assert_eq!(pinned_image(&record(Some(tag), &[&format!("@sha256:{}", "ab".repeat(32))])), None);
+        // An image imported into the node (containerd reports its id, no repository): pinned to
+        // that id, which the node's runtime resolves.
+        let id = format!("sha256:{}", "ef".repeat(32));
+        assert_eq!(pinned_image(&record(Some(tag), &[&id])), Some(id.clone()));
+        assert!(unpinned(Some(&record(Some(tag), &[&id])), &none, tag).is_empty());
+        assert_eq!(pinned_image(&record(Some(tag), &["sha256:abc"])), None, "too short");
         // The local executor runs the machine's programs: its packages are in the record.
         assert!(unpinned(Some(&record(None, &[])), &none, "local").is_empty());
         assert_eq!(pinned_image(&record(None, &[])), None);

@@ -369,6 +369,13 @@ pub trait Executor: Send + Sync + 'static {
         None
     }
 
+    /// The largest code archive this backend can deliver to replicas, when it has a limit of
+    /// its own below the server's (Kubernetes ships code in the attempt's ConfigMap). A job
+    /// over it is refused at submit, not failed at its launch after queueing.
+    fn code_bytes_max(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether this backend provisions volumes itself ([`Executor::volume_ensure`]); if not, the
     /// server makes a folder for each and hands it to [`Executor::volume_dir_prepare`].
     fn provisions_volumes(&self) -> bool {

@@ -668,6 +668,11 @@ impl Executor for KubernetesExecutor {
         true
     }
 
+    /// The code shares the attempt's ConfigMap with the template's files, which are small.
+    fn code_bytes_max(&self) -> Option<u64> {
+        Some(crate::manifests::MAX_TEMPLATE_BYTES as u64)
+    }
+
     /// Applies the volume's claim in the tenant's namespace (made first if new).
     async fn volume_ensure(&self, volume: &VolumeRequest) -> Result<(), ExecutorError> {
         let tenant = TenantRef { id: volume.tenant_id, slug: volume.tenant.clone() };

@@ -679,7 +679,9 @@ fn unavailable(message: String) -> Response {
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response {
-    let body = ErrorBody { error: ErrorDetail { code: code.into(), message: message.into(), field: None } };
+    let body = ErrorBody {
+        error: ErrorDetail { code: code.into(), message: message.into(), field: None, errors: Vec::new() },
+    };
     (status, axum::Json(body)).into_response()
 }
 

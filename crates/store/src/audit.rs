@@ -135,7 +135,7 @@ impl Outcome {
             | Error::NotFound { .. }
             | Error::Unauthenticated(_)
             | Error::TooManyRequests { .. } => Outcome::Denied,
-            Error::InvalidInput { .. } => Outcome::Invalid,
+            Error::InvalidInput { .. } | Error::InvalidFields(_) => Outcome::Invalid,
             Error::Conflict(_) | Error::AlreadyExists(_) => Outcome::Conflict,
             Error::Unavailable(_) | Error::Fenced(_) | Error::Internal(_) => Outcome::Error,
         }

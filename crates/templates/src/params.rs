@@ -22,32 +22,40 @@ const MAX_LIST_ITEMS: usize = 1024;
 
 impl Template {
     /// Checks every given parameter and fills in defaults. Errors are 422s naming
-    /// `params.<name>` and the rule. Optional parameters without a value are `null`.
+    /// `params.<name>` and the rule, every broken one at once. Optional parameters without a
+    /// value are `null`.
     pub fn check_params(&self, given: &Params) -> Result<BTreeMap<String, Value>, Error> {
         let declared = &self.manifest.parameters;
+        let mut problems = trainyard_core::error::Problems::default();
         let mut unknown: Vec<&String> = given.keys().filter(|name| !declared.contains_key(*name)).collect();
         unknown.sort();
-        if let Some(name) = unknown.first() {
-            let known: Vec<&str> = declared.keys().map(String::as_str).collect();
-            return Err(Error::invalid(
+        let known: Vec<&str> = declared.keys().map(String::as_str).collect();
+        for name in unknown {
+            problems.add(
                 format!("params.{name}"),
                 format!("{} has no parameter {name}; it has: {}", self.manifest.name, known.join(", ")),
-            ));
+            );
         }
         let mut values = BTreeMap::new();
         for (name, spec) in declared {
             let value = match (given.get(name), &spec.default) {
-                (Some(value), _) => {
-                    coerce(spec, value).map_err(|rule| Error::invalid(format!("params.{name}"), rule))?
-                }
+                (Some(value), _) => match coerce(spec, value) {
+                    Ok(value) => value,
+                    Err(rule) => {
+                        problems.add(format!("params.{name}"), rule);
+                        continue;
+                    }
+                },
                 (None, Some(default)) => coerce(spec, default).map_err(Error::internal)?,
                 (None, None) if spec.required => {
-                    return Err(Error::invalid(format!("params.{name}"), "is required".to_string()));
+                    problems.add(format!("params.{name}"), "is required");
+                    continue;
                 }
                 (None, None) => Value::Null,
             };
             values.insert(name.clone(), value);
         }
+        problems.into_result()?;
         Ok(values)
     }
 }

@@ -169,6 +169,16 @@ fn parameters_are_checked_and_defaults_filled() {
 }
 
 #[test]
+fn every_bad_parameter_is_named_at_once() {
+    let t = load(GOOD).unwrap();
+    let given = json!({"optimizer": "lion", "budget": "soonish", "learning_rate": 1});
+    let err = t.check_params(&params(given)).unwrap_err();
+    let mut fields: Vec<String> = err.field_problems().into_iter().map(|p| p.field).collect();
+    fields.sort();
+    assert_eq!(fields, ["params.budget", "params.data", "params.learning_rate", "params.optimizer"], "{err}");
+}
+
+#[test]
 fn rendering_is_argv_out_and_deterministic() {
     let t = load(GOOD).unwrap();
     let values = t

@@ -148,6 +148,18 @@ impl App {
     /// node, a GPU type no node has, a gang larger than the cluster) with a 422 naming the field
     /// and the capacity, unless the operator said the cluster grows (`--cluster-grows`).
     pub(crate) fn fits_cluster(&self, spec: &trainyard_core::job::JobSpec) -> Result<()> {
+        if let (Some(code), Some(max)) = (&spec.code, self.executor.code_bytes_max())
+            && code.size_bytes > max
+        {
+            return Err(Error::invalid(
+                "code",
+                format!(
+                    "the code archive takes {}, more than this cluster delivers with a job ({}): ship larger files in the image or a volume",
+                    trainyard_core::resources::human_memory(code.size_bytes),
+                    trainyard_core::resources::human_memory(max)
+                ),
+            ));
+        }
         if self.cluster_grows {
             return Ok(());
         }
@@ -248,8 +260,21 @@ impl App {
         quota: QuotaSet,
     ) -> Result<trainyard_core::api::QuotaSetResult> {
         let audit = Audit::by(caller, "quota.set", format!("tenant:{tenant}/quota:{flavor}"));
+        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
+        let missing = trainyard_scheduler::fit::missing_gpu_type(&nodes, flavor);
         self.audited(&audit, async {
             caller.require_platform_admin()?;
+            if let Some(missing) = &missing
+                && !quota.allow_unknown
+                && !self.cluster_grows
+            {
+                return Err(Error::invalid(
+                    "flavor",
+                    format!(
+                        "{missing}; to set it before such nodes join, allow unknown GPU types (yard: --allow-unknown)"
+                    ),
+                ));
+            }
             self.store
                 .quota_set(tenant, flavor, quota.nominal, quota.borrowing_limit, quota.lending_limit, &audit)
                 .await
@@ -257,8 +282,7 @@ impl App {
         .await?;
         self.scheduling_changed();
         self.ceiling_push(tenant).await;
-        let nodes = crate::scheduling::snapshot::nodes_for(self.executor.as_ref());
-        let warnings = trainyard_scheduler::fit::missing_gpu_type(&nodes, flavor)
+        let warnings = missing
             .map(|missing| format!("{missing}: no job can use this quota until such nodes join"))
             .into_iter()
             .collect();

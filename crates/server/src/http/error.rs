@@ -1,5 +1,5 @@
 //! The edge where domain errors become HTTP responses: a status code and the JSON body
-//! `{ "error": { "code", "message", "field"? } }`. Internal causes are logged here and never sent.
+//! `{ "error": { "code", "message", "field"?, "errors"? } }`. Internal causes are logged here and never sent.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -38,6 +38,12 @@ impl ApiError {
                     format!("{field}: {message}"),
                     Some(field.clone()),
                 ),
+                Error::InvalidFields(problems) => (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_input",
+                    format!("{} problems: {err}", problems.len()),
+                    problems.first().map(|p| p.field.clone()),
+                ),
                 Error::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found", err.to_string(), None),
                 Error::Unauthenticated(msg) => (StatusCode::UNAUTHORIZED, "unauthenticated", msg.clone(), None),
                 Error::Forbidden(msg) => (StatusCode::FORBIDDEN, "forbidden", msg.clone(), None),
@@ -74,7 +80,11 @@ impl IntoResponse for ApiError {
             tracing::error!(%cause, "internal error");
         }
         let (status, code, message, field) = self.parts();
-        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message, field } };
+        let errors = match &self {
+            ApiError::Domain(err) => err.field_problems(),
+            _ => Vec::new(),
+        };
+        let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message, field, errors } };
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -71,7 +71,9 @@ impl MlflowError {
     fn parts(&self) -> (StatusCode, &'static str, String) {
         match &self.0 {
             ApiError::Domain(err) => match err {
-                Error::InvalidInput { .. } => (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", err.to_string()),
+                Error::InvalidInput { .. } | Error::InvalidFields(_) => {
+                    (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", err.to_string())
+                }
                 Error::NotFound { .. } => (StatusCode::NOT_FOUND, "RESOURCE_DOES_NOT_EXIST", err.to_string()),
                 Error::AlreadyExists(msg) => (StatusCode::BAD_REQUEST, "RESOURCE_ALREADY_EXISTS", msg.clone()),
                 Error::Conflict(msg) => (StatusCode::BAD_REQUEST, "INVALID_STATE", msg.clone()),

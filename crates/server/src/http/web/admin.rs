@@ -218,7 +218,7 @@ pub async fn token_create(
     match result {
         // The secret is shown once, on this response, never again.
         Ok(created) => Ok(render(&tokens_page(&state, &auth, Some(created), None).await?)),
-        Err(err @ Error::InvalidInput { .. }) => {
+        Err(err @ (Error::InvalidInput { .. } | Error::InvalidFields(_))) => {
             let mut response = render(&tokens_page(&state, &auth, None, Some(err.to_string())).await?);
             *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
             Ok(response)
@@ -324,7 +324,9 @@ pub async fn admin(State(state): State<AppState>, auth: WebAuth) -> WebResult<Re
 async fn after(state: &AppState, auth: &WebAuth, outcome: trainyard_core::Result<String>) -> WebResult<Response> {
     match outcome {
         Ok(message) => Ok(render(&admin_page(state, auth, Some(message), None).await?)),
-        Err(err @ (Error::InvalidInput { .. } | Error::NotFound { .. } | Error::Conflict(_))) => {
+        Err(
+            err @ (Error::InvalidInput { .. } | Error::InvalidFields(_) | Error::NotFound { .. } | Error::Conflict(_)),
+        ) => {
             let status = crate::http::error::ApiError::Domain(err.clone()).status();
             let mut response = render(&admin_page(state, auth, None, Some(err.to_string())).await?);
             *response.status_mut() = status;
@@ -356,6 +358,7 @@ pub async fn quota_set(State(state): State<AppState>, auth: WebAuth, CsrfForm(fo
             nominal,
             borrowing_limit: optional_number(&form, "borrowing_limit")?,
             lending_limit: optional_number(&form, "lending_limit")?,
+            allow_unknown: field(&form, "allow_unknown") == "on",
         };
         let set = state.app.quota_set(&auth.caller, tenant, flavor, quota).await?;
         let mut message = format!("quota of {tenant} for {flavor} set to {nominal} GPUs");

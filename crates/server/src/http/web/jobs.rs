@@ -149,7 +149,9 @@ pub async fn list(State(state): State<AppState>, auth: WebAuth, Query(filter): Q
     // A bad filter is shown on the page, next to the form, rather than as an error page.
     let (rows, next_url, error) = match page_rows(&state, &auth, &filter).await {
         Ok((rows, next)) => (rows, next, None),
-        Err(super::WebError(err @ trainyard_core::Error::InvalidInput { .. })) => (vec![], None, Some(err.to_string())),
+        Err(super::WebError(
+            err @ (trainyard_core::Error::InvalidInput { .. } | trainyard_core::Error::InvalidFields(_)),
+        )) => (vec![], None, Some(err.to_string())),
         Err(err) => return Err(err),
     };
     let nav = Nav::new(&auth, "jobs");
@@ -376,7 +378,11 @@ async fn rerun_unpinned(
 ) -> WebResult<Vec<trainyard_core::rerun::UnpinnedInput>> {
     match state.app.job_rerun_unpinned(&auth.caller, job_id).await {
         Ok(unpinned) => Ok(unpinned),
-        Err(trainyard_core::Error::Conflict(_) | trainyard_core::Error::InvalidInput { .. }) => Ok(Vec::new()),
+        Err(
+            trainyard_core::Error::Conflict(_)
+            | trainyard_core::Error::InvalidInput { .. }
+            | trainyard_core::Error::InvalidFields(_),
+        ) => Ok(Vec::new()),
         Err(other) => Err(other.into()),
     }
 }

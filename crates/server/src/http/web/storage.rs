@@ -183,7 +183,7 @@ pub async fn volume_create(
     };
     match result {
         Ok(()) => Ok(Redirect::to("/volumes").into_response()),
-        Err(err @ (Error::InvalidInput { .. } | Error::Conflict(_))) => {
+        Err(err @ (Error::InvalidInput { .. } | Error::InvalidFields(_) | Error::Conflict(_))) => {
             volumes_page(&state, &auth, Some(err.to_string())).await
         }
         Err(err) => Err(err.into()),

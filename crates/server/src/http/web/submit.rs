@@ -261,21 +261,31 @@ pub async fn submit(
             Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
         }
         Ok(_) => Err(Error::internal("a submit did not submit").into()),
-        Err(Error::InvalidInput { field, message }) => {
-            // The form again, as posted, with the server's message next to the field.
+        Err(err @ (Error::InvalidInput { .. } | Error::InvalidFields(_))) => {
+            // The form again, as posted, with the server's message next to each field, and
+            // every problem listed at the top when there are several.
+            let problems = err.field_problems();
             let posted = run_of(&form, &BTreeMap::new());
             let mut page = form_page(&state, &auth, &template, &posted.params).await?;
             page.name = form.get("name").cloned().unwrap_or_default();
             page.priority = form.get("priority").cloned().unwrap_or_default();
             page.max_restarts = form.get("max_restarts").cloned().unwrap_or_default();
             page.idempotency_key = form.get("idempotency_key").cloned().unwrap_or_default();
-            let param = field.strip_prefix("params.").map(|p| p.split(['.', '[']).next().unwrap_or(p));
-            match (param.and_then(|p| page.fields.iter_mut().find(|f| f.name == p)), field.as_str()) {
-                (Some(input), _) => input.error = Some(message),
-                (None, "name") => page.name_error = Some(message),
-                (None, "priority") => page.priority_error = Some(message),
-                (None, "max_restarts") => page.max_restarts_error = Some(message),
-                (None, _) => page.error = Some(format!("{field}: {message}")),
+            let mut unplaced = Vec::new();
+            for trainyard_core::error::FieldProblem { field, message } in &problems {
+                let param = field.strip_prefix("params.").map(|p| p.split(['.', '[']).next().unwrap_or(p));
+                match (param.and_then(|p| page.fields.iter_mut().find(|f| f.name == p)), field.as_str()) {
+                    (Some(input), _) => input.error = Some(message.clone()),
+                    (None, "name") => page.name_error = Some(message.clone()),
+                    (None, "priority") => page.priority_error = Some(message.clone()),
+                    (None, "max_restarts") => page.max_restarts_error = Some(message.clone()),
+                    (None, _) => unplaced.push(format!("{field}: {message}")),
+                }
+            }
+            if problems.len() > 1 {
+                page.error = Some(format!("{} problems: {err}", problems.len()));
+            } else if !unplaced.is_empty() {
+                page.error = Some(unplaced.join("; "));
             }
             let mut response = render(&page);
             *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
@@ -296,7 +306,9 @@ pub async fn preview(
             PreviewFragment { schedule: Some(ScheduleView::of(&schedule)), error: None }
         }
         Ok(_) => return Err(Error::internal("a what-if did not answer with a schedule").into()),
-        Err(err @ Error::InvalidInput { .. }) => PreviewFragment { schedule: None, error: Some(err.to_string()) },
+        Err(err @ (Error::InvalidInput { .. } | Error::InvalidFields(_))) => {
+            PreviewFragment { schedule: None, error: Some(err.to_string()) }
+        }
         Err(err) => return Err(err.into()),
     };
     Ok(render(&fragment))
