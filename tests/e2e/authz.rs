@@ -97,6 +97,23 @@ const EXPECTED: &[(&str, &str)] = &[
     // Lineage: the tenant's own, walked from a job or a dataset version.
     ("GET /api/v1/jobs/{id}/lineage", "401 ok ok 404 ok 401"),
     ("GET /api/v1/datasets/{name}/{version}/lineage", "401 ok ok 404 ok 401"),
+    // MLflow's tracking API: the tenant's experiments and runs, read by viewers and written by
+    // members, with API tokens only (a job token is refused for now). Tenant A's experiment
+    // and run are named in the query or body, so tenant B's admin gets MLflow's 404.
+    ("GET /api/2.0/mlflow/experiments/get-by-name", "401 ok ok 404 ok 401"),
+    ("POST /api/2.0/mlflow/experiments/create", "401 403 ok ok ok 401"),
+    ("GET /api/2.0/mlflow/experiments/get", "401 ok ok 404 ok 401"),
+    ("GET /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 401"),
+    ("POST /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 401"),
+    ("POST /api/2.0/mlflow/runs/create", "401 403 ok 404 ok 401"),
+    ("GET /api/2.0/mlflow/runs/get", "401 ok ok 404 ok 401"),
+    ("POST /api/2.0/mlflow/runs/update", "401 403 ok 404 ok 401"),
+    ("POST /api/2.0/mlflow/runs/search", "401 ok ok ok ok 401"),
+    ("POST /api/2.0/mlflow/runs/log-metric", "401 403 ok 404 ok 401"),
+    ("POST /api/2.0/mlflow/runs/log-parameter", "401 403 ok 404 ok 401"),
+    ("POST /api/2.0/mlflow/runs/log-batch", "401 403 ok 404 ok 401"),
+    ("POST /api/2.0/mlflow/runs/set-tag", "401 403 ok 404 ok 401"),
+    ("GET /api/2.0/mlflow/metrics/get-history", "401 ok ok 404 ok 401"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),
@@ -158,6 +175,9 @@ struct World {
     job: String,
     /// The content hash (hex) of tenant A's pushed dataset `pushed@1`.
     pushed: String,
+    /// Tenant A's MLflow experiment `authz` (its id) and a run in it.
+    mlflow_experiment: String,
+    mlflow_run: String,
 }
 
 fn classify(status: StatusCode, location: Option<&str>) -> String {
@@ -203,8 +223,16 @@ impl World {
             env.post("/api/v1/datasets", &admin, &json!({"name": "ds", "version": "1", "uri": "/data/ds", "content_hash": format!("sha256:{}", "ab".repeat(32))})).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         let pushed = crate::store_datasets::push_tiny(&env, &admin, "pushed", "1").await;
+        let (status, body) = env.post("/api/2.0/mlflow/experiments/create", &admin, &json!({"name": "authz"})).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let mlflow_experiment = body["experiment_id"].as_str().unwrap().to_string();
+        let (status, body) = env
+            .post("/api/2.0/mlflow/runs/create", &admin, &json!({"experiment_id": mlflow_experiment, "start_time": 1}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let mlflow_run = body["run"]["info"]["run_id"].as_str().unwrap().to_string();
         let tokens = vec![None, Some(viewer), Some(member), Some(other), Some(admin), Some(job_token)];
-        World { env, counter: Default::default(), tokens, job, pushed }
+        World { env, counter: Default::default(), tokens, job, pushed, mlflow_experiment, mlflow_run }
     }
 
     /// The concrete path for a caller: tenant A's objects, and a fresh target for destructive
@@ -233,6 +261,16 @@ impl World {
         if route == "/api/v1/compare" || route == "/compare" {
             // Tenant A's job compared with itself: the other tenant must not see it.
             path = format!("{path}?jobs={0},{0}", self.job);
+        }
+        // MLflow's GET calls name tenant A's objects in the query.
+        match route {
+            "/api/2.0/mlflow/experiments/get-by-name" => path.push_str("?experiment_name=authz"),
+            "/api/2.0/mlflow/experiments/get" => path = format!("{path}?experiment_id={}", self.mlflow_experiment),
+            "/api/2.0/mlflow/runs/get" => path = format!("{path}?run_id={}", self.mlflow_run),
+            "/api/2.0/mlflow/metrics/get-history" => {
+                path = format!("{path}?run_id={}&metric_key=loss", self.mlflow_run)
+            }
+            _ => {}
         }
         if route == "/api/v1/admin/tenants/{tenant}" {
             // Its own tenant each time: removing one is destructive.
@@ -281,6 +319,24 @@ impl World {
             }
             ("POST", "/api/v1/volumes") => json!({"name": format!("nv{n}"), "size": "1Mi"}),
             ("PUT", "/api/v1/admin/tenants/{tenant}/storage") => json!({"log_retention_days": 30}),
+            // MLflow's writes name tenant A's experiment or run (a param's value is the same each
+            // time: params are written once).
+            ("POST", "/api/2.0/mlflow/experiments/create") => json!({"name": format!("authz-{n}")}),
+            ("POST", "/api/2.0/mlflow/runs/create") => json!({"experiment_id": self.mlflow_experiment}),
+            ("POST", "/api/2.0/mlflow/runs/search") => json!({"experiment_ids": [self.mlflow_experiment]}),
+            ("POST", "/api/2.0/mlflow/runs/update") => json!({"run_id": self.mlflow_run, "status": "RUNNING"}),
+            ("POST", "/api/2.0/mlflow/runs/log-metric") => {
+                json!({"run_id": self.mlflow_run, "key": "loss", "value": 0.5, "timestamp": 1, "step": n})
+            }
+            ("POST", "/api/2.0/mlflow/runs/log-parameter") => {
+                json!({"run_id": self.mlflow_run, "key": "lr", "value": "0.1"})
+            }
+            ("POST", "/api/2.0/mlflow/runs/log-batch") => {
+                json!({"run_id": self.mlflow_run, "tags": [{"key": "k", "value": "v"}]})
+            }
+            ("POST", "/api/2.0/mlflow/runs/set-tag") => {
+                json!({"run_id": self.mlflow_run, "key": "k", "value": format!("v{n}")})
+            }
             _ => json!({}),
         }
     }

@@ -15,6 +15,7 @@ mod fuzz;
 mod input;
 mod jobs;
 mod lineage;
+mod mlflow;
 mod operations;
 mod records;
 mod recovery;

@@ -43,6 +43,10 @@ pub enum Action {
     WriteJobs,
     ManageOwnTokens,
     ManageTenant,
+    /// Read tracked experiments and runs (MLflow's API).
+    ReadRuns,
+    /// Create experiments and runs and log to them (MLflow's API).
+    LogRuns,
 }
 
 impl Action {
@@ -52,6 +56,8 @@ impl Action {
             Action::ManageOwnTokens => Role::Viewer,
             Action::WriteJobs => Role::Member,
             Action::ManageTenant => Role::Admin,
+            Action::ReadRuns => Role::Viewer,
+            Action::LogRuns => Role::Member,
         }
     }
 
@@ -61,6 +67,8 @@ impl Action {
             Action::WriteJobs => "submit or cancel jobs",
             Action::ManageOwnTokens => "manage your tokens",
             Action::ManageTenant => "manage this tenant",
+            Action::ReadRuns => "read tracked runs",
+            Action::LogRuns => "create runs or log to them",
         }
     }
 }

@@ -27,6 +27,9 @@ pub enum Error {
     /// idempotency key was reused with a different request, a name is taken).
     #[error("{0}")]
     Conflict(String),
+    /// An object of that name already exists (MLflow answers this one with its own code).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// A dependency (the database) is not answering.
     #[error("{0}")]
     Unavailable(String),
@@ -111,6 +114,10 @@ pub enum ObjectKind {
     Dataset,
     Artifact,
     Volume,
+    /// An MLflow experiment.
+    Experiment,
+    /// An MLflow run.
+    Run,
 }
 
 impl fmt::Display for ObjectKind {
@@ -127,6 +134,8 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Dataset => "dataset",
             ObjectKind::Artifact => "artifact",
             ObjectKind::Volume => "volume",
+            ObjectKind::Experiment => "experiment",
+            ObjectKind::Run => "run",
         })
     }
 }

@@ -21,5 +21,6 @@ pub mod names;
 pub mod record;
 pub mod rerun;
 pub mod resources;
+pub mod tracking;
 
 pub use error::{Error, Result};

@@ -136,7 +136,7 @@ impl Outcome {
             | Error::Unauthenticated(_)
             | Error::TooManyRequests { .. } => Outcome::Denied,
             Error::InvalidInput { .. } | Error::InvalidFields(_) => Outcome::Invalid,
-            Error::Conflict(_) => Outcome::Conflict,
+            Error::Conflict(_) | Error::AlreadyExists(_) => Outcome::Conflict,
             Error::Unavailable(_) | Error::Fenced(_) | Error::Internal(_) => Outcome::Error,
         }
     }

@@ -33,6 +33,7 @@ pub mod sso;
 pub mod storage;
 pub mod templates;
 pub mod tenancy;
+pub mod tracking;
 pub mod usage;
 
 use std::time::Duration;

@@ -30,6 +30,7 @@ pub mod storage;
 pub mod templates;
 pub mod tenancy;
 pub mod throttle;
+pub mod tracking;
 
 use std::sync::Arc;
 

@@ -47,7 +47,9 @@ impl ApiError {
                 Error::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found", err.to_string(), None),
                 Error::Unauthenticated(msg) => (StatusCode::UNAUTHORIZED, "unauthenticated", msg.clone(), None),
                 Error::Forbidden(msg) => (StatusCode::FORBIDDEN, "forbidden", msg.clone(), None),
-                Error::Conflict(msg) => (StatusCode::CONFLICT, "conflict", msg.clone(), None),
+                Error::Conflict(msg) | Error::AlreadyExists(msg) => {
+                    (StatusCode::CONFLICT, "conflict", msg.clone(), None)
+                }
                 Error::Unavailable(msg) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg.clone(), None),
                 Error::TooManyRequests { message, .. } => {
                     (StatusCode::TOO_MANY_REQUESTS, "too_many_requests", message.clone(), None)

@@ -5,12 +5,14 @@
 //! - [`error`], [`extract`]: how bad input and failures become typed JSON errors.
 //! - [`text`]: the one check that refuses text Postgres cannot store (NUL), on every route.
 //! - [`routes`]: the route table every route is added through.
+//! - [`mlflow`]: MLflow's tracking API, in MLflow's messages and error shape.
 //!
 //! Here: [`AppState`], what every handler reaches, and [`app`], the router with its edge layers.
 
 pub mod api;
 pub mod error;
 pub mod extract;
+pub mod mlflow;
 pub mod routes;
 pub mod text;
 mod web;
@@ -37,7 +39,7 @@ pub struct AppState {
 
 /// Every route of the server: the REST API and the dashboard (`trainyard routes` lists them).
 pub fn route_table() -> routes::RouteTable {
-    routes::RouteTable::new().merge(api::routes()).merge(web::routes())
+    routes::RouteTable::new().merge(api::routes()).merge(mlflow::routes()).merge(web::routes())
 }
 
 /// The HTTP application: API, health checks, landing page.

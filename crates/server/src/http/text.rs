@@ -3,7 +3,8 @@
 //! 500. Every request passes this check after routing and before its handler: path segments,
 //! query parameters, form fields (the dashboard) and JSON bodies (the API). A NUL anywhere is a
 //! 422 that names the field, and nothing runs. (Invalid UTF-8 cannot get this far: extractors
-//! decode into `String`.)
+//! decode into `String`.) On MLflow's routes the refusal is in MLflow's shape and code
+//! (`INVALID_PARAMETER_VALUE`, a 400), as the MLflow client expects.
 
 use axum::body::{Body, Bytes};
 use axum::extract::{MatchedPath, Request};
@@ -15,9 +16,12 @@ use trainyard_core::Error;
 
 use crate::http::error::ApiError;
 use crate::http::extract::MAX_BODY_BYTES;
+use crate::http::mlflow::{MLFLOW_PREFIX, MlflowError};
 
 /// The middleware: passes the request on unchanged unless it carries a NUL.
 pub async fn refuse_unstorable(matched: Option<MatchedPath>, request: Request, next: Next) -> Response {
+    let mlflow = matched.as_ref().is_some_and(|m| m.as_str().starts_with(MLFLOW_PREFIX));
+    let refusal = |field: String| refusal(field, mlflow);
     if let Some(field) = path_field(matched.as_ref().map(MatchedPath::as_str), request.uri().path()) {
         return refusal(field);
     }
@@ -43,8 +47,9 @@ pub async fn refuse_unstorable(matched: Option<MatchedPath>, request: Request, n
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(bytes) => bytes,
         Err(_) => {
-            return ApiError::PayloadTooLarge(format!("the request body is over the limit of {MAX_BODY_BYTES} bytes"))
-                .into_response();
+            let error =
+                ApiError::PayloadTooLarge(format!("the request body is over the limit of {MAX_BODY_BYTES} bytes"));
+            return if mlflow { MlflowError::from(error).into_response() } else { error.into_response() };
         }
     };
     let field = match body_kind {
@@ -66,8 +71,9 @@ fn media_type_is(content_type: &str, wanted: &str) -> bool {
     content_type.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case(wanted))
 }
 
-fn refusal(field: String) -> Response {
-    ApiError::Domain(Error::invalid(field, "must not contain the NUL character (U+0000)")).into_response()
+fn refusal(field: String, mlflow: bool) -> Response {
+    let error = ApiError::Domain(Error::invalid(field, "must not contain the NUL character (U+0000)"));
+    if mlflow { MlflowError::from(error).into_response() } else { error.into_response() }
 }
 
 /// The route parameter (`{flavor}`) whose segment of `path` decodes to text with a NUL. A URI

@@ -1,0 +1,175 @@
+//! Experiment tracking through MLflow's API (issue 42): experiments and runs of the caller's
+//! tenant, read by its viewers and written by its members (`Action::ReadRuns`,
+//! `Action::LogRuns`), with MLflow's rules ([`trainyard_core::tracking`]). Pages are offsets,
+//! handed to the client as opaque tokens. Making an experiment or a run is audited (`mlflow.*`, refusals
+//! too), run to its end even if the client goes; what is logged to a run is data, like an
+//! engine's metrics, and is not.
+
+use trainyard_core::auth::{Action, Caller};
+use trainyard_core::tracking::{
+    Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunStatus,
+};
+use trainyard_core::{Error, Result};
+use trainyard_store::audit::Audit;
+use trainyard_store::tracking::RunNew;
+use uuid::Uuid;
+
+use super::App;
+
+/// A page of results and the token of the next, if there is one.
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_page_token: Option<String>,
+}
+
+/// Where a page starts (the token is the offset) and how long it is.
+fn page_bounds(max_results: Option<i64>, page_token: Option<&str>, default: i64) -> Result<(i64, i64)> {
+    let limit = max_results.unwrap_or(default);
+    if !(1..=MAX_SEARCH_RESULTS).contains(&limit) {
+        return Err(Error::invalid("max_results", format!("between 1 and {MAX_SEARCH_RESULTS}")));
+    }
+    let offset = match page_token.filter(|t| !t.is_empty()) {
+        None => 0,
+        Some(token) => token
+            .parse::<i64>()
+            .ok()
+            .filter(|o| *o >= 0)
+            .ok_or_else(|| Error::invalid("page_token", "not a token this server handed out"))?,
+    };
+    Ok((limit, offset))
+}
+
+fn page_of<T>(items: Vec<T>, limit: i64, offset: i64) -> Page<T> {
+    let next_page_token = (items.len() as i64 == limit).then(|| (offset + limit).to_string());
+    Page { items, next_page_token }
+}
+
+/// A run created by a client: where, under what name, and its first tags.
+pub struct RunCreate {
+    pub experiment_id: i64,
+    pub run_name: Option<String>,
+    pub user_id: Option<String>,
+    pub start_time: Option<i64>,
+    pub tags: Vec<KeyValue>,
+}
+
+impl App {
+    pub async fn mlflow_experiment_create(&self, caller: &Caller, name: &str) -> Result<i64> {
+        let (caller, name) = (caller.clone(), name.to_string());
+        self.uncancelled(move |app| async move {
+            let audit = Audit::by(&caller, "mlflow.experiment.create", format!("mlflow-experiment:{name}"));
+            app.audited(&audit, app.mlflow_experiment_create_checked(&caller, &name, &audit)).await
+        })
+        .await
+    }
+
+    async fn mlflow_experiment_create_checked(&self, caller: &Caller, name: &str, audit: &Audit) -> Result<i64> {
+        caller.authorize(Action::LogRuns)?;
+        if name.trim().is_empty() {
+            return Err(Error::invalid("name", "an experiment needs a name"));
+        }
+        self.store.mlflow_experiment_create(caller.tenant_id, name, audit).await
+    }
+
+    pub async fn mlflow_experiment_get(&self, caller: &Caller, experiment_id: i64) -> Result<Experiment> {
+        caller.authorize(Action::ReadRuns)?;
+        self.store.mlflow_experiment_get(caller.tenant_id, experiment_id).await
+    }
+
+    pub async fn mlflow_experiment_by_name(&self, caller: &Caller, name: &str) -> Result<Experiment> {
+        caller.authorize(Action::ReadRuns)?;
+        self.store.mlflow_experiment_by_name(caller.tenant_id, name).await
+    }
+
+    pub async fn mlflow_experiments_search(
+        &self,
+        caller: &Caller,
+        max_results: Option<i64>,
+        page_token: Option<&str>,
+    ) -> Result<Page<Experiment>> {
+        caller.authorize(Action::ReadRuns)?;
+        let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
+        Ok(page_of(self.store.mlflow_experiments_search(caller.tenant_id, limit, offset).await?, limit, offset))
+    }
+
+    pub async fn mlflow_run_create(&self, caller: &Caller, run: RunCreate) -> Result<Run> {
+        let caller = caller.clone();
+        self.uncancelled(move |app| async move {
+            let audit = Audit::by(&caller, "mlflow.run.create", format!("mlflow-experiment:{}", run.experiment_id));
+            app.audited(&audit, app.mlflow_run_create_checked(&caller, run, &audit)).await
+        })
+        .await
+    }
+
+    async fn mlflow_run_create_checked(&self, caller: &Caller, run: RunCreate, audit: &Audit) -> Result<Run> {
+        caller.authorize(Action::LogRuns)?;
+        LogBatch { tags: run.tags.clone(), ..Default::default() }.validate()?;
+        let start_time = run.start_time.unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
+        let user_name = run.user_id.unwrap_or_else(|| caller.user.clone());
+        let new = RunNew {
+            experiment_id: run.experiment_id,
+            name: run.run_name.as_deref().unwrap_or_default(),
+            user_name: &user_name,
+            start_time,
+            tags: &run.tags,
+        };
+        self.store.mlflow_run_create(caller.tenant_id, caller.user_id, &new, audit).await
+    }
+
+    pub async fn mlflow_run_get(&self, caller: &Caller, run_id: Uuid) -> Result<Run> {
+        caller.authorize(Action::ReadRuns)?;
+        self.store.mlflow_run_get(caller.tenant_id, run_id).await
+    }
+
+    /// Sets a run's status, end time or name (what is given).
+    pub async fn mlflow_run_update(
+        &self,
+        caller: &Caller,
+        run_id: Uuid,
+        status: Option<&str>,
+        end_time: Option<i64>,
+        run_name: Option<&str>,
+    ) -> Result<RunInfo> {
+        caller.authorize(Action::LogRuns)?;
+        let status = status
+            .map(|s| {
+                RunStatus::parse(s).ok_or_else(|| {
+                    Error::invalid(
+                        "status",
+                        format!("'{s}' is not one of RUNNING, SCHEDULED, FINISHED, FAILED, KILLED"),
+                    )
+                })
+            })
+            .transpose()?;
+        let run_name = run_name.filter(|n| !n.is_empty());
+        self.store.mlflow_run_update(caller.tenant_id, run_id, status.map(RunStatus::as_str), end_time, run_name).await
+    }
+
+    /// Logs metrics, params and tags to a run, all or nothing, within MLflow's limits.
+    pub async fn mlflow_log(&self, caller: &Caller, run_id: Uuid, batch: LogBatch) -> Result<()> {
+        caller.authorize(Action::LogRuns)?;
+        batch.validate()?;
+        self.store.mlflow_log(caller.tenant_id, run_id, &batch).await
+    }
+
+    /// Runs of these experiments matching the filter (the subset [`RunFilter`] serves).
+    pub async fn mlflow_runs_search(
+        &self,
+        caller: &Caller,
+        experiment_ids: &[i64],
+        filter: &str,
+        max_results: Option<i64>,
+        page_token: Option<&str>,
+    ) -> Result<Page<Run>> {
+        caller.authorize(Action::ReadRuns)?;
+        let filter = RunFilter::parse(filter)?;
+        let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
+        let runs = self.store.mlflow_runs_search(caller.tenant_id, experiment_ids, &filter, limit, offset).await?;
+        Ok(page_of(runs, limit, offset))
+    }
+
+    pub async fn mlflow_metric_history(&self, caller: &Caller, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
+        caller.authorize(Action::ReadRuns)?;
+        self.store.mlflow_metric_history(caller.tenant_id, run_id, key).await
+    }
+}

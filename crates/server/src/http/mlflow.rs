@@ -1,0 +1,667 @@
+//! MLflow's tracking REST API under `/api/2.0/mlflow/` (issue 42), so that the unmodified
+//! `mlflow` client logs into Trainyard (`MLFLOW_TRACKING_URI=<server>`,
+//! `MLFLOW_TRACKING_TOKEN=<API token>`). The messages are those of MLflow's
+//! `mlflow/protos/service.proto` in its JSON form (snake_case names, int64 as numbers, ids as
+//! strings, unknown fields ignored as protobuf does); errors are MLflow's
+//! `{"error_code", "message"}` with its codes, never Trainyard's shape, so that the client raises
+//! `MlflowException` with the right `error_code`. Handlers are thin: decode, call one `App`
+//! operation in `app/tracking.rs`, shape the answer. These routes are MLflow's API, defined by
+//! its proto, and so are not in Trainyard's OpenAPI document (docs/tracking.md).
+
+use axum::Json;
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Value, json};
+use trainyard_core::Error;
+use trainyard_core::auth::Caller;
+use trainyard_core::error::ObjectKind;
+use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunInfo};
+use uuid::Uuid;
+
+use crate::app::tracking::RunCreate;
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::http::extract::{ApiJson, ApiQuery, Auth};
+use crate::http::routes::RouteTable;
+
+/// Where MLflow's routes are (the edge answers them in MLflow's error shape).
+pub const MLFLOW_PREFIX: &str = "/api/2.0/mlflow/";
+
+pub fn routes() -> RouteTable {
+    RouteTable::new()
+        .route("/api/2.0/mlflow/experiments/get-by-name", get(experiment_get_by_name))
+        .route("/api/2.0/mlflow/experiments/create", post(experiment_create))
+        .route("/api/2.0/mlflow/experiments/get", get(experiment_get))
+        .route("/api/2.0/mlflow/experiments/search", post(experiments_search).get(experiments_search_get))
+        .route("/api/2.0/mlflow/runs/create", post(run_create))
+        .route("/api/2.0/mlflow/runs/get", get(run_get))
+        .route("/api/2.0/mlflow/runs/update", post(run_update))
+        .route("/api/2.0/mlflow/runs/search", post(runs_search))
+        .route("/api/2.0/mlflow/runs/log-metric", post(log_metric))
+        .route("/api/2.0/mlflow/runs/log-parameter", post(log_parameter))
+        .route("/api/2.0/mlflow/runs/log-batch", post(log_batch))
+        .route("/api/2.0/mlflow/runs/set-tag", post(set_tag))
+        .route("/api/2.0/mlflow/metrics/get-history", get(metric_history))
+}
+
+// ---- errors: MLflow's shape and codes ----
+
+/// An error on its way to an MLflow client.
+#[derive(Debug)]
+pub struct MlflowError(ApiError);
+
+impl From<Error> for MlflowError {
+    fn from(err: Error) -> Self {
+        MlflowError(ApiError::Domain(err))
+    }
+}
+
+impl From<ApiError> for MlflowError {
+    fn from(err: ApiError) -> Self {
+        MlflowError(err)
+    }
+}
+
+impl MlflowError {
+    /// The status, MLflow's error code (`databricks.proto:ErrorCode`) and the message.
+    fn parts(&self) -> (StatusCode, &'static str, String) {
+        match &self.0 {
+            ApiError::Domain(err) => match err {
+                Error::InvalidInput { .. } | Error::InvalidFields(_) => {
+                    (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", err.to_string())
+                }
+                Error::NotFound { .. } => (StatusCode::NOT_FOUND, "RESOURCE_DOES_NOT_EXIST", err.to_string()),
+                Error::AlreadyExists(msg) => (StatusCode::BAD_REQUEST, "RESOURCE_ALREADY_EXISTS", msg.clone()),
+                Error::Conflict(msg) => (StatusCode::BAD_REQUEST, "INVALID_STATE", msg.clone()),
+                Error::Unauthenticated(msg) => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", msg.clone()),
+                Error::Forbidden(msg) => (StatusCode::FORBIDDEN, "PERMISSION_DENIED", msg.clone()),
+                Error::TooManyRequests { message, .. } => {
+                    (StatusCode::TOO_MANY_REQUESTS, "REQUEST_LIMIT_EXCEEDED", message.clone())
+                }
+                Error::Unavailable(msg) | Error::Fenced(msg) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "TEMPORARILY_UNAVAILABLE", msg.clone())
+                }
+                Error::Internal(_) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "INTERNAL_ERROR",
+                    "something went wrong on our side; it has been logged".into(),
+                ),
+            },
+            ApiError::MalformedJson(msg) => (StatusCode::BAD_REQUEST, "MALFORMED_REQUEST", msg.clone()),
+            ApiError::PayloadTooLarge(msg) => (StatusCode::PAYLOAD_TOO_LARGE, "INVALID_PARAMETER_VALUE", msg.clone()),
+            ApiError::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "BAD_REQUEST",
+                "send the body as JSON with `Content-Type: application/json`".into(),
+            ),
+        }
+    }
+}
+
+impl IntoResponse for MlflowError {
+    fn into_response(self) -> Response {
+        if let ApiError::Domain(Error::Internal(cause)) = &self.0 {
+            tracing::error!(%cause, "internal error");
+        }
+        let (status, code, message) = self.parts();
+        let mut response = (status, Json(json!({"error_code": code, "message": message}))).into_response();
+        match &self.0 {
+            ApiError::Domain(Error::Unauthenticated(_)) => {
+                response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::Domain(Error::TooManyRequests { retry_after_secs, .. }) => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+            }
+            _ if status == StatusCode::SERVICE_UNAVAILABLE => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+type MlflowResult<T> = Result<T, MlflowError>;
+
+// ---- extractors: Trainyard's, answering in MLflow's shape ----
+
+/// The caller, from a user's API token (`MLFLOW_TRACKING_TOKEN`), as [`Auth`] finds it.
+pub struct MlflowAuth(pub Caller);
+
+impl FromRequestParts<AppState> for MlflowAuth {
+    type Rejection = MlflowError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, MlflowError> {
+        Ok(MlflowAuth(Auth::from_request_parts(parts, state).await?.0))
+    }
+}
+
+/// A JSON body, decoded as [`ApiJson`] does (unknown fields are ignored: protobuf's rule).
+pub struct MlflowJson<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for MlflowJson<T> {
+    type Rejection = MlflowError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, MlflowError> {
+        Ok(MlflowJson(ApiJson::<T>::from_request(req, state).await?.0))
+    }
+}
+
+/// The query of a GET call (the client sends a GET's message as query parameters).
+pub struct MlflowQuery<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for MlflowQuery<T> {
+    type Rejection = MlflowError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, MlflowError> {
+        Ok(MlflowQuery(ApiQuery::<T>::from_request_parts(parts, state).await?.0))
+    }
+}
+
+// ---- the wire format ----
+
+/// An int64 as protobuf's JSON gives it: a number or a decimal string.
+fn proto_i64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Int {
+        Number(i64),
+        Text(String),
+    }
+    match Option::<Int>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(Int::Number(n)) => Ok(Some(n)),
+        Some(Int::Text(text)) => text.parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// A double as protobuf's JSON gives it: a number, or "NaN", "Infinity", "-Infinity".
+fn proto_f64<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Double {
+        Number(f64),
+        Text(String),
+    }
+    match Option::<Double>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(Double::Number(n)) => Ok(Some(n)),
+        Some(Double::Text(text)) => match text.as_str() {
+            "NaN" => Ok(Some(f64::NAN)),
+            "Infinity" => Ok(Some(f64::INFINITY)),
+            "-Infinity" => Ok(Some(f64::NEG_INFINITY)),
+            other => other.parse().map(Some).map_err(serde::de::Error::custom),
+        },
+    }
+}
+
+/// A double for protobuf's JSON: JSON has no NaN or infinities, protobuf spells them as strings.
+fn proto_f64_out<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+    match *value {
+        v if v.is_nan() => serializer.serialize_str("NaN"),
+        v if v == f64::INFINITY => serializer.serialize_str("Infinity"),
+        v if v == f64::NEG_INFINITY => serializer.serialize_str("-Infinity"),
+        v => serializer.serialize_f64(v),
+    }
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct WireKeyValue {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+impl From<WireKeyValue> for KeyValue {
+    fn from(kv: WireKeyValue) -> Self {
+        KeyValue { key: kv.key, value: kv.value }
+    }
+}
+
+impl From<&KeyValue> for WireKeyValue {
+    fn from(kv: &KeyValue) -> Self {
+        WireKeyValue { key: kv.key.clone(), value: kv.value.clone() }
+    }
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct WireMetric {
+    #[serde(default)]
+    key: String,
+    #[serde(default, deserialize_with = "proto_f64", serialize_with = "proto_f64_out_some")]
+    value: Option<f64>,
+    #[serde(default, deserialize_with = "proto_i64")]
+    timestamp: Option<i64>,
+    #[serde(default, deserialize_with = "proto_i64")]
+    step: Option<i64>,
+}
+
+fn proto_f64_out_some<S: Serializer>(value: &Option<f64>, serializer: S) -> Result<S::Ok, S::Error> {
+    proto_f64_out(&value.unwrap_or_default(), serializer)
+}
+
+impl WireMetric {
+    fn into_metric(self, field: &str) -> Result<Metric, Error> {
+        let value = self.value.ok_or_else(|| Error::invalid(format!("{field}.value"), "a metric needs a value"))?;
+        let timestamp =
+            self.timestamp.ok_or_else(|| Error::invalid(format!("{field}.timestamp"), "a metric needs a timestamp"))?;
+        Ok(Metric { key: self.key, value, timestamp, step: self.step.unwrap_or(0) })
+    }
+}
+
+impl From<&Metric> for WireMetric {
+    fn from(m: &Metric) -> Self {
+        WireMetric { key: m.key.clone(), value: Some(m.value), timestamp: Some(m.timestamp), step: Some(m.step) }
+    }
+}
+
+fn experiment_json(e: &Experiment) -> Value {
+    json!({
+        "experiment_id": e.experiment_id.to_string(),
+        "name": e.name,
+        "artifact_location": "",
+        "lifecycle_stage": e.lifecycle_stage,
+        "creation_time": e.creation_time,
+        "last_update_time": e.last_update_time,
+        "tags": [],
+    })
+}
+
+fn run_info_json(info: &RunInfo) -> Value {
+    let id = info.run_id.simple().to_string();
+    let mut value = json!({
+        "run_id": id,
+        "run_uuid": id,
+        "run_name": info.run_name,
+        "experiment_id": info.experiment_id.to_string(),
+        "user_id": info.user_id,
+        "status": info.status,
+        "start_time": info.start_time,
+        "artifact_uri": "",
+        "lifecycle_stage": info.lifecycle_stage,
+    });
+    if let Some(end) = info.end_time {
+        value["end_time"] = json!(end);
+    }
+    value
+}
+
+fn run_json(run: &Run) -> Value {
+    json!({
+        "info": run_info_json(&run.info),
+        "data": {
+            "metrics": run.metrics.iter().map(WireMetric::from).collect::<Vec<_>>(),
+            "params": run.params.iter().map(WireKeyValue::from).collect::<Vec<_>>(),
+            "tags": run.tags.iter().map(WireKeyValue::from).collect::<Vec<_>>(),
+        },
+        "inputs": {},
+    })
+}
+
+/// MLflow's ids as strings: an experiment's is a number; a run's a UUID (32 hex digits). A
+/// malformed id names nothing: 404, as an unknown one.
+fn experiment_id_parse(text: Option<&str>) -> Result<i64, Error> {
+    let text = text.filter(|t| !t.is_empty()).ok_or_else(|| Error::invalid("experiment_id", "required"))?;
+    text.parse().map_err(|_| Error::not_found(ObjectKind::Experiment))
+}
+
+fn run_id_parse(run_id: Option<&str>, run_uuid: Option<&str>) -> Result<Uuid, Error> {
+    let text = run_id
+        .filter(|t| !t.is_empty())
+        .or(run_uuid.filter(|t| !t.is_empty()))
+        .ok_or_else(|| Error::invalid("run_id", "required"))?;
+    Uuid::parse_str(text).map_err(|_| Error::not_found(ObjectKind::Run))
+}
+
+fn required<'a>(field: &str, value: &'a Option<String>) -> Result<&'a str, Error> {
+    value.as_deref().filter(|v| !v.is_empty()).ok_or_else(|| Error::invalid(field, "required"))
+}
+
+// ---- experiments ----
+
+#[derive(Debug, Deserialize)]
+struct ExperimentByNameQuery {
+    experiment_name: Option<String>,
+}
+
+async fn experiment_get_by_name(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<ExperimentByNameQuery>,
+) -> MlflowResult<Json<Value>> {
+    let name = required("experiment_name", &query.experiment_name)?;
+    let experiment = state.app.mlflow_experiment_by_name(&caller, name).await?;
+    Ok(Json(json!({"experiment": experiment_json(&experiment)})))
+}
+
+#[derive(Debug, Deserialize)]
+struct ExperimentCreateBody {
+    name: Option<String>,
+    #[serde(default)]
+    tags: Vec<WireKeyValue>,
+}
+
+async fn experiment_create(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<ExperimentCreateBody>,
+) -> MlflowResult<Json<Value>> {
+    if !body.tags.is_empty() {
+        return Err(Error::invalid("tags", "experiment tags are not supported yet").into());
+    }
+    let name = required("name", &body.name)?;
+    let id = state.app.mlflow_experiment_create(&caller, name).await?;
+    Ok(Json(json!({"experiment_id": id.to_string()})))
+}
+
+#[derive(Debug, Deserialize)]
+struct ExperimentGetQuery {
+    experiment_id: Option<String>,
+}
+
+async fn experiment_get(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<ExperimentGetQuery>,
+) -> MlflowResult<Json<Value>> {
+    let id = experiment_id_parse(query.experiment_id.as_deref())?;
+    let experiment = state.app.mlflow_experiment_get(&caller, id).await?;
+    Ok(Json(json!({"experiment": experiment_json(&experiment)})))
+}
+
+#[derive(Debug, Deserialize)]
+struct ExperimentsSearchBody {
+    #[serde(default, deserialize_with = "proto_i64")]
+    max_results: Option<i64>,
+    page_token: Option<String>,
+    filter: Option<String>,
+    #[serde(default)]
+    order_by: Vec<String>,
+}
+
+async fn experiments_search(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<ExperimentsSearchBody>,
+) -> MlflowResult<Json<Value>> {
+    experiments_answer(&state, &caller, body).await
+}
+
+#[derive(Debug, Deserialize)]
+struct ExperimentsSearchQuery {
+    max_results: Option<String>,
+    page_token: Option<String>,
+    filter: Option<String>,
+}
+
+async fn experiments_search_get(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<ExperimentsSearchQuery>,
+) -> MlflowResult<Json<Value>> {
+    let max_results = query
+        .max_results
+        .map(|m| m.parse::<i64>().map_err(|_| Error::invalid("max_results", "a whole number")))
+        .transpose()?;
+    let body =
+        ExperimentsSearchBody { max_results, page_token: query.page_token, filter: query.filter, order_by: vec![] };
+    experiments_answer(&state, &caller, body).await
+}
+
+async fn experiments_answer(
+    state: &AppState,
+    caller: &Caller,
+    body: ExperimentsSearchBody,
+) -> MlflowResult<Json<Value>> {
+    if body.filter.as_deref().is_some_and(|f| !f.trim().is_empty()) || !body.order_by.is_empty() {
+        return Err(Error::invalid("filter", "filtering and ordering experiments is not supported yet").into());
+    }
+    let page = state.app.mlflow_experiments_search(caller, body.max_results, body.page_token.as_deref()).await?;
+    let mut answer = json!({"experiments": page.items.iter().map(experiment_json).collect::<Vec<_>>()});
+    if let Some(token) = page.next_page_token {
+        answer["next_page_token"] = json!(token);
+    }
+    Ok(Json(answer))
+}
+
+// ---- runs ----
+
+#[derive(Debug, Deserialize)]
+struct RunCreateBody {
+    experiment_id: Option<String>,
+    user_id: Option<String>,
+    run_name: Option<String>,
+    #[serde(default, deserialize_with = "proto_i64")]
+    start_time: Option<i64>,
+    #[serde(default)]
+    tags: Vec<WireKeyValue>,
+}
+
+async fn run_create(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<RunCreateBody>,
+) -> MlflowResult<Json<Value>> {
+    // MLflow's client sends no experiment for its Default experiment, 0.
+    let experiment_id = match body.experiment_id.as_deref() {
+        None | Some("") => 0,
+        Some(text) => experiment_id_parse(Some(text))?,
+    };
+    let run = RunCreate {
+        experiment_id,
+        run_name: body.run_name,
+        user_id: body.user_id,
+        start_time: body.start_time,
+        tags: body.tags.into_iter().map(KeyValue::from).collect(),
+    };
+    let run = state.app.mlflow_run_create(&caller, run).await?;
+    Ok(Json(json!({"run": run_json(&run)})))
+}
+
+#[derive(Debug, Deserialize)]
+struct RunGetQuery {
+    run_id: Option<String>,
+    run_uuid: Option<String>,
+}
+
+async fn run_get(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<RunGetQuery>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(query.run_id.as_deref(), query.run_uuid.as_deref())?;
+    let run = state.app.mlflow_run_get(&caller, run_id).await?;
+    Ok(Json(json!({"run": run_json(&run)})))
+}
+
+#[derive(Debug, Deserialize)]
+struct RunUpdateBody {
+    run_id: Option<String>,
+    run_uuid: Option<String>,
+    status: Option<String>,
+    #[serde(default, deserialize_with = "proto_i64")]
+    end_time: Option<i64>,
+    run_name: Option<String>,
+}
+
+async fn run_update(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<RunUpdateBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), body.run_uuid.as_deref())?;
+    let info = state
+        .app
+        .mlflow_run_update(&caller, run_id, body.status.as_deref(), body.end_time, body.run_name.as_deref())
+        .await?;
+    Ok(Json(json!({"run_info": run_info_json(&info)})))
+}
+
+#[derive(Debug, Deserialize)]
+struct RunsSearchBody {
+    #[serde(default)]
+    experiment_ids: Vec<String>,
+    filter: Option<String>,
+    run_view_type: Option<String>,
+    #[serde(default, deserialize_with = "proto_i64")]
+    max_results: Option<i64>,
+    #[serde(default)]
+    order_by: Vec<String>,
+    page_token: Option<String>,
+}
+
+async fn runs_search(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<RunsSearchBody>,
+) -> MlflowResult<Json<Value>> {
+    let experiment_ids = body
+        .experiment_ids
+        .iter()
+        .map(|id| {
+            id.parse::<i64>().map_err(|_| Error::invalid("experiment_ids", format!("'{id}' is not an experiment id")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // Runs are never deleted yet: every run is active.
+    let deleted_only = match body.run_view_type.as_deref() {
+        None | Some("ACTIVE_ONLY" | "ALL") => false,
+        Some("DELETED_ONLY") => true,
+        Some(other) => return Err(Error::invalid("run_view_type", format!("'{other}' is not a view type")).into()),
+    };
+    let newest_first =
+        |o: &String| matches!(o.trim().to_ascii_lowercase().as_str(), "start_time desc" | "attributes.start_time desc");
+    if !body.order_by.iter().all(newest_first) {
+        return Err(Error::invalid("order_by", "only `start_time DESC` (the default) is supported yet").into());
+    }
+    let page = state
+        .app
+        .mlflow_runs_search(
+            &caller,
+            &experiment_ids,
+            body.filter.as_deref().unwrap_or_default(),
+            body.max_results,
+            body.page_token.as_deref(),
+        )
+        .await?;
+    if deleted_only {
+        return Ok(Json(json!({"runs": []})));
+    }
+    let mut answer = json!({"runs": page.items.iter().map(run_json).collect::<Vec<_>>()});
+    if let Some(token) = page.next_page_token {
+        answer["next_page_token"] = json!(token);
+    }
+    Ok(Json(answer))
+}
+
+// ---- logging ----
+
+#[derive(Debug, Deserialize)]
+struct LogMetricBody {
+    run_id: Option<String>,
+    run_uuid: Option<String>,
+    #[serde(flatten)]
+    metric: WireMetric,
+}
+
+async fn log_metric(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<LogMetricBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), body.run_uuid.as_deref())?;
+    let batch = LogBatch { metrics: vec![body.metric.into_metric("metric")?], ..Default::default() };
+    state.app.mlflow_log(&caller, run_id, batch).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct LogKeyValueBody {
+    run_id: Option<String>,
+    run_uuid: Option<String>,
+    key: Option<String>,
+    value: Option<String>,
+}
+
+impl LogKeyValueBody {
+    fn parts(self) -> Result<(Uuid, KeyValue), Error> {
+        let run_id = run_id_parse(self.run_id.as_deref(), self.run_uuid.as_deref())?;
+        let key = required("key", &self.key)?.to_string();
+        Ok((run_id, KeyValue { key, value: self.value.unwrap_or_default() }))
+    }
+}
+
+async fn log_parameter(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<LogKeyValueBody>,
+) -> MlflowResult<Json<Value>> {
+    let (run_id, param) = body.parts()?;
+    state.app.mlflow_log(&caller, run_id, LogBatch { params: vec![param], ..Default::default() }).await?;
+    Ok(Json(json!({})))
+}
+
+async fn set_tag(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<LogKeyValueBody>,
+) -> MlflowResult<Json<Value>> {
+    let (run_id, tag) = body.parts()?;
+    state.app.mlflow_log(&caller, run_id, LogBatch { tags: vec![tag], ..Default::default() }).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct LogBatchBody {
+    run_id: Option<String>,
+    #[serde(default)]
+    metrics: Vec<WireMetric>,
+    #[serde(default)]
+    params: Vec<WireKeyValue>,
+    #[serde(default)]
+    tags: Vec<WireKeyValue>,
+}
+
+async fn log_batch(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<LogBatchBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), None)?;
+    let metrics = body
+        .metrics
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| m.into_metric(&format!("metrics[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let batch = LogBatch {
+        metrics,
+        params: body.params.into_iter().map(KeyValue::from).collect(),
+        tags: body.tags.into_iter().map(KeyValue::from).collect(),
+    };
+    state.app.mlflow_log(&caller, run_id, batch).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct MetricHistoryQuery {
+    run_id: Option<String>,
+    run_uuid: Option<String>,
+    metric_key: Option<String>,
+}
+
+/// Every point of the series, in one page (MLflow's `max_results` is for Databricks only).
+async fn metric_history(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<MetricHistoryQuery>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(query.run_id.as_deref(), query.run_uuid.as_deref())?;
+    let key = required("metric_key", &query.metric_key)?;
+    let metrics = state.app.mlflow_metric_history(&caller, run_id, key).await?;
+    Ok(Json(json!({"metrics": metrics.iter().map(WireMetric::from).collect::<Vec<_>>()})))
+}

@@ -1,0 +1,304 @@
+//! MLflow's tracking API (issue 42): the real `mlflow` client from PyPI (mlflow-skinny, pinned in
+//! tests/python-requirements.txt), unmodified, logs into the real server with a user's API token
+//! and reads back what it logged; another tenant's token sees none of it. Then MLflow's rules,
+//! each with MLflow's error code: params write once, a batch over the limits, an unknown run.
+
+use serde_json::{Value, json};
+use trainyard_tests::{StatusCode, TestEnv};
+
+/// Runs `script` with the test's Python and the MLflow client pointed at the server with
+/// `token`; returns the JSON the script prints last.
+fn mlflow_python(env: &TestEnv, token: &str, script: &str) -> Value {
+    let python = std::env::var("TRAINYARD_TEST_PYTHON").expect(
+        "TRAINYARD_TEST_PYTHON: a Python with mlflow-skinny (tests/python-requirements.txt; tests/run sets it)",
+    );
+    let output = std::process::Command::new(python)
+        .args(["-c", script])
+        .env("MLFLOW_TRACKING_URI", &env.server.url)
+        .env("MLFLOW_TRACKING_TOKEN", token)
+        // No retries: an error answer shows at once, not after MLflow's backoff.
+        .env("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        .env_remove("MLFLOW_EXPERIMENT_NAME")
+        .env_remove("MLFLOW_EXPERIMENT_ID")
+        .env_remove("MLFLOW_RUN_ID")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the mlflow script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|err| panic!("{err}: {stdout}"))
+}
+
+const LOG_A_RUN: &str = r#"
+import json, mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+mlflow.set_experiment("mnist")
+with mlflow.start_run(run_name="laptop") as run:
+    mlflow.log_param("lr", "0.1")
+    for step in range(1000):
+        mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+    MlflowClient().log_batch(
+        run.info.run_id,
+        metrics=[Metric("accuracy", 0.5 + i / 100, 1700000000000 + i, i) for i in range(10)],
+        params=[Param("batch_size", "64"), Param("optimizer", "adam")],
+        tags=[RunTag("dataset", "mnist@1")],
+    )
+    mlflow.set_tag("team", "vision")
+    mlflow.set_tag("team", "vision-2")  # tags overwrite
+run_id = run.info.run_id
+# A second run in the Default experiment, id 0, which every tenant has: another tenant's search of
+# its own experiment 0 must not find it.
+with mlflow.start_run(experiment_id="0") as default_run:
+    mlflow.log_param("where", "default")
+runs = mlflow.search_runs(experiment_names=["mnist"], output_format="list")
+everywhere = mlflow.search_runs(search_all_experiments=True, output_format="list")
+matching = mlflow.search_runs(
+    experiment_names=["mnist"], filter_string="params.lr = '0.1' and tags.team = 'vision-2'", output_format="list")
+not_matching = mlflow.search_runs(experiment_names=["mnist"], filter_string="params.lr = '0.2'", output_format="list")
+client = MlflowClient()
+history = client.get_metric_history(run_id, "loss")
+got = client.get_run(run_id)
+print(json.dumps({
+    "run_id": run_id,
+    "default_run_id": default_run.info.run_id,
+    "runs": [r.info.run_id for r in runs],
+    "everywhere": sorted(r.info.run_id for r in everywhere),
+    "experiments": sorted(e.name for e in MlflowClient().search_experiments()),
+    "matching": [r.info.run_id for r in matching],
+    "not_matching": len(not_matching),
+    "status": got.info.status,
+    "name": got.info.run_name,
+    "ended": got.info.end_time is not None,
+    "params": got.data.params,
+    "tags": {k: v for k, v in got.data.tags.items() if not k.startswith("mlflow.")},
+    "latest": got.data.metrics,
+    "history": [[m.step, m.value] for m in history],
+}))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mlflow_client_logs_a_run_and_reads_it_back_and_another_tenant_sees_nothing() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let (status, body) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let other = env.member("team-b", "bob", "admin").await;
+
+    let logged = tokio::task::block_in_place(|| mlflow_python(&env, &member, LOG_A_RUN));
+    let run_id = logged["run_id"].as_str().unwrap().to_string();
+    assert_eq!(logged["runs"], json!([run_id]), "search_runs finds the run: {logged}");
+    let default_run = logged["default_run_id"].as_str().unwrap().to_string();
+    let mut both = vec![run_id.clone(), default_run.clone()];
+    both.sort();
+    assert_eq!(logged["everywhere"], json!(both), "both runs, in both experiments");
+    assert_eq!(logged["experiments"], json!(["Default", "mnist"]));
+    assert_eq!(logged["matching"], json!([run_id]), "the filter on a param and a tag matches it");
+    assert_eq!(logged["not_matching"], 0, "another value of the param matches nothing");
+    assert_eq!(logged["status"], "FINISHED", "end_run finished it");
+    assert_eq!(logged["ended"], true);
+    assert_eq!(logged["name"], "laptop");
+    assert_eq!(logged["params"], json!({"lr": "0.1", "batch_size": "64", "optimizer": "adam"}));
+    assert_eq!(logged["tags"], json!({"team": "vision-2", "dataset": "mnist@1"}));
+    // The run's data holds each metric's latest point; the history every point, by step.
+    assert_eq!(logged["latest"]["loss"], json!(1.0 / 1000.0));
+    assert_eq!(logged["latest"]["accuracy"], json!(0.5 + 9.0 / 100.0));
+    let history = logged["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1000, "every one of the 1,000 steps");
+    for (i, point) in history.iter().enumerate() {
+        assert_eq!(point, &json!([i, 1.0 / (i as f64 + 1.0)]), "step {i}");
+    }
+
+    // Tenant B's admin: no run in any search, the run and the experiment are unknown.
+    let script = format!(
+        r#"
+import json, mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+client = MlflowClient()
+runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+in_default = mlflow.search_runs(experiment_ids=["0"], output_format="list")
+try:
+    client.get_run("{run_id}")
+    code = None
+except MlflowException as e:
+    code = e.error_code
+try:
+    client.log_param("{run_id}", "lr", "0.9")
+    write = None
+except MlflowException as e:
+    write = e.error_code
+print(json.dumps({{"runs": len(runs), "in_default": len(in_default), "get_run": code, "log_param": write,
+                   "experiments": [e.name for e in client.search_experiments()],
+                   "experiment": client.get_experiment_by_name("mnist") is not None}}))
+"#
+    );
+    let seen = tokio::task::block_in_place(|| mlflow_python(&env, &other, &script));
+    assert_eq!(
+        seen,
+        json!({"runs": 0, "in_default": 0, "get_run": "RESOURCE_DOES_NOT_EXIST", "log_param": "RESOURCE_DOES_NOT_EXIST",
+               "experiments": ["Default"], "experiment": false}),
+        "another tenant sees nothing and writes nothing"
+    );
+    let (status, body) = env.get(&format!("/api/2.0/mlflow/runs/get?run_id={run_id}"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["run"]["data"]["params"].as_array().unwrap().len(), 3, "tenant B's write did not land: {body}");
+}
+
+/// A run of tenant "default" made with `token` through the API; its id.
+async fn run_new(env: &TestEnv, token: &str) -> String {
+    let (status, body) = env.post("/api/2.0/mlflow/runs/create", token, &json!({"start_time": 1})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["run"]["info"]["run_id"].as_str().unwrap().to_string()
+}
+
+fn assert_mlflow_error(status: StatusCode, body: &Value, want_status: StatusCode, code: &str) {
+    assert_eq!(status, want_status, "{body}");
+    assert_eq!(body["error_code"], code, "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()), "MLflow's error shape: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mlflow_rules_answer_with_mlflows_error_codes() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let run = run_new(&env, &member).await;
+
+    // Params are written once: the same value again is fine, another value is refused.
+    let param = |value: &str| json!({"run_id": run, "key": "lr", "value": value});
+    let (status, body) = env.post("/api/2.0/mlflow/runs/log-parameter", &member, &param("0.1")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = env.post("/api/2.0/mlflow/runs/log-parameter", &member, &param("0.1")).await;
+    assert_eq!(status, StatusCode::OK, "the same value again: {body}");
+    let (status, body) = env.post("/api/2.0/mlflow/runs/log-parameter", &member, &param("0.2")).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+    assert!(body["message"].as_str().unwrap().contains("lr"), "names the param: {body}");
+    // In a batch too, and the batch's other writes do not land (all or nothing).
+    let batch = json!({"run_id": run, "params": [{"key": "lr", "value": "0.3"}],
+                       "metrics": [{"key": "loss", "value": 1.0, "timestamp": 1, "step": 0}]});
+    let (status, body) = env.post("/api/2.0/mlflow/runs/log-batch", &member, &batch).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+
+    // A batch over MLflow's limits: 1,000 metrics, 100 params, 100 tags.
+    let metric = json!({"key": "loss", "value": 1.0, "timestamp": 1, "step": 0});
+    let kv = |i: usize| json!({"key": format!("k{i}"), "value": "v"});
+    for (field, items) in [
+        ("metrics", vec![metric.clone(); 1001]),
+        ("params", (0..101).map(kv).collect()),
+        ("tags", (0..101).map(kv).collect()),
+    ] {
+        let (status, body) =
+            env.post("/api/2.0/mlflow/runs/log-batch", &member, &json!({"run_id": run, field: items})).await;
+        assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+        assert!(body["message"].as_str().unwrap().contains(field), "{field}: {body}");
+    }
+    // At the limit it is taken.
+    let (status, body) = env
+        .post("/api/2.0/mlflow/runs/log-batch", &member, &json!({"run_id": run, "metrics": vec![metric; 1000]}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, body) =
+        env.get(&format!("/api/2.0/mlflow/metrics/get-history?run_id={run}&metric_key=loss"), &member).await;
+    assert_eq!(body["metrics"].as_array().unwrap().len(), 1000, "only the batch at the limit landed");
+    let (_, body) = env.get(&format!("/api/2.0/mlflow/runs/get?run_id={run}"), &member).await;
+    assert_eq!(body["run"]["data"]["params"], json!([{"key": "lr", "value": "0.1"}]), "{body}");
+
+    // An unknown run, a malformed id: MLflow's 404.
+    let unknown = uuid::Uuid::from_u128(42).simple().to_string();
+    for id in [unknown.as_str(), "not-a-run"] {
+        let (status, body) = env.get(&format!("/api/2.0/mlflow/runs/get?run_id={id}"), &member).await;
+        assert_mlflow_error(status, &body, StatusCode::NOT_FOUND, "RESOURCE_DOES_NOT_EXIST");
+        let log = json!({"run_id": id, "key": "loss", "value": 1.0, "timestamp": 1});
+        let (status, body) = env.post("/api/2.0/mlflow/runs/log-metric", &member, &log).await;
+        assert_mlflow_error(status, &body, StatusCode::NOT_FOUND, "RESOURCE_DOES_NOT_EXIST");
+    }
+    let (status, body) = env.get("/api/2.0/mlflow/experiments/get?experiment_id=987654", &member).await;
+    assert_mlflow_error(status, &body, StatusCode::NOT_FOUND, "RESOURCE_DOES_NOT_EXIST");
+
+    // An experiment name is taken once per tenant.
+    let (status, body) = env.post("/api/2.0/mlflow/experiments/create", &member, &json!({"name": "e"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = env.post("/api/2.0/mlflow/experiments/create", &member, &json!({"name": "e"})).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "RESOURCE_ALREADY_EXISTS");
+
+    // Bad input is MLflow's 400, never a 500: a filter outside the subset, a bad status, a bad key.
+    let search = json!({"experiment_ids": ["0"], "filter": "metrics.loss < 0.5"});
+    let (status, body) = env.post("/api/2.0/mlflow/runs/search", &member, &search).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+    let (status, body) =
+        env.post("/api/2.0/mlflow/runs/update", &member, &json!({"run_id": run, "status": "DONE"})).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+    let (status, body) =
+        env.post("/api/2.0/mlflow/runs/set-tag", &member, &json!({"run_id": run, "key": "a;b", "value": "x"})).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+    let (status, body) = env
+        .call(
+            reqwest::Method::POST,
+            "/api/2.0/mlflow/runs/log-metric",
+            Some(&member),
+            Some(&json!({"run_id": run, "key": "x", "value": "abc", "timestamp": 1})),
+        )
+        .await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+
+    // Text Postgres cannot store (NUL), in a body and in a query: MLflow's 400, not Trainyard's 422.
+    let (status, body) = env
+        .post("/api/2.0/mlflow/runs/set-tag", &member, &json!({"run_id": run, "key": "k", "value": "a\u{0}b"}))
+        .await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+    let (status, body) = env.get("/api/2.0/mlflow/experiments/get-by-name?experiment_name=a%00b", &member).await;
+    assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
+
+    // NaN and infinities, which JSON lacks, in protobuf's spelling both ways.
+    for value in ["NaN", "Infinity", "-Infinity"] {
+        let log = json!({"run_id": run, "key": format!("odd{}", value.len()), "value": value, "timestamp": 1});
+        let (status, body) = env.post("/api/2.0/mlflow/runs/log-metric", &member, &log).await;
+        assert_eq!(status, StatusCode::OK, "{value}: {body}");
+        let key = format!("odd{}", value.len());
+        let (_, body) =
+            env.get(&format!("/api/2.0/mlflow/metrics/get-history?run_id={run}&metric_key={key}"), &member).await;
+        assert_eq!(body["metrics"][0]["value"], value, "{body}");
+    }
+
+    // Credentials, in MLflow's shape too: none is 401, a viewer may not write.
+    let (status, body) =
+        env.call(reqwest::Method::GET, &format!("/api/2.0/mlflow/runs/get?run_id={run}"), None, None).await;
+    assert_mlflow_error(status, &body, StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
+    let viewer = env.member("default", "vera", "viewer").await;
+    let (status, body) = env.post("/api/2.0/mlflow/runs/log-parameter", &viewer, &param("0.1")).await;
+    assert_mlflow_error(status, &body, StatusCode::FORBIDDEN, "PERMISSION_DENIED");
+    let (status, _) = env.get(&format!("/api/2.0/mlflow/runs/get?run_id={run}"), &viewer).await;
+    assert_eq!(status, StatusCode::OK, "a viewer reads");
+    let (status, body) = env.post("/api/2.0/mlflow/runs/create", &viewer, &json!({})).await;
+    assert_mlflow_error(status, &body, StatusCode::FORBIDDEN, "PERMISSION_DENIED");
+
+    // Making experiments and runs is audited, refusals too (what is logged to a run is not).
+    let (status, page) = env.get("/api/v1/audit?action=mlflow.&limit=100", &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let entries: Vec<(String, String, String)> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().into(),
+                e["actor"].as_str().unwrap().into(),
+                e["outcome"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    for want in [
+        ("mlflow.run.create", "user:mia", "ok"),
+        ("mlflow.experiment.create", "user:mia", "ok"),
+        ("mlflow.experiment.create", "user:mia", "conflict"),
+        ("mlflow.run.create", "user:vera", "denied"),
+    ] {
+        let want = (want.0.to_string(), want.1.to_string(), want.2.to_string());
+        assert!(entries.contains(&want), "{want:?} in {entries:?}");
+    }
+    assert_eq!(entries.len(), 4, "one entry per attempt to make something, none for logging: {entries:?}");
+}
