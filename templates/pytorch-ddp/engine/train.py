@@ -79,6 +79,12 @@ def parse_args(argv=None):
     p.add_argument("--user-commit", default="", help="the commit of --user-repo to run")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
+    p.add_argument("--stop-at-step", type=int, default=0,
+                   help="pause: checkpoint and exit 0 after this step, the schedule still planned for the whole "
+                        "run, so a later run with the same checkpoints goes on as if never stopped (0: no pause)")
+    p.add_argument("--checkpoint-key", default="",
+                   help="the folder under the checkpoint volume's jobs/ instead of the job's id: runs naming the "
+                        "same key resume one another (an experiment's trial, rung after rung)")
     p.add_argument("--batch-size", type=int, default=64, help="per process")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-steps", type=int, default=20)
@@ -504,7 +510,8 @@ def resume_state(directory, rank, device):
 
 def main():
     args = parse_args()
-    args.output = checkpoints.checkpoint_dir(args.output, args.checkpoint_volume, os.environ.get("TRAINYARD_JOB_ID"))
+    args.output = checkpoints.checkpoint_dir(args.output, args.checkpoint_volume,
+                                              args.checkpoint_key or os.environ.get("TRAINYARD_JOB_ID"))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -558,6 +565,8 @@ def main():
     epoch_micro_batches = epoch_steps * args.grad_accum
     epoch_samples = epoch_micro_batches * args.batch_size
     total_steps = args.max_steps or epoch_steps * args.epochs
+    # Where this run stops: the end of the schedule, or a pause before it (a search's rung).
+    stop_at = min(args.stop_at_step, total_steps) if args.stop_at_step > 0 else total_steps
     order = dict(dataset.plan.description(), batch_size=args.batch_size, grad_accum=args.grad_accum)
 
     def lr_at(step):
@@ -627,7 +636,7 @@ def main():
         seeds.rng_restore(rng, device)
     started, resumed_at, stall_total = time.monotonic(), step, 0.0
     reported = (started, stall_total)
-    finished = step >= total_steps
+    finished = step >= stop_at
     while epoch < args.epochs and not finished:
         micro = cursor // args.batch_size
         pipeline.stream.start(epoch, micro, epoch_micro_batches)
@@ -663,12 +672,13 @@ def main():
             # from the votes of the step before (StepVotes: the host does not wait for the GPU).
             stop_votes, ready_votes = votes.collect()
             stopping = stop_votes > 0
-            decision = pipeline.step_ended(ready_votes == world and not stopping and step < total_steps, collectives)
+            decision = pipeline.step_ended(ready_votes == world and not stopping and step < stop_at, collectives)
             if decision is not None and pipeline.confirmed() and run_record is not None:
                 run_record.post(pipeline.settings())
             # After step_ended: a window it just closed does not vote ready again.
             votes.cast(stop["requested"], pipeline.window_ready())
-            if rank == 0 and step % args.log_every == 0:
+            # The last step is always reported: a search ranks a run by its metrics at the step it stopped at.
+            if rank == 0 and (step % args.log_every == 0 or step == stop_at):
                 # This process's steps over its own time: a resumed run starts counting afresh.
                 samples = (step - resumed_at) * args.batch_size * args.grad_accum * world
                 samples_per_second = samples / (time.monotonic() - started)
@@ -688,14 +698,14 @@ def main():
                 reporter.flush()
                 print(f"step {step} loss {step_loss.item():.4f}", flush=True)
             step_loss, step_keys = torch.zeros((), device=device), []
-            if stopping or step % args.checkpoint_every == 0 or step >= total_steps:
+            if stopping or step % args.checkpoint_every == 0 or step >= stop_at:
                 checkpoint()
             if stopping:
                 print("stopping on SIGTERM after a final checkpoint", flush=True)
                 reporter.close()
                 dist.destroy_process_group()
                 sys.exit(143)
-            if step >= total_steps:
+            if step >= stop_at:
                 finished = True
                 break
         epoch, cursor = epoch + 1, 0

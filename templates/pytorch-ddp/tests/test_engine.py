@@ -98,6 +98,28 @@ def test_a_resumed_run_repeats_the_uninterrupted_losses_bit_for_bit(interrupted)
     assert whole.steps(0)[0]["loss"] != whole.steps(1)[0]["loss"]
 
 
+
+def test_a_paused_run_resumed_later_goes_on_as_if_never_stopped(interrupted, uneven_dataset, tmp_path):
+    """An experiment's rung: --stop-at-step pauses a run between checkpoints (exit 0, a checkpoint
+    at the pause), the learning-rate schedule still planned for the whole run; the next run over
+    the same checkpoints trains the remaining steps with the same samples and losses, bit for
+    bit, as the uninterrupted run."""
+    data, _ = uneven_dataset
+    whole, pause = interrupted["whole"], 33
+    paused = Job(tmp_path, data, stop_at_step=pause, **RESUMABLE)
+    assert paused.start().wait(120) == [0, 0], paused.logs()
+    assert paused.latest_step() == pause, "the pause writes its own checkpoint (checkpoint_every is 10)"
+    assert paused.steps(0)[-1]["step"] == pause
+    resumed = Job(tmp_path, data, **RESUMABLE)
+    resumed.samples = os.path.join(str(tmp_path), "samples-resumed")
+    assert resumed.start().wait(120) == [0, 0], resumed.logs()
+    assert f"resuming from step {pause} " in resumed.log(0), resumed.logs()
+    for rank in (0, 1):
+        steps = paused.steps(rank) + resumed.steps(rank)
+        assert [(e["step"], e["keys"], e["loss"]) for e in steps] == \
+            [(e["step"], e["keys"], e["loss"]) for e in whole.steps(rank)], f"rank {rank}"
+
+
 def test_shards_that_do_not_divide_among_ranks_finish_every_epoch_with_equal_steps(uneven_dataset, tmp_path):
     data, _ = uneven_dataset
     job = Job(tmp_path, data, epochs=2, workers=3, batch_size=16).start()
