@@ -82,6 +82,14 @@ const EXPECTED: &[(&str, &str)] = &[
     ("PUT /api/v1/jobs/{id}/artifacts/{*path}", "401 403 ok 404 ok 404"),
     // A signed download link is its own credential (checked by signature, not token).
     ("GET /api/v1/artifacts/download", "ok ok ok ok ok ok"),
+    // Experiments: read by viewers, started and steered by members, invisible to other tenants.
+    ("GET /api/v1/experiments", "401 ok ok ok ok 401"),
+    ("POST /api/v1/experiments", "401 403 ok ok ok 401"),
+    ("POST /api/v1/experiments/preview", "401 403 ok ok ok 401"),
+    ("GET /api/v1/experiments/{id}", "401 ok ok 404 ok 401"),
+    ("POST /api/v1/experiments/{id}/pause", "401 403 ok 404 ok 401"),
+    ("POST /api/v1/experiments/{id}/resume", "401 403 ok 404 ok 401"),
+    ("POST /api/v1/experiments/{id}/cancel", "401 403 ok 404 ok 401"),
     ("GET /api/v1/volumes", "401 ok ok ok ok 401"),
     ("POST /api/v1/volumes", "401 403 ok ok ok 401"),
     ("DELETE /api/v1/volumes/{name}", "401 403 ok 404 ok 401"),
@@ -142,6 +150,11 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /datasets", "login ok ok ok ok login"),
     ("GET /volumes", "login ok ok ok ok login"),
     ("POST /volumes", "login 403 ok ok ok login"),
+    ("GET /experiments", "login ok ok ok ok login"),
+    ("GET /experiments/{id}", "login ok ok 404 ok login"),
+    ("POST /experiments/{id}/pause", "login 403 ok 404 ok login"),
+    ("POST /experiments/{id}/resume", "login 403 ok 404 ok login"),
+    ("POST /experiments/{id}/cancel", "login 403 ok 404 ok login"),
     ("POST /volumes/{name}/delete", "login 403 ok 404 ok login"),
     ("GET /submit", "login 403 ok ok ok login"),
     ("GET /submit/{template}", "login 403 ok ok ok login"),
@@ -178,6 +191,7 @@ struct World {
     /// Tenant A's MLflow experiment `authz` (its id) and a run in it.
     mlflow_experiment: String,
     mlflow_run: String,
+    experiment: String,
 }
 
 fn classify(status: StatusCode, location: Option<&str>) -> String {
@@ -231,8 +245,13 @@ impl World {
             .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         let mlflow_run = body["run"]["info"]["run_id"].as_str().unwrap().to_string();
+        // An experiment of tenant A (its one trial fails at once: no such data; it stays to be read).
+        let (status, body) =
+            env.post("/api/v1/experiments", &admin, &crate::experiments::failing_search("authz")).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let experiment = body["id"].as_str().unwrap().to_string();
         let tokens = vec![None, Some(viewer), Some(member), Some(other), Some(admin), Some(job_token)];
-        World { env, counter: Default::default(), tokens, job, pushed, mlflow_experiment, mlflow_run }
+        World { env, counter: Default::default(), tokens, job, pushed, mlflow_experiment, mlflow_run, experiment }
     }
 
     /// The concrete path for a caller: tenant A's objects, and a fresh target for destructive
@@ -271,6 +290,9 @@ impl World {
                 path = format!("{path}?run_id={}&metric_key=loss", self.mlflow_run)
             }
             _ => {}
+        }
+        if route.starts_with("/api/v1/experiments/{id}") || route.starts_with("/experiments/{id}") {
+            path = route.replace("{id}", &self.experiment);
         }
         if route == "/api/v1/admin/tenants/{tenant}" {
             // Its own tenant each time: removing one is destructive.
@@ -318,6 +340,12 @@ impl World {
                 json!({"user": format!("user-{n}"), "role": "viewer"})
             }
             ("POST", "/api/v1/volumes") => json!({"name": format!("nv{n}"), "size": "1Mi"}),
+            // A search that parses but breaks a rule (its name): refused after authorization.
+            ("POST", "/api/v1/experiments" | "/api/v1/experiments/preview") => {
+                let mut search = crate::experiments::failing_search("x");
+                search["name"] = json!("not a name!");
+                search
+            }
             ("PUT", "/api/v1/admin/tenants/{tenant}/storage") => json!({"log_retention_days": 30}),
             // MLflow's writes name tenant A's experiment or run (a param's value is the same each
             // time: params are written once).

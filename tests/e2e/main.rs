@@ -11,6 +11,7 @@ mod dashboard;
 mod dashboard_usage;
 mod data;
 mod dev;
+mod experiments;
 mod fuzz;
 mod input;
 mod jobs;

@@ -246,4 +246,7 @@ document.addEventListener("DOMContentLoaded", () => {
   if (usage && window.uPlot) drawUsage(usage);
   const compared = document.getElementById("compare-chart");
   if (compared && window.uPlot) drawComparison(compared);
+  // An experiment's trials: the same chart, one line per trial.
+  const trials = document.getElementById("experiment-chart");
+  if (trials && window.uPlot) drawComparison(trials);
 });

@@ -6,6 +6,7 @@ mod client;
 mod code;
 mod config;
 mod datasets;
+mod experiments;
 mod output;
 mod record;
 mod storage;
@@ -179,6 +180,11 @@ enum Command {
     Artifacts {
         #[command(subcommand)]
         command: storage::ArtifactsCommand,
+    },
+    /// Hyperparameter searches whose trials are jobs: grid, random, successive halving.
+    Experiment {
+        #[command(subcommand)]
+        command: experiments::ExperimentCommand,
     },
     /// The tenant's named volumes.
     Volumes {
@@ -798,6 +804,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Artifacts { command } => storage::artifacts(&client, out, command).await,
         Command::Volumes { command } => storage::volumes(&client, out, command).await,
+        Command::Experiment { command } => experiments::experiment(&client, out, command).await,
         Command::Storage { command } => storage::storage(&client, out, command).await,
         Command::Quota => {
             let report: QuotaReport = client.get("/api/v1/quota").await?;

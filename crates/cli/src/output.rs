@@ -28,7 +28,7 @@ pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> Str
     Ok(ExitCode::SUCCESS)
 }
 
-fn table(header: &[&str]) -> Table {
+pub(crate) fn table(header: &[&str]) -> Table {
     let mut table = Table::new();
     table.load_style(UTF8_BORDERS_ONLY).set_content_arrangement(ContentArrangement::Dynamic).set_header(header);
     table
@@ -45,7 +45,7 @@ pub fn elapsed(duration: chrono::TimeDelta) -> String {
     }
 }
 
-fn when(at: DateTime<Utc>) -> String {
+pub(crate) fn when(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S").to_string()
 }
 

@@ -72,6 +72,11 @@ impl Problems {
         }
     }
 
+    /// How many problems were found so far.
+    pub fn count(&self) -> usize {
+        self.0.len()
+    }
+
     /// `Ok` when nothing broke a rule; else one error naming each problem.
     pub fn into_result(mut self) -> Result<(), Error> {
         match self.0.len() {

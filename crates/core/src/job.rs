@@ -289,6 +289,14 @@ impl JobSubmission {
     }
 }
 
+/// A name's rule (letters, digits, `.`, `_`, `-`, starting with a letter or digit), as `field`.
+pub fn check_name(field: &str, name: &str) -> Result<(), Error> {
+    validate_name(name).map_err(|err| match err {
+        Error::InvalidInput { message, .. } => Error::invalid(field, message),
+        other => other,
+    })
+}
+
 fn validate_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN

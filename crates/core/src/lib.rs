@@ -15,6 +15,7 @@ pub mod api;
 pub mod auth;
 pub mod compare;
 pub mod error;
+pub mod experiments;
 pub mod job;
 pub mod lineage;
 pub mod names;

@@ -13,4 +13,4 @@ pub mod spec;
 
 pub use machine::{Best, Event, Outcome, Params, Run, Search, TrialState};
 pub use preview::{Ladder, RungPlan, ladder};
-pub use spec::{Dimension, Goal, Method, SearcherSpec, Space};
+pub use spec::{Dimension, Goal, Method, Problems, SearcherSpec, Space};

@@ -4,8 +4,17 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use trainyard_core::error::Problems;
 use utoipa::ToSchema;
+
+/// Every broken rule of a spec, as (field, message), collected before answering.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Problems(pub Vec<(String, String)>);
+
+impl Problems {
+    pub fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push((field.into(), message.into()));
+    }
+}
 
 /// The most trials one experiment may have: a searcher's event log stays small enough to
 /// replay on every decision (see `docs/experiments.md`).
@@ -311,10 +320,7 @@ mod tests {
     fn problems_of(spec: &SearcherSpec, space: &Space) -> Vec<String> {
         let mut problems = Problems::default();
         spec.check(space, &mut problems);
-        match problems.into_result() {
-            Ok(()) => vec![],
-            Err(err) => err.field_problems().into_iter().map(|p| p.field).collect(),
-        }
+        problems.0.into_iter().map(|(field, _)| field).collect()
     }
 
     #[test]

@@ -121,6 +121,7 @@ impl Server {
         }
         let token = state.shutdown.clone();
         let reconciler_task = tokio::spawn(reconciler.run(token.clone()));
+        let experiments_task = tokio::spawn(state.app.clone().experiments_drive(token.clone()));
 
         let signal_token = token.clone();
         let http_shutdown = async move {
@@ -140,6 +141,7 @@ impl Server {
         };
         token.cancel();
         let _ = reconciler_task.await;
+        let _ = experiments_task.await;
         store.close().await;
         served
     }

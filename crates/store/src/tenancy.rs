@@ -154,6 +154,35 @@ impl Store {
         })
     }
 
+    /// A member acting without a token: a background task working on the member's behalf (an
+    /// experiment's driver submitting its trials), with the role the membership has now.
+    /// `NotFound` when the user is no longer a member.
+    pub async fn member_as_caller(&self, tenant_id: Uuid, user_id: Uuid) -> Result<Caller> {
+        // language=PostgreSQL
+        let row: Option<(String, String, String)> = sqlx::query_as(
+            "SELECT u.name, n.name, m.role FROM memberships m
+               JOIN users u ON u.id = m.user_id JOIN tenants n ON n.id = m.tenant_id
+              WHERE m.tenant_id = $1 AND m.user_id = $2",
+        )
+        .bind(tenant_id)
+        .bind(user_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        let (user, tenant, role) = row.ok_or_else(|| Error::not_found(ObjectKind::User))?;
+        Ok(Caller {
+            role: parse_role(&role)?,
+            user_id,
+            user,
+            tenant_id,
+            tenant,
+            platform_admin: false,
+            token_id: Uuid::nil(),
+            session: false,
+            source: None,
+        })
+    }
+
     /// Creates a token for a member of a tenant. The secret is in the result and nowhere else.
     pub async fn token_create(
         &self,

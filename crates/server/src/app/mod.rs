@@ -19,6 +19,7 @@ pub mod accounting;
 pub mod code;
 pub mod compare;
 pub mod datasets;
+pub mod experiments;
 pub mod jobs;
 pub mod lineage;
 pub mod log_mask;
@@ -78,6 +79,8 @@ pub struct App {
     /// Registered pushed datasets' manifests, by object-store prefix (see
     /// [`datasets::ManifestCache`]).
     manifests: Arc<datasets::ManifestCache>,
+    /// Pokes the experiments' driver (see [`experiments`]) after a create or a command.
+    experiments_wake: Arc<Notify>,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -111,6 +114,7 @@ impl App {
             monitoring,
             metrics_token: None,
             manifests: Default::default(),
+            experiments_wake: Default::default(),
         }
     }
 

@@ -211,6 +211,17 @@ pub struct JobId(pub Uuid);
 /// The `{id}` of a token route, parsed (404 when malformed).
 pub struct TokenId(pub Uuid);
 
+/// The `{id}` of an experiment route, parsed (404 when malformed).
+pub struct ExperimentId(pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for ExperimentId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        id_param(parts, state, ObjectKind::Experiment).await.map(ExperimentId)
+    }
+}
+
 /// The path parameter `id`, parsed as the id of a `kind` object.
 async fn id_param<S: Send + Sync>(parts: &mut Parts, state: &S, kind: ObjectKind) -> Result<Uuid, ApiError> {
     let axum::extract::Path(params) =

@@ -74,6 +74,11 @@ impl LoopHealth {
         });
     }
 
+    /// Whether this server holds the lease now.
+    pub fn is_leading(&self) -> bool {
+        self.with(|s| s.leading_since.is_some())
+    }
+
     pub fn pass_completed(&self, unhandled_jobs: usize) {
         self.with(|s| {
             s.last_pass = Some(Instant::now());

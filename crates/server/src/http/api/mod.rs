@@ -5,6 +5,7 @@ mod accounting;
 mod admin;
 mod compare;
 mod datasets;
+mod experiments;
 mod health;
 pub mod jobs;
 mod lineage;
@@ -92,6 +93,12 @@ fn storage_routes() -> RouteTable {
         .route("/api/v1/volumes", get(storage::volumes_list).post(storage::volume_create))
         .route("/api/v1/volumes/{name}", delete(storage::volume_delete))
         .route("/api/v1/storage", get(storage::storage_get))
+        .route("/api/v1/experiments", get(experiments::experiments_list).post(experiments::experiment_create))
+        .route("/api/v1/experiments/preview", post(experiments::experiment_preview))
+        .route("/api/v1/experiments/{id}", get(experiments::experiment_get))
+        .route("/api/v1/experiments/{id}/pause", post(experiments::experiment_pause))
+        .route("/api/v1/experiments/{id}/resume", post(experiments::experiment_resume))
+        .route("/api/v1/experiments/{id}/cancel", post(experiments::experiment_cancel))
         .route("/api/v1/admin/tenants/{tenant}/storage", put(storage::storage_policy_put))
 }
 
@@ -162,6 +169,13 @@ fn storage_routes() -> RouteTable {
         storage::volume_delete,
         storage::storage_get,
         storage::storage_policy_put,
+        experiments::experiment_create,
+        experiments::experiment_preview,
+        experiments::experiments_list,
+        experiments::experiment_get,
+        experiments::experiment_pause,
+        experiments::experiment_resume,
+        experiments::experiment_cancel,
     ),
     modifiers(&BearerAuth, &EdgeResponses),
     tags(
@@ -171,6 +185,7 @@ fn storage_routes() -> RouteTable {
         (name = "datasets", description = "The dataset registry: named, immutable versions; datasets pushed to the object store and their files"),
         (name = "storage", description = "Artefacts with signed downloads, volumes, the storage policy"),
         (name = "scheduling", description = "Quotas, the queue, nodes, queue positions, start estimates, what-if"),
+        (name = "experiments", description = "Hyperparameter searches whose trials are jobs: grid, random, successive halving"),
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "admin", description = "Tenants and members"),
         (name = "health", description = "Liveness and readiness"),

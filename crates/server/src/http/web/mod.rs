@@ -9,6 +9,7 @@
 //! - [`jobs`]: the job list, a job's page, its live parts, logs and metrics.
 //! - [`records`]: the run record on a job's page, and as JSON.
 //! - [`submit`]: templates and the submit form generated from their parameters.
+//! - [`experiments`]: hyperparameter searches: the list, an experiment's trials and chart.
 //! - [`storage`]: a job's artefacts (download buttons), datasets, volumes.
 //! - [`admin`]: quota and usage, tokens, and the platform admin's pages.
 //! - [`accounting`]: GPU-hours over time (usage) and the audit log.
@@ -18,6 +19,7 @@ mod accounting;
 mod admin;
 mod assets;
 mod compare;
+mod experiments;
 mod jobs;
 mod lineage;
 mod records;
@@ -58,6 +60,11 @@ pub fn routes() -> RouteTable {
         .route("/jobs/{id}/lineage", get(lineage::job))
         .route("/datasets/{name}/{version}/lineage", get(lineage::dataset))
         .route("/datasets", get(storage::datasets))
+        .route("/experiments", get(experiments::list))
+        .route("/experiments/{id}", get(experiments::detail))
+        .route("/experiments/{id}/pause", post(experiments::pause))
+        .route("/experiments/{id}/resume", post(experiments::resume))
+        .route("/experiments/{id}/cancel", post(experiments::cancel))
         .route("/volumes", get(storage::volumes).post(storage::volume_create))
         .route("/volumes/{name}/delete", post(storage::volume_delete))
         .route("/submit", get(submit::choose))
@@ -90,7 +97,7 @@ pub struct Nav {
     pub can_audit: bool,
     /// The session's CSRF value, for the forms on the page.
     pub csrf: String,
-    /// Which tab is current: `jobs`, `submit`, `templates`, `datasets`, `volumes`, `queue`,
+    /// Which tab is current: `jobs`, `submit`, `templates`, `experiments`, `datasets`, `volumes`, `queue`,
     /// `quota`, `usage`, `audit`, `tokens`, `admin`.
     pub current: &'static str,
 }
