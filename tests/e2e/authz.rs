@@ -90,6 +90,8 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /api/v1/experiments/{id}/pause", "401 403 ok 404 ok 401"),
     ("POST /api/v1/experiments/{id}/resume", "401 403 ok 404 ok 401"),
     ("POST /api/v1/experiments/{id}/cancel", "401 403 ok 404 ok 401"),
+    ("POST /api/v1/experiments/{id}/ask", "401 403 ok 404 ok 401"),
+    ("POST /api/v1/experiments/{id}/tell", "401 403 ok 404 ok 401"),
     ("GET /api/v1/volumes", "401 ok ok ok ok 401"),
     ("POST /api/v1/volumes", "401 403 ok ok ok 401"),
     ("DELETE /api/v1/volumes/{name}", "401 403 ok 404 ok 401"),
@@ -340,6 +342,7 @@ impl World {
                 json!({"user": format!("user-{n}"), "role": "viewer"})
             }
             ("POST", "/api/v1/volumes") => json!({"name": format!("nv{n}"), "size": "1Mi"}),
+            ("POST", "/api/v1/experiments/{id}/tell") => json!({"finished": false}),
             // A search that parses but breaks a rule (its name): refused after authorization.
             ("POST", "/api/v1/experiments" | "/api/v1/experiments/preview") => {
                 let mut search = crate::experiments::failing_search("x");

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use fantoccini::Locator;
 use serde_json::{Value, json};
+use trainyard_tests::web::browser_or_skip;
 use trainyard_tests::{StatusCode, TestEnv, stderr, stdout};
 
 /// A search whose one trial fails at once (its data does not exist): for tests that need an
@@ -125,6 +127,56 @@ async fn an_asha_search_pauses_trials_at_rungs_and_resumes_the_best_from_their_c
 
     let shown = env.yard(&env.admin_token, &["experiment", "show", &id]);
     assert!(stdout(&shown).contains("best: trial"), "{}", stdout(&shown));
+
+    // The dashboard's page: the trials table, the best trial, and the metric of every trial
+    // over steps on one chart, at 1280 and 390 px.
+    experiment_page_shows_trials_best_and_chart(&env, &id, best["trial"].as_u64().unwrap()).await;
+}
+
+async fn experiment_page_shows_trials_best_and_chart(env: &TestEnv, id: &str, best: u64) {
+    let Some(browser) = browser_or_skip("the experiment page in Chromium").await else { return };
+    let c = &browser.client;
+    let base = &env.server.url;
+    c.goto(&format!("{base}/login")).await.unwrap();
+    c.find(Locator::Id("token")).await.unwrap().send_keys(&env.admin_token).await.unwrap();
+    c.find(Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser.wait_text("#who", Duration::from_secs(10), |t| t.contains("admin")).await;
+    c.goto(&format!("{base}/experiments")).await.unwrap();
+    c.find(Locator::LinkText("lr-search")).await.unwrap().click().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.current_url().await.unwrap().as_str().ends_with(&format!("/experiments/{id}")) {
+        assert!(Instant::now() < deadline, "the list's link leads to the experiment's page");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    browser.wait_text("#experiment-state", Duration::from_secs(10), |t| t == "completed").await;
+    browser.wait_text("#best-trial", Duration::from_secs(5), |t| t.contains(&format!("trial {best} at rung 1"))).await;
+    c.wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css("#experiment-chart[data-series='4'] canvas"))
+        .await
+        .unwrap();
+    let measure = "const rows = document.querySelectorAll('#trials tbody tr');\n\
+        const best = document.querySelector('#trials tr.best td');\n\
+        const chart = document.getElementById('experiment-chart').getBoundingClientRect();\n\
+        return { rows: rows.length, best: best ? best.textContent : null, chartRight: chart.right,\n\
+                 page: document.documentElement.clientWidth, scroll: document.documentElement.scrollWidth };";
+    for width in [1280, 390] {
+        c.set_window_size(width, 900).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let page = c.execute(measure, vec![]).await.unwrap();
+        assert_eq!(page["rows"], 4, "{page}");
+        assert!(
+            page["best"].as_str().is_some_and(|t| t.starts_with(&best.to_string())),
+            "the best row is marked: {page}"
+        );
+        assert!(page["chartRight"].as_f64() <= page["page"].as_f64(), "at {width} px the chart fits: {page}");
+        assert!(
+            page["scroll"].as_f64() <= page["page"].as_f64(),
+            "at {width} px the page does not scroll sideways: {page}"
+        );
+        browser.screenshot("experiment", width).await;
+    }
+    browser.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -226,3 +278,168 @@ async fn another_tenant_cannot_see_steer_or_cancel_an_experiment() {
     let (status, body) = env.post(&format!("/api/v1/experiments/{id}/cancel"), &env.admin_token, &json!({})).await;
     assert_eq!(status, StatusCode::CONFLICT, "an ended experiment: {body}");
 }
+
+/// What a finished search decided, comparable across runs: each trial's parameters and runs
+/// (rung, value), in trial order, and the best trial.
+fn decisions(detail: &Value) -> Vec<(Value, Vec<(u64, i64)>)> {
+    detail["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let runs = t["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r["rung"].as_u64().unwrap(), (r["value"].as_f64().unwrap_or(f64::NAN) * 1e6).round() as i64))
+                .collect();
+            (t["params"].clone(), runs)
+        })
+        .collect()
+}
+
+/// Kill -9 the server three times during a search (one trial at a time, so the order results
+/// come in is fixed): it finishes with the same trials and decisions as an uninterrupted search
+/// with the same seed, each run a single job, never two of the search's jobs at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_search_killed_three_times_decides_as_one_never_killed() {
+    let mut env = TestEnv::start().await;
+    let (data, _) = crate::training::packed_dataset_by(&env).await;
+    let mut search = asha_search(data.to_str().unwrap(), "loss");
+    search["searcher"]["max_concurrent_trials"] = json!(1);
+    search["name"] = json!("calm");
+    let (status, body) = env.post("/api/v1/experiments", &env.admin_token, &search).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let calm = wait_over(&env, body["id"].as_str().unwrap(), Duration::from_secs(600)).await;
+    assert_eq!(calm["experiment"]["state"], "completed", "{calm:#}");
+
+    search["name"] = json!("killed");
+    let (status, body) = env.post("/api/v1/experiments", &env.admin_token, &search).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    // Kill it when its first, third and fifth runs have their jobs.
+    for runs in [1, 3, 5] {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let (_, detail) = env.get(&format!("/api/v1/experiments/{id}"), &env.admin_token).await;
+            let made = detail["trials"].as_array().map_or(0, |ts| {
+                ts.iter().flat_map(|t| t["runs"].as_array().unwrap().iter()).filter(|r| !r["job_id"].is_null()).count()
+            });
+            if made >= runs {
+                break;
+            }
+            assert!(Instant::now() < deadline, "run {runs} never got its job: {detail:#}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        env.restart_after_crash_on_the_same_address();
+    }
+    let killed = wait_over(&env, &id, Duration::from_secs(600)).await;
+    assert_eq!(killed["experiment"]["state"], "completed", "{killed:#}");
+    assert_eq!(decisions(&killed), decisions(&calm), "same trials, promotions and values:\n{killed:#}\n{calm:#}");
+    assert_eq!(killed["experiment"]["best"]["trial"], calm["experiment"]["best"]["trial"]);
+
+    // Each run is one job, and the search's jobs ran one after another.
+    let (_, jobs) = env.get("/api/v1/jobs?limit=100", &env.admin_token).await;
+    let mut ours: Vec<&Value> = jobs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["name"].as_str().unwrap().starts_with("killed-t"))
+        .collect();
+    let runs: usize = killed["trials"].as_array().unwrap().iter().map(|t| t["runs"].as_array().unwrap().len()).sum();
+    assert_eq!(ours.len(), runs, "one job per run");
+    ours.sort_by_key(|j| j["started_at"].as_str().unwrap().to_string());
+    for pair in ours.windows(2) {
+        assert!(
+            pair[0]["finished_at"].as_str().unwrap() <= pair[1]["started_at"].as_str().unwrap(),
+            "two of the search's jobs ran at once: {} and {}",
+            pair[0],
+            pair[1]
+        );
+    }
+}
+
+/// Optuna, unmodified from PyPI, drives a `custom` experiment: it asks Trainyard for each trial
+/// (its TPE sampler choosing the learning rate), Trainyard runs the trial as a job, and the study
+/// is told every result; then it says it asks no more and the experiment completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn optuna_drives_an_experiment_through_ask_and_tell_and_sees_every_result() {
+    let env = TestEnv::start().await;
+    let (data, _) = crate::training::packed_dataset_by(&env).await;
+    let mut search = asha_search(data.to_str().unwrap(), "loss");
+    search["name"] = json!("optuna");
+    search["space"] = json!({});
+    search["searcher"] = json!({"method": "custom", "metric": "loss", "max_length": 8, "max_trials": 3});
+    let (status, body) = env.post("/api/v1/experiments", &env.admin_token, &search).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+
+    let driver = env.dir.path().join("optuna_driver.py");
+    std::fs::write(&driver, OPTUNA_DRIVER).unwrap();
+    let python = std::env::var("TRAINYARD_TEST_PYTHON").expect("TRAINYARD_TEST_PYTHON: run through tests/run");
+    let out = tokio::process::Command::new(&python)
+        .arg(&driver)
+        .env("TY_URL", &env.server.url)
+        .env("TY_TOKEN", &env.admin_token)
+        .env("TY_EXPERIMENT", &id)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let study: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(study["trials"], 3, "{study}");
+
+    let detail = wait_over(&env, &id, Duration::from_secs(120)).await;
+    assert_eq!(detail["experiment"]["state"], "completed", "{detail:#}");
+    let trials = detail["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 3);
+    for t in trials {
+        let n = t["trial"].to_string();
+        let told = &study["told"][&n];
+        assert_eq!(t["params"]["lr"], told["lr"], "the trial ran what Optuna asked: {t} {told}");
+        assert_eq!(t["runs"][0]["value"], told["value"], "Optuna was told the trial's value: {t} {told}");
+    }
+    assert_eq!(detail["experiment"]["best"]["value"], study["best_value"], "{detail:#} {study}");
+    // A finished search takes no more asks.
+    let (status, body) =
+        env.post(&format!("/api/v1/experiments/{id}/ask"), &env.admin_token, &json!({"params": {"lr": 0.01}})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+}
+
+/// The outside searcher: Optuna's own ask/tell interface around Trainyard's.
+const OPTUNA_DRIVER: &str = r#"
+import json, os, time, urllib.request
+import optuna
+
+URL, TOKEN, EXPERIMENT = os.environ["TY_URL"], os.environ["TY_TOKEN"], os.environ["TY_EXPERIMENT"]
+
+def call(method, path, body=None):
+    request = urllib.request.Request(URL + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"null")
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=3))
+told = {}
+for _ in range(3):
+    trial = study.ask()
+    lr = trial.suggest_float("lr", 1e-3, 0.3, log=True)
+    asked = call("POST", f"/api/v1/experiments/{EXPERIMENT}/ask", {"params": {"lr": lr}})
+    deadline = time.monotonic() + 120
+    while True:
+        ours = call("GET", f"/api/v1/experiments/{EXPERIMENT}")["trials"][asked["trial"]]
+        if ours["status"] in ("completed", "failed"):
+            break
+        assert time.monotonic() < deadline, ours
+        time.sleep(0.5)
+    value = ours["runs"][0]["value"]
+    if value is None:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    else:
+        study.tell(trial, value)
+    told[str(asked["trial"])] = {"lr": lr, "value": value}
+call("POST", f"/api/v1/experiments/{EXPERIMENT}/tell", {"finished": True})
+print(json.dumps({"trials": len(study.trials), "told": told, "best_value": study.best_value}))
+"#;

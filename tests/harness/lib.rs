@@ -130,8 +130,11 @@ impl ServerProcess {
         let defaults = [("--cpus", "8"), ("--grace-seconds", "2"), ("--max-connections", "8")];
         let defaults =
             defaults.iter().filter(|(flag, _)| !extra.contains(flag)).flat_map(|(flag, value)| [*flag, *value]);
+        // A given `--listen` (a restart on the same address) replaces the default: port 0.
+        let listen: &[&str] = if extra.contains(&"--listen") { &[] } else { &["--listen", "127.0.0.1:0"] };
         let mut child = Command::new(bin("trainyard"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .arg("serve")
+            .args(listen)
             .args(defaults)
             .arg("--data-dir")
             .arg(data_dir)
@@ -290,6 +293,20 @@ impl TestEnv {
     pub fn restart_after_crash(&mut self) {
         let env = self.server.env.clone();
         self.restart_after_crash_with_env(&env);
+    }
+
+    /// Kills the server hard and starts it again on the same address, as a server restarted by
+    /// its supervisor is: the jobs it launched reach it again at the URL they were given.
+    pub fn restart_after_crash_on_the_same_address(&mut self) {
+        self.server.kill_hard();
+        let address = self.server.url.trim_start_matches("http://").to_string();
+        let mut extra: Vec<String> = self.server.extra.clone();
+        if !extra.iter().any(|a| a == "--listen") {
+            extra.extend(["--listen".to_string(), address]);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let env = self.server.env.clone();
+        self.server = ServerProcess::start_with_env(&self.server_db_url, &self.data_dir(), &extra, &env);
     }
 
     /// Kills the server hard and starts it again with the same arguments and this environment

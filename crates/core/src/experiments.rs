@@ -174,3 +174,30 @@ pub struct ExperimentPreview {
     /// What the figures assume or leave out, in words.
     pub notes: Vec<String>,
 }
+
+/// An outside searcher's trial (`POST /api/v1/experiments/{id}/ask`, `custom` searchers): the
+/// parameters to run it with, beside the experiment's shared ones. Trainyard runs it as a job to
+/// `max_length`; its value appears on the trial (`GET /api/v1/experiments/{id}`) when it ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentAsk {
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The trial an ask made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ExperimentAsked {
+    pub trial: u32,
+    /// Its job, once submitted (at once, unless the database was away).
+    pub job_id: Option<Uuid>,
+}
+
+/// What an outside searcher tells the experiment (`POST /api/v1/experiments/{id}/tell`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentTell {
+    /// It asks for no more trials: the experiment completes when the runs under way end.
+    pub finished: bool,
+}

@@ -49,6 +49,9 @@ pub enum Event {
         #[schema(value_type = Object)]
         params: Params,
     },
+    /// The outside searcher asks for no more trials (`custom` searchers): the search completes
+    /// once the runs under way end.
+    AskingDone,
     /// No new runs until `Resumed`; the runs under way finish their rung.
     Paused,
     Resumed,
@@ -127,6 +130,7 @@ pub struct Search {
     under_way: BTreeSet<u32>,
     paused: bool,
     no_budget: bool,
+    asking_done: bool,
     ended: Option<Outcome>,
 }
 
@@ -148,6 +152,7 @@ impl Search {
             under_way: BTreeSet::new(),
             paused: false,
             no_budget: false,
+            asking_done: false,
             ended: None,
         };
         search.decide();
@@ -196,6 +201,7 @@ impl Search {
                 }
                 self.trial_start(params.clone());
             }
+            Event::AskingDone => self.asking_done = true,
             Event::Paused => self.paused = true,
             Event::Resumed => self.paused = false,
             Event::BudgetReached => self.no_budget = true,
@@ -233,7 +239,8 @@ impl Search {
                 break;
             }
         }
-        let nothing_more = self.spec.method != Method::Custom && (self.trials.len() as u64) >= self.total_trials;
+        let nothing_more =
+            (self.trials.len() as u64) >= self.total_trials || (self.spec.method == Method::Custom && self.asking_done);
         if self.under_way.is_empty() && (nothing_more || self.no_budget) && self.promotable().is_none() {
             self.ended = Some(if self.trials.iter().all(|t| t.failed.is_some()) && !self.trials.is_empty() {
                 Outcome::Failed { reason: "every trial failed".into() }
@@ -307,6 +314,14 @@ impl Search {
 
     pub fn trials(&self) -> &[TrialState] {
         &self.trials
+    }
+
+    /// Whether an outside searcher may still ask for a trial.
+    pub fn takes_asks(&self) -> bool {
+        self.spec.method == Method::Custom
+            && self.ended.is_none()
+            && !self.asking_done
+            && (self.trials.len() as u64) < self.total_trials
     }
 
     /// The trials with a run under way.
@@ -472,6 +487,10 @@ mod tests {
         search.apply(&Event::Asked { trial: 0, params: params.clone() }).unwrap();
         assert_eq!(search.runs()[0].params, params);
         assert!(search.apply(&Event::Asked { trial: 5, params }).is_err(), "trials are numbered in order");
+        search.apply(&Event::AskingDone).unwrap();
+        assert_eq!(search.outcome(), Outcome::Searching, "its run is under way");
+        search.apply(&Event::Reported { trial: 0, rung: 0, value: 0.5 }).unwrap();
+        assert_eq!(search.outcome(), Outcome::Completed);
     }
 
     proptest! {

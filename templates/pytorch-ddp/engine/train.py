@@ -139,7 +139,7 @@ class Reporter:
     """Posts metric points to Trainyard in batches (rank 0 only; nowhere without a server), from a
     thread of its own: the training loop never waits for the server (a GPU would idle while it
     did). Points a post failed to deliver go with the next batch. `close` waits for what was
-    handed over."""
+    handed over, retrying the last points for a few seconds (a server restarting)."""
 
     def __init__(self, enabled):
         self.url, self.token, self.job = (os.environ.get(k) for k in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_JOB_ID"))
@@ -175,6 +175,11 @@ class Reporter:
         while True:
             batch = self._outbox.get()
             if batch is None:
+                # The last points decide a search's rung: a server restarting right now (its
+                # points would be lost with this process) gets them a little later.
+                deadline = time.monotonic() + 8.0
+                while unsent and not self._post(unsent) and time.monotonic() < deadline:
+                    time.sleep(0.5)
                 return
             unsent += batch
             if self._post(unsent):

@@ -11,8 +11,8 @@ use trainyard_core::api::TemplateRun;
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::Problems;
 use trainyard_core::experiments::{
-    BestTrial, Experiment, ExperimentCreate, ExperimentDetail, ExperimentPreview, ExperimentState, Trial, TrialRun,
-    TrialStatus,
+    BestTrial, Experiment, ExperimentAsk, ExperimentAsked, ExperimentCreate, ExperimentDetail, ExperimentPreview,
+    ExperimentState, ExperimentTell, Trial, TrialRun, TrialStatus,
 };
 use trainyard_core::job::JobState;
 use trainyard_core::{Error, Result};
@@ -169,6 +169,78 @@ impl App {
         Ok(experiment)
     }
 
+    /// An outside searcher's trial (`custom` searchers): its parameters are checked with the
+    /// experiment's shared ones against the template, then it is an event like any, and its
+    /// job is submitted at once.
+    pub async fn experiment_ask(&self, caller: &Caller, id: Uuid, ask: ExperimentAsk) -> Result<ExperimentAsked> {
+        let audit = Audit::by(caller, "experiment.ask", format!("experiment:{id}"));
+        self.audited(&audit, async {
+            caller.authorize(Action::ReadJobs)?;
+            let row = self.store.experiment_get(caller.tenant_id, id).await?;
+            caller.authorize(Action::WriteJobs)?;
+            let (spec, _) = spec_of(&row)?;
+            let mut problems = Problems::default();
+            for name in [LENGTH_PARAM, PAUSE_PARAM, CHECKPOINT_KEY_PARAM] {
+                if ask.params.contains_key(name) {
+                    problems.add(format!("params.{name}"), "set by the search for each trial; leave it out");
+                }
+            }
+            let (template, _) =
+                self.templates.resolve(caller.tenant_id, &row.template, Some(&row.template_version)).await?;
+            let mut params: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_value(row.params.clone()).map_err(Error::internal)?;
+            params.extend(ask.params.clone());
+            params.insert(LENGTH_PARAM.into(), spec.max_length.into());
+            problems.check(template.check_params(&params).map(|_| ()));
+            problems.into_result()?;
+            for _ in 0..5 {
+                let (search, seq) = self.experiment_replay(&row).await?;
+                if spec.method != Method::Custom {
+                    return Err(Error::Conflict(
+                        "only an experiment with searcher method custom is asked for trials".into(),
+                    ));
+                }
+                if !search.takes_asks() {
+                    return Err(Error::Conflict(format!(
+                        "the experiment takes no more trials (it is {}, with {} of its {} trials)",
+                        row.state,
+                        search.trials().len(),
+                        spec.max_trials.unwrap_or(0)
+                    )));
+                }
+                let trial = search.trials().len() as u32;
+                let event = Event::Asked { trial, params: ask.params.clone().into_iter().collect() };
+                if self.store.experiment_events_append(id, seq as i32, &[to_json(&event)?]).await? {
+                    self.store.audit_done(&audit.clone().target(format!("experiment:{id}:trial:{trial}"))).await?;
+                    self.experiment_advance(&row).await?;
+                    let job_id = self
+                        .store
+                        .experiment_run_jobs(id)
+                        .await?
+                        .into_iter()
+                        .find(|j| j.trial as u32 == trial)
+                        .map(|j| j.job_id);
+                    return Ok(ExperimentAsked { trial, job_id });
+                }
+            }
+            Err(Error::Unavailable("the experiment is busy; ask again".into()))
+        })
+        .await
+    }
+
+    /// An outside searcher says it asks for no more trials.
+    pub async fn experiment_tell(&self, caller: &Caller, id: Uuid, tell: ExperimentTell) -> Result<Experiment> {
+        caller.authorize(Action::ReadJobs)?;
+        let row = self.store.experiment_get(caller.tenant_id, id).await?;
+        caller.authorize(Action::WriteJobs)?;
+        // Nothing to tell, or an experiment already over (its last asked trial ended the
+        // search): the experiment as it is.
+        if !tell.finished || ExperimentState::parse(&row.state).is_some_and(ExperimentState::is_over) {
+            return experiment_of(&row);
+        }
+        self.experiment_command(caller, id, "experiment.tell", Event::AskingDone).await
+    }
+
     /// A user's pause, resume or cancel: an event at the end of the log (read again and put
     /// again when the driver stored one at that place first).
     async fn experiment_command(
@@ -289,18 +361,22 @@ impl App {
             let event = if state == JobState::Succeeded {
                 match self.store.job_metric_at(job.job_id, &spec.metric, length as i64).await? {
                     (Some(value), _) => Event::Reported { trial, rung, value },
+                    // Nothing at all reached the server (it may have been away when the run
+                    // reported): this trial fails, the search goes on.
+                    (None, reported) if reported.is_empty() => Event::TrialFailed {
+                        trial,
+                        rung,
+                        reason: format!("its job {} succeeded but reported no metric at all", job.job_id),
+                    },
+                    // Other metrics arrived, not the searched one: no trial can be ranked.
                     (None, reported) => Event::MetricMissing {
                         trial,
                         rung,
                         reason: format!(
-                            "trial {trial}'s job {} reported no `{}` at or before step {length}{}",
+                            "trial {trial}'s job {} reported no `{}` at or before step {length} (it reported: {})",
                             job.job_id,
                             spec.metric,
-                            if reported.is_empty() {
-                                " (it reported no metric at all)".to_string()
-                            } else {
-                                format!(" (it reported: {})", reported.join(", "))
-                            }
+                            reported.join(", ")
                         ),
                     },
                 }

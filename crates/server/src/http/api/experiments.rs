@@ -4,7 +4,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use trainyard_core::api::ErrorBody;
-use trainyard_core::experiments::{Experiment, ExperimentCreate, ExperimentDetail, ExperimentPreview};
+use trainyard_core::experiments::{
+    Experiment, ExperimentAsk, ExperimentAsked, ExperimentCreate, ExperimentDetail, ExperimentPreview, ExperimentTell,
+};
 
 use crate::http::AppState;
 use crate::http::error::ApiResult;
@@ -88,4 +90,33 @@ pub async fn experiment_cancel(
     ExperimentId(id): ExperimentId,
 ) -> ApiResult<Json<Experiment>> {
     Ok(Json(state.app.experiment_cancel(&caller, id).await?))
+}
+
+/// An outside searcher (Optuna, a team's own; searcher method `custom`) asks for a trial with
+/// these parameters: it runs as a job to `max_length`, and its value appears on the trial.
+#[utoipa::path(post, path = "/api/v1/experiments/{id}/ask", tag = "experiments", request_body = ExperimentAsk,
+    params(("id" = String, Path, description = "Experiment id")), security(("bearer" = [])),
+    responses((status = 201, body = ExperimentAsked), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+pub async fn experiment_ask(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    ExperimentId(id): ExperimentId,
+    ApiJson(ask): ApiJson<ExperimentAsk>,
+) -> ApiResult<(StatusCode, Json<ExperimentAsked>)> {
+    Ok((StatusCode::CREATED, Json(state.app.experiment_ask(&caller, id, ask).await?)))
+}
+
+/// The outside searcher tells the experiment it asks for no more trials (`finished`): it
+/// completes when the runs under way end.
+#[utoipa::path(post, path = "/api/v1/experiments/{id}/tell", tag = "experiments", request_body = ExperimentTell,
+    params(("id" = String, Path, description = "Experiment id")), security(("bearer" = [])),
+    responses((status = 200, body = Experiment), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn experiment_tell(
+    State(state): State<AppState>,
+    Auth(caller): Auth,
+    ExperimentId(id): ExperimentId,
+    ApiJson(tell): ApiJson<ExperimentTell>,
+) -> ApiResult<Json<Experiment>> {
+    Ok(Json(state.app.experiment_tell(&caller, id, tell).await?))
 }

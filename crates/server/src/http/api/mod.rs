@@ -99,6 +99,8 @@ fn storage_routes() -> RouteTable {
         .route("/api/v1/experiments/{id}/pause", post(experiments::experiment_pause))
         .route("/api/v1/experiments/{id}/resume", post(experiments::experiment_resume))
         .route("/api/v1/experiments/{id}/cancel", post(experiments::experiment_cancel))
+        .route("/api/v1/experiments/{id}/ask", post(experiments::experiment_ask))
+        .route("/api/v1/experiments/{id}/tell", post(experiments::experiment_tell))
         .route("/api/v1/admin/tenants/{tenant}/storage", put(storage::storage_policy_put))
 }
 
@@ -176,6 +178,8 @@ fn storage_routes() -> RouteTable {
         experiments::experiment_pause,
         experiments::experiment_resume,
         experiments::experiment_cancel,
+        experiments::experiment_ask,
+        experiments::experiment_tell,
     ),
     modifiers(&BearerAuth, &EdgeResponses),
     tags(
