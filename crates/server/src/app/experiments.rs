@@ -141,13 +141,9 @@ impl App {
         let gpu_hours = self.store.experiment_gpu_hours(id).await?;
         let experiment = experiment_of(&row)?;
         let ladder = trainyard_searcher::ladder(&experiment.searcher, &experiment.space);
-        Ok(ExperimentDetail {
-            trials: trials_of(&search, &jobs, experiment.state),
-            experiment,
-            ladder,
-            gpu_hours,
-            events,
-        })
+        let trials = trials_of(&search, &jobs, experiment.state);
+        self.search_keep(id, search, events);
+        Ok(ExperimentDetail { trials, experiment, ladder, gpu_hours, events })
     }
 
     pub async fn experiment_pause(&self, caller: &Caller, id: Uuid) -> Result<Experiment> {
@@ -326,17 +322,35 @@ impl App {
         }
     }
 
+    /// The experiment's searcher brought up to date: the one kept in memory (see
+    /// [`App::search_keep`]) with the events stored after those it took, or a replay of all of
+    /// them (after a restart, or when two callers wanted it at once). The log is append-only
+    /// and numbered, so both give the same state. Also the number of events taken.
     async fn experiment_replay(&self, row: &ExperimentRow) -> Result<(Search, u32)> {
-        let (spec, space) = spec_of(row)?;
-        let mut search = Search::new(spec, space);
-        let events = self.store.experiment_events(row.id, 0).await?;
-        for (seq, event) in &events {
-            let event: Event = serde_json::from_value(event.clone()).map_err(Error::internal)?;
+        let kept = self.searches.lock().expect("searches lock").remove(&row.id);
+        let (mut search, mut taken) = match kept {
+            Some(kept) => kept,
+            None => {
+                let (spec, space) = spec_of(row)?;
+                (Search::new(spec, space), 0)
+            }
+        };
+        for (seq, event) in self.store.experiment_events(row.id, taken as i32).await? {
+            let event: Event = serde_json::from_value(event).map_err(Error::internal)?;
             search
                 .apply(&event)
                 .map_err(|why| Error::internal(format!("event {seq} of experiment {}: {why}", row.id)))?;
+            taken += 1;
         }
-        Ok((search, events.len() as u32))
+        Ok((search, taken))
+    }
+
+    /// Keeps a searcher that has taken the first `taken` events, for the next pass; an ended
+    /// search is let go.
+    fn search_keep(&self, id: Uuid, search: Search, taken: u32) {
+        if matches!(search.outcome(), Outcome::Searching | Outcome::Paused) {
+            self.searches.lock().expect("searches lock").insert(id, (search, taken));
+        }
     }
 
     async fn experiment_advance(&self, row: &ExperimentRow) -> Result<()> {
@@ -408,6 +422,7 @@ impl App {
                 search.apply(fact).map_err(Error::internal)?;
             }
         }
+        let mut taken = seq + facts.len() as u32;
 
         // 2. Every decided run exists as a job, unless the search is over.
         let outcome = search.outcome();
@@ -436,10 +451,12 @@ impl App {
                             // longer a member: the search cannot go on, and says why.
                             let reason = format!("trial {}'s job could not be submitted: {err}", run.trial);
                             let event = Event::MetricMissing { trial: run.trial, rung: run.rung, reason };
-                            let seq = seq as i32 + facts.len() as i32;
                             let value = serde_json::to_value(&event).map_err(Error::internal)?;
-                            if self.store.experiment_events_append(row.id, seq, &[value]).await? {
+                            if self.store.experiment_events_append(row.id, taken as i32, &[value]).await? {
                                 search.apply(&event).map_err(Error::internal)?;
+                                taken += 1;
+                            } else {
+                                return Ok(());
                             }
                             break;
                         }
@@ -468,7 +485,9 @@ impl App {
             Outcome::Failed { reason } => ("failed", Some(reason.as_str())),
             Outcome::Cancelled => ("cancelled", None),
         };
-        self.store.experiment_standing_set(row.id, &ExperimentStanding { state, reason, best }).await
+        self.store.experiment_standing_set(row.id, &ExperimentStanding { state, reason, best }).await?;
+        self.search_keep(row.id, search, taken);
+        Ok(())
     }
 
     /// Submits one decided run as a job of the experiment's template, as its creator, with an

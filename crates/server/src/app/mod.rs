@@ -81,6 +81,9 @@ pub struct App {
     manifests: Arc<datasets::ManifestCache>,
     /// Pokes the experiments' driver (see [`experiments`]) after a create or a command.
     experiments_wake: Arc<Notify>,
+    /// Unfinished experiments' searchers and the events each has taken, so that a pass applies
+    /// only what is new (in memory only; rebuilt from the events after a restart).
+    searches: Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, (trainyard_searcher::Search, u32)>>>,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -115,6 +118,7 @@ impl App {
             metrics_token: None,
             manifests: Default::default(),
             experiments_wake: Default::default(),
+            searches: Default::default(),
         }
     }
 
