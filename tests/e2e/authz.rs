@@ -98,22 +98,23 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /api/v1/jobs/{id}/lineage", "401 ok ok 404 ok 401"),
     ("GET /api/v1/datasets/{name}/{version}/lineage", "401 ok ok 404 ok 401"),
     // MLflow's tracking API: the tenant's experiments and runs, read by viewers and written by
-    // members, with API tokens only (a job token is refused for now). Tenant A's experiment
-    // and run are named in the query or body, so tenant B's admin gets MLflow's 404.
-    ("GET /api/2.0/mlflow/experiments/get-by-name", "401 ok ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/experiments/create", "401 403 ok ok ok 401"),
-    ("GET /api/2.0/mlflow/experiments/get", "401 ok ok 404 ok 401"),
-    ("GET /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 401"),
-    ("POST /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 401"),
-    ("POST /api/2.0/mlflow/runs/create", "401 403 ok 404 ok 401"),
-    ("GET /api/2.0/mlflow/runs/get", "401 ok ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/update", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/search", "401 ok ok ok ok 401"),
-    ("POST /api/2.0/mlflow/runs/log-metric", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/log-parameter", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/log-batch", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/set-tag", "401 403 ok 404 ok 401"),
-    ("GET /api/2.0/mlflow/metrics/get-history", "401 ok ok 404 ok 401"),
+    // members. Tenant A's experiment and run are named in the query or body, so tenant B's admin
+    // gets MLflow's 404. A job token (tenant B's job) reaches only its own job's run: the calls
+    // only users make are 403, another run (tenant A's here) is none to it (404).
+    ("GET /api/2.0/mlflow/experiments/get-by-name", "401 ok ok 404 ok 403"),
+    ("POST /api/2.0/mlflow/experiments/create", "401 403 ok ok ok 403"),
+    ("GET /api/2.0/mlflow/experiments/get", "401 ok ok 404 ok 403"),
+    ("GET /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 403"),
+    ("POST /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 403"),
+    ("POST /api/2.0/mlflow/runs/create", "401 403 ok 404 ok 403"),
+    ("GET /api/2.0/mlflow/runs/get", "401 ok ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/update", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/search", "401 ok ok ok ok 403"),
+    ("POST /api/2.0/mlflow/runs/log-metric", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/log-parameter", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/log-batch", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/set-tag", "401 403 ok 404 ok 404"),
+    ("GET /api/2.0/mlflow/metrics/get-history", "401 ok ok 404 ok 404"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),

@@ -302,3 +302,133 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
     }
     assert_eq!(entries.len(), 4, "one entry per attempt to make something, none for logging: {entries:?}");
 }
+
+/// An unmodified MLflow script as a job runs it: no tracking URI, run id or token of its own
+/// (the replica's `MLFLOW_*` variables say where), `$LR` its learning rate. It also tries what
+/// its job token may not do and writes the error codes to `$OUT`.
+const JOB_SCRIPT: &str = r#"
+import json, os, mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+lr = os.environ["LR"]
+with mlflow.start_run() as run:
+    mlflow.log_param("lr", lr)
+    for step in range(1000):
+        mlflow.log_metric("loss", float(lr) / (step + 1), step=step)
+    MlflowClient().log_batch(
+        run.info.run_id,
+        metrics=[Metric("accuracy", 0.5 + i / 100, 1700000000000 + i, i) for i in range(10)],
+        params=[Param("batch_size", "64")],
+        tags=[RunTag("dataset", "mnist@1")],
+    )
+    mlflow.set_tag("team", "vision")
+refused = {}
+for name, call in [
+    ("create_run", lambda: MlflowClient().create_run("0")),
+    ("search_runs", lambda: mlflow.search_runs(experiment_ids=["0"])),
+    ("other_run", lambda: MlflowClient().get_run(os.environ["OTHER_RUN"])),
+]:
+    try:
+        call()
+        refused[name] = None
+    except MlflowException as e:
+        refused[name] = e.error_code
+with open(os.environ["OUT"], "w") as out:
+    json.dump({"run_id": run.info.run_id, "refused": refused}, out)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jobs_mlflow_script_logs_into_the_jobs_own_record_and_yard_diff_shows_its_params() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let other_run = run_new(&env, &member).await;
+    let mut jobs = Vec::new();
+    for lr in ["0.1", "0.01"] {
+        let out = env.dir.path().join(format!("job-{lr}.json"));
+        let body = json!({"name": "mlflow-train", "command": ["python3", "-c", JOB_SCRIPT],
+                          "env": {"LR": lr, "OUT": out.display().to_string(), "OTHER_RUN": other_run}});
+        let (status, job) = env.post("/api/v1/jobs", &member, &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+        jobs.push((job["id"].as_str().unwrap().to_string(), out));
+    }
+    for (id, out) in &jobs {
+        let job = env.wait_job_as(&member, id, std::time::Duration::from_secs(180), |j| {
+            ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or_default())
+        });
+        let job = job.await;
+        let (_, logs) = env.get(&format!("/api/v1/jobs/{id}/logs"), &member).await;
+        assert_eq!(job["state"], "succeeded", "{job}\n{logs}");
+        let seen: Value = serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+        let simple = uuid::Uuid::parse_str(id).unwrap().simple().to_string();
+        assert_eq!(seen["run_id"], simple.as_str(), "start_run() took the job's run (MLFLOW_RUN_ID)");
+        assert_eq!(
+            seen["refused"],
+            json!({"create_run": "PERMISSION_DENIED", "search_runs": "PERMISSION_DENIED",
+                   "other_run": "RESOURCE_DOES_NOT_EXIST"}),
+            "the job token reaches its own run only"
+        );
+    }
+    let (a, b) = (&jobs[0].0, &jobs[1].0);
+
+    // The job's own metrics: what its charts, `yard diff` and the compare page read.
+    let (status, metrics) = env.get(&format!("/api/v1/jobs/{a}/metrics"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    let series = |name: &str| {
+        metrics["series"].as_array().unwrap().iter().find(|s| s["name"] == name).cloned().unwrap_or_else(|| {
+            panic!("no {name} series in the job's metrics: {metrics}");
+        })
+    };
+    let loss = series("loss");
+    assert_eq!(loss["steps"].as_array().unwrap().len(), 1000, "every step logged through MLflow");
+    assert_eq!(loss["values"][999], json!(0.1 / 1000.0));
+    assert_eq!(series("accuracy")["values"].as_array().unwrap().len(), 10);
+
+    // From outside, with the member's API token: the job's run as MLflow shows it.
+    let simple = uuid::Uuid::parse_str(a).unwrap().simple().to_string();
+    let script = format!(
+        r#"
+import json, mlflow
+from mlflow import MlflowClient
+client = MlflowClient()
+run = client.get_run("{simple}")
+history = client.get_metric_history("{simple}", "loss")
+found = mlflow.search_runs(experiment_ids=["0"], filter_string="params.lr = '0.1'", output_format="list")
+print(json.dumps({{"status": run.info.status, "name": run.info.run_name, "params": run.data.params,
+                   "tags": {{k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}},
+                   "latest_accuracy": run.data.metrics.get("accuracy"),
+                   "history": [[m.step, m.value] for m in history], "found": [r.info.run_id for r in found]}}))
+"#
+    );
+    let outside = tokio::task::block_in_place(|| mlflow_python(&env, &member, &script));
+    assert_eq!(outside["status"], "FINISHED");
+    assert_eq!(outside["name"], "mlflow-train", "the run is named after its job");
+    assert_eq!(outside["params"], json!({"lr": "0.1", "batch_size": "64"}));
+    assert_eq!(outside["tags"], json!({"team": "vision", "dataset": "mnist@1"}));
+    assert_eq!(outside["latest_accuracy"], json!(0.5 + 9.0 / 100.0));
+    assert_eq!(outside["found"], json!([simple]), "the filter finds the job's run, not the other");
+    let history = outside["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1000);
+    for (i, point) in history.iter().enumerate() {
+        assert_eq!(point, &json!([i, 0.1 / (i as f64 + 1.0)]), "step {i}");
+    }
+
+    // `yard diff`: the logged params that differ, in a section of their own (the jobs have no
+    // template parameters), and the loss they led to.
+    let (status, comparison) = env.get(&format!("/api/v1/compare?jobs={a},{b}"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{comparison}");
+    let section = comparison["sections"].as_array().unwrap().iter().find(|s| s["name"] == "logged params").cloned();
+    let fields = section.map(|s| s["fields"].clone()).unwrap_or_default();
+    assert_eq!(
+        fields,
+        json!([{"field": "logged_params.lr", "values": ["0.1", "0.01"], "differs": true}]),
+        "{comparison}"
+    );
+    let diff = env.yard(&member, &["diff", a, b]);
+    let text = String::from_utf8_lossy(&diff.stdout);
+    assert!(diff.status.success(), "{text}{}", String::from_utf8_lossy(&diff.stderr));
+    let line = text.lines().find(|l| l.contains("logged_params.lr")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("0.1") && line.contains("0.01"), "{text}");
+    assert!(!text.contains("logged_params.batch_size"), "the same in both: not shown\n{text}");
+}

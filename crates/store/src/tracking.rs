@@ -208,18 +208,19 @@ impl Store {
     pub async fn mlflow_log(&self, tenant_id: Uuid, run_id: Uuid, batch: &LogBatch) -> Result<()> {
         let mut tx = self.begin().await?;
         // language=PostgreSQL
-        let stage: Option<String> =
-            sqlx::query_scalar("SELECT lifecycle_stage FROM mlflow_runs WHERE id = $1 AND tenant_id = $2 FOR SHARE")
-                .bind(run_id)
-                .bind(tenant_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db_error)?;
-        match stage.as_deref() {
+        let run: Option<(String, Option<Uuid>)> = sqlx::query_as(
+            "SELECT lifecycle_stage, job_id FROM mlflow_runs WHERE id = $1 AND tenant_id = $2 FOR SHARE",
+        )
+        .bind(run_id)
+        .bind(tenant_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        let job_id = match run {
             None => return Err(Error::not_found(ObjectKind::Run)),
-            Some("active") => {}
+            Some((stage, job_id)) if stage == "active" => job_id,
             Some(_) => return Err(Error::invalid("run_id", "the run is deleted; restore it to log to it")),
-        }
+        };
         if !batch.params.is_empty() {
             let keys: Vec<&str> = batch.params.iter().map(|p| p.key.as_str()).collect();
             let values: Vec<&str> = batch.params.iter().map(|p| p.value.as_str()).collect();
@@ -274,6 +275,27 @@ impl Store {
             let values: Vec<f64> = batch.metrics.iter().map(|m| m.value).collect();
             let timestamps: Vec<i64> = batch.metrics.iter().map(|m| m.timestamp).collect();
             let steps: Vec<i64> = batch.metrics.iter().map(|m| m.step).collect();
+            if let Some(job_id) = job_id {
+                // A job's run: the job's own metrics (its latest attempt's), which its charts,
+                // `yard diff` and the compare page read; the time is the client's.
+                // language=PostgreSQL
+                sqlx::query(
+                    "INSERT INTO metrics (job_id, tenant_id, attempt, name, step, value, recorded_at)
+                     SELECT $1, $2, (SELECT coalesce(max(attempt), 1) FROM job_attempts WHERE job_id = $1),
+                            key, step, value, timestamptz 'epoch' + ts * interval '1 millisecond'
+                     FROM UNNEST($3::text[], $4::float8[], $5::bigint[], $6::bigint[]) AS m(key, value, ts, step)",
+                )
+                .bind(job_id)
+                .bind(tenant_id)
+                .bind(&keys)
+                .bind(&values)
+                .bind(&timestamps)
+                .bind(&steps)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+                return tx.commit().await.map_err(db_error);
+            }
             // language=PostgreSQL
             sqlx::query(
                 "INSERT INTO mlflow_metrics (run_id, tenant_id, key, value, timestamp, step)
@@ -305,6 +327,21 @@ impl Store {
         self.mlflow_runs_read(tenant_id, Some(experiment_ids), None, filter, limit, offset).await
     }
 
+    /// The params logged through MLflow to the runs of these jobs of the tenant (job, key, value),
+    /// by key: a job's logged params, beside its template parameters.
+    pub async fn mlflow_job_params(&self, tenant_id: Uuid, job_ids: &[Uuid]) -> Result<Vec<(Uuid, String, String)>> {
+        // language=PostgreSQL
+        sqlx::query_as(
+            "SELECT r.job_id, p.key, p.value FROM mlflow_runs r JOIN mlflow_params p ON p.run_id = r.id
+             WHERE r.tenant_id = $1 AND r.job_id = ANY($2) ORDER BY r.job_id, p.key",
+        )
+        .bind(tenant_id)
+        .bind(job_ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
     /// Every point of one metric of a run of the tenant, by step and then time.
     pub async fn mlflow_metric_history(&self, tenant_id: Uuid, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
         // language=PostgreSQL
@@ -320,7 +357,7 @@ impl Store {
         }
         // language=PostgreSQL
         let rows: Vec<(String, f64, i64, i64)> = sqlx::query_as(
-            "SELECT key, value, timestamp, step FROM mlflow_metrics
+            "SELECT key, value, timestamp, step FROM mlflow_metric_points
              WHERE run_id = $1 AND tenant_id = $2 AND key = $3 ORDER BY step, timestamp, recorded_at",
         )
         .bind(run_id)
@@ -406,7 +443,7 @@ impl Store {
         // MLflow's run data holds each metric's latest point: the highest step, then the latest time.
         // language=PostgreSQL
         let metrics: Vec<(Uuid, String, f64, i64, i64)> = sqlx::query_as(
-            "SELECT DISTINCT ON (run_id, key) run_id, key, value, timestamp, step FROM mlflow_metrics
+            "SELECT DISTINCT ON (run_id, key) run_id, key, value, timestamp, step FROM mlflow_metric_points
              WHERE run_id = ANY($1) AND tenant_id = $2
              ORDER BY run_id, key, step DESC, timestamp DESC, recorded_at DESC",
         )

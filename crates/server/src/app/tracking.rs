@@ -3,18 +3,60 @@
 //! `Action::LogRuns`), with MLflow's rules ([`trainyard_core::tracking`]). Pages are offsets,
 //! handed to the client as opaque tokens. Making an experiment or a run is audited (`mlflow.*`, refusals
 //! too), run to its end even if the client goes; what is logged to a run is data, like an
-//! engine's metrics, and is not.
+//! engine's metrics, and is not. A job's replicas call with the job's token
+//! (`MLFLOW_TRACKING_TOKEN`), which reaches the job's own run (`MLFLOW_RUN_ID`) and nothing else.
 
 use trainyard_core::auth::{Action, Caller};
+use trainyard_core::error::ObjectKind;
 use trainyard_core::tracking::{
     Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunStatus,
 };
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
+use trainyard_store::metrics::JobCaller;
 use trainyard_store::tracking::RunNew;
 use uuid::Uuid;
 
 use super::App;
+
+/// Who calls MLflow's API: a user with an API token, or a job's replicas with the job's token.
+pub enum Tracker {
+    User(Caller),
+    Job(JobCaller),
+}
+
+impl Tracker {
+    /// The user, for what only users do (making and finding experiments and runs), authorized
+    /// for `action`.
+    fn user(&self, action: Action) -> Result<&Caller> {
+        let caller = self.user_unchecked()?;
+        caller.authorize(action)?;
+        Ok(caller)
+    }
+
+    /// The user, whose role the operation checks itself (audited operations audit refusals).
+    fn user_unchecked(&self) -> Result<&Caller> {
+        match self {
+            Tracker::User(caller) => Ok(caller),
+            Tracker::Job(_) => Err(Error::Forbidden(
+                "a job token logs only to its job's own run (MLFLOW_RUN_ID); use an API token for the rest".into(),
+            )),
+        }
+    }
+
+    /// The tenant whose run `run_id` the caller may read or write: a user's by role, a job's
+    /// only its own run (its id is the job's); another run is none to it.
+    fn run_tenant(&self, action: Action, run_id: Uuid) -> Result<Uuid> {
+        match self {
+            Tracker::User(caller) => {
+                caller.authorize(action)?;
+                Ok(caller.tenant_id)
+            }
+            Tracker::Job(job) if job.job_id == run_id => Ok(job.tenant_id),
+            Tracker::Job(_) => Err(Error::not_found(ObjectKind::Run)),
+        }
+    }
+}
 
 /// A page of results and the token of the next, if there is one.
 pub struct Page<T> {
@@ -54,8 +96,8 @@ pub struct RunCreate {
 }
 
 impl App {
-    pub async fn mlflow_experiment_create(&self, caller: &Caller, name: &str) -> Result<i64> {
-        let (caller, name) = (caller.clone(), name.to_string());
+    pub async fn mlflow_experiment_create(&self, tracker: &Tracker, name: &str) -> Result<i64> {
+        let (caller, name) = (tracker.user_unchecked()?.clone(), name.to_string());
         self.uncancelled(move |app| async move {
             let audit = Audit::by(&caller, "mlflow.experiment.create", format!("mlflow-experiment:{name}"));
             app.audited(&audit, app.mlflow_experiment_create_checked(&caller, &name, &audit)).await
@@ -71,29 +113,29 @@ impl App {
         self.store.mlflow_experiment_create(caller.tenant_id, name, audit).await
     }
 
-    pub async fn mlflow_experiment_get(&self, caller: &Caller, experiment_id: i64) -> Result<Experiment> {
-        caller.authorize(Action::ReadRuns)?;
+    pub async fn mlflow_experiment_get(&self, tracker: &Tracker, experiment_id: i64) -> Result<Experiment> {
+        let caller = tracker.user(Action::ReadRuns)?;
         self.store.mlflow_experiment_get(caller.tenant_id, experiment_id).await
     }
 
-    pub async fn mlflow_experiment_by_name(&self, caller: &Caller, name: &str) -> Result<Experiment> {
-        caller.authorize(Action::ReadRuns)?;
+    pub async fn mlflow_experiment_by_name(&self, tracker: &Tracker, name: &str) -> Result<Experiment> {
+        let caller = tracker.user(Action::ReadRuns)?;
         self.store.mlflow_experiment_by_name(caller.tenant_id, name).await
     }
 
     pub async fn mlflow_experiments_search(
         &self,
-        caller: &Caller,
+        tracker: &Tracker,
         max_results: Option<i64>,
         page_token: Option<&str>,
     ) -> Result<Page<Experiment>> {
-        caller.authorize(Action::ReadRuns)?;
+        let caller = tracker.user(Action::ReadRuns)?;
         let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
         Ok(page_of(self.store.mlflow_experiments_search(caller.tenant_id, limit, offset).await?, limit, offset))
     }
 
-    pub async fn mlflow_run_create(&self, caller: &Caller, run: RunCreate) -> Result<Run> {
-        let caller = caller.clone();
+    pub async fn mlflow_run_create(&self, tracker: &Tracker, run: RunCreate) -> Result<Run> {
+        let caller = tracker.user_unchecked()?.clone();
         self.uncancelled(move |app| async move {
             let audit = Audit::by(&caller, "mlflow.run.create", format!("mlflow-experiment:{}", run.experiment_id));
             app.audited(&audit, app.mlflow_run_create_checked(&caller, run, &audit)).await
@@ -116,21 +158,21 @@ impl App {
         self.store.mlflow_run_create(caller.tenant_id, caller.user_id, &new, audit).await
     }
 
-    pub async fn mlflow_run_get(&self, caller: &Caller, run_id: Uuid) -> Result<Run> {
-        caller.authorize(Action::ReadRuns)?;
-        self.store.mlflow_run_get(caller.tenant_id, run_id).await
+    pub async fn mlflow_run_get(&self, tracker: &Tracker, run_id: Uuid) -> Result<Run> {
+        let tenant_id = tracker.run_tenant(Action::ReadRuns, run_id)?;
+        self.store.mlflow_run_get(tenant_id, run_id).await
     }
 
     /// Sets a run's status, end time or name (what is given).
     pub async fn mlflow_run_update(
         &self,
-        caller: &Caller,
+        tracker: &Tracker,
         run_id: Uuid,
         status: Option<&str>,
         end_time: Option<i64>,
         run_name: Option<&str>,
     ) -> Result<RunInfo> {
-        caller.authorize(Action::LogRuns)?;
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
         let status = status
             .map(|s| {
                 RunStatus::parse(s).ok_or_else(|| {
@@ -142,34 +184,34 @@ impl App {
             })
             .transpose()?;
         let run_name = run_name.filter(|n| !n.is_empty());
-        self.store.mlflow_run_update(caller.tenant_id, run_id, status.map(RunStatus::as_str), end_time, run_name).await
+        self.store.mlflow_run_update(tenant_id, run_id, status.map(RunStatus::as_str), end_time, run_name).await
     }
 
     /// Logs metrics, params and tags to a run, all or nothing, within MLflow's limits.
-    pub async fn mlflow_log(&self, caller: &Caller, run_id: Uuid, batch: LogBatch) -> Result<()> {
-        caller.authorize(Action::LogRuns)?;
+    pub async fn mlflow_log(&self, tracker: &Tracker, run_id: Uuid, batch: LogBatch) -> Result<()> {
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
         batch.validate()?;
-        self.store.mlflow_log(caller.tenant_id, run_id, &batch).await
+        self.store.mlflow_log(tenant_id, run_id, &batch).await
     }
 
     /// Runs of these experiments matching the filter (the subset [`RunFilter`] serves).
     pub async fn mlflow_runs_search(
         &self,
-        caller: &Caller,
+        tracker: &Tracker,
         experiment_ids: &[i64],
         filter: &str,
         max_results: Option<i64>,
         page_token: Option<&str>,
     ) -> Result<Page<Run>> {
-        caller.authorize(Action::ReadRuns)?;
+        let caller = tracker.user(Action::ReadRuns)?;
         let filter = RunFilter::parse(filter)?;
         let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
         let runs = self.store.mlflow_runs_search(caller.tenant_id, experiment_ids, &filter, limit, offset).await?;
         Ok(page_of(runs, limit, offset))
     }
 
-    pub async fn mlflow_metric_history(&self, caller: &Caller, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
-        caller.authorize(Action::ReadRuns)?;
-        self.store.mlflow_metric_history(caller.tenant_id, run_id, key).await
+    pub async fn mlflow_metric_history(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
+        let tenant_id = tracker.run_tenant(Action::ReadRuns, run_id)?;
+        self.store.mlflow_metric_history(tenant_id, run_id, key).await
     }
 }

@@ -17,15 +17,15 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 use trainyard_core::Error;
-use trainyard_core::auth::Caller;
 use trainyard_core::error::ObjectKind;
 use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunInfo};
+use trainyard_store::metrics::JOB_TOKEN_PREFIX;
 use uuid::Uuid;
 
-use crate::app::tracking::RunCreate;
+use crate::app::tracking::{RunCreate, Tracker};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::{ApiJson, ApiQuery, Auth};
+use crate::http::extract::{ApiJson, ApiQuery, Auth, JobAuth};
 use crate::http::routes::RouteTable;
 
 /// Where MLflow's routes are (the edge answers them in MLflow's error shape).
@@ -129,14 +129,25 @@ type MlflowResult<T> = Result<T, MlflowError>;
 
 // ---- extractors: Trainyard's, answering in MLflow's shape ----
 
-/// The caller, from a user's API token (`MLFLOW_TRACKING_TOKEN`), as [`Auth`] finds it.
-pub struct MlflowAuth(pub Caller);
+/// The caller, from `MLFLOW_TRACKING_TOKEN`: a user's API token, as [`Auth`] finds it, or a job's
+/// token (what its replicas get), as [`JobAuth`] finds it.
+pub struct MlflowAuth(pub Tracker);
 
 impl FromRequestParts<AppState> for MlflowAuth {
     type Rejection = MlflowError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, MlflowError> {
-        Ok(MlflowAuth(Auth::from_request_parts(parts, state).await?.0))
+        let is_job_token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .is_some_and(|token| token.trim().starts_with(JOB_TOKEN_PREFIX));
+        Ok(MlflowAuth(if is_job_token {
+            Tracker::Job(JobAuth::from_request_parts(parts, state).await?.0)
+        } else {
+            Tracker::User(Auth::from_request_parts(parts, state).await?.0)
+        }))
     }
 }
 
@@ -415,7 +426,7 @@ async fn experiments_search_get(
 
 async fn experiments_answer(
     state: &AppState,
-    caller: &Caller,
+    caller: &Tracker,
     body: ExperimentsSearchBody,
 ) -> MlflowResult<Json<Value>> {
     if body.filter.as_deref().is_some_and(|f| !f.trim().is_empty()) || !body.order_by.is_empty() {
