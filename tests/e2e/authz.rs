@@ -115,6 +115,12 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /api/2.0/mlflow/runs/log-batch", "401 403 ok 404 ok 404"),
     ("POST /api/2.0/mlflow/runs/set-tag", "401 403 ok 404 ok 404"),
     ("GET /api/2.0/mlflow/metrics/get-history", "401 ok ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/logged-models/search", "401 ok ok ok ok 403"),
+    // MLflow's artefacts: a job's run's are the job's artefacts.
+    ("GET /api/2.0/mlflow/artifacts/list", "401 ok ok 404 ok 404"),
+    ("GET /api/2.0/mlflow-artifacts/artifacts", "401 ok ok 404 ok 404"),
+    ("GET /api/2.0/mlflow-artifacts/artifacts/{*path}", "401 ok ok 404 ok 404"),
+    ("PUT /api/2.0/mlflow-artifacts/artifacts/{*path}", "401 403 ok 404 ok 404"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),
@@ -271,6 +277,12 @@ impl World {
             "/api/2.0/mlflow/metrics/get-history" => {
                 path = format!("{path}?run_id={}&metric_key=loss", self.mlflow_run)
             }
+            // Tenant A's job's run (its id the job's) and the job's artefact `model.bin`.
+            "/api/2.0/mlflow/artifacts/list" => path = format!("{path}?run_id={}", self.job_run()),
+            "/api/2.0/mlflow-artifacts/artifacts" => path = format!("{path}?path={}", self.job_run()),
+            "/api/2.0/mlflow-artifacts/artifacts/{*path}" => {
+                path = format!("/api/2.0/mlflow-artifacts/artifacts/{}/model.bin", self.job_run())
+            }
             _ => {}
         }
         if route == "/api/v1/admin/tenants/{tenant}" {
@@ -293,6 +305,11 @@ impl World {
             path = route.replace("{id}", body["id"].as_str().unwrap());
         }
         path
+    }
+
+    /// The MLflow run of tenant A's job: the job's id, as MLflow spells run ids.
+    fn job_run(&self) -> String {
+        uuid::Uuid::parse_str(&self.job).unwrap().simple().to_string()
     }
 
     fn next(&self) -> usize {

@@ -324,6 +324,10 @@ with mlflow.start_run() as run:
         tags=[RunTag("dataset", "mnist@1")],
     )
     mlflow.set_tag("team", "vision")
+    model = os.path.join(os.environ["HOME"], "model.txt")
+    with open(model, "w") as f:
+        f.write("weights for lr " + lr)
+    mlflow.log_artifact(model, artifact_path="checkpoints")
 refused = {}
 for name, call in [
     ("create_run", lambda: MlflowClient().create_run("0")),
@@ -395,7 +399,15 @@ client = MlflowClient()
 run = client.get_run("{simple}")
 history = client.get_metric_history("{simple}", "loss")
 found = mlflow.search_runs(experiment_ids=["0"], filter_string="params.lr = '0.1'", output_format="list")
-print(json.dumps({{"status": run.info.status, "name": run.info.run_name, "params": run.data.params,
+import tempfile
+downloaded = mlflow.artifacts.download_artifacts(
+    run_id="{simple}", artifact_path="checkpoints/model.txt", dst_path=tempfile.mkdtemp())
+whole = mlflow.artifacts.download_artifacts(run_id="{simple}", dst_path=tempfile.mkdtemp())
+print(json.dumps({{"artifact": open(downloaded).read(),
+                   "whole": open(whole + "/checkpoints/model.txt").read(),
+                   "root": [(f.path, f.is_dir) for f in client.list_artifacts("{simple}")],
+                   "folder": [(f.path, f.file_size) for f in client.list_artifacts("{simple}", "checkpoints")],
+                   "status": run.info.status, "name": run.info.run_name, "params": run.data.params,
                    "tags": {{k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}},
                    "latest_accuracy": run.data.metrics.get("accuracy"),
                    "history": [[m.step, m.value] for m in history], "found": [r.info.run_id for r in found]}}))
@@ -408,10 +420,51 @@ print(json.dumps({{"status": run.info.status, "name": run.info.run_name, "params
     assert_eq!(outside["tags"], json!({"team": "vision", "dataset": "mnist@1"}));
     assert_eq!(outside["latest_accuracy"], json!(0.5 + 9.0 / 100.0));
     assert_eq!(outside["found"], json!([simple]), "the filter finds the job's run, not the other");
+    assert_eq!(outside["artifact"], "weights for lr 0.1", "download_artifacts of the file");
+    assert_eq!(outside["whole"], "weights for lr 0.1", "download_artifacts of the run's whole root");
+    assert_eq!(outside["root"], json!([["checkpoints", true]]));
+    assert_eq!(outside["folder"], json!([["checkpoints/model.txt", 18]]));
     let history = outside["history"].as_array().unwrap();
     assert_eq!(history.len(), 1000);
     for (i, point) in history.iter().enumerate() {
         assert_eq!(point, &json!([i, 0.1 / (i as f64 + 1.0)]), "step {i}");
+    }
+
+    // The artefact is the job's: the job page's downloads list it.
+    let (status, artifacts) = env.get(&format!("/api/v1/jobs/{a}/artifacts"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{artifacts}");
+    let paths: Vec<&str> = artifacts.as_array().unwrap().iter().filter_map(|x| x["path"].as_str()).collect();
+    assert_eq!(paths, ["checkpoints/model.txt"], "{artifacts}");
+
+    // Another tenant's token: no run, no artefact, nothing listed.
+    let (status, body) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let other = env.member("team-b", "bob", "admin").await;
+    let script = format!(
+        r#"
+import json, tempfile, mlflow
+from mlflow.exceptions import MlflowException
+try:
+    mlflow.artifacts.download_artifacts(run_id="{simple}", dst_path=tempfile.mkdtemp())
+    code = None
+except MlflowException as e:
+    code = e.error_code
+print(json.dumps({{"download": code}}))
+"#
+    );
+    let seen = tokio::task::block_in_place(|| mlflow_python(&env, &other, &script));
+    assert_eq!(seen, json!({"download": "RESOURCE_DOES_NOT_EXIST"}));
+    for path in [
+        format!("/api/2.0/mlflow-artifacts/artifacts/{simple}/checkpoints/model.txt"),
+        format!("/api/2.0/mlflow-artifacts/artifacts?path={simple}/checkpoints"),
+        format!("/api/2.0/mlflow/artifacts/list?run_id={simple}"),
+    ] {
+        let (status, body) = env.get(&path, &other).await;
+        assert_eq!(
+            (status, body["error_code"].clone()),
+            (StatusCode::NOT_FOUND, json!("RESOURCE_DOES_NOT_EXIST")),
+            "{path}: {body}"
+        );
     }
 
     // `yard diff`: the logged params that differ, in a section of their own (the jobs have no

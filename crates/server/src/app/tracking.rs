@@ -6,6 +6,9 @@
 //! engine's metrics, and is not. A job's replicas call with the job's token
 //! (`MLFLOW_TRACKING_TOKEN`), which reaches the job's own run (`MLFLOW_RUN_ID`) and nothing else.
 
+use axum::body::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::tracking::{
@@ -17,7 +20,10 @@ use trainyard_store::metrics::JobCaller;
 use trainyard_store::tracking::RunNew;
 use uuid::Uuid;
 
+use trainyard_storage::keys;
+
 use super::App;
+use crate::storage::{Uploader, artifact_path, storage_error};
 
 /// Who calls MLflow's API: a user with an API token, or a job's replicas with the job's token.
 pub enum Tracker {
@@ -213,5 +219,114 @@ impl App {
     pub async fn mlflow_metric_history(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
         let tenant_id = tracker.run_tenant(Action::ReadRuns, run_id)?;
         self.store.mlflow_metric_history(tenant_id, run_id, key).await
+    }
+}
+
+/// An entry of an artefact folder as MLflow lists it: a name under the folder, whether it is a
+/// folder itself, and a file's size.
+pub struct ArtifactEntry {
+    pub path: String,
+    pub is_dir: bool,
+    pub size: Option<u64>,
+}
+
+/// A downloaded artefact: its size and its bytes, streamed.
+pub type ArtifactBody = (u64, BoxStream<'static, std::result::Result<Bytes, std::io::Error>>);
+
+/// A job's artefacts as an MLflow run's: the run's artefact root is `mlflow-artifacts:/<run id>`,
+/// and what is logged under it is the job's artefacts (`/api/v1/jobs/{id}/artifacts`, the job
+/// page's downloads), one store for both. Runs of their own keep no artefacts yet.
+impl App {
+    /// The tenant of the job whose run `run_id` is, when the caller may do `action` to it. A
+    /// run of its own (no job) answers `own_run`.
+    async fn mlflow_artifacts_job(&self, tracker: &Tracker, action: Action, run_id: Uuid) -> Result<Option<Uuid>> {
+        let tenant_id = tracker.run_tenant(action, run_id)?;
+        match self.store.job_get(tenant_id, run_id).await {
+            Ok(_) => Ok(Some(tenant_id)),
+            Err(Error::NotFound { .. }) => {
+                self.store.mlflow_run_get(tenant_id, run_id).await?;
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Logged models are not kept yet: the caller may search them (and finds none).
+    pub fn mlflow_logged_models_search(&self, tracker: &Tracker) -> Result<()> {
+        tracker.user(Action::ReadRuns).map(|_| ())
+    }
+
+    /// Stores an artefact a client logs to a job's run (`mlflow.log_artifact`), as the job's
+    /// artefact at `path` (the path under the run's root): checked, limited and recorded as
+    /// every artefact upload is ([`App::artifact_upload`]).
+    pub async fn mlflow_artifact_put<S, E>(&self, tracker: Tracker, run_id: Uuid, path: &str, body: S) -> Result<u64>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        if self.mlflow_artifacts_job(&tracker, Action::LogRuns, run_id).await?.is_none() {
+            return Err(Error::invalid(
+                "path",
+                "artefacts are kept for the runs of jobs; a run of its own (not started by a job) keeps none yet",
+            ));
+        }
+        let uploader = match tracker {
+            Tracker::User(caller) => Uploader::User(caller),
+            Tracker::Job(job) => Uploader::Job(job),
+        };
+        Ok(self.artifact_upload(uploader, run_id, path, body).await?.size_bytes)
+    }
+
+    /// One artefact of a job's run, streamed.
+    pub async fn mlflow_artifact_get(&self, tracker: &Tracker, run_id: Uuid, path: &str) -> Result<ArtifactBody> {
+        let Some(tenant_id) = self.mlflow_artifacts_job(tracker, Action::ReadRuns, run_id).await? else {
+            return Err(Error::not_found(ObjectKind::Artifact));
+        };
+        let path = artifact_path(path)?;
+        let (size, stream) = self
+            .storage
+            .objects
+            .download(&keys::artifact_key(tenant_id, run_id, &path))
+            .await
+            .map_err(storage_error)?
+            .ok_or_else(|| Error::not_found(ObjectKind::Artifact))?;
+        Ok((size, stream.map_err(std::io::Error::other).boxed()))
+    }
+
+    /// What is directly under the folder `dir` of a run's artefacts (`""`: its root), by name;
+    /// nothing for a file, a missing folder, or a run of its own.
+    pub async fn mlflow_artifacts_list(
+        &self,
+        tracker: &Tracker,
+        run_id: Uuid,
+        dir: &str,
+    ) -> Result<Vec<ArtifactEntry>> {
+        let Some(tenant_id) = self.mlflow_artifacts_job(tracker, Action::ReadRuns, run_id).await? else {
+            return Ok(Vec::new());
+        };
+        let dir = dir.trim_matches('/');
+        if !dir.is_empty() {
+            artifact_path(dir)?;
+        }
+        let objects =
+            self.storage.objects.list(&keys::artifacts_prefix(tenant_id, run_id)).await.map_err(storage_error)?;
+        let mut entries: std::collections::BTreeMap<String, ArtifactEntry> = std::collections::BTreeMap::new();
+        for object in objects {
+            let Some(path) = keys::artifact_path_of(tenant_id, run_id, &object.key) else { continue };
+            let rest = if dir.is_empty() {
+                path.as_str()
+            } else {
+                match path.strip_prefix(dir).and_then(|r| r.strip_prefix('/')) {
+                    Some(rest) => rest,
+                    None => continue,
+                }
+            };
+            let entry = match rest.split_once('/') {
+                Some((folder, _)) => ArtifactEntry { path: folder.to_string(), is_dir: true, size: None },
+                None => ArtifactEntry { path: rest.to_string(), is_dir: false, size: Some(object.size) },
+            };
+            entries.entry(entry.path.clone()).or_insert(entry);
+        }
+        Ok(entries.into_values().collect())
     }
 }

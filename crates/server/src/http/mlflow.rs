@@ -9,7 +9,8 @@
 //! its proto, and so are not in Trainyard's OpenAPI document (docs/tracking.md).
 
 use axum::Json;
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -22,14 +23,21 @@ use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunI
 use trainyard_store::metrics::JOB_TOKEN_PREFIX;
 use uuid::Uuid;
 
-use crate::app::tracking::{RunCreate, Tracker};
+use crate::app::tracking::{ArtifactEntry, RunCreate, Tracker};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiQuery, Auth, JobAuth};
 use crate::http::routes::RouteTable;
 
-/// Where MLflow's routes are (the edge answers them in MLflow's error shape).
+/// Where MLflow's routes are (the edge answers them in MLflow's error shape): its tracking API
+/// and its artefact proxy.
 pub const MLFLOW_PREFIX: &str = "/api/2.0/mlflow/";
+pub const MLFLOW_ARTIFACTS_PREFIX: &str = "/api/2.0/mlflow-artifacts/";
+
+/// Whether a route is one of MLflow's, answered in MLflow's error shape.
+pub fn is_mlflow_route(route: &str) -> bool {
+    route.starts_with(MLFLOW_PREFIX) || route.starts_with(MLFLOW_ARTIFACTS_PREFIX)
+}
 
 pub fn routes() -> RouteTable {
     RouteTable::new()
@@ -46,6 +54,13 @@ pub fn routes() -> RouteTable {
         .route("/api/2.0/mlflow/runs/log-batch", post(log_batch))
         .route("/api/2.0/mlflow/runs/set-tag", post(set_tag))
         .route("/api/2.0/mlflow/metrics/get-history", get(metric_history))
+        .route("/api/2.0/mlflow/artifacts/list", get(artifacts_list))
+        .route("/api/2.0/mlflow/logged-models/search", post(logged_models_search))
+        .route("/api/2.0/mlflow-artifacts/artifacts", get(proxy_list))
+        .route(
+            "/api/2.0/mlflow-artifacts/artifacts/{*path}",
+            get(proxy_get).put(proxy_put).layer(DefaultBodyLimit::disable()),
+        )
 }
 
 // ---- errors: MLflow's shape and codes ----
@@ -293,13 +308,18 @@ fn run_info_json(info: &RunInfo) -> Value {
         "user_id": info.user_id,
         "status": info.status,
         "start_time": info.start_time,
-        "artifact_uri": "",
+        "artifact_uri": artifact_root(info.run_id),
         "lifecycle_stage": info.lifecycle_stage,
     });
     if let Some(end) = info.end_time {
         value["end_time"] = json!(end);
     }
     value
+}
+
+/// A run's artefact root: the client sends what it logs there to this server's artefact proxy.
+fn artifact_root(run_id: Uuid) -> String {
+    format!("mlflow-artifacts:/{}", run_id.simple())
 }
 
 fn run_json(run: &Run) -> Value {
@@ -675,4 +695,106 @@ async fn metric_history(
     let key = required("metric_key", &query.metric_key)?;
     let metrics = state.app.mlflow_metric_history(&caller, run_id, key).await?;
     Ok(Json(json!({"metrics": metrics.iter().map(WireMetric::from).collect::<Vec<_>>()})))
+}
+
+// ---- artefacts ----
+
+#[derive(Debug, Deserialize)]
+struct ArtifactsListQuery {
+    run_id: Option<String>,
+    run_uuid: Option<String>,
+    path: Option<String>,
+    #[allow(dead_code)]
+    page_token: Option<String>,
+}
+
+fn file_json(entry: &ArtifactEntry, path: String) -> Value {
+    let mut file = json!({"path": path, "is_dir": entry.is_dir});
+    if let Some(size) = entry.size {
+        file["file_size"] = json!(size);
+    }
+    file
+}
+
+/// The tracking API's listing: paths from the run's root, in one page.
+async fn artifacts_list(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<ArtifactsListQuery>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(query.run_id.as_deref(), query.run_uuid.as_deref())?;
+    let dir = query.path.unwrap_or_default();
+    let dir = dir.trim_matches('/');
+    let entries = state.app.mlflow_artifacts_list(&caller, run_id, dir).await?;
+    let files: Vec<Value> = entries
+        .iter()
+        .map(|e| file_json(e, if dir.is_empty() { e.path.clone() } else { format!("{dir}/{}", e.path) }))
+        .collect();
+    Ok(Json(json!({"root_uri": artifact_root(run_id), "files": files})))
+}
+
+/// The run and the path under its artefact root, from a proxy path `<run id>/<path>`. A
+/// malformed run id names no run: 404.
+fn proxy_path(path: &str) -> Result<(Uuid, &str), Error> {
+    let path = path.trim_start_matches('/');
+    let (run, rest) = path.split_once('/').unwrap_or((path, ""));
+    let run_id = Uuid::parse_str(run).map_err(|_| Error::not_found(ObjectKind::Run))?;
+    Ok((run_id, rest.trim_matches('/')))
+}
+
+#[derive(Debug, Deserialize)]
+struct ProxyListQuery {
+    path: Option<String>,
+}
+
+/// The artefact proxy's listing (what `mlflow-artifacts:` clients call): names under the folder.
+async fn proxy_list(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<ProxyListQuery>,
+) -> MlflowResult<Json<Value>> {
+    let path = query.path.unwrap_or_default();
+    if path.trim_matches('/').is_empty() {
+        return Err(Error::invalid("path", "name a run's artefacts: <run id>/<folder>").into());
+    }
+    let (run_id, dir) = proxy_path(&path)?;
+    let entries = state.app.mlflow_artifacts_list(&caller, run_id, dir).await?;
+    Ok(Json(json!({"files": entries.iter().map(|e| file_json(e, e.path.clone())).collect::<Vec<_>>()})))
+}
+
+/// One artefact, streamed (`mlflow.artifacts.download_artifacts`).
+async fn proxy_get(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    Path(path): Path<String>,
+) -> MlflowResult<Response> {
+    let (run_id, path) = proxy_path(&path)?;
+    let (size, stream) = state.app.mlflow_artifact_get(&caller, run_id, path).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, size.to_string())],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// An artefact logged to a run (`mlflow.log_artifact`): the body is the file, streamed.
+async fn proxy_put(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    Path(path): Path<String>,
+    body: Body,
+) -> MlflowResult<Json<Value>> {
+    let (run_id, path) = proxy_path(&path)?;
+    state.app.mlflow_artifact_put(caller, run_id, path, body.into_data_stream()).await?;
+    Ok(Json(json!({})))
+}
+
+/// Logged models (MLflow 3's): none are kept yet, so a search finds none. The client asks when it
+/// lists a folder of a run's artefacts (a folder may be a model's).
+async fn logged_models_search(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+) -> MlflowResult<Json<Value>> {
+    state.app.mlflow_logged_models_search(&caller)?;
+    Ok(Json(json!({"models": []})))
 }
