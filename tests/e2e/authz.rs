@@ -115,6 +115,9 @@ const EXPECTED: &[(&str, &str)] = &[
     ("POST /api/2.0/mlflow/runs/log-batch", "401 403 ok 404 ok 404"),
     ("POST /api/2.0/mlflow/runs/set-tag", "401 403 ok 404 ok 404"),
     ("GET /api/2.0/mlflow/metrics/get-history", "401 ok ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/delete", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/restore", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/delete-tag", "401 403 ok 404 ok 404"),
     ("POST /api/2.0/mlflow/logged-models/search", "401 ok ok ok ok 403"),
     // MLflow's artefacts: a job's run's are the job's artefacts.
     ("GET /api/2.0/mlflow/artifacts/list", "401 ok ok 404 ok 404"),
@@ -304,6 +307,12 @@ impl World {
             // `{id}` was already replaced by the job's id above: swap it for the token's.
             path = route.replace("{id}", body["id"].as_str().unwrap());
         }
+        if route == "/api/2.0/mlflow/runs/delete-tag" {
+            // The tag each caller tries to delete, set again before each (deleting is destructive).
+            let tag = json!({"run_id": self.mlflow_run, "key": "doomed", "value": "v"});
+            let (status, body) = self.env.post("/api/2.0/mlflow/runs/set-tag", &admin, &tag).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
         path
     }
 
@@ -355,6 +364,12 @@ impl World {
             ("POST", "/api/2.0/mlflow/runs/set-tag") => {
                 json!({"run_id": self.mlflow_run, "key": "k", "value": format!("v{n}")})
             }
+            // Deleting tenant A's run (then restoring it) leaves the other calls' outcomes as
+            // they are: logging to a deleted run is refused as input, past authorization.
+            ("POST", "/api/2.0/mlflow/runs/delete" | "/api/2.0/mlflow/runs/restore") => {
+                json!({"run_id": self.mlflow_run})
+            }
+            ("POST", "/api/2.0/mlflow/runs/delete-tag") => json!({"run_id": self.mlflow_run, "key": "doomed"}),
             _ => json!({}),
         }
     }

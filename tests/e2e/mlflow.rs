@@ -226,7 +226,7 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "RESOURCE_ALREADY_EXISTS");
 
     // Bad input is MLflow's 400, never a 500: a filter outside the subset, a bad status, a bad key.
-    let search = json!({"experiment_ids": ["0"], "filter": "metrics.loss < 0.5"});
+    let search = json!({"experiment_ids": ["0"], "filter": "params.lr != '0.1'"});
     let (status, body) = env.post("/api/2.0/mlflow/runs/search", &member, &search).await;
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
     let (status, body) =
@@ -484,4 +484,75 @@ print(json.dumps({{"download": code}}))
     let line = text.lines().find(|l| l.contains("logged_params.lr")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("0.1") && line.contains("0.01"), "{text}");
     assert!(!text.contains("logged_params.batch_size"), "the same in both: not shown\n{text}");
+}
+
+const SEARCH_DELETE_RESTORE: &str = r#"
+import json, mlflow
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
+
+client = MlflowClient()
+experiment = client.create_experiment("sweep")
+ids = {}
+for name, loss, lr in [("a", 0.9, "0.1"), ("b", 0.3, "0.01"), ("c", 0.1, "0.001")]:
+    with mlflow.start_run(experiment_id=experiment, run_name=name) as run:
+        mlflow.log_metric("loss", 2.0, step=0)
+        mlflow.log_metric("loss", loss, step=1)  # the latest point is what filters and order see
+        mlflow.log_param("lr", lr)
+        mlflow.set_tag("keep", "yes")
+    ids[run.info.run_id] = name
+def names(**kwargs):
+    return [ids[r.info.run_id] for r in mlflow.search_runs(experiment_ids=[experiment], output_format="list", **kwargs)]
+def code(call):
+    try:
+        call()
+    except MlflowException as e:
+        return e.error_code
+out = {
+    "below": names(filter_string="metrics.loss < 0.5", order_by=["metrics.loss ASC"]),
+    "ordered": names(order_by=["metrics.loss DESC"]),
+    "by_name": names(order_by=["attributes.run_name ASC"]),
+    "combined": names(filter_string="metrics.loss >= 0.3 and params.lr = '0.01' and attributes.status = 'FINISHED'"),
+    "unsupported_filter": code(lambda: names(filter_string="params.lr LIKE '0.%'")),
+    "unsupported_order": code(lambda: names(order_by=["params.lr ASC"])),
+}
+b = next(i for i, n in ids.items() if n == "b")
+client.delete_tag(b, "keep")
+out["tag_after_delete"] = client.get_run(b).data.tags.get("keep")
+out["delete_tag_again"] = code(lambda: client.delete_tag(b, "keep"))
+client.delete_run(b)
+out["deleted_stage"] = client.get_run(b).info.lifecycle_stage
+out["active"] = names()
+out["deleted_only"] = names(run_view_type=ViewType.DELETED_ONLY)
+out["all"] = sorted(names(run_view_type=ViewType.ALL))
+out["log_to_deleted"] = code(lambda: client.log_metric(b, "loss", 0.2, step=2))
+client.restore_run(b)
+client.log_metric(b, "loss", 0.2, step=2)
+out["restored"] = names(filter_string="metrics.loss < 0.25", order_by=["metrics.loss ASC"])
+out["unknown_run"] = code(lambda: client.delete_run("0" * 32))
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mlflow_client_searches_by_metric_orders_deletes_and_restores_runs() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let out = tokio::task::block_in_place(|| mlflow_python(&env, &member, SEARCH_DELETE_RESTORE));
+    assert_eq!(out["below"], json!(["c", "b"]), "latest loss under 0.5, lowest first: {out}");
+    assert_eq!(out["ordered"], json!(["a", "b", "c"]));
+    assert_eq!(out["by_name"], json!(["a", "b", "c"]));
+    assert_eq!(out["combined"], json!(["b"]));
+    assert_eq!(out["unsupported_filter"], "INVALID_PARAMETER_VALUE", "never silently ignored");
+    assert_eq!(out["unsupported_order"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["tag_after_delete"], Value::Null, "delete_tag removed it");
+    assert_eq!(out["delete_tag_again"], "RESOURCE_DOES_NOT_EXIST");
+    assert_eq!(out["deleted_stage"], "deleted");
+    assert_eq!(out["active"].as_array().unwrap().len(), 2, "a deleted run is out of searches: {out}");
+    assert!(!out["active"].as_array().unwrap().contains(&json!("b")));
+    assert_eq!(out["deleted_only"], json!(["b"]));
+    assert_eq!(out["all"], json!(["a", "b", "c"]));
+    assert_eq!(out["log_to_deleted"], "INVALID_PARAMETER_VALUE", "a deleted run takes no logging");
+    assert_eq!(out["restored"], json!(["c", "b"]), "restored, it logs and is found again: {out}");
+    assert_eq!(out["unknown_run"], "RESOURCE_DOES_NOT_EXIST");
 }

@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
 use trainyard_core::tracking::{
-    Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunStatus,
+    Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunOrder, RunStatus,
 };
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
@@ -90,6 +90,17 @@ fn page_bounds(max_results: Option<i64>, page_token: Option<&str>, default: i64)
 fn page_of<T>(items: Vec<T>, limit: i64, offset: i64) -> Page<T> {
     let next_page_token = (items.len() as i64 == limit).then(|| (offset + limit).to_string());
     Page { items, next_page_token }
+}
+
+/// A search of runs as MLflow's client asks it.
+pub struct RunsSearch<'a> {
+    pub experiment_ids: &'a [i64],
+    pub filter: &'a str,
+    pub order_by: &'a [String],
+    /// MLflow's `run_view_type`: `ACTIVE_ONLY` (the default), `DELETED_ONLY`, `ALL`.
+    pub view: Option<&'a str>,
+    pub max_results: Option<i64>,
+    pub page_token: Option<&'a str>,
 }
 
 /// A run created by a client: where, under what name, and its first tags.
@@ -201,19 +212,33 @@ impl App {
     }
 
     /// Runs of these experiments matching the filter (the subset [`RunFilter`] serves).
-    pub async fn mlflow_runs_search(
-        &self,
-        tracker: &Tracker,
-        experiment_ids: &[i64],
-        filter: &str,
-        max_results: Option<i64>,
-        page_token: Option<&str>,
-    ) -> Result<Page<Run>> {
+    pub async fn mlflow_runs_search(&self, tracker: &Tracker, search: RunsSearch<'_>) -> Result<Page<Run>> {
         let caller = tracker.user(Action::ReadRuns)?;
-        let filter = RunFilter::parse(filter)?;
-        let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
-        let runs = self.store.mlflow_runs_search(caller.tenant_id, experiment_ids, &filter, limit, offset).await?;
+        let filter = RunFilter::parse(search.filter)?;
+        let order = RunOrder::parse(search.order_by)?;
+        let stage = match search.view.unwrap_or("ACTIVE_ONLY") {
+            "ACTIVE_ONLY" => Some("active"),
+            "DELETED_ONLY" => Some("deleted"),
+            "ALL" => None,
+            other => return Err(Error::invalid("run_view_type", format!("'{other}' is not a view type"))),
+        };
+        let (limit, offset) = page_bounds(search.max_results, search.page_token, 1000)?;
+        let runs = self
+            .store
+            .mlflow_runs_search(caller.tenant_id, search.experiment_ids, &filter, &order, stage, limit, offset)
+            .await?;
         Ok(page_of(runs, limit, offset))
+    }
+
+    /// Deletes a run (`deleted`: out of searches, no logging) or restores it; nothing is removed.
+    pub async fn mlflow_run_delete(&self, tracker: &Tracker, run_id: Uuid, deleted: bool) -> Result<()> {
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
+        self.store.mlflow_run_stage_set(tenant_id, run_id, if deleted { "deleted" } else { "active" }).await
+    }
+
+    pub async fn mlflow_tag_delete(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<()> {
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
+        self.store.mlflow_tag_delete(tenant_id, run_id, key).await
     }
 
     pub async fn mlflow_metric_history(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {

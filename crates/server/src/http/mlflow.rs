@@ -23,7 +23,7 @@ use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunI
 use trainyard_store::metrics::JOB_TOKEN_PREFIX;
 use uuid::Uuid;
 
-use crate::app::tracking::{ArtifactEntry, RunCreate, Tracker};
+use crate::app::tracking::{ArtifactEntry, RunCreate, RunsSearch, Tracker};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiQuery, Auth, JobAuth};
@@ -49,6 +49,9 @@ pub fn routes() -> RouteTable {
         .route("/api/2.0/mlflow/runs/get", get(run_get))
         .route("/api/2.0/mlflow/runs/update", post(run_update))
         .route("/api/2.0/mlflow/runs/search", post(runs_search))
+        .route("/api/2.0/mlflow/runs/delete", post(run_delete))
+        .route("/api/2.0/mlflow/runs/restore", post(run_restore))
+        .route("/api/2.0/mlflow/runs/delete-tag", post(tag_delete))
         .route("/api/2.0/mlflow/runs/log-metric", post(log_metric))
         .route("/api/2.0/mlflow/runs/log-parameter", post(log_parameter))
         .route("/api/2.0/mlflow/runs/log-batch", post(log_batch))
@@ -558,35 +561,62 @@ async fn runs_search(
             id.parse::<i64>().map_err(|_| Error::invalid("experiment_ids", format!("'{id}' is not an experiment id")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // Runs are never deleted yet: every run is active.
-    let deleted_only = match body.run_view_type.as_deref() {
-        None | Some("ACTIVE_ONLY" | "ALL") => false,
-        Some("DELETED_ONLY") => true,
-        Some(other) => return Err(Error::invalid("run_view_type", format!("'{other}' is not a view type")).into()),
+    let search = RunsSearch {
+        experiment_ids: &experiment_ids,
+        filter: body.filter.as_deref().unwrap_or_default(),
+        order_by: &body.order_by,
+        view: body.run_view_type.as_deref(),
+        max_results: body.max_results,
+        page_token: body.page_token.as_deref(),
     };
-    let newest_first =
-        |o: &String| matches!(o.trim().to_ascii_lowercase().as_str(), "start_time desc" | "attributes.start_time desc");
-    if !body.order_by.iter().all(newest_first) {
-        return Err(Error::invalid("order_by", "only `start_time DESC` (the default) is supported yet").into());
-    }
-    let page = state
-        .app
-        .mlflow_runs_search(
-            &caller,
-            &experiment_ids,
-            body.filter.as_deref().unwrap_or_default(),
-            body.max_results,
-            body.page_token.as_deref(),
-        )
-        .await?;
-    if deleted_only {
-        return Ok(Json(json!({"runs": []})));
-    }
+    let page = state.app.mlflow_runs_search(&caller, search).await?;
     let mut answer = json!({"runs": page.items.iter().map(run_json).collect::<Vec<_>>()});
     if let Some(token) = page.next_page_token {
         answer["next_page_token"] = json!(token);
     }
     Ok(Json(answer))
+}
+
+#[derive(Debug, Deserialize)]
+struct RunIdBody {
+    run_id: Option<String>,
+}
+
+async fn run_delete(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<RunIdBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), None)?;
+    state.app.mlflow_run_delete(&caller, run_id, true).await?;
+    Ok(Json(json!({})))
+}
+
+async fn run_restore(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<RunIdBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), None)?;
+    state.app.mlflow_run_delete(&caller, run_id, false).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct TagDeleteBody {
+    run_id: Option<String>,
+    key: Option<String>,
+}
+
+async fn tag_delete(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<TagDeleteBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), None)?;
+    let key = required("key", &body.key)?;
+    state.app.mlflow_tag_delete(&caller, run_id, key).await?;
+    Ok(Json(json!({})))
 }
 
 // ---- logging ----
