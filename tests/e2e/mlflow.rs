@@ -430,6 +430,16 @@ print(json.dumps({{"artifact": open(downloaded).read(),
         assert_eq!(point, &json!([i, 0.1 / (i as f64 + 1.0)]), "step {i}");
     }
 
+    // The job's page: the logged params beside the (absent) template parameters, the artefact
+    // among its downloads.
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &member).await;
+    let (status, page) = web.get(&format!("/jobs/{a}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let logged = page.split("id=\"logged-params\"").nth(1).unwrap_or_else(|| panic!("no logged params: {page}"));
+    let logged = logged.split("</table>").next().unwrap();
+    assert!(logged.contains("<td>lr</td><td><code>0.1</code>") && logged.contains("batch_size"), "{logged}");
+    assert!(page.contains("checkpoints/model.txt"), "the artefact is offered for download");
+
     // The artefact is the job's: the job page's downloads list it.
     let (status, artifacts) = env.get(&format!("/api/v1/jobs/{a}/artifacts"), &member).await;
     assert_eq!(status, StatusCode::OK, "{artifacts}");

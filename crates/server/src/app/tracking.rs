@@ -230,6 +230,14 @@ impl App {
         Ok(page_of(runs, limit, offset))
     }
 
+    /// The params a job's code logged through MLflow to its run, by key (its job page shows
+    /// them beside its template parameters).
+    pub async fn job_logged_params(&self, caller: &Caller, job_id: Uuid) -> Result<Vec<(String, String)>> {
+        caller.authorize(Action::ReadJobs)?;
+        let params = self.store.mlflow_job_params(caller.tenant_id, &[job_id]).await?;
+        Ok(params.into_iter().map(|(_, key, value)| (key, value)).collect())
+    }
+
     /// Deletes a run (`deleted`: out of searches, no logging) or restores it; nothing is removed.
     pub async fn mlflow_run_delete(&self, tracker: &Tracker, run_id: Uuid, deleted: bool) -> Result<()> {
         let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
