@@ -343,6 +343,17 @@ with open(os.environ["OUT"], "w") as out:
     json.dump({"run_id": run.info.run_id, "refused": refused}, out)
 "#;
 
+/// An engine's own reporting: three `loss` points posted with the job token to Trainyard's
+/// metrics API, as the pytorch-ddp engine reports.
+const ENGINE_REPORTER: &str = r#"
+import json, os, urllib.request
+url, token, job = os.environ["TRAINYARD_URL"], os.environ["TRAINYARD_TOKEN"], os.environ["TRAINYARD_JOB_ID"]
+points = [{"step": i, "name": "loss", "value": 1.0 / (i + 1)} for i in range(3)]
+request = urllib.request.Request(f"{url}/api/v1/jobs/{job}/metrics", data=json.dumps({"points": points}).encode(),
+    headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+urllib.request.urlopen(request).read()
+"#;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_jobs_mlflow_script_logs_into_the_jobs_own_record_and_yard_diff_shows_its_params() {
     let env = TestEnv::start().await;
@@ -476,6 +487,21 @@ print(json.dumps({{"download": code}}))
             "{path}: {body}"
         );
     }
+
+    // Beside a run whose engine reports through Trainyard's own metrics API (as the pytorch-ddp
+    // engine does): one store, so the compare page charts both runs' loss on one chart.
+    let engine = env.submit(json!({"name": "engine-train", "command": ["python3", "-c", ENGINE_REPORTER]})).await;
+    env.wait_state(&engine, "succeeded", std::time::Duration::from_secs(60)).await;
+    let (_, side_by_side) = env.get(&format!("/api/v1/compare?jobs={a},{engine}"), &env.admin_token).await;
+    assert_eq!(side_by_side["metrics"], json!(["accuracy", "loss"]), "{side_by_side}");
+    let points = side_by_side["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["fields"].as_array().unwrap().iter())
+        .find(|f| f["field"] == "metrics.loss.points")
+        .cloned();
+    assert_eq!(points.map(|f| f["values"].clone()), Some(json!([1000, 3])), "{side_by_side}");
 
     // `yard diff`: the logged params that differ, in a section of their own (the jobs have no
     // template parameters), and the loss they led to.
