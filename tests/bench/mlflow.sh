@@ -14,7 +14,9 @@ clients=${2:-16}
 python=${PYTHON:-python3}
 "$python" -c "import mlflow.server" 2>/dev/null || { echo "mlflow is not installed for $python: $python -m pip install mlflow==3.17.2 (the version tests/python-requirements.txt pins for mlflow-skinny)"; exit 1; }
 if [ -z "${trainyard:-}" ]; then
+  # The server and the supervisor the local executor needs beside it (no job runs here).
   cargo build --release --locked -p trainyard-server --bin trainyard
+  cargo build --release --locked -p trainyard-executor --bin trainyard-shim
   trainyard=${CARGO_TARGET_DIR:-target}/release/trainyard
 fi
 source tests/bench/server.sh

@@ -101,7 +101,9 @@ def main():
             raise SystemExit(f"a client failed (exit {p.exitcode})")
     wall = max(ends) - began
     points = args.clients * args.batches * POINTS_PER_BATCH
-    # Every point landed: one series of one run, read back through the same API.
+    # Every point landed: one series of one run, read back through the same API (on a new
+    # connection: the first one sat idle, and a server may have closed it).
+    conn = connect(args.url)
     history = call(conn, headers, "GET", f"/api/2.0/mlflow/metrics/get-history?run_id={runs[0]}&metric_key=m0")
     expected = (args.batches + 1) * POINTS_PER_BATCH // 10
     if len(history.get("metrics", [])) != expected:
