@@ -29,6 +29,6 @@ export TRAINYARD_TOKEN=$(TRAINYARD_DATABASE_URL="$db_url" "$trainyard" bootstrap
 TRAINYARD_DATABASE_URL="$db_url" "$trainyard" serve --listen 127.0.0.1:0 --data-dir "$work/data" ${serve_args[@]+"${serve_args[@]}"} \
   > "$work/server.out" 2> "$work/server.log" &
 server_pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 600); do grep -q "listening on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
 url=$(sed -n 's/^trainyard: listening on //p' "$work/server.out")
 echo "server at $url; $(nproc) cores; $(psql -tA "$admin_url" -c 'SHOW server_version')"

@@ -108,22 +108,32 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /api/v1/jobs/{id}/lineage", "401 ok ok 404 ok 401"),
     ("GET /api/v1/datasets/{name}/{version}/lineage", "401 ok ok 404 ok 401"),
     // MLflow's tracking API: the tenant's experiments and runs, read by viewers and written by
-    // members, with API tokens only (a job token is refused for now). Tenant A's experiment
-    // and run are named in the query or body, so tenant B's admin gets MLflow's 404.
-    ("GET /api/2.0/mlflow/experiments/get-by-name", "401 ok ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/experiments/create", "401 403 ok ok ok 401"),
-    ("GET /api/2.0/mlflow/experiments/get", "401 ok ok 404 ok 401"),
-    ("GET /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 401"),
-    ("POST /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 401"),
-    ("POST /api/2.0/mlflow/runs/create", "401 403 ok 404 ok 401"),
-    ("GET /api/2.0/mlflow/runs/get", "401 ok ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/update", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/search", "401 ok ok ok ok 401"),
-    ("POST /api/2.0/mlflow/runs/log-metric", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/log-parameter", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/log-batch", "401 403 ok 404 ok 401"),
-    ("POST /api/2.0/mlflow/runs/set-tag", "401 403 ok 404 ok 401"),
-    ("GET /api/2.0/mlflow/metrics/get-history", "401 ok ok 404 ok 401"),
+    // members. Tenant A's experiment and run are named in the query or body, so tenant B's admin
+    // gets MLflow's 404. A job token (tenant B's job) reaches only its own job's run: the calls
+    // only users make are 403, another run (tenant A's here) is none to it (404).
+    ("GET /api/2.0/mlflow/experiments/get-by-name", "401 ok ok 404 ok 403"),
+    ("POST /api/2.0/mlflow/experiments/create", "401 403 ok ok ok 403"),
+    ("GET /api/2.0/mlflow/experiments/get", "401 ok ok 404 ok 403"),
+    ("GET /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 403"),
+    ("POST /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 403"),
+    ("POST /api/2.0/mlflow/runs/create", "401 403 ok 404 ok 403"),
+    ("GET /api/2.0/mlflow/runs/get", "401 ok ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/update", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/search", "401 ok ok ok ok 403"),
+    ("POST /api/2.0/mlflow/runs/log-metric", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/log-parameter", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/log-batch", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/set-tag", "401 403 ok 404 ok 404"),
+    ("GET /api/2.0/mlflow/metrics/get-history", "401 ok ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/delete", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/restore", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/runs/delete-tag", "401 403 ok 404 ok 404"),
+    ("POST /api/2.0/mlflow/logged-models/search", "401 ok ok ok ok 403"),
+    // MLflow's artefacts: a job's run's are the job's artefacts.
+    ("GET /api/2.0/mlflow/artifacts/list", "401 ok ok 404 ok 404"),
+    ("GET /api/2.0/mlflow-artifacts/artifacts", "401 ok ok 404 ok 404"),
+    ("GET /api/2.0/mlflow-artifacts/artifacts/{*path}", "401 ok ok 404 ok 404"),
+    ("PUT /api/2.0/mlflow-artifacts/artifacts/{*path}", "401 403 ok 404 ok 404"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),
@@ -291,6 +301,12 @@ impl World {
             "/api/2.0/mlflow/metrics/get-history" => {
                 path = format!("{path}?run_id={}&metric_key=loss", self.mlflow_run)
             }
+            // Tenant A's job's run (its id the job's) and the job's artefact `model.bin`.
+            "/api/2.0/mlflow/artifacts/list" => path = format!("{path}?run_id={}", self.job_run()),
+            "/api/2.0/mlflow-artifacts/artifacts" => path = format!("{path}?path={}", self.job_run()),
+            "/api/2.0/mlflow-artifacts/artifacts/{*path}" => {
+                path = format!("/api/2.0/mlflow-artifacts/artifacts/{}/model.bin", self.job_run())
+            }
             _ => {}
         }
         if route.starts_with("/api/v1/experiments/{id}") || route.starts_with("/experiments/{id}") {
@@ -315,7 +331,18 @@ impl World {
             // `{id}` was already replaced by the job's id above: swap it for the token's.
             path = route.replace("{id}", body["id"].as_str().unwrap());
         }
+        if route == "/api/2.0/mlflow/runs/delete-tag" {
+            // The tag each caller tries to delete, set again before each (deleting is destructive).
+            let tag = json!({"run_id": self.mlflow_run, "key": "doomed", "value": "v"});
+            let (status, body) = self.env.post("/api/2.0/mlflow/runs/set-tag", &admin, &tag).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
         path
+    }
+
+    /// The MLflow run of tenant A's job: the job's id, as MLflow spells run ids.
+    fn job_run(&self) -> String {
+        uuid::Uuid::parse_str(&self.job).unwrap().simple().to_string()
     }
 
     fn next(&self) -> usize {
@@ -368,6 +395,12 @@ impl World {
             ("POST", "/api/2.0/mlflow/runs/set-tag") => {
                 json!({"run_id": self.mlflow_run, "key": "k", "value": format!("v{n}")})
             }
+            // Deleting tenant A's run (then restoring it) leaves the other calls' outcomes as
+            // they are: logging to a deleted run is refused as input, past authorization.
+            ("POST", "/api/2.0/mlflow/runs/delete" | "/api/2.0/mlflow/runs/restore") => {
+                json!({"run_id": self.mlflow_run})
+            }
+            ("POST", "/api/2.0/mlflow/runs/delete-tag") => json!({"run_id": self.mlflow_run, "key": "doomed"}),
             _ => json!({}),
         }
     }

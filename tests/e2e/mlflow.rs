@@ -226,7 +226,7 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "RESOURCE_ALREADY_EXISTS");
 
     // Bad input is MLflow's 400, never a 500: a filter outside the subset, a bad status, a bad key.
-    let search = json!({"experiment_ids": ["0"], "filter": "metrics.loss < 0.5"});
+    let search = json!({"experiment_ids": ["0"], "filter": "params.lr != '0.1'"});
     let (status, body) = env.post("/api/2.0/mlflow/runs/search", &member, &search).await;
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
     let (status, body) =
@@ -301,4 +301,294 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
         assert!(entries.contains(&want), "{want:?} in {entries:?}");
     }
     assert_eq!(entries.len(), 4, "one entry per attempt to make something, none for logging: {entries:?}");
+}
+
+/// An unmodified MLflow script as a job runs it: no tracking URI, run id or token of its own
+/// (the replica's `MLFLOW_*` variables say where), `$LR` its learning rate. It also tries what
+/// its job token may not do and writes the error codes to `$OUT`.
+const JOB_SCRIPT: &str = r#"
+import json, os, mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+lr = os.environ["LR"]
+with mlflow.start_run() as run:
+    mlflow.log_param("lr", lr)
+    for step in range(1000):
+        mlflow.log_metric("loss", float(lr) / (step + 1), step=step)
+    MlflowClient().log_batch(
+        run.info.run_id,
+        metrics=[Metric("accuracy", 0.5 + i / 100, 1700000000000 + i, i) for i in range(10)],
+        params=[Param("batch_size", "64")],
+        tags=[RunTag("dataset", "mnist@1")],
+    )
+    mlflow.set_tag("team", "vision")
+    model = os.path.join(os.environ["HOME"], "model.txt")
+    with open(model, "w") as f:
+        f.write("weights for lr " + lr)
+    mlflow.log_artifact(model, artifact_path="checkpoints")
+refused = {}
+for name, call in [
+    ("create_run", lambda: MlflowClient().create_run("0")),
+    ("search_runs", lambda: mlflow.search_runs(experiment_ids=["0"])),
+    ("other_run", lambda: MlflowClient().get_run(os.environ["OTHER_RUN"])),
+]:
+    try:
+        call()
+        refused[name] = None
+    except MlflowException as e:
+        refused[name] = e.error_code
+with open(os.environ["OUT"], "w") as out:
+    json.dump({"run_id": run.info.run_id, "refused": refused}, out)
+"#;
+
+/// An engine's own reporting: three `loss` points posted with the job token to Trainyard's
+/// metrics API, as the pytorch-ddp engine reports.
+const ENGINE_REPORTER: &str = r#"
+import json, os, urllib.request
+url, token, job = os.environ["TRAINYARD_URL"], os.environ["TRAINYARD_TOKEN"], os.environ["TRAINYARD_JOB_ID"]
+points = [{"step": i, "name": "loss", "value": 1.0 / (i + 1)} for i in range(3)]
+request = urllib.request.Request(f"{url}/api/v1/jobs/{job}/metrics", data=json.dumps({"points": points}).encode(),
+    headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+urllib.request.urlopen(request).read()
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jobs_mlflow_script_logs_into_the_jobs_own_record_and_yard_diff_shows_its_params() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let other_run = run_new(&env, &member).await;
+    let mut jobs = Vec::new();
+    for lr in ["0.1", "0.01"] {
+        let out = env.dir.path().join(format!("job-{lr}.json"));
+        let body = json!({"name": "mlflow-train", "command": ["python3", "-c", JOB_SCRIPT],
+                          "env": {"LR": lr, "OUT": out.display().to_string(), "OTHER_RUN": other_run}});
+        let (status, job) = env.post("/api/v1/jobs", &member, &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+        jobs.push((job["id"].as_str().unwrap().to_string(), out));
+    }
+    for (id, out) in &jobs {
+        let job = env.wait_job_as(&member, id, std::time::Duration::from_secs(180), |j| {
+            ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or_default())
+        });
+        let job = job.await;
+        let (_, logs) = env.get(&format!("/api/v1/jobs/{id}/logs"), &member).await;
+        assert_eq!(job["state"], "succeeded", "{job}\n{logs}");
+        let seen: Value = serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+        let simple = uuid::Uuid::parse_str(id).unwrap().simple().to_string();
+        assert_eq!(seen["run_id"], simple.as_str(), "start_run() took the job's run (MLFLOW_RUN_ID)");
+        assert_eq!(
+            seen["refused"],
+            json!({"create_run": "PERMISSION_DENIED", "search_runs": "PERMISSION_DENIED",
+                   "other_run": "RESOURCE_DOES_NOT_EXIST"}),
+            "the job token reaches its own run only"
+        );
+    }
+    let (a, b) = (&jobs[0].0, &jobs[1].0);
+
+    // The job's own metrics: what its charts, `yard diff` and the compare page read.
+    let (status, metrics) = env.get(&format!("/api/v1/jobs/{a}/metrics"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    let series = |name: &str| {
+        metrics["series"].as_array().unwrap().iter().find(|s| s["name"] == name).cloned().unwrap_or_else(|| {
+            panic!("no {name} series in the job's metrics: {metrics}");
+        })
+    };
+    let loss = series("loss");
+    assert_eq!(loss["steps"].as_array().unwrap().len(), 1000, "every step logged through MLflow");
+    assert_eq!(loss["values"][999], json!(0.1 / 1000.0));
+    assert_eq!(series("accuracy")["values"].as_array().unwrap().len(), 10);
+
+    // From outside, with the member's API token: the job's run as MLflow shows it.
+    let simple = uuid::Uuid::parse_str(a).unwrap().simple().to_string();
+    let script = format!(
+        r#"
+import json, mlflow
+from mlflow import MlflowClient
+client = MlflowClient()
+run = client.get_run("{simple}")
+history = client.get_metric_history("{simple}", "loss")
+found = mlflow.search_runs(experiment_ids=["0"], filter_string="params.lr = '0.1'", output_format="list")
+import tempfile
+downloaded = mlflow.artifacts.download_artifacts(
+    run_id="{simple}", artifact_path="checkpoints/model.txt", dst_path=tempfile.mkdtemp())
+whole = mlflow.artifacts.download_artifacts(run_id="{simple}", dst_path=tempfile.mkdtemp())
+print(json.dumps({{"artifact": open(downloaded).read(),
+                   "whole": open(whole + "/checkpoints/model.txt").read(),
+                   "root": [(f.path, f.is_dir) for f in client.list_artifacts("{simple}")],
+                   "folder": [(f.path, f.file_size) for f in client.list_artifacts("{simple}", "checkpoints")],
+                   "status": run.info.status, "name": run.info.run_name, "params": run.data.params,
+                   "tags": {{k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}},
+                   "latest_accuracy": run.data.metrics.get("accuracy"),
+                   "history": [[m.step, m.value] for m in history], "found": [r.info.run_id for r in found]}}))
+"#
+    );
+    let outside = tokio::task::block_in_place(|| mlflow_python(&env, &member, &script));
+    assert_eq!(outside["status"], "FINISHED");
+    assert_eq!(outside["name"], "mlflow-train", "the run is named after its job");
+    assert_eq!(outside["params"], json!({"lr": "0.1", "batch_size": "64"}));
+    assert_eq!(outside["tags"], json!({"team": "vision", "dataset": "mnist@1"}));
+    assert_eq!(outside["latest_accuracy"], json!(0.5 + 9.0 / 100.0));
+    assert_eq!(outside["found"], json!([simple]), "the filter finds the job's run, not the other");
+    assert_eq!(outside["artifact"], "weights for lr 0.1", "download_artifacts of the file");
+    assert_eq!(outside["whole"], "weights for lr 0.1", "download_artifacts of the run's whole root");
+    assert_eq!(outside["root"], json!([["checkpoints", true]]));
+    assert_eq!(outside["folder"], json!([["checkpoints/model.txt", 18]]));
+    let history = outside["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1000);
+    for (i, point) in history.iter().enumerate() {
+        assert_eq!(point, &json!([i, 0.1 / (i as f64 + 1.0)]), "step {i}");
+    }
+
+    // The job's page: the logged params beside the (absent) template parameters, the artefact
+    // among its downloads.
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &member).await;
+    let (status, page) = web.get(&format!("/jobs/{a}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let logged = page.split("id=\"logged-params\"").nth(1).unwrap_or_else(|| panic!("no logged params: {page}"));
+    let logged = logged.split("</table>").next().unwrap();
+    assert!(logged.contains("<td>lr</td><td><code>0.1</code>") && logged.contains("batch_size"), "{logged}");
+    assert!(page.contains("checkpoints/model.txt"), "the artefact is offered for download");
+
+    // The artefact is the job's: the job page's downloads list it.
+    let (status, artifacts) = env.get(&format!("/api/v1/jobs/{a}/artifacts"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{artifacts}");
+    let paths: Vec<&str> = artifacts.as_array().unwrap().iter().filter_map(|x| x["path"].as_str()).collect();
+    assert_eq!(paths, ["checkpoints/model.txt"], "{artifacts}");
+
+    // Another tenant's token: no run, no artefact, nothing listed.
+    let (status, body) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let other = env.member("team-b", "bob", "admin").await;
+    let script = format!(
+        r#"
+import json, tempfile, mlflow
+from mlflow.exceptions import MlflowException
+try:
+    mlflow.artifacts.download_artifacts(run_id="{simple}", dst_path=tempfile.mkdtemp())
+    code = None
+except MlflowException as e:
+    code = e.error_code
+print(json.dumps({{"download": code}}))
+"#
+    );
+    let seen = tokio::task::block_in_place(|| mlflow_python(&env, &other, &script));
+    assert_eq!(seen, json!({"download": "RESOURCE_DOES_NOT_EXIST"}));
+    for path in [
+        format!("/api/2.0/mlflow-artifacts/artifacts/{simple}/checkpoints/model.txt"),
+        format!("/api/2.0/mlflow-artifacts/artifacts?path={simple}/checkpoints"),
+        format!("/api/2.0/mlflow/artifacts/list?run_id={simple}"),
+    ] {
+        let (status, body) = env.get(&path, &other).await;
+        assert_eq!(
+            (status, body["error_code"].clone()),
+            (StatusCode::NOT_FOUND, json!("RESOURCE_DOES_NOT_EXIST")),
+            "{path}: {body}"
+        );
+    }
+
+    // Beside a run whose engine reports through Trainyard's own metrics API (as the pytorch-ddp
+    // engine does): one store, so the compare page charts both runs' loss on one chart.
+    let engine = env.submit(json!({"name": "engine-train", "command": ["python3", "-c", ENGINE_REPORTER]})).await;
+    env.wait_state(&engine, "succeeded", std::time::Duration::from_secs(60)).await;
+    let (_, side_by_side) = env.get(&format!("/api/v1/compare?jobs={a},{engine}"), &env.admin_token).await;
+    assert_eq!(side_by_side["metrics"], json!(["accuracy", "loss"]), "{side_by_side}");
+    let points = side_by_side["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["fields"].as_array().unwrap().iter())
+        .find(|f| f["field"] == "metrics.loss.points")
+        .cloned();
+    assert_eq!(points.map(|f| f["values"].clone()), Some(json!([1000, 3])), "{side_by_side}");
+
+    // `yard diff`: the logged params that differ, in a section of their own (the jobs have no
+    // template parameters), and the loss they led to.
+    let (status, comparison) = env.get(&format!("/api/v1/compare?jobs={a},{b}"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{comparison}");
+    let section = comparison["sections"].as_array().unwrap().iter().find(|s| s["name"] == "logged params").cloned();
+    let fields = section.map(|s| s["fields"].clone()).unwrap_or_default();
+    assert_eq!(
+        fields,
+        json!([{"field": "logged_params.lr", "values": ["0.1", "0.01"], "differs": true}]),
+        "{comparison}"
+    );
+    let diff = env.yard(&member, &["diff", a, b]);
+    let text = String::from_utf8_lossy(&diff.stdout);
+    assert!(diff.status.success(), "{text}{}", String::from_utf8_lossy(&diff.stderr));
+    let line = text.lines().find(|l| l.contains("logged_params.lr")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("0.1") && line.contains("0.01"), "{text}");
+    assert!(!text.contains("logged_params.batch_size"), "the same in both: not shown\n{text}");
+}
+
+const SEARCH_DELETE_RESTORE: &str = r#"
+import json, mlflow
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
+
+client = MlflowClient()
+experiment = client.create_experiment("sweep")
+ids = {}
+for name, loss, lr in [("a", 0.9, "0.1"), ("b", 0.3, "0.01"), ("c", 0.1, "0.001")]:
+    with mlflow.start_run(experiment_id=experiment, run_name=name) as run:
+        mlflow.log_metric("loss", 2.0, step=0)
+        mlflow.log_metric("loss", loss, step=1)  # the latest point is what filters and order see
+        mlflow.log_param("lr", lr)
+        mlflow.set_tag("keep", "yes")
+    ids[run.info.run_id] = name
+def names(**kwargs):
+    return [ids[r.info.run_id] for r in mlflow.search_runs(experiment_ids=[experiment], output_format="list", **kwargs)]
+def code(call):
+    try:
+        call()
+    except MlflowException as e:
+        return e.error_code
+out = {
+    "below": names(filter_string="metrics.loss < 0.5", order_by=["metrics.loss ASC"]),
+    "ordered": names(order_by=["metrics.loss DESC"]),
+    "by_name": names(order_by=["attributes.run_name ASC"]),
+    "combined": names(filter_string="metrics.loss >= 0.3 and params.lr = '0.01' and attributes.status = 'FINISHED'"),
+    "unsupported_filter": code(lambda: names(filter_string="params.lr LIKE '0.%'")),
+    "unsupported_order": code(lambda: names(order_by=["params.lr ASC"])),
+}
+b = next(i for i, n in ids.items() if n == "b")
+client.delete_tag(b, "keep")
+out["tag_after_delete"] = client.get_run(b).data.tags.get("keep")
+out["delete_tag_again"] = code(lambda: client.delete_tag(b, "keep"))
+client.delete_run(b)
+out["deleted_stage"] = client.get_run(b).info.lifecycle_stage
+out["active"] = names()
+out["deleted_only"] = names(run_view_type=ViewType.DELETED_ONLY)
+out["all"] = sorted(names(run_view_type=ViewType.ALL))
+out["log_to_deleted"] = code(lambda: client.log_metric(b, "loss", 0.2, step=2))
+client.restore_run(b)
+client.log_metric(b, "loss", 0.2, step=2)
+out["restored"] = names(filter_string="metrics.loss < 0.25", order_by=["metrics.loss ASC"])
+out["unknown_run"] = code(lambda: client.delete_run("0" * 32))
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mlflow_client_searches_by_metric_orders_deletes_and_restores_runs() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let out = tokio::task::block_in_place(|| mlflow_python(&env, &member, SEARCH_DELETE_RESTORE));
+    assert_eq!(out["below"], json!(["c", "b"]), "latest loss under 0.5, lowest first: {out}");
+    assert_eq!(out["ordered"], json!(["a", "b", "c"]));
+    assert_eq!(out["by_name"], json!(["a", "b", "c"]));
+    assert_eq!(out["combined"], json!(["b"]));
+    assert_eq!(out["unsupported_filter"], "INVALID_PARAMETER_VALUE", "never silently ignored");
+    assert_eq!(out["unsupported_order"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["tag_after_delete"], Value::Null, "delete_tag removed it");
+    assert_eq!(out["delete_tag_again"], "RESOURCE_DOES_NOT_EXIST");
+    assert_eq!(out["deleted_stage"], "deleted");
+    assert_eq!(out["active"].as_array().unwrap().len(), 2, "a deleted run is out of searches: {out}");
+    assert!(!out["active"].as_array().unwrap().contains(&json!("b")));
+    assert_eq!(out["deleted_only"], json!(["b"]));
+    assert_eq!(out["all"], json!(["a", "b", "c"]));
+    assert_eq!(out["log_to_deleted"], "INVALID_PARAMETER_VALUE", "a deleted run takes no logging");
+    assert_eq!(out["restored"], json!(["c", "b"]), "restored, it logs and is found again: {out}");
+    assert_eq!(out["unknown_run"], "RESOURCE_DOES_NOT_EXIST");
 }

@@ -17,8 +17,19 @@ use crate::record::RunRecord;
 
 /// The sections a comparison is grouped in, in the order shown. `run` (ids, times, the record
 /// hash) only appears when every field is asked for.
-pub const SECTIONS: [&str; 10] =
-    ["run", "parameters", "spec", "template", "code", "data", "environment", "hardware", "outcome", "link"];
+pub const SECTIONS: [&str; 11] = [
+    "run",
+    "parameters",
+    "logged params",
+    "spec",
+    "template",
+    "code",
+    "data",
+    "environment",
+    "hardware",
+    "outcome",
+    "link",
+];
 
 /// The most runs one comparison takes.
 pub const MAX_COMPARED_RUNS: usize = 8;
@@ -41,6 +52,9 @@ pub struct RunFacts {
     /// The latest attempt's run record, when it has one.
     pub record: Option<RunRecord>,
     pub record_hash: Option<String>,
+    /// The params the job's code logged through MLflow (`mlflow.log_param`): beside its template
+    /// parameters (`params.*`), never among them.
+    pub logged_params: BTreeMap<String, String>,
 }
 
 /// A compared run, as the columns of a comparison name it.
@@ -101,6 +115,7 @@ pub fn section_of(field: &str) -> &'static str {
     let first = field.split('.').next().unwrap_or(field);
     match first {
         "params" => "parameters",
+        "logged_params" => "logged params",
         "spec" | "priority" | "max_restarts" => "spec",
         "template" => "template",
         "code" => "code",
@@ -113,7 +128,7 @@ pub fn section_of(field: &str) -> &'static str {
     }
 }
 
-/// The fields of a run, flattened (`spec.env.LR`, `params.lr`, `environment.packages.torch`,
+/// The fields of a run, flattened (`spec.env.LR`, `params.lr`, `logged_params.lr`, `environment.packages.torch`,
 /// `metrics.loss.last`, ...); `run` fields (ids, times, the record hash) only when `all`.
 pub fn fields(run: &RunFacts, all: bool) -> Fields {
     let mut out = BTreeMap::new();
@@ -129,6 +144,9 @@ pub fn fields(run: &RunFacts, all: bool) -> Fields {
     out.insert("max_restarts".into(), Value::from(job.max_restarts));
     if let Some(params) = &job.params {
         flatten("params", params, &mut out);
+    }
+    for (key, value) in &run.logged_params {
+        out.insert(format!("logged_params.{key}"), Value::from(value.clone()));
     }
     if let Some(template) = &job.spec.template {
         out.insert("template.name".into(), Value::from(template.name.clone()));
@@ -306,7 +324,15 @@ mod tests {
         .unwrap();
         job.spec.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let metrics = vec![MetricSummary { name: "loss".into(), points: 2, last: loss }];
-        RunFacts { job, attempts: Vec::new(), outputs: BTreeMap::new(), metrics, record: None, record_hash: None }
+        RunFacts {
+            job,
+            attempts: Vec::new(),
+            outputs: BTreeMap::new(),
+            metrics,
+            record: None,
+            record_hash: None,
+            logged_params: BTreeMap::new(),
+        }
     }
 
     fn differing(c: &Comparison) -> Vec<(&str, &str)> {
@@ -314,6 +340,17 @@ mod tests {
             .iter()
             .flat_map(|s| s.fields.iter().filter(|f| f.differs).map(|f| (s.name.as_str(), f.field.as_str())))
             .collect()
+    }
+
+    #[test]
+    fn params_logged_through_mlflow_are_a_section_of_their_own_beside_the_template_parameters() {
+        let (mut a, mut b) = (run(&[], 0.5), run(&[], 0.5));
+        a.job.params = Some(serde_json::json!({"lr": "0.1"}));
+        b.job.params = Some(serde_json::json!({"lr": "0.1"}));
+        a.logged_params.insert("lr".into(), "0.1".into());
+        b.logged_params.insert("lr".into(), "0.01".into());
+        let comparison = compare(&[a, b], false);
+        assert_eq!(differing(&comparison), [("logged params", "logged_params.lr")]);
     }
 
     #[test]

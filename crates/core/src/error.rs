@@ -123,6 +123,8 @@ pub enum ObjectKind {
     Experiment,
     /// An MLflow run.
     Run,
+    /// A tag of an MLflow run.
+    Tag,
 }
 
 impl fmt::Display for ObjectKind {
@@ -141,6 +143,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Volume => "volume",
             ObjectKind::Experiment => "experiment",
             ObjectKind::Run => "run",
+            ObjectKind::Tag => "tag",
         })
     }
 }

@@ -174,14 +174,93 @@ pub fn key_check(field: &str, key: &str) -> Result<(), Error> {
 
 /// The part of MLflow's search filter served here: clauses joined by `AND`, each an equality on
 /// a param (`params.lr = '0.1'`), a tag (`tags.team = 'vision'`), the status
-/// (`attributes.status = 'FINISHED'`) or the run's name (`attributes.run_name = 'x'`). Anything
-/// else is refused naming this subset, never silently ignored.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// (`attributes.status = 'FINISHED'`) or the run's name (`attributes.run_name = 'x'`), or a
+/// comparison of a metric's latest value with a number (`metrics.loss < 0.5`, with `=`, `!=`,
+/// `<`, `<=`, `>`, `>=`). Anything else is refused naming this subset, never silently ignored.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunFilter {
     pub params: Vec<KeyValue>,
     pub tags: Vec<KeyValue>,
     pub status: Option<String>,
     pub run_name: Option<String>,
+    pub metrics: Vec<MetricClause>,
+}
+
+/// `metrics.<key> <op> <value>`: the run's latest point of the metric compared with a number.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricClause {
+    pub key: String,
+    /// One of `=`, `!=`, `<`, `<=`, `>`, `>=`.
+    pub op: &'static str,
+    pub value: f64,
+}
+
+const OPERATORS: [&str; 6] = ["<=", ">=", "!=", "=", "<", ">"];
+
+/// The comparison in a clause: where its operator starts (outside quotes) and which it is.
+fn operator_of(clause: &str) -> Option<(usize, &'static str)> {
+    let mut quote: Option<char> = None;
+    for (i, c) in clause.char_indices() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if matches!(c, '\'' | '"' | '`') => quote = Some(c),
+            None => {
+                if let Some(op) = OPERATORS.iter().find(|op| clause[i..].starts_with(**op)) {
+                    return Some((i, op));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// How runs are ordered: by one of their fields or a metric's latest value (MLflow's
+/// `order_by`, one key), newest first by default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOrder {
+    /// `start_time`, `end_time`, `run_name` or `metric`.
+    pub by: &'static str,
+    /// The metric's key when `by` is `metric`.
+    pub metric: Option<String>,
+    pub ascending: bool,
+}
+
+impl Default for RunOrder {
+    fn default() -> Self {
+        RunOrder { by: "start_time", metric: None, ascending: false }
+    }
+}
+
+impl RunOrder {
+    /// MLflow's `order_by` list: at most one key here, `attributes.start_time`, `end_time`,
+    /// `run_name` or `metrics.<key>`, then `ASC` (MLflow's default) or `DESC`.
+    pub fn parse(order_by: &[String]) -> Result<RunOrder, Error> {
+        let supported = "order by one key: `attributes.start_time`, `attributes.end_time`, `attributes.run_name` or \
+                         `metrics.<key>`, then ASC or DESC";
+        let clause = match order_by {
+            [] => return Ok(RunOrder::default()),
+            [one] => one.trim(),
+            _ => return Err(Error::invalid("order_by", supported)),
+        };
+        let (field, ascending) = match clause.rsplit_once(' ') {
+            Some((field, dir)) if dir.eq_ignore_ascii_case("asc") => (field.trim(), true),
+            Some((field, dir)) if dir.eq_ignore_ascii_case("desc") => (field.trim(), false),
+            _ => (clause, true),
+        };
+        let (entity, key) = field.split_once('.').unwrap_or(("attributes", field));
+        let key = unquote_key(key);
+        let order = |by| Ok(RunOrder { by, metric: None, ascending });
+        match (entity.to_ascii_lowercase().as_str(), key.as_str()) {
+            ("attributes" | "attribute" | "attr" | "run", "start_time") => order("start_time"),
+            ("attributes" | "attribute" | "attr" | "run", "end_time") => order("end_time"),
+            ("attributes" | "attribute" | "attr" | "run", "run_name") => order("run_name"),
+            ("metrics" | "metric", key) if !key.is_empty() => {
+                Ok(RunOrder { by: "metric", metric: Some(key.to_string()), ascending })
+            }
+            _ => Err(Error::invalid("order_by", format!("'{clause}' is not supported here: {supported}"))),
+        }
+    }
 }
 
 impl RunFilter {
@@ -197,18 +276,26 @@ impl RunFilter {
                     "filter",
                     format!(
                         "'{clause}' is not supported here: use clauses `params.<key> = '<value>'`, `tags.<key> = '<value>'`, \
-                         `attributes.status = '<status>'` or `attributes.run_name = '<name>'` joined by AND"
+                         `attributes.status = '<status>'`, `attributes.run_name = '<name>'` or `metrics.<key> <op> <number>` \
+                         (=, !=, <, <=, >, >=) joined by AND"
                     ),
                 )
             };
-            let (left, right) = clause.split_once('=').ok_or_else(unsupported)?;
-            let (left, right) = (left.trim(), right.trim());
-            if left.ends_with(['!', '<', '>']) {
+            let (at, op) = operator_of(&clause).ok_or_else(unsupported)?;
+            let (left, right) = (clause[..at].trim(), clause[at + op.len()..].trim());
+            let (entity, key) = left.split_once('.').unwrap_or(("attributes", left));
+            let key = unquote_key(key);
+            if matches!(entity.to_ascii_lowercase().as_str(), "metrics" | "metric") {
+                let value = right
+                    .parse::<f64>()
+                    .map_err(|_| Error::invalid("filter", format!("'{clause}': a metric is compared with a number")))?;
+                filter.metrics.push(MetricClause { key, op, value });
+                continue;
+            }
+            if op != "=" {
                 return Err(unsupported());
             }
             let value = unquote(right).ok_or_else(unsupported)?;
-            let (entity, key) = left.split_once('.').unwrap_or(("attributes", left));
-            let key = unquote_key(key);
             match entity.to_ascii_lowercase().as_str() {
                 "params" | "param" | "parameter" | "parameters" => filter.params.push(KeyValue { key, value }),
                 "tags" | "tag" => filter.tags.push(KeyValue { key, value }),
@@ -254,8 +341,11 @@ fn split_and(text: &str) -> Vec<String> {
 
 fn unquote(text: &str) -> Option<String> {
     let first = text.chars().next()?;
+    // One quoted string: `'a' OR x = 'b'` is not one.
     (matches!(first, '\'' | '"') && text.len() >= 2 && text.ends_with(first))
-        .then(|| text[1..text.len() - 1].to_string())
+        .then(|| &text[1..text.len() - 1])
+        .filter(|inner| !inner.contains(first))
+        .map(str::to_string)
 }
 
 fn unquote_key(text: &str) -> String {
@@ -269,6 +359,20 @@ fn unquote_key(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn order_by_takes_one_key_and_a_direction() {
+        let order = |text: &str| RunOrder::parse(&[text.to_string()]);
+        assert_eq!(RunOrder::parse(&[]).unwrap(), RunOrder::default());
+        assert_eq!(
+            order("metrics.loss").unwrap(),
+            RunOrder { by: "metric", metric: Some("loss".into()), ascending: true }
+        );
+        assert_eq!(order("attributes.start_time DESC").unwrap(), RunOrder::default());
+        assert_eq!(order("run_name desc").unwrap().by, "run_name");
+        assert!(order("params.lr ASC").is_err());
+        assert!(RunOrder::parse(&["start_time".into(), "end_time".into()]).is_err());
+    }
 
     fn kv(key: &str, value: &str) -> KeyValue {
         KeyValue { key: key.into(), value: value.into() }
@@ -315,7 +419,19 @@ mod tests {
         assert_eq!(filter.tags, vec![kv("team name", "vision and more")]);
         assert_eq!(filter.status.as_deref(), Some("FINISHED"));
         assert_eq!(RunFilter::parse("  ").unwrap(), RunFilter::default());
-        assert!(RunFilter::parse("metrics.loss < 0.5").is_err());
+        let metrics =
+            RunFilter::parse("metrics.loss < 0.5 and metrics.`val acc` >= 1e-3 AND params.lr = 'a<b'").unwrap();
+        assert_eq!(
+            metrics.metrics,
+            [
+                MetricClause { key: "loss".into(), op: "<", value: 0.5 },
+                MetricClause { key: "val acc".into(), op: ">=", value: 1e-3 }
+            ]
+        );
+        assert_eq!(metrics.params, [kv("lr", "a<b")], "an operator inside quotes is the value's");
+        assert!(RunFilter::parse("metrics.loss < 'low'").is_err(), "a metric against text");
+        assert!(RunFilter::parse("tags.t LIKE 'x%'").is_err());
+        assert!(RunFilter::parse("params.lr = '0.1' OR params.lr = '0.2'").is_err());
         assert!(RunFilter::parse("params.lr != '0.1'").is_err());
         assert!(RunFilter::parse("params.lr = 0.1").is_err(), "MLflow quotes param values");
     }

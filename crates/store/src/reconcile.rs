@@ -615,7 +615,9 @@ impl Store {
         }
         // One statement (one round trip, atomic as a transaction): each job to `starting`, its
         // attempt, its row of the usage ledger, the server's part of its run record and its job
-        // token, each as `attempt_begin_in` and `attempt_prepare_in` write them.
+        // token, each as `attempt_begin_in` and `attempt_prepare_in` write them; and, with its
+        // first attempt, the job's MLflow run (its id the job's, in the Default experiment, 0:
+        // MLFLOW_RUN_ID in its replicas), kept across attempts.
         // language=PostgreSQL
         let opened: Vec<(Uuid, i32)> = sqlx::query_as(
             "WITH input AS (
@@ -627,7 +629,7 @@ impl Store {
                  WHERE j.id = i.job_id AND j.state IN ('admitted', 'restarting') AND j.cancel_requested_at IS NULL
                    AND j.preempt_requested_at IS NULL AND (SELECT control_fence($2))
                  RETURNING j.id, j.tenant_id, j.created_by, j.template_name, j.flavor, j.params, j.datasets,
-                           j.rerun_unpinned, i.gpus, i.cpu_millis, i.memory_bytes, i.server, i.token_hash),
+                           j.rerun_unpinned, j.name, i.gpus, i.cpu_millis, i.memory_bytes, i.server, i.token_hash),
              opened AS (
                  INSERT INTO job_attempts (job_id, tenant_id, attempt)
                  SELECT m.id, m.tenant_id, coalesce((SELECT max(attempt) FROM job_attempts WHERE job_id = m.id), 0) + 1
@@ -649,7 +651,17 @@ impl Store {
                  ON CONFLICT (job_id, attempt) DO NOTHING),
              token AS (
                  INSERT INTO job_tokens (token_hash, job_id, tenant_id, attempt)
-                 SELECT m.token_hash, o.job_id, o.tenant_id, o.attempt FROM moved m JOIN opened o ON o.job_id = m.id)
+                 SELECT m.token_hash, o.job_id, o.tenant_id, o.attempt FROM moved m JOIN opened o ON o.job_id = m.id),
+             mlflow_run AS (
+                 INSERT INTO mlflow_runs (id, job_id, tenant_id, experiment_id, name, user_name, created_by, start_time)
+                 SELECT m.id, m.id, m.tenant_id, 0, m.name, u.name, m.created_by,
+                        floor(extract(epoch FROM o.started_at) * 1000)::bigint
+                 FROM moved m JOIN opened o ON o.job_id = m.id JOIN users u ON u.id = m.created_by
+                 ON CONFLICT (id) DO NOTHING),
+             mlflow_run_name AS (
+                 INSERT INTO mlflow_tags (run_id, tenant_id, key, value)
+                 SELECT m.id, m.tenant_id, 'mlflow.runName', m.name FROM moved m
+                 ON CONFLICT ON CONSTRAINT mlflow_tags_unique DO NOTHING)
              SELECT job_id, attempt FROM opened",
         )
         .bind(actor)

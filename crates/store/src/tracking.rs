@@ -3,7 +3,7 @@
 //! run answers as none does. Params are written once, tags overwrite, metrics append.
 
 use trainyard_core::error::ObjectKind;
-use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunFilter, RunInfo};
+use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunFilter, RunInfo, RunOrder};
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
@@ -162,8 +162,8 @@ impl Store {
 
     /// A run of the tenant with its params, tags and the latest point of each metric.
     pub async fn mlflow_run_get(&self, tenant_id: Uuid, run_id: Uuid) -> Result<Run> {
-        let filter = RunFilter::default();
-        let mut runs = self.mlflow_runs_read(tenant_id, None, Some(run_id), &filter, 1, 0).await?;
+        let (filter, order) = (RunFilter::default(), RunOrder::default());
+        let mut runs = self.mlflow_runs_read(tenant_id, None, Some(run_id), &filter, &order, None, 1, 0).await?;
         runs.pop().ok_or_else(|| Error::not_found(ObjectKind::Run))
     }
 
@@ -208,18 +208,19 @@ impl Store {
     pub async fn mlflow_log(&self, tenant_id: Uuid, run_id: Uuid, batch: &LogBatch) -> Result<()> {
         let mut tx = self.begin().await?;
         // language=PostgreSQL
-        let stage: Option<String> =
-            sqlx::query_scalar("SELECT lifecycle_stage FROM mlflow_runs WHERE id = $1 AND tenant_id = $2 FOR SHARE")
-                .bind(run_id)
-                .bind(tenant_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db_error)?;
-        match stage.as_deref() {
+        let run: Option<(String, Option<Uuid>)> = sqlx::query_as(
+            "SELECT lifecycle_stage, job_id FROM mlflow_runs WHERE id = $1 AND tenant_id = $2 FOR SHARE",
+        )
+        .bind(run_id)
+        .bind(tenant_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        let job_id = match run {
             None => return Err(Error::not_found(ObjectKind::Run)),
-            Some("active") => {}
+            Some((stage, job_id)) if stage == "active" => job_id,
             Some(_) => return Err(Error::invalid("run_id", "the run is deleted; restore it to log to it")),
-        }
+        };
         if !batch.params.is_empty() {
             let keys: Vec<&str> = batch.params.iter().map(|p| p.key.as_str()).collect();
             let values: Vec<&str> = batch.params.iter().map(|p| p.value.as_str()).collect();
@@ -274,6 +275,27 @@ impl Store {
             let values: Vec<f64> = batch.metrics.iter().map(|m| m.value).collect();
             let timestamps: Vec<i64> = batch.metrics.iter().map(|m| m.timestamp).collect();
             let steps: Vec<i64> = batch.metrics.iter().map(|m| m.step).collect();
+            if let Some(job_id) = job_id {
+                // A job's run: the job's own metrics (its latest attempt's), which its charts,
+                // `yard diff` and the compare page read; the time is the client's.
+                // language=PostgreSQL
+                sqlx::query(
+                    "INSERT INTO metrics (job_id, tenant_id, attempt, name, step, value, recorded_at)
+                     SELECT $1, $2, (SELECT coalesce(max(attempt), 1) FROM job_attempts WHERE job_id = $1),
+                            key, step, value, timestamptz 'epoch' + ts * interval '1 millisecond'
+                     FROM UNNEST($3::text[], $4::float8[], $5::bigint[], $6::bigint[]) AS m(key, value, ts, step)",
+                )
+                .bind(job_id)
+                .bind(tenant_id)
+                .bind(&keys)
+                .bind(&values)
+                .bind(&timestamps)
+                .bind(&steps)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+                return tx.commit().await.map_err(db_error);
+            }
             // language=PostgreSQL
             sqlx::query(
                 "INSERT INTO mlflow_metrics (run_id, tenant_id, key, value, timestamp, step)
@@ -293,16 +315,76 @@ impl Store {
         tx.commit().await.map_err(db_error)
     }
 
-    /// Active runs of the tenant in these experiments that match the filter, newest first.
+    /// Runs of the tenant in these experiments, in this lifecycle stage (`active`, `deleted`;
+    /// `None`: both), that match the filter, in this order.
+    #[allow(clippy::too_many_arguments)]
     pub async fn mlflow_runs_search(
         &self,
         tenant_id: Uuid,
         experiment_ids: &[i64],
         filter: &RunFilter,
+        order: &RunOrder,
+        stage: Option<&str>,
         limit: i64,
         offset: i64,
     ) -> Result<Vec<Run>> {
-        self.mlflow_runs_read(tenant_id, Some(experiment_ids), None, filter, limit, offset).await
+        self.mlflow_runs_read(tenant_id, Some(experiment_ids), None, filter, order, stage, limit, offset).await
+    }
+
+    /// Deletes a run of the tenant (`deleted`) or restores it (`active`): a deleted run is out of
+    /// searches and takes no logging until restored. Nothing of it is removed.
+    pub async fn mlflow_run_stage_set(&self, tenant_id: Uuid, run_id: Uuid, stage: &str) -> Result<()> {
+        // language=PostgreSQL
+        let done = sqlx::query("UPDATE mlflow_runs SET lifecycle_stage = $3 WHERE id = $1 AND tenant_id = $2")
+            .bind(run_id)
+            .bind(tenant_id)
+            .bind(stage)
+            .execute(&self.pool)
+            .await
+            .map_err(db_error)?;
+        if done.rows_affected() == 0 {
+            return Err(Error::not_found(ObjectKind::Run));
+        }
+        Ok(())
+    }
+
+    /// Removes a tag of an active run of the tenant; a tag it does not have is none to remove.
+    pub async fn mlflow_tag_delete(&self, tenant_id: Uuid, run_id: Uuid, key: &str) -> Result<()> {
+        // language=PostgreSQL
+        let (stage, deleted): (Option<String>, bool) = sqlx::query_as(
+            "WITH run AS (SELECT lifecycle_stage FROM mlflow_runs WHERE id = $1 AND tenant_id = $2),
+                  gone AS (DELETE FROM mlflow_tags t USING run
+                           WHERE t.run_id = $1 AND t.tenant_id = $2 AND t.key = $3 AND run.lifecycle_stage = 'active'
+                           RETURNING 1)
+             SELECT (SELECT lifecycle_stage FROM run), EXISTS (SELECT 1 FROM gone)",
+        )
+        .bind(run_id)
+        .bind(tenant_id)
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_error)?;
+        match (stage.as_deref(), deleted) {
+            (None, _) => Err(Error::not_found(ObjectKind::Run)),
+            (Some("active"), true) => Ok(()),
+            (Some("active"), false) => Err(Error::NotFound { kind: ObjectKind::Tag }),
+            (Some(_), _) => Err(Error::invalid("run_id", "the run is deleted; restore it to change its tags")),
+        }
+    }
+
+    /// The params logged through MLflow to the runs of these jobs of the tenant (job, key, value),
+    /// by key: a job's logged params, beside its template parameters.
+    pub async fn mlflow_job_params(&self, tenant_id: Uuid, job_ids: &[Uuid]) -> Result<Vec<(Uuid, String, String)>> {
+        // language=PostgreSQL
+        sqlx::query_as(
+            "SELECT r.job_id, p.key, p.value FROM mlflow_runs r JOIN mlflow_params p ON p.run_id = r.id
+             WHERE r.tenant_id = $1 AND r.job_id = ANY($2) ORDER BY r.job_id, p.key",
+        )
+        .bind(tenant_id)
+        .bind(job_ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
     }
 
     /// Every point of one metric of a run of the tenant, by step and then time.
@@ -320,7 +402,7 @@ impl Store {
         }
         // language=PostgreSQL
         let rows: Vec<(String, f64, i64, i64)> = sqlx::query_as(
-            "SELECT key, value, timestamp, step FROM mlflow_metrics
+            "SELECT key, value, timestamp, step FROM mlflow_metric_points
              WHERE run_id = $1 AND tenant_id = $2 AND key = $3 ORDER BY step, timestamp, recorded_at",
         )
         .bind(run_id)
@@ -334,15 +416,21 @@ impl Store {
 
     /// Runs of the tenant (one by id, or those of some experiments) matching the filter, with
     /// what was logged to them: four statements, whatever the number of runs.
+    #[allow(clippy::too_many_arguments)]
     async fn mlflow_runs_read(
         &self,
         tenant_id: Uuid,
         experiment_ids: Option<&[i64]>,
         run_id: Option<Uuid>,
         filter: &RunFilter,
+        order: &RunOrder,
+        stage: Option<&str>,
         limit: i64,
         offset: i64,
     ) -> Result<Vec<Run>> {
+        let metric_keys: Vec<&str> = filter.metrics.iter().map(|m| m.key.as_str()).collect();
+        let metric_ops: Vec<&str> = filter.metrics.iter().map(|m| m.op).collect();
+        let metric_values: Vec<f64> = filter.metrics.iter().map(|m| m.value).collect();
         let param_keys: Vec<&str> = filter.params.iter().map(|p| p.key.as_str()).collect();
         let param_values: Vec<&str> = filter.params.iter().map(|p| p.value.as_str()).collect();
         let tag_keys: Vec<&str> = filter.tags.iter().map(|p| p.key.as_str()).collect();
@@ -355,7 +443,7 @@ impl Store {
              WHERE r.tenant_id = $1
                AND ($2::bigint[] IS NULL OR r.experiment_id = ANY($2))
                AND ($3::uuid IS NULL OR r.id = $3)
-               AND ($3::uuid IS NOT NULL OR r.lifecycle_stage = 'active')
+               AND ($3::uuid IS NOT NULL OR $12::text IS NULL OR r.lifecycle_stage = $12)
                AND ($4::text IS NULL OR r.status = $4)
                AND ($5::text IS NULL OR r.name = $5)
                AND NOT EXISTS (SELECT 1 FROM UNNEST($6::text[], $7::text[]) AS f(key, value)
@@ -364,7 +452,37 @@ impl Store {
                AND NOT EXISTS (SELECT 1 FROM UNNEST($8::text[], $9::text[]) AS f(key, value)
                                WHERE NOT EXISTS (SELECT 1 FROM mlflow_tags t
                                                  WHERE t.run_id = r.id AND t.key = f.key AND t.value = f.value))
-             ORDER BY r.start_time DESC, r.id LIMIT $10 OFFSET $11"
+               AND NOT EXISTS (SELECT 1 FROM UNNEST($13::text[], $14::text[], $15::float8[]) AS f(key, op, value)
+                               WHERE NOT EXISTS (
+                                   SELECT 1 FROM (SELECT p.value FROM mlflow_metric_points p
+                                                  WHERE p.run_id = r.id AND p.key = f.key
+                                                  ORDER BY p.step DESC, p.timestamp DESC, p.recorded_at DESC
+                                                  LIMIT 1) latest
+                                   WHERE CASE f.op WHEN '=' THEN latest.value = f.value
+                                                   WHEN '!=' THEN latest.value <> f.value
+                                                   WHEN '<' THEN latest.value < f.value
+                                                   WHEN '<=' THEN latest.value <= f.value
+                                                   WHEN '>' THEN latest.value > f.value
+                                                   WHEN '>=' THEN latest.value >= f.value END))
+             ORDER BY
+               CASE WHEN $18 THEN CASE $16 WHEN 'start_time' THEN r.start_time::float8
+                                           WHEN 'end_time' THEN r.end_time::float8
+                                           WHEN 'metric' THEN (SELECT p.value FROM mlflow_metric_points p
+                                                               WHERE p.run_id = r.id AND p.key = $17
+                                                               ORDER BY p.step DESC, p.timestamp DESC,
+                                                                        p.recorded_at DESC LIMIT 1) END END
+                 ASC NULLS LAST,
+               CASE WHEN NOT $18 THEN CASE $16 WHEN 'start_time' THEN r.start_time::float8
+                                               WHEN 'end_time' THEN r.end_time::float8
+                                               WHEN 'metric' THEN (SELECT p.value FROM mlflow_metric_points p
+                                                                   WHERE p.run_id = r.id AND p.key = $17
+                                                                   ORDER BY p.step DESC, p.timestamp DESC,
+                                                                            p.recorded_at DESC LIMIT 1) END END
+                 DESC NULLS LAST,
+               CASE WHEN $18 AND $16 = 'run_name' THEN r.name END ASC,
+               CASE WHEN NOT $18 AND $16 = 'run_name' THEN r.name END DESC,
+               r.start_time DESC, r.id
+             LIMIT $10 OFFSET $11"
         );
         let rows: Vec<RunRow> = sqlx::query_as(sql)
             .bind(tenant_id)
@@ -378,6 +496,13 @@ impl Store {
             .bind(&tag_values)
             .bind(limit)
             .bind(offset)
+            .bind(stage)
+            .bind(&metric_keys)
+            .bind(&metric_ops)
+            .bind(&metric_values)
+            .bind(order.by)
+            .bind(order.metric.as_deref())
+            .bind(order.ascending)
             .fetch_all(&self.pool)
             .await
             .map_err(db_error)?;
@@ -406,7 +531,7 @@ impl Store {
         // MLflow's run data holds each metric's latest point: the highest step, then the latest time.
         // language=PostgreSQL
         let metrics: Vec<(Uuid, String, f64, i64, i64)> = sqlx::query_as(
-            "SELECT DISTINCT ON (run_id, key) run_id, key, value, timestamp, step FROM mlflow_metrics
+            "SELECT DISTINCT ON (run_id, key) run_id, key, value, timestamp, step FROM mlflow_metric_points
              WHERE run_id = ANY($1) AND tenant_id = $2
              ORDER BY run_id, key, step DESC, timestamp DESC, recorded_at DESC",
         )

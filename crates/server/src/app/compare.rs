@@ -1,5 +1,5 @@
 //! Comparing runs: the facts of each job read from the store (the job, its attempts, outputs,
-//! latest run record, and each metric series in brief), compared by the pure
+//! latest run record, each metric series in brief, the params it logged through MLflow), compared by the pure
 //! [`trainyard_core::compare`].
 
 use trainyard_core::api::JobMetrics;
@@ -35,13 +35,22 @@ impl App {
                 metrics: Vec::new(),
                 record_hash: latest.as_ref().map(|r| r.record_hash.clone()),
                 record: latest.map(|r| r.record),
+                logged_params: Default::default(),
             })
         });
-        let (mut runs, summaries) =
-            tokio::try_join!(futures::future::try_join_all(facts), self.store.metrics_summaries(tenant, job_ids),)?;
+        let (mut runs, summaries, logged) = tokio::try_join!(
+            futures::future::try_join_all(facts),
+            self.store.metrics_summaries(tenant, job_ids),
+            self.store.mlflow_job_params(tenant, job_ids),
+        )?;
         for run in &mut runs {
             run.metrics =
                 summaries.iter().filter(|(job, _)| *job == run.job.id).map(|(_, summary)| summary.clone()).collect();
+            run.logged_params = logged
+                .iter()
+                .filter(|(job, ..)| *job == run.job.id)
+                .map(|(_, key, value)| (key.clone(), value.clone()))
+                .collect();
         }
         Ok(compare(&runs, all))
     }

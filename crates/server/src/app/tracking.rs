@@ -3,18 +3,66 @@
 //! `Action::LogRuns`), with MLflow's rules ([`trainyard_core::tracking`]). Pages are offsets,
 //! handed to the client as opaque tokens. Making an experiment or a run is audited (`mlflow.*`, refusals
 //! too), run to its end even if the client goes; what is logged to a run is data, like an
-//! engine's metrics, and is not.
+//! engine's metrics, and is not. A job's replicas call with the job's token
+//! (`MLFLOW_TRACKING_TOKEN`), which reaches the job's own run (`MLFLOW_RUN_ID`) and nothing else.
 
+use axum::body::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt, TryStreamExt};
 use trainyard_core::auth::{Action, Caller};
+use trainyard_core::error::ObjectKind;
 use trainyard_core::tracking::{
-    Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunStatus,
+    Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunOrder, RunStatus,
 };
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
+use trainyard_store::metrics::JobCaller;
 use trainyard_store::tracking::RunNew;
 use uuid::Uuid;
 
+use trainyard_storage::keys;
+
 use super::App;
+use crate::storage::{Uploader, artifact_path, storage_error};
+
+/// Who calls MLflow's API: a user with an API token, or a job's replicas with the job's token.
+pub enum Tracker {
+    User(Caller),
+    Job(JobCaller),
+}
+
+impl Tracker {
+    /// The user, for what only users do (making and finding experiments and runs), authorized
+    /// for `action`.
+    fn user(&self, action: Action) -> Result<&Caller> {
+        let caller = self.user_unchecked()?;
+        caller.authorize(action)?;
+        Ok(caller)
+    }
+
+    /// The user, whose role the operation checks itself (audited operations audit refusals).
+    fn user_unchecked(&self) -> Result<&Caller> {
+        match self {
+            Tracker::User(caller) => Ok(caller),
+            Tracker::Job(_) => Err(Error::Forbidden(
+                "a job token logs only to its job's own run (MLFLOW_RUN_ID); use an API token for the rest".into(),
+            )),
+        }
+    }
+
+    /// The tenant whose run `run_id` the caller may read or write: a user's by role, a job's
+    /// only its own run (its id is the job's); another run is none to it.
+    fn run_tenant(&self, action: Action, run_id: Uuid) -> Result<Uuid> {
+        match self {
+            Tracker::User(caller) => {
+                caller.authorize(action)?;
+                Ok(caller.tenant_id)
+            }
+            Tracker::Job(job) if job.job_id == run_id => Ok(job.tenant_id),
+            Tracker::Job(_) => Err(Error::not_found(ObjectKind::Run)),
+        }
+    }
+}
 
 /// A page of results and the token of the next, if there is one.
 pub struct Page<T> {
@@ -44,6 +92,17 @@ fn page_of<T>(items: Vec<T>, limit: i64, offset: i64) -> Page<T> {
     Page { items, next_page_token }
 }
 
+/// A search of runs as MLflow's client asks it.
+pub struct RunsSearch<'a> {
+    pub experiment_ids: &'a [i64],
+    pub filter: &'a str,
+    pub order_by: &'a [String],
+    /// MLflow's `run_view_type`: `ACTIVE_ONLY` (the default), `DELETED_ONLY`, `ALL`.
+    pub view: Option<&'a str>,
+    pub max_results: Option<i64>,
+    pub page_token: Option<&'a str>,
+}
+
 /// A run created by a client: where, under what name, and its first tags.
 pub struct RunCreate {
     pub experiment_id: i64,
@@ -54,8 +113,8 @@ pub struct RunCreate {
 }
 
 impl App {
-    pub async fn mlflow_experiment_create(&self, caller: &Caller, name: &str) -> Result<i64> {
-        let (caller, name) = (caller.clone(), name.to_string());
+    pub async fn mlflow_experiment_create(&self, tracker: &Tracker, name: &str) -> Result<i64> {
+        let (caller, name) = (tracker.user_unchecked()?.clone(), name.to_string());
         self.uncancelled(move |app| async move {
             let audit = Audit::by(&caller, "mlflow.experiment.create", format!("mlflow-experiment:{name}"));
             app.audited(&audit, app.mlflow_experiment_create_checked(&caller, &name, &audit)).await
@@ -71,29 +130,29 @@ impl App {
         self.store.mlflow_experiment_create(caller.tenant_id, name, audit).await
     }
 
-    pub async fn mlflow_experiment_get(&self, caller: &Caller, experiment_id: i64) -> Result<Experiment> {
-        caller.authorize(Action::ReadRuns)?;
+    pub async fn mlflow_experiment_get(&self, tracker: &Tracker, experiment_id: i64) -> Result<Experiment> {
+        let caller = tracker.user(Action::ReadRuns)?;
         self.store.mlflow_experiment_get(caller.tenant_id, experiment_id).await
     }
 
-    pub async fn mlflow_experiment_by_name(&self, caller: &Caller, name: &str) -> Result<Experiment> {
-        caller.authorize(Action::ReadRuns)?;
+    pub async fn mlflow_experiment_by_name(&self, tracker: &Tracker, name: &str) -> Result<Experiment> {
+        let caller = tracker.user(Action::ReadRuns)?;
         self.store.mlflow_experiment_by_name(caller.tenant_id, name).await
     }
 
     pub async fn mlflow_experiments_search(
         &self,
-        caller: &Caller,
+        tracker: &Tracker,
         max_results: Option<i64>,
         page_token: Option<&str>,
     ) -> Result<Page<Experiment>> {
-        caller.authorize(Action::ReadRuns)?;
+        let caller = tracker.user(Action::ReadRuns)?;
         let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
         Ok(page_of(self.store.mlflow_experiments_search(caller.tenant_id, limit, offset).await?, limit, offset))
     }
 
-    pub async fn mlflow_run_create(&self, caller: &Caller, run: RunCreate) -> Result<Run> {
-        let caller = caller.clone();
+    pub async fn mlflow_run_create(&self, tracker: &Tracker, run: RunCreate) -> Result<Run> {
+        let caller = tracker.user_unchecked()?.clone();
         self.uncancelled(move |app| async move {
             let audit = Audit::by(&caller, "mlflow.run.create", format!("mlflow-experiment:{}", run.experiment_id));
             app.audited(&audit, app.mlflow_run_create_checked(&caller, run, &audit)).await
@@ -116,21 +175,21 @@ impl App {
         self.store.mlflow_run_create(caller.tenant_id, caller.user_id, &new, audit).await
     }
 
-    pub async fn mlflow_run_get(&self, caller: &Caller, run_id: Uuid) -> Result<Run> {
-        caller.authorize(Action::ReadRuns)?;
-        self.store.mlflow_run_get(caller.tenant_id, run_id).await
+    pub async fn mlflow_run_get(&self, tracker: &Tracker, run_id: Uuid) -> Result<Run> {
+        let tenant_id = tracker.run_tenant(Action::ReadRuns, run_id)?;
+        self.store.mlflow_run_get(tenant_id, run_id).await
     }
 
     /// Sets a run's status, end time or name (what is given).
     pub async fn mlflow_run_update(
         &self,
-        caller: &Caller,
+        tracker: &Tracker,
         run_id: Uuid,
         status: Option<&str>,
         end_time: Option<i64>,
         run_name: Option<&str>,
     ) -> Result<RunInfo> {
-        caller.authorize(Action::LogRuns)?;
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
         let status = status
             .map(|s| {
                 RunStatus::parse(s).ok_or_else(|| {
@@ -142,34 +201,165 @@ impl App {
             })
             .transpose()?;
         let run_name = run_name.filter(|n| !n.is_empty());
-        self.store.mlflow_run_update(caller.tenant_id, run_id, status.map(RunStatus::as_str), end_time, run_name).await
+        self.store.mlflow_run_update(tenant_id, run_id, status.map(RunStatus::as_str), end_time, run_name).await
     }
 
     /// Logs metrics, params and tags to a run, all or nothing, within MLflow's limits.
-    pub async fn mlflow_log(&self, caller: &Caller, run_id: Uuid, batch: LogBatch) -> Result<()> {
-        caller.authorize(Action::LogRuns)?;
+    pub async fn mlflow_log(&self, tracker: &Tracker, run_id: Uuid, batch: LogBatch) -> Result<()> {
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
         batch.validate()?;
-        self.store.mlflow_log(caller.tenant_id, run_id, &batch).await
+        self.store.mlflow_log(tenant_id, run_id, &batch).await
     }
 
     /// Runs of these experiments matching the filter (the subset [`RunFilter`] serves).
-    pub async fn mlflow_runs_search(
-        &self,
-        caller: &Caller,
-        experiment_ids: &[i64],
-        filter: &str,
-        max_results: Option<i64>,
-        page_token: Option<&str>,
-    ) -> Result<Page<Run>> {
-        caller.authorize(Action::ReadRuns)?;
-        let filter = RunFilter::parse(filter)?;
-        let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
-        let runs = self.store.mlflow_runs_search(caller.tenant_id, experiment_ids, &filter, limit, offset).await?;
+    pub async fn mlflow_runs_search(&self, tracker: &Tracker, search: RunsSearch<'_>) -> Result<Page<Run>> {
+        let caller = tracker.user(Action::ReadRuns)?;
+        let filter = RunFilter::parse(search.filter)?;
+        let order = RunOrder::parse(search.order_by)?;
+        let stage = match search.view.unwrap_or("ACTIVE_ONLY") {
+            "ACTIVE_ONLY" => Some("active"),
+            "DELETED_ONLY" => Some("deleted"),
+            "ALL" => None,
+            other => return Err(Error::invalid("run_view_type", format!("'{other}' is not a view type"))),
+        };
+        let (limit, offset) = page_bounds(search.max_results, search.page_token, 1000)?;
+        let runs = self
+            .store
+            .mlflow_runs_search(caller.tenant_id, search.experiment_ids, &filter, &order, stage, limit, offset)
+            .await?;
         Ok(page_of(runs, limit, offset))
     }
 
-    pub async fn mlflow_metric_history(&self, caller: &Caller, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
-        caller.authorize(Action::ReadRuns)?;
-        self.store.mlflow_metric_history(caller.tenant_id, run_id, key).await
+    /// The params a job's code logged through MLflow to its run, by key (its job page shows
+    /// them beside its template parameters).
+    pub async fn job_logged_params(&self, caller: &Caller, job_id: Uuid) -> Result<Vec<(String, String)>> {
+        caller.authorize(Action::ReadJobs)?;
+        let params = self.store.mlflow_job_params(caller.tenant_id, &[job_id]).await?;
+        Ok(params.into_iter().map(|(_, key, value)| (key, value)).collect())
+    }
+
+    /// Deletes a run (`deleted`: out of searches, no logging) or restores it; nothing is removed.
+    pub async fn mlflow_run_delete(&self, tracker: &Tracker, run_id: Uuid, deleted: bool) -> Result<()> {
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
+        self.store.mlflow_run_stage_set(tenant_id, run_id, if deleted { "deleted" } else { "active" }).await
+    }
+
+    pub async fn mlflow_tag_delete(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<()> {
+        let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
+        self.store.mlflow_tag_delete(tenant_id, run_id, key).await
+    }
+
+    pub async fn mlflow_metric_history(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
+        let tenant_id = tracker.run_tenant(Action::ReadRuns, run_id)?;
+        self.store.mlflow_metric_history(tenant_id, run_id, key).await
+    }
+}
+
+/// An entry of an artefact folder as MLflow lists it: a name under the folder, whether it is a
+/// folder itself, and a file's size.
+pub struct ArtifactEntry {
+    pub path: String,
+    pub is_dir: bool,
+    pub size: Option<u64>,
+}
+
+/// A downloaded artefact: its size and its bytes, streamed.
+pub type ArtifactBody = (u64, BoxStream<'static, std::result::Result<Bytes, std::io::Error>>);
+
+/// A job's artefacts as an MLflow run's: the run's artefact root is `mlflow-artifacts:/<run id>`,
+/// and what is logged under it is the job's artefacts (`/api/v1/jobs/{id}/artifacts`, the job
+/// page's downloads), one store for both. Runs of their own keep no artefacts yet.
+impl App {
+    /// The tenant of the job whose run `run_id` is, when the caller may do `action` to it. A
+    /// run of its own (no job) answers `own_run`.
+    async fn mlflow_artifacts_job(&self, tracker: &Tracker, action: Action, run_id: Uuid) -> Result<Option<Uuid>> {
+        let tenant_id = tracker.run_tenant(action, run_id)?;
+        match self.store.job_get(tenant_id, run_id).await {
+            Ok(_) => Ok(Some(tenant_id)),
+            Err(Error::NotFound { .. }) => {
+                self.store.mlflow_run_get(tenant_id, run_id).await?;
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Logged models are not kept yet: the caller may search them (and finds none).
+    pub fn mlflow_logged_models_search(&self, tracker: &Tracker) -> Result<()> {
+        tracker.user(Action::ReadRuns).map(|_| ())
+    }
+
+    /// Stores an artefact a client logs to a job's run (`mlflow.log_artifact`), as the job's
+    /// artefact at `path` (the path under the run's root): checked, limited and recorded as
+    /// every artefact upload is ([`App::artifact_upload`]).
+    pub async fn mlflow_artifact_put<S, E>(&self, tracker: Tracker, run_id: Uuid, path: &str, body: S) -> Result<u64>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        if self.mlflow_artifacts_job(&tracker, Action::LogRuns, run_id).await?.is_none() {
+            return Err(Error::invalid(
+                "path",
+                "artefacts are kept for the runs of jobs; a run of its own (not started by a job) keeps none yet",
+            ));
+        }
+        let uploader = match tracker {
+            Tracker::User(caller) => Uploader::User(caller),
+            Tracker::Job(job) => Uploader::Job(job),
+        };
+        Ok(self.artifact_upload(uploader, run_id, path, body).await?.size_bytes)
+    }
+
+    /// One artefact of a job's run, streamed.
+    pub async fn mlflow_artifact_get(&self, tracker: &Tracker, run_id: Uuid, path: &str) -> Result<ArtifactBody> {
+        let Some(tenant_id) = self.mlflow_artifacts_job(tracker, Action::ReadRuns, run_id).await? else {
+            return Err(Error::not_found(ObjectKind::Artifact));
+        };
+        let path = artifact_path(path)?;
+        let (size, stream) = self
+            .storage
+            .objects
+            .download(&keys::artifact_key(tenant_id, run_id, &path))
+            .await
+            .map_err(storage_error)?
+            .ok_or_else(|| Error::not_found(ObjectKind::Artifact))?;
+        Ok((size, stream.map_err(std::io::Error::other).boxed()))
+    }
+
+    /// What is directly under the folder `dir` of a run's artefacts (`""`: its root), by name;
+    /// nothing for a file, a missing folder, or a run of its own.
+    pub async fn mlflow_artifacts_list(
+        &self,
+        tracker: &Tracker,
+        run_id: Uuid,
+        dir: &str,
+    ) -> Result<Vec<ArtifactEntry>> {
+        let Some(tenant_id) = self.mlflow_artifacts_job(tracker, Action::ReadRuns, run_id).await? else {
+            return Ok(Vec::new());
+        };
+        let dir = dir.trim_matches('/');
+        if !dir.is_empty() {
+            artifact_path(dir)?;
+        }
+        let objects =
+            self.storage.objects.list(&keys::artifacts_prefix(tenant_id, run_id)).await.map_err(storage_error)?;
+        let mut entries: std::collections::BTreeMap<String, ArtifactEntry> = std::collections::BTreeMap::new();
+        for object in objects {
+            let Some(path) = keys::artifact_path_of(tenant_id, run_id, &object.key) else { continue };
+            let rest = if dir.is_empty() {
+                path.as_str()
+            } else {
+                match path.strip_prefix(dir).and_then(|r| r.strip_prefix('/')) {
+                    Some(rest) => rest,
+                    None => continue,
+                }
+            };
+            let entry = match rest.split_once('/') {
+                Some((folder, _)) => ArtifactEntry { path: folder.to_string(), is_dir: true, size: None },
+                None => ArtifactEntry { path: rest.to_string(), is_dir: false, size: Some(object.size) },
+            };
+            entries.entry(entry.path.clone()).or_insert(entry);
+        }
+        Ok(entries.into_values().collect())
     }
 }

@@ -399,6 +399,11 @@ impl LaunchContext {
     ) -> std::result::Result<serde_json::Value, LaunchFailure> {
         let mut env = std::collections::BTreeMap::new();
         env.insert("TRAINYARD_URL".to_string(), self.api_url.clone());
+        // MLflow's client logs into the job's own run (made with its first attempt, its id the
+        // job's) with the job token, which reaches that run only (docs/tracking.md).
+        env.insert("MLFLOW_TRACKING_URI".to_string(), self.api_url.clone());
+        env.insert("MLFLOW_RUN_ID".to_string(), job.id.simple().to_string());
+        env.insert("MLFLOW_TRACKING_TOKEN".to_string(), token.clone());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
         let request = LaunchRequest {
             job_id: job.id,

@@ -9,7 +9,8 @@
 //! its proto, and so are not in Trainyard's OpenAPI document (docs/tracking.md).
 
 use axum::Json;
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -17,19 +18,26 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 use trainyard_core::Error;
-use trainyard_core::auth::Caller;
 use trainyard_core::error::ObjectKind;
 use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunInfo};
+use trainyard_store::metrics::JOB_TOKEN_PREFIX;
 use uuid::Uuid;
 
-use crate::app::tracking::RunCreate;
+use crate::app::tracking::{ArtifactEntry, RunCreate, RunsSearch, Tracker};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::{ApiJson, ApiQuery, Auth};
+use crate::http::extract::{ApiJson, ApiQuery, Auth, JobAuth};
 use crate::http::routes::RouteTable;
 
-/// Where MLflow's routes are (the edge answers them in MLflow's error shape).
+/// Where MLflow's routes are (the edge answers them in MLflow's error shape): its tracking API
+/// and its artefact proxy.
 pub const MLFLOW_PREFIX: &str = "/api/2.0/mlflow/";
+pub const MLFLOW_ARTIFACTS_PREFIX: &str = "/api/2.0/mlflow-artifacts/";
+
+/// Whether a route is one of MLflow's, answered in MLflow's error shape.
+pub fn is_mlflow_route(route: &str) -> bool {
+    route.starts_with(MLFLOW_PREFIX) || route.starts_with(MLFLOW_ARTIFACTS_PREFIX)
+}
 
 pub fn routes() -> RouteTable {
     RouteTable::new()
@@ -41,11 +49,21 @@ pub fn routes() -> RouteTable {
         .route("/api/2.0/mlflow/runs/get", get(run_get))
         .route("/api/2.0/mlflow/runs/update", post(run_update))
         .route("/api/2.0/mlflow/runs/search", post(runs_search))
+        .route("/api/2.0/mlflow/runs/delete", post(run_delete))
+        .route("/api/2.0/mlflow/runs/restore", post(run_restore))
+        .route("/api/2.0/mlflow/runs/delete-tag", post(tag_delete))
         .route("/api/2.0/mlflow/runs/log-metric", post(log_metric))
         .route("/api/2.0/mlflow/runs/log-parameter", post(log_parameter))
         .route("/api/2.0/mlflow/runs/log-batch", post(log_batch))
         .route("/api/2.0/mlflow/runs/set-tag", post(set_tag))
         .route("/api/2.0/mlflow/metrics/get-history", get(metric_history))
+        .route("/api/2.0/mlflow/artifacts/list", get(artifacts_list))
+        .route("/api/2.0/mlflow/logged-models/search", post(logged_models_search))
+        .route("/api/2.0/mlflow-artifacts/artifacts", get(proxy_list))
+        .route(
+            "/api/2.0/mlflow-artifacts/artifacts/{*path}",
+            get(proxy_get).put(proxy_put).layer(DefaultBodyLimit::disable()),
+        )
 }
 
 // ---- errors: MLflow's shape and codes ----
@@ -129,14 +147,25 @@ type MlflowResult<T> = Result<T, MlflowError>;
 
 // ---- extractors: Trainyard's, answering in MLflow's shape ----
 
-/// The caller, from a user's API token (`MLFLOW_TRACKING_TOKEN`), as [`Auth`] finds it.
-pub struct MlflowAuth(pub Caller);
+/// The caller, from `MLFLOW_TRACKING_TOKEN`: a user's API token, as [`Auth`] finds it, or a job's
+/// token (what its replicas get), as [`JobAuth`] finds it.
+pub struct MlflowAuth(pub Tracker);
 
 impl FromRequestParts<AppState> for MlflowAuth {
     type Rejection = MlflowError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, MlflowError> {
-        Ok(MlflowAuth(Auth::from_request_parts(parts, state).await?.0))
+        let is_job_token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .is_some_and(|token| token.trim().starts_with(JOB_TOKEN_PREFIX));
+        Ok(MlflowAuth(if is_job_token {
+            Tracker::Job(JobAuth::from_request_parts(parts, state).await?.0)
+        } else {
+            Tracker::User(Auth::from_request_parts(parts, state).await?.0)
+        }))
     }
 }
 
@@ -282,13 +311,18 @@ fn run_info_json(info: &RunInfo) -> Value {
         "user_id": info.user_id,
         "status": info.status,
         "start_time": info.start_time,
-        "artifact_uri": "",
+        "artifact_uri": artifact_root(info.run_id),
         "lifecycle_stage": info.lifecycle_stage,
     });
     if let Some(end) = info.end_time {
         value["end_time"] = json!(end);
     }
     value
+}
+
+/// A run's artefact root: the client sends what it logs there to this server's artefact proxy.
+fn artifact_root(run_id: Uuid) -> String {
+    format!("mlflow-artifacts:/{}", run_id.simple())
 }
 
 fn run_json(run: &Run) -> Value {
@@ -415,7 +449,7 @@ async fn experiments_search_get(
 
 async fn experiments_answer(
     state: &AppState,
-    caller: &Caller,
+    caller: &Tracker,
     body: ExperimentsSearchBody,
 ) -> MlflowResult<Json<Value>> {
     if body.filter.as_deref().is_some_and(|f| !f.trim().is_empty()) || !body.order_by.is_empty() {
@@ -527,35 +561,62 @@ async fn runs_search(
             id.parse::<i64>().map_err(|_| Error::invalid("experiment_ids", format!("'{id}' is not an experiment id")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // Runs are never deleted yet: every run is active.
-    let deleted_only = match body.run_view_type.as_deref() {
-        None | Some("ACTIVE_ONLY" | "ALL") => false,
-        Some("DELETED_ONLY") => true,
-        Some(other) => return Err(Error::invalid("run_view_type", format!("'{other}' is not a view type")).into()),
+    let search = RunsSearch {
+        experiment_ids: &experiment_ids,
+        filter: body.filter.as_deref().unwrap_or_default(),
+        order_by: &body.order_by,
+        view: body.run_view_type.as_deref(),
+        max_results: body.max_results,
+        page_token: body.page_token.as_deref(),
     };
-    let newest_first =
-        |o: &String| matches!(o.trim().to_ascii_lowercase().as_str(), "start_time desc" | "attributes.start_time desc");
-    if !body.order_by.iter().all(newest_first) {
-        return Err(Error::invalid("order_by", "only `start_time DESC` (the default) is supported yet").into());
-    }
-    let page = state
-        .app
-        .mlflow_runs_search(
-            &caller,
-            &experiment_ids,
-            body.filter.as_deref().unwrap_or_default(),
-            body.max_results,
-            body.page_token.as_deref(),
-        )
-        .await?;
-    if deleted_only {
-        return Ok(Json(json!({"runs": []})));
-    }
+    let page = state.app.mlflow_runs_search(&caller, search).await?;
     let mut answer = json!({"runs": page.items.iter().map(run_json).collect::<Vec<_>>()});
     if let Some(token) = page.next_page_token {
         answer["next_page_token"] = json!(token);
     }
     Ok(Json(answer))
+}
+
+#[derive(Debug, Deserialize)]
+struct RunIdBody {
+    run_id: Option<String>,
+}
+
+async fn run_delete(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<RunIdBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), None)?;
+    state.app.mlflow_run_delete(&caller, run_id, true).await?;
+    Ok(Json(json!({})))
+}
+
+async fn run_restore(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<RunIdBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), None)?;
+    state.app.mlflow_run_delete(&caller, run_id, false).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct TagDeleteBody {
+    run_id: Option<String>,
+    key: Option<String>,
+}
+
+async fn tag_delete(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<TagDeleteBody>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(body.run_id.as_deref(), None)?;
+    let key = required("key", &body.key)?;
+    state.app.mlflow_tag_delete(&caller, run_id, key).await?;
+    Ok(Json(json!({})))
 }
 
 // ---- logging ----
@@ -664,4 +725,106 @@ async fn metric_history(
     let key = required("metric_key", &query.metric_key)?;
     let metrics = state.app.mlflow_metric_history(&caller, run_id, key).await?;
     Ok(Json(json!({"metrics": metrics.iter().map(WireMetric::from).collect::<Vec<_>>()})))
+}
+
+// ---- artefacts ----
+
+#[derive(Debug, Deserialize)]
+struct ArtifactsListQuery {
+    run_id: Option<String>,
+    run_uuid: Option<String>,
+    path: Option<String>,
+    #[allow(dead_code)]
+    page_token: Option<String>,
+}
+
+fn file_json(entry: &ArtifactEntry, path: String) -> Value {
+    let mut file = json!({"path": path, "is_dir": entry.is_dir});
+    if let Some(size) = entry.size {
+        file["file_size"] = json!(size);
+    }
+    file
+}
+
+/// The tracking API's listing: paths from the run's root, in one page.
+async fn artifacts_list(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<ArtifactsListQuery>,
+) -> MlflowResult<Json<Value>> {
+    let run_id = run_id_parse(query.run_id.as_deref(), query.run_uuid.as_deref())?;
+    let dir = query.path.unwrap_or_default();
+    let dir = dir.trim_matches('/');
+    let entries = state.app.mlflow_artifacts_list(&caller, run_id, dir).await?;
+    let files: Vec<Value> = entries
+        .iter()
+        .map(|e| file_json(e, if dir.is_empty() { e.path.clone() } else { format!("{dir}/{}", e.path) }))
+        .collect();
+    Ok(Json(json!({"root_uri": artifact_root(run_id), "files": files})))
+}
+
+/// The run and the path under its artefact root, from a proxy path `<run id>/<path>`. A
+/// malformed run id names no run: 404.
+fn proxy_path(path: &str) -> Result<(Uuid, &str), Error> {
+    let path = path.trim_start_matches('/');
+    let (run, rest) = path.split_once('/').unwrap_or((path, ""));
+    let run_id = Uuid::parse_str(run).map_err(|_| Error::not_found(ObjectKind::Run))?;
+    Ok((run_id, rest.trim_matches('/')))
+}
+
+#[derive(Debug, Deserialize)]
+struct ProxyListQuery {
+    path: Option<String>,
+}
+
+/// The artefact proxy's listing (what `mlflow-artifacts:` clients call): names under the folder.
+async fn proxy_list(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowQuery(query): MlflowQuery<ProxyListQuery>,
+) -> MlflowResult<Json<Value>> {
+    let path = query.path.unwrap_or_default();
+    if path.trim_matches('/').is_empty() {
+        return Err(Error::invalid("path", "name a run's artefacts: <run id>/<folder>").into());
+    }
+    let (run_id, dir) = proxy_path(&path)?;
+    let entries = state.app.mlflow_artifacts_list(&caller, run_id, dir).await?;
+    Ok(Json(json!({"files": entries.iter().map(|e| file_json(e, e.path.clone())).collect::<Vec<_>>()})))
+}
+
+/// One artefact, streamed (`mlflow.artifacts.download_artifacts`).
+async fn proxy_get(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    Path(path): Path<String>,
+) -> MlflowResult<Response> {
+    let (run_id, path) = proxy_path(&path)?;
+    let (size, stream) = state.app.mlflow_artifact_get(&caller, run_id, path).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, size.to_string())],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// An artefact logged to a run (`mlflow.log_artifact`): the body is the file, streamed.
+async fn proxy_put(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    Path(path): Path<String>,
+    body: Body,
+) -> MlflowResult<Json<Value>> {
+    let (run_id, path) = proxy_path(&path)?;
+    state.app.mlflow_artifact_put(caller, run_id, path, body.into_data_stream()).await?;
+    Ok(Json(json!({})))
+}
+
+/// Logged models (MLflow 3's): none are kept yet, so a search finds none. The client asks when it
+/// lists a folder of a run's artefacts (a folder may be a model's).
+async fn logged_models_search(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+) -> MlflowResult<Json<Value>> {
+    state.app.mlflow_logged_models_search(&caller)?;
+    Ok(Json(json!({"models": []})))
 }

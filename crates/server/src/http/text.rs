@@ -16,11 +16,11 @@ use trainyard_core::Error;
 
 use crate::http::error::ApiError;
 use crate::http::extract::MAX_BODY_BYTES;
-use crate::http::mlflow::{MLFLOW_PREFIX, MlflowError};
+use crate::http::mlflow::{MlflowError, is_mlflow_route};
 
 /// The middleware: passes the request on unchanged unless it carries a NUL.
 pub async fn refuse_unstorable(matched: Option<MatchedPath>, request: Request, next: Next) -> Response {
-    let mlflow = matched.as_ref().is_some_and(|m| m.as_str().starts_with(MLFLOW_PREFIX));
+    let mlflow = matched.as_ref().is_some_and(|m| is_mlflow_route(m.as_str()));
     let refusal = |field: String| refusal(field, mlflow);
     if let Some(field) = path_field(matched.as_ref().map(MatchedPath::as_str), request.uri().path()) {
         return refusal(field);

@@ -285,6 +285,8 @@ struct JobPage {
     /// The code archive shipped with the job: its digest and its size in human units.
     code: Option<(String, String)>,
     params: Vec<(String, String)>,
+    /// What the job's code logged through MLflow (`mlflow.log_param`), beside its parameters.
+    logged_params: Vec<(String, String)>,
     datasets: Vec<String>,
     outputs: Vec<(String, String)>,
     artifacts: Vec<super::storage::ArtifactRow>,
@@ -344,6 +346,7 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         template: job.spec.template.clone(),
         code: job.spec.code.as_ref().map(|c| (c.digest.clone(), human_memory(c.size_bytes))),
         params,
+        logged_params: state.app.job_logged_params(&auth.caller, job.id).await?,
         datasets: job.datasets.iter().map(|d| format!("{}@{} ({})", d.name, d.version, d.content_hash)).collect(),
         outputs: outputs.iter().map(|(k, v)| (k.clone(), compact(v))).collect(),
         artifacts: super::storage::artifact_rows(&state.app, &auth, job.id).await?,
