@@ -351,10 +351,7 @@ urllib.request.urlopen(urllib.request.Request(url, data=json.dumps({'points': po
 
     let c = &browser.client;
     let base = &env.server.url;
-    c.goto(&format!("{base}/login")).await.unwrap();
-    c.find(Locator::Id("token")).await.unwrap().send_keys(&env.admin_token).await.unwrap();
-    c.find(Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
-    browser.wait_text("#who", Duration::from_secs(10), |t| t.contains("admin")).await;
+    browser.sign_in(base, &env.admin_token, "admin").await;
     c.goto(&format!("{base}/jobs/{job}")).await.unwrap();
     for metric in ["loss", "lr", "accuracy", "samples_per_s"] {
         let css = format!("figure[data-metric={metric}][data-points='200'] canvas");

@@ -137,10 +137,7 @@ async fn experiment_page_shows_trials_best_and_chart(env: &TestEnv, id: &str, be
     let Some(browser) = browser_or_skip("the experiment page in Chromium").await else { return };
     let c = &browser.client;
     let base = &env.server.url;
-    c.goto(&format!("{base}/login")).await.unwrap();
-    c.find(Locator::Id("token")).await.unwrap().send_keys(&env.admin_token).await.unwrap();
-    c.find(Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
-    browser.wait_text("#who", Duration::from_secs(10), |t| t.contains("admin")).await;
+    browser.sign_in(base, &env.admin_token, "admin").await;
     c.goto(&format!("{base}/experiments")).await.unwrap();
     c.find(Locator::LinkText("lr-search")).await.unwrap().click().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

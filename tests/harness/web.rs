@@ -134,6 +134,15 @@ impl Browser {
         Ok(Browser { client, driver })
     }
 
+    /// Signs in on the dashboard's sign-in page with `token`, as a person does, and waits for
+    /// the page that greets its user (`user`).
+    pub async fn sign_in(&self, base: &str, token: &str, user: &str) {
+        self.client.goto(&format!("{base}/login")).await.unwrap();
+        self.client.find(Locator::Id("token")).await.unwrap().send_keys(token).await.unwrap();
+        self.client.find(Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
+        self.wait_text("#who", Duration::from_secs(10), |t| t.contains(user)).await;
+    }
+
     /// Waits until the element's text satisfies `ok`; panics with the last text after `timeout`.
     pub async fn wait_text(&self, css: &str, timeout: Duration, ok: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + timeout;

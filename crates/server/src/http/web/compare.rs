@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use askama::Template;
 use axum::extract::{Query, State};
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use trainyard_core::Error;
 use trainyard_core::compare::{ComparedRun, Comparison};
 use uuid::Uuid;
 
-use super::{Nav, WebAuth, WebResult, render};
+use super::{LineChart, LineSeries, Nav, WebAuth, WebResult, render};
 use crate::app::compare::compared_ids;
 use crate::http::AppState;
 use crate::http::api::jobs::{ListParams, list_filter};
@@ -78,23 +78,6 @@ struct ComparePage {
     by_time: bool,
     /// The chart's data as JSON, for the page's script; none when no run has the metric.
     chart: Option<String>,
-}
-
-/// One metric of every run over the union of their x values, steps or seconds since the run's
-/// first point (null where a run has no point).
-#[derive(Serialize)]
-struct CompareChart<'a> {
-    metric: &'a str,
-    x_label: &'static str,
-    x: Vec<f64>,
-    series: Vec<ChartSeries>,
-}
-
-#[derive(Serialize)]
-struct ChartSeries {
-    id: Uuid,
-    label: String,
-    values: Vec<Option<f64>>,
 }
 
 fn shown(value: &Option<serde_json::Value>) -> String {
@@ -225,12 +208,12 @@ async fn chart_of(
         .runs
         .iter()
         .zip(&by_key)
-        .map(|(run, points)| ChartSeries {
-            id: run.id,
+        .map(|(run, points)| LineSeries {
+            id: run.id.to_string(),
             label: run.label.clone(),
             values: keys.iter().map(|key| points.get(key).copied()).collect(),
         })
         .collect();
     let x = keys.iter().map(|&key| key as f64 / per_unit).collect();
-    Ok(serde_json::to_string(&CompareChart { metric, x_label, x, series }).expect("numbers and names serialise"))
+    Ok(serde_json::to_string(&LineChart { metric, x_label, x, series }).expect("numbers and names serialise"))
 }

@@ -11,7 +11,7 @@ use trainyard_core::error::ObjectKind;
 use trainyard_core::experiments::{Experiment, ExperimentDetail};
 use uuid::Uuid;
 
-use super::{CsrfForm, Nav, WebAuth, WebResult, can_write, render, when};
+use super::{CsrfForm, LineChart, LineSeries, Nav, WebAuth, WebResult, can_write, render, when};
 use crate::http::AppState;
 use crate::http::extract::parse_id;
 
@@ -86,21 +86,6 @@ struct ExperimentPage {
     can_write: bool,
 }
 
-#[derive(Serialize)]
-struct Chart<'a> {
-    metric: &'a str,
-    x_label: &'static str,
-    x: Vec<f64>,
-    series: Vec<ChartSeries>,
-}
-
-#[derive(Serialize)]
-struct ChartSeries {
-    id: String,
-    label: String,
-    values: Vec<Option<f64>>,
-}
-
 pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path<String>) -> WebResult<Response> {
     let id = parse_id(&id, ObjectKind::Experiment)?;
     let detail = state.app.experiment_show(&auth.caller, id).await?;
@@ -163,14 +148,14 @@ async fn chart_of(state: &AppState, auth: &WebAuth, detail: &ExperimentDetail) -
     let keys: Vec<i64> = all.into_iter().step_by(stride).collect();
     let series = per_trial
         .iter()
-        .map(|(trial, points)| ChartSeries {
+        .map(|(trial, points)| LineSeries {
             id: trial.to_string(),
             label: format!("trial {trial}"),
             values: keys.iter().map(|k| points.get(k).copied()).collect(),
         })
         .collect();
     let x = keys.iter().map(|&k| k as f64).collect();
-    Ok(serde_json::to_string(&Chart { metric, x_label: "step", x, series }).expect("numbers and names serialise"))
+    Ok(serde_json::to_string(&LineChart { metric, x_label: "step", x, series }).expect("numbers and names serialise"))
 }
 
 pub async fn pause(state: State<AppState>, auth: WebAuth, id: Path<String>, form: CsrfForm) -> WebResult<Response> {

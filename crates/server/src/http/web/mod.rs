@@ -177,6 +177,24 @@ impl IntoResponse for WebError {
 pub type WebResult<T> = Result<T, WebError>;
 
 /// Renders a view; a view that fails to render is a bug, logged and shown as a 500.
+/// A line chart's data as the dashboard's script draws it (`drawComparison` in `app.js`): one
+/// metric, lines over one shared x (null where a line has no point there).
+#[derive(serde::Serialize)]
+pub struct LineChart<'a> {
+    pub metric: &'a str,
+    pub x_label: &'static str,
+    pub x: Vec<f64>,
+    pub series: Vec<LineSeries>,
+}
+
+#[derive(serde::Serialize)]
+pub struct LineSeries {
+    /// What the line is of: a run's id, a trial's number.
+    pub id: String,
+    pub label: String,
+    pub values: Vec<Option<f64>>,
+}
+
 pub fn render<T: Template>(view: &T) -> Response {
     match view.render() {
         Ok(html) => Html(html).into_response(),
