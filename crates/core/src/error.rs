@@ -118,6 +118,8 @@ pub enum ObjectKind {
     Experiment,
     /// An MLflow run.
     Run,
+    /// An interactive session (a notebook).
+    Session,
 }
 
 impl fmt::Display for ObjectKind {
@@ -132,6 +134,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Route => "route",
             ObjectKind::Template => "template",
             ObjectKind::Dataset => "dataset",
+            ObjectKind::Session => "session",
             ObjectKind::Artifact => "artifact",
             ObjectKind::Volume => "volume",
             ObjectKind::Experiment => "experiment",

@@ -19,6 +19,7 @@ pub mod accounting;
 pub mod code;
 pub mod compare;
 pub mod datasets;
+pub mod interactive;
 pub mod jobs;
 pub mod lineage;
 pub mod log_mask;

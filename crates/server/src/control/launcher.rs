@@ -400,6 +400,12 @@ impl LaunchContext {
         let mut env = std::collections::BTreeMap::new();
         env.insert("TRAINYARD_URL".to_string(), self.api_url.clone());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
+        // A session's program accepts only the secret the proxy sends (docs/sessions.md).
+        if job.spec.template.as_ref().is_some_and(|t| t.name == crate::templates::NOTEBOOK_TEMPLATE)
+            && let Some(storage) = &self.code_storage
+        {
+            env.insert("TRAINYARD_SESSION_SECRET".to_string(), storage.session_upstream_secret(job.id));
+        }
         let request = LaunchRequest {
             job_id: job.id,
             tenant_id: job.tenant_id,

@@ -6,6 +6,7 @@
 //! - [`text`]: the one check that refuses text Postgres cannot store (NUL), on every route.
 //! - [`routes`]: the route table every route is added through.
 //! - [`mlflow`]: MLflow's tracking API, in MLflow's messages and error shape.
+//! - [`proxy`]: interactive sessions' proxy (`/sessions/{id}/...`), HTTP and WebSocket.
 //!
 //! Here: [`AppState`], what every handler reaches, and [`app`], the router with its edge layers.
 
@@ -13,6 +14,7 @@ pub mod api;
 pub mod error;
 pub mod extract;
 pub mod mlflow;
+pub mod proxy;
 pub mod routes;
 pub mod text;
 mod web;
@@ -35,11 +37,13 @@ pub struct AppState {
     pub app: App,
     /// Cancelled when the server shuts down, so long-lived responses (log follows) end.
     pub shutdown: CancellationToken,
+    /// The client the sessions' proxy forwards with (its connections are reused).
+    pub sessions: proxy::SessionClient,
 }
 
 /// Every route of the server: the REST API and the dashboard (`trainyard routes` lists them).
 pub fn route_table() -> routes::RouteTable {
-    routes::RouteTable::new().merge(api::routes()).merge(mlflow::routes()).merge(web::routes())
+    routes::RouteTable::new().merge(api::routes()).merge(mlflow::routes()).merge(proxy::routes()).merge(web::routes())
 }
 
 /// The HTTP application: API, health checks, landing page.

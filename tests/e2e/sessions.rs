@@ -1,0 +1,246 @@
+//! Interactive sessions (issue 41): a notebook is an ordinary job of its tenant, reached through
+//! the server's proxy at `/sessions/<id>/` on a host of its own (`s-<id>.localhost`), with a
+//! cookie of its own that a one-time grant is exchanged for. A small HTTP and WebSocket server
+//! stands in for JupyterLab as the session's program (`sessions/recorder.py`, run by the session
+//! through a stand-in "python"), and records the headers each request reached it with.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use trainyard_tests::{StatusCode, TestEnv};
+
+/// A folder every user may read (the session runs as its tenant's own user) holding a stand-in
+/// for Python that runs the recorder, whatever it is asked to run.
+fn recorder_python() -> (tempfile::TempDir, String) {
+    let dir = tempfile::Builder::new().prefix("trainyard-session-").tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let recorder = dir.path().join("recorder.py");
+    std::fs::write(&recorder, include_str!("sessions/recorder.py")).unwrap();
+    let python = dir.path().join("python");
+    std::fs::write(&python, format!("#!/bin/sh\nexec /usr/bin/python3 '{}'\n", recorder.display())).unwrap();
+    for file in [&recorder, &python] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let python = python.display().to_string();
+    (dir, python)
+}
+
+/// The server's port.
+fn port_of(env: &TestEnv) -> u16 {
+    env.server.url.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()
+}
+
+/// The session's own host, as the server names it for a server reached at 127.0.0.1.
+fn session_host(env: &TestEnv, id: &str) -> String {
+    format!("s-{}.localhost:{}", id.replace('-', ""), port_of(env))
+}
+
+/// An HTTP client that reaches `host` (a session's) at the server, following no redirects.
+fn client_for(env: &TestEnv, host: &str) -> reqwest::Client {
+    let name = host.split(':').next().unwrap().to_string();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve(&name, format!("127.0.0.1:{}", port_of(env)).parse().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Sends a WebSocket handshake for `path` on the session's host (with `cookie`, if any) and,
+/// once switched, one text message; returns the status line and the reply.
+fn websocket_roundtrip(env: &TestEnv, host: &str, path: &str, cookie: Option<&str>, message: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port_of(env))).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let cookie = cookie.map(|c| format!("Cookie: {c}\r\n")).unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Authorization: Bearer tyd_not_for_user_code\r\n{cookie}\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let status = head.lines().next().unwrap_or_default().to_string();
+    if !status.contains(" 101 ") {
+        return (status, String::new());
+    }
+    let mask = [1u8, 2, 3, 4];
+    let mut frame = vec![0x81, 0x80 | message.len() as u8];
+    frame.extend(mask);
+    frame.extend(message.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    stream.write_all(&frame).unwrap();
+    let mut header = [0u8; 2];
+    stream.read_exact(&mut header).unwrap();
+    let mut reply = vec![0u8; usize::from(header[1] & 0x7f)];
+    stream.read_exact(&mut reply).unwrap();
+    (status, String::from_utf8(reply).unwrap())
+}
+
+async fn wait_running(env: &TestEnv, token: &str, id: &str) {
+    env.wait_job_as(token, id, Duration::from_secs(60), |job| {
+        assert!(!["failed", "cancelled", "succeeded"].contains(&job["state"].as_str().unwrap()), "{job}");
+        job["state"] == "running"
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_sessions_user_reaches_it_through_its_own_host_and_user_code_sees_no_platform_credential() {
+    let env = TestEnv::start().await;
+    let (_dir, python) = recorder_python();
+    let owner = env.member("default", "olga", "member").await;
+    let colleague = env.member("default", "max", "member").await;
+    let viewer = env.member("default", "vera", "viewer").await;
+    let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let other = env.member("team-b", "bob", "admin").await;
+
+    // Bad input: every bad field named at once; a viewer may not open one.
+    let (status, body) =
+        env.post("/api/v1/sessions", &owner, &json!({"kind": "tensorboard", "gpus": 1, "memory": "lots"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("kind"), "{body}");
+    let (status, body) = env.post("/api/v1/sessions", &viewer, &json!({})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    // The session is a job of the tenant: queued, then running.
+    let (status, session) = env.post("/api/v1/sessions", &owner, &json!({"python": python})).await;
+    assert_eq!(status, StatusCode::CREATED, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    assert_eq!(session["kind"], "notebook");
+    assert_eq!(session["user"], "olga");
+    let (status, job) = env.get(&format!("/api/v1/jobs/{id}"), &owner).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    assert_eq!(job["spec"]["template"]["name"], "notebook", "{job}");
+    wait_running(&env, &owner, &id).await;
+
+    // Links: only for the session's user (or the tenant's admins); another tenant sees nothing.
+    let link_path = format!("/api/v1/sessions/{id}/link");
+    for (who, token, want) in [
+        ("a colleague", &colleague, StatusCode::FORBIDDEN),
+        ("a viewer", &viewer, StatusCode::FORBIDDEN),
+        ("another tenant's admin", &other, StatusCode::NOT_FOUND),
+    ] {
+        let (status, body) = env.post(&link_path, token, &json!({})).await;
+        assert_eq!(status, want, "{who}: {body}");
+    }
+    let (status, _) = env.call(reqwest::Method::POST, &link_path, None, Some(&json!({}))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "anonymous");
+    let (status, link) = env.post(&link_path, &owner, &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{link}");
+    let url = link["url"].as_str().unwrap().to_string();
+    let host = session_host(&env, &id);
+    assert!(url.starts_with(&format!("http://{host}/sessions/{id}/")), "{url}");
+    assert!(!url.contains(&owner), "the link carries a grant, not the user's token: {url}");
+    let session_client = client_for(&env, &host);
+
+    // On the dashboard's host no session is served, with or without the grant.
+    let on_dashboard = url.replace(&host, &format!("127.0.0.1:{}", port_of(&env)));
+    let response = reqwest::Client::new().get(&on_dashboard).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+
+    // The grant is exchanged, once, for the session's own cookie, scoped to its path.
+    let response = session_client.get(&url).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{:?}", response.text().await);
+    assert_eq!(response.headers()["location"], format!("/sessions/{id}/lab"));
+    let set_cookie = response.headers()["set-cookie"].to_str().unwrap().to_string();
+    for attribute in [format!("Path=/sessions/{id}/"), "HttpOnly".into(), "SameSite=Strict".into()] {
+        assert!(set_cookie.contains(&attribute), "{attribute} in {set_cookie}");
+    }
+    assert!(!set_cookie.to_ascii_lowercase().contains("domain="), "host-only: {set_cookie}");
+    let cookie = set_cookie.split(';').next().unwrap().to_string();
+    let again = session_client.get(&url).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::UNAUTHORIZED, "a grant works once");
+
+    // Through the proxy: the program gets neither the platform's cookie nor any token, only
+    // the session's upstream secret (it refuses requests without it).
+    let proxied = format!("http://{host}/sessions/{id}/api/echo?x=1");
+    let response = session_client
+        .post(&proxied)
+        .header("cookie", format!("trainyard_session=platform-secret; {cookie}; _xsrf=kept"))
+        .bearer_auth(&owner)
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let csp = response.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("object-src 'none'") && !csp.contains('*'), "the proxy's policy, not the program's: {csp}");
+    let seen: Value = response.json().await.unwrap();
+    assert_eq!(seen["path"], format!("/sessions/{id}/api/echo?x=1"));
+    assert_eq!(seen["body"], "hello");
+    let headers = seen["headers"].as_array().unwrap();
+    let all = serde_json::to_string(headers).unwrap();
+    assert!(!all.contains(&owner) && !all.contains("tyd_") && !all.contains("tyj_"), "{all}");
+    assert!(!all.contains("trainyard_session") && !all.contains("trainyard_notebook"), "{all}");
+    assert!(!all.contains("platform-secret") && !all.contains(cookie.split('=').nth(1).unwrap()), "{all}");
+    let header = |name: &str| headers.iter().find(|h| h[0] == name).map(|h| h[1].as_str().unwrap().to_string());
+    assert_eq!(header("cookie").as_deref(), Some("_xsrf=kept"), "the program's own cookies pass");
+    assert!(header("authorization").unwrap().starts_with("token "), "{all}");
+    assert_eq!(
+        header("host").as_deref(),
+        Some(host.as_str()),
+        "the browser's host, which Jupyter checks Origin against"
+    );
+
+    // WebSockets: upgraded through the proxy with the cookie, refused without.
+    let ws_path = format!("/sessions/{id}/api/kernels/k/channels");
+    let (status, reply) = websocket_roundtrip(&env, &host, &ws_path, Some(&cookie), "ping");
+    assert!(status.contains(" 101 "), "{status}");
+    assert_eq!(reply, "echo:ping");
+    let (status, _) = websocket_roundtrip(&env, &host, &ws_path, None, "ping");
+    assert!(status.contains(" 401 "), "{status}");
+
+    // Refusals on proxied paths, HTTP and WebSocket: no cookie, the user's own API token, a
+    // made-up cookie, the right cookie on the dashboard's host.
+    for path in [format!("/sessions/{id}/"), format!("/sessions/{id}/lab"), format!("/sessions/{id}/api/kernels")] {
+        let url = format!("http://{host}{path}");
+        let bare = session_client.get(&url).send().await.unwrap();
+        assert_eq!(bare.status(), StatusCode::UNAUTHORIZED, "{path} anonymous");
+        let token = session_client.get(&url).bearer_auth(&owner).send().await.unwrap();
+        assert_eq!(token.status(), StatusCode::UNAUTHORIZED, "{path} with an API token");
+        let forged = session_client.get(&url).header("cookie", "trainyard_notebook=00ff").send().await.unwrap();
+        assert_eq!(forged.status(), StatusCode::UNAUTHORIZED, "{path} with a made-up cookie");
+        let dashboard = format!("{}{path}", env.server.url);
+        let misplaced = reqwest::Client::new().get(&dashboard).header("cookie", &cookie).send().await.unwrap();
+        assert_eq!(misplaced.status(), StatusCode::NOT_FOUND, "{path} on the dashboard's host");
+    }
+
+    // Activity counts once authenticated (at most one write a second): refused requests made
+    // after this moment leave the session's last activity where it was, a good one moves it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, before) = env.get(&format!("/api/v1/sessions/{id}"), &owner).await;
+    let refused = session_client.get(&proxied).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let (_, unmoved) = env.get(&format!("/api/v1/sessions/{id}"), &owner).await;
+    assert_eq!(unmoved["last_activity_at"], before["last_activity_at"], "an anonymous request is no activity");
+    let good = session_client.get(&proxied).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(good.status(), StatusCode::OK);
+    let (status, seen) = env.get(&format!("/api/v1/sessions/{id}"), &owner).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(seen["state"], "running");
+    assert!(seen["last_activity_at"].as_str().unwrap() > before["last_activity_at"].as_str().unwrap(), "{seen}");
+    let (status, _) = env.get(&format!("/api/v1/sessions/{id}"), &other).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another tenant's session is unknown");
+
+    // The cookie is worth no more than the token it was granted to: revoked, it stops.
+    let (_, tokens) = env.get("/api/v1/tokens", &owner).await;
+    let token_id = tokens[0]["id"].as_str().unwrap().to_string();
+    let (status, _) =
+        env.call(reqwest::Method::DELETE, &format!("/api/v1/tokens/{token_id}"), Some(&owner), None).await;
+    assert!(status.is_success(), "{status}");
+    let after = session_client.get(&proxied).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(after.status(), StatusCode::UNAUTHORIZED, "after the token's revocation");
+    let (status, body) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
+    assert!(status.is_success(), "{body}");
+}
