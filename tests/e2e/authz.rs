@@ -154,6 +154,8 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /jobs/{id}/log/stream", "login ok ok 404 ok login"),
     ("POST /jobs/{id}/cancel", "login 403 ok 404 ok login"),
     ("POST /jobs/{id}/rerun", "login 403 ok 404 ok login"),
+    // "Open notebook" (on tenant A's session, the platform admin's): its user and the tenant's admins.
+    ("POST /jobs/{id}/notebook", "login 403 403 404 ok login"),
     ("GET /jobs/{id}/artifacts/{*path}", "login ok ok 404 ok login"),
     ("GET /compare", "login ok ok 404 ok login"),
     ("GET /jobs/{id}/lineage", "login ok ok 404 ok login"),
@@ -263,7 +265,8 @@ impl World {
     /// calls (made by the platform admin, so that no caller's call changes another's answer).
     async fn path_for(&self, route: &str, caller: usize) -> String {
         let admin = self.tokens[4].clone().unwrap();
-        let id = if route.contains("sessions/{id}") { &self.session } else { &self.job };
+        let id =
+            if route.contains("sessions/{id}") || route == "/jobs/{id}/notebook" { &self.session } else { &self.job };
         let mut path = route
             .replace("{id}", id)
             .replace("{tenant}", "default")

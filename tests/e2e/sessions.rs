@@ -86,6 +86,20 @@ fn websocket_roundtrip(env: &TestEnv, host: &str, path: &str, cookie: Option<&st
     (status, String::from_utf8(reply).unwrap())
 }
 
+/// Waits until the session's program answers through the proxy (it listens a moment after
+/// its job is running; until then the proxy answers 503).
+async fn wait_answering(http: &reqwest::Client, url: &str, cookie: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let response = http.get(url).header("cookie", cookie).send().await;
+        if response.as_ref().is_ok_and(|r| r.status() == StatusCode::OK) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the session's program never answered: {response:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 async fn wait_running(env: &TestEnv, token: &str, id: &str) {
     env.wait_job_as(token, id, Duration::from_secs(60), |job| {
         assert!(!["failed", "cancelled", "succeeded"].contains(&job["state"].as_str().unwrap()), "{job}");
@@ -151,9 +165,10 @@ async fn only_the_sessions_user_reaches_it_through_its_own_host_and_user_code_se
 
     // The grant is exchanged, once, for the session's own cookie, scoped to its path.
     let response = session_client.get(&url).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{:?}", response.text().await);
-    assert_eq!(response.headers()["location"], format!("/sessions/{id}/lab"));
+    assert_eq!(response.status(), StatusCode::OK);
     let set_cookie = response.headers()["set-cookie"].to_str().unwrap().to_string();
+    let page = response.text().await.unwrap();
+    assert!(page.contains(&format!("url=/sessions/{id}/lab")), "the page moves on to JupyterLab: {page}");
     for attribute in [format!("Path=/sessions/{id}/"), "HttpOnly".into(), "SameSite=Strict".into()] {
         assert!(set_cookie.contains(&attribute), "{attribute} in {set_cookie}");
     }
@@ -165,6 +180,7 @@ async fn only_the_sessions_user_reaches_it_through_its_own_host_and_user_code_se
     // Through the proxy: the program gets neither the platform's cookie nor any token, only
     // the session's upstream secret (it refuses requests without it).
     let proxied = format!("http://{host}/sessions/{id}/api/echo?x=1");
+    wait_answering(&session_client, &proxied, &cookie).await;
     let response = session_client
         .post(&proxied)
         .header("cookie", format!("trainyard_session=platform-secret; {cookie}; _xsrf=kept"))
@@ -242,5 +258,88 @@ async fn only_the_sessions_user_reaches_it_through_its_own_host_and_user_code_se
     let after = session_client.get(&proxied).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(after.status(), StatusCode::UNAUTHORIZED, "after the token's revocation");
     let (status, body) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &env.admin_token, &json!({})).await;
+    assert!(status.is_success(), "{body}");
+}
+
+/// Follows a fresh link to the session as `token`'s user with a plain HTTP client; returns the
+/// session's cookie (`name=value`).
+async fn session_cookie(env: &TestEnv, token: &str, id: &str) -> String {
+    let (status, link) = env.post(&format!("/api/v1/sessions/{id}/link"), token, &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{link}");
+    let response = client_for(env, &session_host(env, id)).get(link["url"].as_str().unwrap()).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notebook_opened_from_the_dashboard_runs_a_cell_over_the_proxied_kernel_websocket() {
+    let Some(browser) = trainyard_tests::web::browser_or_skip("notebook browser test").await else { return };
+    let python = std::env::var("TRAINYARD_TEST_PYTHON")
+        .expect("TRAINYARD_TEST_PYTHON: a Python with jupyterlab (tests/python-requirements.txt; tests/run sets it)");
+    let env = TestEnv::start().await;
+    let owner = env.member("default", "olga", "member").await;
+    let (status, session) = env.post("/api/v1/sessions", &owner, &json!({"python": python})).await;
+    assert_eq!(status, StatusCode::CREATED, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    wait_running(&env, &owner, &id).await;
+    let host = session_host(&env, &id);
+
+    // JupyterLab answers through the proxy once it listens; a notebook with one cell is made
+    // through its contents API (the proxy sends the session's secret upstream).
+    let cookie = session_cookie(&env, &owner, &id).await;
+    let http = client_for(&env, &host);
+    wait_answering(&http, &format!("http://{host}/sessions/{id}/api/status"), &cookie).await;
+    let notebook = json!({"type": "notebook", "content": {
+        "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "execution_count": null, "outputs": [],
+                   "source": "print('hello from ' + 'the kernel', 6 * 7)"}]}});
+    let made = http
+        .put(format!("http://{host}/sessions/{id}/api/contents/hello.ipynb"))
+        .header("cookie", &cookie)
+        .json(&notebook)
+        .send()
+        .await
+        .unwrap();
+    assert!(made.status().is_success(), "{:?}", made.text().await);
+
+    // In the browser: sign in to the dashboard, open the notebook from the session's job page.
+    let c = &browser.client;
+    c.goto(&format!("{}/login", env.server.url)).await.unwrap();
+    c.find(fantoccini::Locator::Id("token")).await.unwrap().send_keys(&owner).await.unwrap();
+    c.find(fantoccini::Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser.wait_text("#who", Duration::from_secs(10), |t| t.contains("olga")).await;
+    c.goto(&format!("{}/jobs/{id}", env.server.url)).await.unwrap();
+    c.find(fantoccini::Locator::Id("open-notebook")).await.unwrap().click().await.unwrap();
+    browser.wait_text("#jp-main-dock-panel, .jp-LabShell", Duration::from_secs(60), |_| true).await;
+    let at = c.current_url().await.unwrap();
+    assert_eq!(at.host_str(), Some(host.split(':').next().unwrap()), "JupyterLab runs on the session's own host: {at}");
+    assert!(at.path().starts_with(&format!("/sessions/{id}/lab")), "{at}");
+    // No platform cookie on the session's host: the browser holds only the session's.
+    let cookies = c.get_all_cookies().await.unwrap();
+    assert!(cookies.iter().all(|c| c.name() != "trainyard_session"), "{cookies:?}");
+
+    // Run the cell: its output comes back over the kernel's WebSocket, through the proxy.
+    c.goto(&format!("http://{host}/sessions/{id}/lab/tree/hello.ipynb")).await.unwrap();
+    browser.wait_text(".jp-Notebook .jp-Cell .cm-content", Duration::from_secs(60), |t| t.contains("hello from")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let output = loop {
+        if let Ok(cell) = c.find(fantoccini::Locator::Css(".jp-Notebook .jp-Cell .cm-content")).await {
+            let _ = cell.click().await;
+            let _ = cell.send_keys("\u{E008}\u{E007}").await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Ok(out) = c.find(fantoccini::Locator::Css(".jp-OutputArea-output")).await
+            && let Ok(text) = out.text().await
+            && text.contains("hello from the kernel 42")
+        {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "the cell's output never appeared");
+    };
+    assert!(output.contains("hello from the kernel 42"), "{output}");
+    browser.screenshot("notebook", 1280).await;
+    browser.close().await;
+    let (status, body) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &owner, &json!({})).await;
     assert!(status.is_success(), "{body}");
 }

@@ -89,7 +89,7 @@ pub fn edge_limits_and_headers<S: Clone + Send + Sync + 'static>(router: Router<
 
 /// What the dashboard's pages may load and do: only their own scripts and styles (plus inline
 /// style attributes), nothing from elsewhere, never inside another site's frame.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
      img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
 

@@ -14,7 +14,7 @@
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
 use hyper_util::client::legacy::Client;
@@ -74,11 +74,17 @@ pub fn session_host(host: &str, id: Uuid) -> String {
     }
 }
 
-/// The link that opens a session in a browser, carrying a one-time grant.
-pub fn session_link(headers: &HeaderMap, id: Uuid, grant: &str) -> String {
+/// The session's origin (`http://s-<id>.<host>`), for a request that reached the server at its
+/// `Host`.
+pub fn session_origin(headers: &HeaderMap, id: Uuid) -> String {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
     let scheme = if over_tls(headers) { "https" } else { "http" };
-    format!("{scheme}://{}/sessions/{id}/{ENTER_PATH}?grant={grant}", session_host(host, id))
+    format!("{scheme}://{}", session_host(host, id))
+}
+
+/// The link that opens a session in a browser, carrying a one-time grant.
+pub fn session_link(headers: &HeaderMap, id: Uuid, grant: &str) -> String {
+    format!("{}/sessions/{id}/{ENTER_PATH}?grant={grant}", session_origin(headers, id))
 }
 
 fn over_tls(headers: &HeaderMap) -> bool {
@@ -125,7 +131,14 @@ async fn session_enter(
         .same_site(SameSite::Strict)
         .secure(over_tls(&headers))
         .build();
-    Ok((jar.add(cookie), Redirect::to(&format!("/sessions/{id}/lab"))).into_response())
+    // A page of the session's origin moves on, not a redirect: a navigation that began on the
+    // dashboard (another site) would not carry a SameSite=Strict cookie, even after a redirect.
+    let lab = format!("/sessions/{id}/lab");
+    let page = format!(
+        "<!doctype html><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"0;url={lab}\">\
+         <title>Opening the notebook</title><p>Opening <a href=\"{lab}\">the notebook</a>…</p>"
+    );
+    Ok((jar.add(cookie), axum::response::Html(page)).into_response())
 }
 
 async fn session_proxy_root(
