@@ -343,3 +343,60 @@ async fn a_notebook_opened_from_the_dashboard_runs_a_cell_over_the_proxied_kerne
     let (status, body) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &owner, &json!({})).await;
     assert!(status.is_success(), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn yard_notebook_waits_in_the_queue_saying_why_then_prints_a_link_that_opens_it() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "2", "--simulate-gpu-type", "sim-gpu"]).await;
+    let (_dir, python) = recorder_python();
+    let owner = env.member("default", "olga", "member").await;
+    let (status, body) = env
+        .call(
+            reqwest::Method::PUT,
+            "/api/v1/admin/tenants/default/quotas/sim-gpu",
+            Some(&env.admin_token),
+            Some(&json!({"nominal": 1})),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+    // The tenant's one GPU is taken by a job that runs for at most two minutes.
+    let (status, sleeper) = env
+        .post(
+            "/api/v1/jobs",
+            &owner,
+            &json!({"command": ["sleep", "300"], "time_limit_seconds": 120,
+                    "resources": {"gpus": 1, "gpu_type": "sim-gpu"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{sleeper}");
+    let sleeper = sleeper["id"].as_str().unwrap().to_string();
+    wait_running(&env, &owner, &sleeper).await;
+
+    // The notebook waits like any job, and says why.
+    let waited =
+        env.yard(&owner, &["notebook", "--gpus", "1", "--gpu-type", "sim-gpu", "--python", &python, "--timeout", "3"]);
+    let said = trainyard_tests::stderr(&waited);
+    assert_eq!(waited.status.code(), Some(124), "{said}");
+    let id = said.split("opened notebook session ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    assert!(said.contains("gave up waiting") && said.contains("queued"), "{said}");
+    assert!(said.to_lowercase().contains("quota"), "the reason names the quota: {said}");
+    let (status, schedule) = env.get(&format!("/api/v1/jobs/{id}/schedule"), &owner).await;
+    assert_eq!(status, StatusCode::OK, "{schedule}");
+    assert!(schedule["reason"].as_str().unwrap().to_lowercase().contains("quota"), "{schedule}");
+    assert!(schedule["estimated_start"].is_string(), "until when: {schedule}");
+
+    // Once the GPU is free it runs; the link opens it.
+    let (status, body) = env.post(&format!("/api/v1/jobs/{sleeper}/cancel"), &owner, &json!({})).await;
+    assert!(status.is_success(), "{body}");
+    let opened = env.yard(&owner, &["notebook", "--link", &id, "--timeout", "60"]);
+    assert!(opened.status.success(), "{}", trainyard_tests::stderr(&opened));
+    let url = trainyard_tests::stdout(&opened).trim().to_string();
+    let host = session_host(&env, &id);
+    assert!(url.starts_with(&format!("http://{host}/sessions/{id}/_trainyard/enter?grant=")), "{url}");
+    let http = client_for(&env, &host);
+    let entered = http.get(&url).send().await.unwrap();
+    assert_eq!(entered.status(), StatusCode::OK);
+    let cookie = entered.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    wait_answering(&http, &format!("http://{host}/sessions/{id}/api/echo"), &cookie).await;
+    let (status, body) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &owner, &json!({})).await;
+    assert!(status.is_success(), "{body}");
+}
