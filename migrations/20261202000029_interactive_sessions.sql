@@ -14,6 +14,8 @@ CREATE TABLE interactive_sessions (
     created_at        timestamptz NOT NULL DEFAULT now(),
     -- The last request through the proxy after authentication (activity, for idle stops).
     last_activity_at  timestamptz NOT NULL DEFAULT now(),
+    -- When the control loop warned that the session stops unless used; cleared by activity.
+    idle_warned_at    timestamptz,
     CONSTRAINT interactive_sessions_kind_valid CHECK (kind IN ('notebook', 'shell', 'tensorboard'))
 );
 CREATE INDEX interactive_sessions_by_tenant ON interactive_sessions (tenant_id, created_at DESC);
@@ -44,3 +46,8 @@ CREATE TABLE interactive_session_grants (
         (cookie_hash IS NULL) = (redeemed_at IS NULL) AND (cookie_hash IS NULL) = (cookie_expires_at IS NULL))
 );
 CREATE INDEX interactive_session_grants_by_job ON interactive_session_grants (job_id);
+
+-- A tenant's policy: a running session with no activity for this long is stopped (warned
+-- first); NULL: never. Seconds, so that tests can use short ones.
+ALTER TABLE tenants ADD COLUMN session_idle_timeout_seconds integer
+    CONSTRAINT tenants_session_idle_timeout_range CHECK (session_idle_timeout_seconds BETWEEN 10 AND 2592000);

@@ -400,3 +400,70 @@ async fn yard_notebook_waits_in_the_queue_saying_why_then_prints_a_link_that_ope
     let (status, body) = env.post(&format!("/api/v1/jobs/{id}/cancel"), &owner, &json!({})).await;
     assert!(status.is_success(), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_notebook_is_warned_then_stopped_and_its_gpus_given_back() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "1", "--simulate-gpu-type", "sim-gpu"]).await;
+    let (_dir, python) = recorder_python();
+    let owner = env.member("default", "olga", "member").await;
+    let (status, body) = env
+        .call(
+            reqwest::Method::PUT,
+            "/api/v1/admin/tenants/default/quotas/sim-gpu",
+            Some(&env.admin_token),
+            Some(&json!({"nominal": 1})),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+    let policy = |seconds: u32| json!({"session_idle_timeout_seconds": seconds});
+    let (status, body) = env
+        .call(reqwest::Method::PATCH, "/api/v1/admin/tenants/default", Some(&env.admin_token), Some(&policy(5)))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "session_idle_timeout_seconds", "{body}");
+    let (status, body) = env
+        .call(reqwest::Method::PATCH, "/api/v1/admin/tenants/default", Some(&env.admin_token), Some(&policy(30)))
+        .await;
+    assert!(status.is_success(), "{body}");
+
+    let (status, session) =
+        env.post("/api/v1/sessions", &owner, &json!({"python": python, "gpus": 1, "gpu_type": "sim-gpu"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    wait_running(&env, &owner, &id).await;
+    let host = session_host(&env, &id);
+    let cookie = session_cookie(&env, &owner, &id).await;
+    wait_answering(&client_for(&env, &host), &format!("http://{host}/sessions/{id}/api/echo"), &cookie).await;
+    let used = std::time::Instant::now();
+
+    // Warned while still running, half-way through the timeout; then stopped once idle for all of it.
+    let warned = env
+        .wait_job_as(&owner, &id, Duration::from_secs(40), |job| {
+            job["reason"].as_str().is_some_and(|r| r.starts_with("idle:")) || job["state"] != "running"
+        })
+        .await;
+    let warned_after = used.elapsed();
+    assert_eq!(warned["state"], "running", "warned before the stop: {warned}");
+    assert!(warned["reason"].as_str().unwrap().contains("stops at"), "{warned}");
+    assert!(warned_after >= Duration::from_secs(14), "not before half of the timeout: {warned_after:?}");
+    let stopped = env.wait_job_as(&owner, &id, Duration::from_secs(40), |job| job["state"] == "cancelled").await;
+    let stopped_after = used.elapsed();
+    assert!(stopped_after >= Duration::from_secs(29), "not before the timeout: {stopped_after:?} {stopped}");
+    let (_, events) = env.get(&format!("/api/v1/jobs/{id}/events"), &owner).await;
+    let idle: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["actor"] == "control:idle")
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(idle.len(), 2, "a warning and a stop: {events}");
+    assert!(idle[0].starts_with("idle:") && idle[1].starts_with("stopped: idle for 30 s"), "{idle:?}");
+
+    // Its GPU is free again: a job asking for it runs.
+    let (status, job) = env
+        .post("/api/v1/jobs", &owner, &json!({"command": ["true"], "resources": {"gpus": 1, "gpu_type": "sim-gpu"}}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    env.wait_job_as(&owner, job["id"].as_str().unwrap(), Duration::from_secs(30), |j| j["state"] == "succeeded").await;
+}

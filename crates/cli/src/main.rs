@@ -472,6 +472,9 @@ enum AdminTenantCommand {
         /// Let its higher-priority jobs preempt its lower-priority ones.
         #[arg(long)]
         preempt_lower_priority: Option<bool>,
+        /// Stop its notebook sessions after this many seconds without use (warned first); 0: never.
+        #[arg(long, value_name = "SECONDS")]
+        session_idle_timeout: Option<u32>,
     },
 }
 
@@ -832,9 +835,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Admin {
             command:
-                AdminCommand::Tenant { command: AdminTenantCommand::Set { tenant, cohort, weight, preempt_lower_priority } },
+                AdminCommand::Tenant {
+                    command:
+                        AdminTenantCommand::Set { tenant, cohort, weight, preempt_lower_priority, session_idle_timeout },
+                },
         } => {
-            let body = TenantPolicyUpdate { cohort, weight, preempt_lower_priority };
+            let body = TenantPolicyUpdate {
+                cohort,
+                weight,
+                preempt_lower_priority,
+                session_idle_timeout_seconds: session_idle_timeout,
+            };
             client.patch(&format!("/api/v1/admin/tenants/{tenant}"), &body).await?;
             eprintln!("updated {tenant}");
             Ok(ExitCode::SUCCESS)

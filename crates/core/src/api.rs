@@ -441,6 +441,10 @@ pub struct TenantPolicyUpdate {
     /// Whether its higher-priority jobs may preempt its lower-priority ones.
     #[serde(default)]
     pub preempt_lower_priority: Option<bool>,
+    /// Stop its interactive sessions after this many seconds without activity (10 to 2592000;
+    /// warned at half of it, at most 5 minutes before); 0: never.
+    #[serde(default)]
+    pub session_idle_timeout_seconds: Option<u32>,
 }
 
 /// Where a waiting job stands: why it waits, its positions, and when it should start.

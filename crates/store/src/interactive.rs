@@ -162,7 +162,7 @@ impl Store {
             allowed_through_token!(),
             " WHERE g.job_id = $1 AND g.cookie_hash = $2 AND g.cookie_expires_at > now()),
              touched AS (
-                 UPDATE interactive_sessions s SET last_activity_at = now() FROM allowed a
+                 UPDATE interactive_sessions s SET last_activity_at = now(), idle_warned_at = NULL FROM allowed a
                  WHERE s.job_id = a.job_id AND s.last_activity_at < now() - interval '1 second')
              SELECT a.tenant_id, j.state,
                     (SELECT placement FROM job_attempts x WHERE x.job_id = j.id ORDER BY attempt DESC LIMIT 1)
@@ -174,5 +174,68 @@ impl Store {
         .fetch_optional(&self.pool)
         .await
         .map_err(db_error)
+    }
+
+    /// The control loop's idle step, across tenants (fenced): warns each running session of a
+    /// tenant with an idle timeout once it has been idle for half of it (at most 5 minutes before
+    /// the stop), with an event on its job, and stops each warned one idle for all of it (its
+    /// job cancelled, with an event saying why). Returns how many were warned and stopped.
+    pub async fn sessions_idle_sweep(&self) -> Result<(u64, u64)> {
+        // language=PostgreSQL
+        let warned = sqlx::query_scalar::<_, i32>(
+            "WITH due AS (
+                 SELECT s.job_id, n.session_idle_timeout_seconds AS timeout, s.last_activity_at
+                 FROM interactive_sessions s JOIN tenants n ON n.id = s.tenant_id JOIN jobs j ON j.id = s.job_id
+                 WHERE j.state = 'running' AND j.cancel_requested_at IS NULL AND s.idle_warned_at IS NULL
+                   AND n.session_idle_timeout_seconds IS NOT NULL
+                   AND s.last_activity_at < now() - make_interval(secs => n.session_idle_timeout_seconds
+                                                    - least(n.session_idle_timeout_seconds / 2, 300))
+                   AND (SELECT control_fence($1))),
+             marked AS (
+                 UPDATE interactive_sessions s SET idle_warned_at = now() FROM due
+                 WHERE s.job_id = due.job_id AND s.idle_warned_at IS NULL
+                 RETURNING s.job_id, due.timeout, due.last_activity_at),
+             noted AS (
+                 UPDATE jobs j SET reason = format('idle: no use through its proxy since %s UTC; stops at %s UTC unless used (the tenant''s idle timeout is %s s)',
+                                                   to_char(m.last_activity_at AT TIME ZONE 'UTC', 'HH24:MI:SS'),
+                                                   to_char((m.last_activity_at + make_interval(secs => m.timeout)) AT TIME ZONE 'UTC', 'HH24:MI:SS'),
+                                                   m.timeout),
+                        last_actor = 'control:idle', event_seq = event_seq + 1, updated_at = now()
+                 FROM marked m WHERE j.id = m.job_id
+                 RETURNING j.id, j.tenant_id, j.state, j.event_seq, j.reason)
+             INSERT INTO job_events (job_id, tenant_id, seq, from_state, to_state, actor, reason)
+             SELECT id, tenant_id, event_seq, state, state, 'control:idle', reason FROM noted
+             RETURNING 1",
+        )
+        .bind(self.control_epoch())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?
+        .len() as u64;
+        // language=PostgreSQL
+        let stopped = sqlx::query_scalar::<_, i32>(
+            "WITH due AS (
+                 SELECT s.job_id, n.session_idle_timeout_seconds AS timeout
+                 FROM interactive_sessions s JOIN tenants n ON n.id = s.tenant_id JOIN jobs j ON j.id = s.job_id
+                 WHERE j.state = 'running' AND j.cancel_requested_at IS NULL AND s.idle_warned_at IS NOT NULL
+                   AND n.session_idle_timeout_seconds IS NOT NULL
+                   AND s.last_activity_at < now() - make_interval(secs => n.session_idle_timeout_seconds)
+                   AND (SELECT control_fence($1))),
+             stopped AS (
+                 UPDATE jobs j SET cancel_requested_at = now(),
+                        reason = format('stopped: idle for %s s (the tenant''s idle timeout); its GPUs are given back', due.timeout),
+                        last_actor = 'control:idle', event_seq = event_seq + 1, updated_at = now()
+                 FROM due WHERE j.id = due.job_id AND j.cancel_requested_at IS NULL
+                 RETURNING j.id, j.tenant_id, j.state, j.event_seq, j.reason)
+             INSERT INTO job_events (job_id, tenant_id, seq, from_state, to_state, actor, reason)
+             SELECT id, tenant_id, event_seq, state, state, 'control:idle', reason FROM stopped
+             RETURNING 1",
+        )
+        .bind(self.control_epoch())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?
+        .len() as u64;
+        Ok((warned, stopped))
     }
 }
