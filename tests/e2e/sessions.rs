@@ -467,3 +467,57 @@ async fn an_idle_notebook_is_warned_then_stopped_and_its_gpus_given_back() {
     assert_eq!(status, StatusCode::CREATED, "{job}");
     env.wait_job_as(&owner, job["id"].as_str().unwrap(), Duration::from_secs(30), |j| j["state"] == "succeeded").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notebooks_script_reads_neither_the_dashboard_nor_another_session_in_the_browser() {
+    let Some(browser) = trainyard_tests::web::browser_or_skip("session origin browser test").await else { return };
+    let env = TestEnv::start().await;
+    let (_dir, python) = recorder_python();
+    let owner = env.member("default", "olga", "member").await;
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let (status, session) = env.post("/api/v1/sessions", &owner, &json!({"python": python})).await;
+        assert_eq!(status, StatusCode::CREATED, "{session}");
+        sessions.push(session["id"].as_str().unwrap().to_string());
+    }
+    for id in &sessions {
+        wait_running(&env, &owner, id).await;
+        let cookie = session_cookie(&env, &owner, id).await;
+        let host = session_host(&env, id);
+        wait_answering(&client_for(&env, &host), &format!("http://{host}/sessions/{id}/api/echo"), &cookie).await;
+    }
+    let (a, b) = (&sessions[0], &sessions[1]);
+    let (host_a, host_b) = (session_host(&env, a), session_host(&env, b));
+
+    // The browser holds every credential at stake: the dashboard's session and both notebooks'.
+    let c = &browser.client;
+    c.goto(&format!("{}/login", env.server.url)).await.unwrap();
+    c.find(fantoccini::Locator::Id("token")).await.unwrap().send_keys(&owner).await.unwrap();
+    c.find(fantoccini::Locator::Css("form button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser.wait_text("#who", Duration::from_secs(10), |t| t.contains("olga")).await;
+    for id in &sessions {
+        let (status, link) = env.post(&format!("/api/v1/sessions/{id}/link"), &owner, &json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{link}");
+        c.goto(link["url"].as_str().unwrap()).await.unwrap();
+        browser.wait_text("body", Duration::from_secs(20), |t| t.contains("/lab")).await;
+    }
+
+    // Session A's page tries to read its own API (it can), the dashboard and session B (it
+    // cannot: other origins, no CORS).
+    let own = format!("http://{host_a}/sessions/{a}/api/echo");
+    let dashboard = format!("{}/jobs", env.server.url);
+    let other = format!("http://{host_b}/sessions/{b}/api/echo");
+    let attack = reqwest::Url::parse_with_params(
+        &format!("http://{host_a}/sessions/{a}/attack.html"),
+        [("t", own.as_str()), ("t", dashboard.as_str()), ("t", other.as_str())],
+    )
+    .unwrap();
+    c.goto(attack.as_str()).await.unwrap();
+    let result = browser.wait_text("#result", Duration::from_secs(20), |t| t != "running").await;
+    let outcomes: Vec<&str> = result.split(" | ").collect();
+    assert_eq!(outcomes.len(), 3, "{result}");
+    assert!(outcomes[0].starts_with("read 200") && outcomes[0].contains("/api/echo"), "its own API: {result}");
+    assert_eq!(outcomes[1], "refused", "the dashboard: {result}");
+    assert_eq!(outcomes[2], "refused", "another session: {result}");
+    browser.close().await;
+}

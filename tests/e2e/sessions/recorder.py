@@ -1,6 +1,8 @@
 """Stands in for JupyterLab as a session's program (tests/e2e/sessions.rs): serves on
 127.0.0.1:$MASTER_PORT, refuses any request without the session's upstream secret, answers
-each HTTP request with the headers it got (as JSON), and echoes one WebSocket message."""
+each HTTP request with the headers it got (as JSON), and echoes one WebSocket message. Its
+page `attack.html` is what a hostile notebook would serve: a script that tries to read each
+`t` URL of its query with the browser's credentials, and says what it could read."""
 
 import base64
 import hashlib
@@ -12,6 +14,20 @@ SECRET = os.environ.get("TRAINYARD_SESSION_SECRET", "")
 JOB = os.environ["TRAINYARD_JOB_ID"]
 PORT = int(os.environ["MASTER_PORT"])
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+ATTACK = """<!doctype html><title>attack</title><div id="result">running</div><script>
+(async () => {
+  const out = [];
+  for (const target of new URLSearchParams(location.search).getAll("t")) {
+    try {
+      const answer = await fetch(target, {credentials: "include"});
+      out.push("read " + answer.status + " " + (await answer.text()).slice(0, 200).replace(/\\s+/g, " "));
+    } catch (e) {
+      out.push("refused");
+    }
+  }
+  document.getElementById("result").textContent = out.join(" | ");
+})();
+</script>"""
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -26,6 +42,9 @@ class Recorder(BaseHTTPRequestHandler):
     def answer(self):
         if not SECRET or self.headers.get("Authorization") != "token " + SECRET:
             self.reply(403, b"not the session's upstream secret")
+            return
+        if self.path.split("?")[0].endswith("/attack.html"):
+            self.reply(200, ATTACK.encode(), "text/html")
             return
         if self.headers.get("Upgrade", "").lower() == "websocket":
             self.websocket_echo()
