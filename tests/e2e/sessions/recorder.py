@@ -32,6 +32,9 @@ ATTACK = """<!doctype html><title>attack</title><div id="result">running</div><s
 
 class Recorder(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go in separate writes: without this, Nagle's algorithm holds the body
+    # back until the client's delayed ACK (40 ms a request on keep-alive connections).
+    disable_nagle_algorithm = True
 
     def do_GET(self):
         self.answer()
@@ -42,6 +45,9 @@ class Recorder(BaseHTTPRequestHandler):
     def answer(self):
         if not SECRET or self.headers.get("Authorization") != "token " + SECRET:
             self.reply(403, b"not the session's upstream secret")
+            return
+        if self.path.split("?")[0].endswith("/bytes"):
+            self.stream_bytes(1 << 30)
             return
         if self.path.split("?")[0].endswith("/attack.html"):
             self.reply(200, ATTACK.encode(), "text/html")
@@ -77,16 +83,27 @@ class Recorder(BaseHTTPRequestHandler):
         self.send_header("Sec-WebSocket-Accept", accept)
         self.end_headers()
         self.wfile.flush()
-        first, second = self.rfile.read(2)
-        length = second & 0x7F
-        if length == 126:
-            length = int.from_bytes(self.rfile.read(2), "big")
-        mask = self.rfile.read(4) if second & 0x80 else b"\0\0\0\0"
-        data = bytes(byte ^ mask[i % 4] for i, byte in enumerate(self.rfile.read(length)))
-        reply = b"echo:" + data
-        self.wfile.write(bytes([0x81, len(reply)]) + reply)
-        self.wfile.flush()
+        # Echoes text messages (under 120 bytes) until the client goes.
+        while len(head := self.rfile.read(2)) == 2:
+            length = head[1] & 0x7F
+            if length == 126:
+                length = int.from_bytes(self.rfile.read(2), "big")
+            mask = self.rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+            data = bytes(byte ^ mask[i % 4] for i, byte in enumerate(self.rfile.read(length)))
+            reply = b"echo:" + data
+            self.wfile.write(bytes([0x81, len(reply)]) + reply)
+            self.wfile.flush()
         self.close_connection = True
+
+    def stream_bytes(self, total):
+        """1 GiB of zeros, for the download benchmark (tests/bench/sessions.sh)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(total))
+        self.end_headers()
+        chunk = bytes(1 << 20)
+        for _ in range(total // len(chunk)):
+            self.wfile.write(chunk)
 
     def log_message(self, *args):
         pass
