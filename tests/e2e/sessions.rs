@@ -126,6 +126,13 @@ async fn only_the_sessions_user_reaches_it_through_its_own_host_and_user_code_se
     assert!(body.to_string().contains("kind"), "{body}");
     let (status, body) = env.post("/api/v1/sessions", &viewer, &json!({})).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    // A user name as long as allowed, with an '@', still makes a session (its job's name is cut).
+    let long_name = env.member("default", &format!("{}@example.org", "a".repeat(110)), "member").await;
+    let (status, body) = env.post("/api/v1/sessions", &long_name, &json!({"gpus": 64})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) =
+        env.post(&format!("/api/v1/jobs/{}/cancel", body["id"].as_str().unwrap()), &long_name, &json!({})).await;
+    assert!(status.is_success(), "{body}");
 
     // The session is a job of the tenant: queued, then running.
     let (status, session) = env.post("/api/v1/sessions", &owner, &json!({"python": python})).await;

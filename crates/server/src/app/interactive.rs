@@ -72,7 +72,13 @@ impl App {
         let run = TemplateRun {
             version: None,
             params,
-            name: Some(format!("{}-{}", create.kind, caller.user.to_ascii_lowercase().replace(['@', '.', '_'], "-"))),
+            // A job's name allows no '@' and at most MAX_NAME_LEN characters; user names may have both.
+            name: Some(
+                format!("{}-{}", create.kind, caller.user.replace('@', "-"))
+                    .chars()
+                    .take(trainyard_core::job::MAX_NAME_LEN)
+                    .collect(),
+            ),
             priority: 0,
             max_restarts: 0,
             idempotency_key: None,
