@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 duration=${1:-10}
 source tests/bench/server.sh
+[ -n "$url" ] || { echo "the server did not start:"; head -20 "$work/server.log"; exit 1; }
 port=${url##*:}
 
 # A session whose "python" runs the recorder.
