@@ -331,6 +331,10 @@ async fn a_notebook_opened_from_the_dashboard_runs_a_cell_over_the_proxied_kerne
     browser.wait_text(".jp-Notebook .jp-Cell .cm-content", Duration::from_secs(60), |t| t.contains("hello from")).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     let output = loop {
+        // Under load JupyterLab may ask which kernel to use (its default is the notebook's own).
+        if let Ok(accept) = c.find(fantoccini::Locator::Css(".jp-Dialog .jp-mod-accept")).await {
+            let _ = accept.click().await;
+        }
         if let Ok(cell) = c.find(fantoccini::Locator::Css(".jp-Notebook .jp-Cell .cm-content")).await {
             let _ = cell.click().await;
             let _ = cell.send_keys("\u{E008}\u{E007}").await;
