@@ -134,6 +134,25 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /api/2.0/mlflow-artifacts/artifacts", "401 ok ok 404 ok 404"),
     ("GET /api/2.0/mlflow-artifacts/artifacts/{*path}", "401 ok ok 404 ok 404"),
     ("PUT /api/2.0/mlflow-artifacts/artifacts/{*path}", "401 403 ok 404 ok 404"),
+    // Interactive sessions: opened by members, read by the tenant, opened in a browser by the
+    // session's user (here the platform admin) and the tenant's admins only.
+    ("POST /api/v1/sessions", "401 403 ok ok ok 401"),
+    ("GET /api/v1/sessions/{id}", "401 ok ok 404 ok 401"),
+    ("POST /api/v1/sessions/{id}/link", "401 403 403 404 ok 401"),
+    // The sessions' proxy, on the session's own host: no API token, job token or dashboard
+    // session reaches it (each caller sends its token and its signed-in cookie), only the
+    // session's own cookie (tests/e2e/sessions.rs).
+    ("GET /sessions/{id}/_trainyard/enter", "401 401 401 401 401 401"),
+    ("GET /sessions/{id}/", "401 401 401 401 401 401"),
+    ("POST /sessions/{id}/", "401 401 401 401 401 401"),
+    ("PUT /sessions/{id}/", "401 401 401 401 401 401"),
+    ("PATCH /sessions/{id}/", "401 401 401 401 401 401"),
+    ("DELETE /sessions/{id}/", "401 401 401 401 401 401"),
+    ("GET /sessions/{id}/{*path}", "401 401 401 401 401 401"),
+    ("POST /sessions/{id}/{*path}", "401 401 401 401 401 401"),
+    ("PUT /sessions/{id}/{*path}", "401 401 401 401 401 401"),
+    ("PATCH /sessions/{id}/{*path}", "401 401 401 401 401 401"),
+    ("DELETE /sessions/{id}/{*path}", "401 401 401 401 401 401"),
     // Dashboard.
     ("GET /", "ok ok ok ok ok ok"),
     ("GET /login", "ok ok ok ok ok ok"),
@@ -155,6 +174,8 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /jobs/{id}/log/stream", "login ok ok 404 ok login"),
     ("POST /jobs/{id}/cancel", "login 403 ok 404 ok login"),
     ("POST /jobs/{id}/rerun", "login 403 ok 404 ok login"),
+    // "Open notebook" (on tenant A's session, the platform admin's): its user and the tenant's admins.
+    ("POST /jobs/{id}/notebook", "login 403 403 404 ok login"),
     ("GET /jobs/{id}/artifacts/{*path}", "login ok ok 404 ok login"),
     ("GET /compare", "login ok ok 404 ok login"),
     ("GET /jobs/{id}/lineage", "login ok ok 404 ok login"),
@@ -204,6 +225,8 @@ struct World {
     mlflow_experiment: String,
     mlflow_run: String,
     experiment: String,
+    /// Tenant A's notebook session (the platform admin's; queued: it asks for 64 GPUs).
+    session: String,
 }
 
 fn classify(status: StatusCode, location: Option<&str>) -> String {
@@ -262,16 +285,31 @@ impl World {
             env.post("/api/v1/experiments", &admin, &crate::experiments::failing_search("authz")).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         let experiment = body["id"].as_str().unwrap().to_string();
+        let (status, body) = env.post("/api/v1/sessions", &admin, &json!({"gpus": 64})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let session = body["id"].as_str().unwrap().to_string();
         let tokens = vec![None, Some(viewer), Some(member), Some(other), Some(admin), Some(job_token)];
-        World { env, counter: Default::default(), tokens, job, pushed, mlflow_experiment, mlflow_run, experiment }
+        World {
+            env,
+            counter: Default::default(),
+            tokens,
+            job,
+            pushed,
+            mlflow_experiment,
+            mlflow_run,
+            experiment,
+            session,
+        }
     }
 
     /// The concrete path for a caller: tenant A's objects, and a fresh target for destructive
     /// calls (made by the platform admin, so that no caller's call changes another's answer).
     async fn path_for(&self, route: &str, caller: usize) -> String {
         let admin = self.tokens[4].clone().unwrap();
+        let id =
+            if route.contains("sessions/{id}") || route == "/jobs/{id}/notebook" { &self.session } else { &self.job };
         let mut path = route
-            .replace("{id}", &self.job)
+            .replace("{id}", id)
             .replace("{tenant}", "default")
             .replace("{flavor}", "simulated-gpu")
             .replace("{template}", "shell");
@@ -357,6 +395,8 @@ impl World {
         let job = json!({"command": ["true"], "resources": {"gpus": 64}});
         match (method.as_str(), route) {
             ("POST", "/api/v1/jobs" | "/api/v1/jobs/what-if") => job,
+            // Queued (64 GPUs), so that no notebook starts.
+            ("POST", "/api/v1/sessions") => json!({"gpus": 64}),
             ("POST", "/api/v1/datasets") => json!({"name": "ds", "version": format!("v{n}"), "uri": "/data/ds",
                 "content_hash": format!("sha256:{}", "cd".repeat(32))}),
             ("PATCH", "/api/v1/admin/tenants/{tenant}") => json!({"weight": 1.0}),
@@ -428,6 +468,18 @@ impl World {
                 } else {
                     request.json(&self.body_for(method, route))
                 };
+            }
+            request.send().await.unwrap()
+        } else if route.starts_with("/sessions/") {
+            // On the session's own host, with every credential the caller has: its token and
+            // its dashboard session's cookie.
+            let web = self.web_client(caller).await;
+            let http = web.as_ref().map(WebClient::http).unwrap_or(&client);
+            let port = self.env.server.url.rsplit(':').next().unwrap().trim_end_matches('/');
+            let host = format!("s-{}.localhost:{port}", self.session.replace('-', ""));
+            let mut request = http.request(method.clone(), &url).header("host", host);
+            if let Some(token) = &self.tokens[caller] {
+                request = request.bearer_auth(token);
             }
             request.send().await.unwrap()
         } else {

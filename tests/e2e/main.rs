@@ -24,6 +24,7 @@ mod replay;
 mod reruns;
 mod scheduling;
 mod schema;
+mod sessions;
 mod sso;
 mod storage;
 mod store_datasets;

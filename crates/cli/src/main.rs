@@ -134,6 +134,10 @@ enum Command {
     },
     /// Run a job from a template: `yard run shell --set command='["echo","hi"]' --wait`.
     Run(RunArgs),
+    /// Open a JupyterLab notebook: a job of your tenant, queued under its quota like any job.
+    /// Waits until it runs (saying why while it waits), then prints the link to open it in a
+    /// browser: once, within a minute (`yard notebook --link ID` makes another).
+    Notebook(NotebookArgs),
     /// Run a job again exactly: the template it ran (by digest, even after an upgrade), its
     /// parameters, dataset versions and code; `--set` changes parameters. The new job links to
     /// the original (`rerun of` in `yard jobs show`). What Trainyard cannot pin (a file on the
@@ -474,6 +478,9 @@ enum AdminTenantCommand {
         /// Let its higher-priority jobs preempt its lower-priority ones.
         #[arg(long)]
         preempt_lower_priority: Option<bool>,
+        /// Stop its notebook sessions after this many seconds without use (warned first); 0: never.
+        #[arg(long, value_name = "SECONDS")]
+        session_idle_timeout: Option<u32>,
     },
 }
 
@@ -706,6 +713,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Wait { id, timeout } => wait(&client, out, &id, timeout.map(Duration::from_secs)).await,
+        Command::Notebook(args) => notebook(&client, out, args).await,
         Command::Rerun { id, set, accept_unpinned, what_if, wait: wait_for_it } => {
             let id = client.job_id(&id).await?;
             let request = RerunRequest { set: templates::params_of(None, &set)?, what_if, accept_unpinned };
@@ -834,9 +842,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Admin {
             command:
-                AdminCommand::Tenant { command: AdminTenantCommand::Set { tenant, cohort, weight, preempt_lower_priority } },
+                AdminCommand::Tenant {
+                    command:
+                        AdminTenantCommand::Set { tenant, cohort, weight, preempt_lower_priority, session_idle_timeout },
+                },
         } => {
-            let body = TenantPolicyUpdate { cohort, weight, preempt_lower_priority };
+            let body = TenantPolicyUpdate {
+                cohort,
+                weight,
+                preempt_lower_priority,
+                session_idle_timeout_seconds: session_idle_timeout,
+            };
             client.patch(&format!("/api/v1/admin/tenants/{tenant}"), &body).await?;
             eprintln!("updated {tenant}");
             Ok(ExitCode::SUCCESS)
@@ -991,6 +1007,78 @@ async fn logs_outcome(client: &Client, id: uuid::Uuid) -> anyhow::Result<ExitCod
         JobState::Failed | JobState::Cancelled => ExitCode::FAILURE,
         _ => ExitCode::SUCCESS,
     })
+}
+
+#[derive(clap::Args)]
+struct NotebookArgs {
+    /// GPUs for the notebook.
+    #[arg(long)]
+    gpus: Option<u32>,
+    /// The GPU type, e.g. nvidia-h100-80gb; any when not given.
+    #[arg(long)]
+    gpu_type: Option<String>,
+    /// The Python that has jupyterlab, as the replica runs it (a path such as /opt/venv/bin/python).
+    #[arg(long)]
+    python: Option<String>,
+    #[arg(long)]
+    cpu: Option<f64>,
+    /// Memory, e.g. 8Gi.
+    #[arg(long)]
+    memory: Option<String>,
+    /// A new link to the notebook session ID (yours), instead of opening another.
+    #[arg(long, value_name = "ID")]
+    link: Option<String>,
+    /// Give up waiting for it to run after this many seconds (exit 124; it stays queued).
+    #[arg(long)]
+    timeout: Option<u64>,
+}
+
+/// `yard notebook`: opens a session (or takes `--link`'s), waits until it runs, prints its link.
+async fn notebook(client: &Client, out: Output, args: NotebookArgs) -> anyhow::Result<ExitCode> {
+    use trainyard_core::api::{Session, SessionCreate, SessionLink};
+    let id = match &args.link {
+        Some(id) => client.job_id(id).await?,
+        None => {
+            let create = SessionCreate {
+                kind: "notebook".into(),
+                python: args.python,
+                gpus: args.gpus,
+                gpu_type: args.gpu_type,
+                cpu: args.cpu,
+                memory: args.memory,
+            };
+            let session: Session = client.post("/api/v1/sessions", &create).await?;
+            eprintln!("opened notebook session {} ({})", session.id, session.state);
+            session.id
+        }
+    };
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let started = std::time::Instant::now();
+    loop {
+        let job: Job = client.get(&format!("/api/v1/jobs/{id}")).await?;
+        if job.state == JobState::Running {
+            break;
+        }
+        if job.state.is_terminal() {
+            spinner.finish_and_clear();
+            let reason = job.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+            eprintln!("the notebook session {id} ended {}{reason}; see yard logs {id}", job.state);
+            return Ok(ExitCode::FAILURE);
+        }
+        let reason = job.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        spinner.set_message(format!("notebook {}{reason} ({}s)", job.state, started.elapsed().as_secs()));
+        if args.timeout.is_some_and(|t| started.elapsed() >= Duration::from_secs(t)) {
+            spinner.finish_and_clear();
+            eprintln!("gave up waiting: {id} is still {}{reason}; yard notebook --link {id} once it runs", job.state);
+            return Ok(ExitCode::from(124));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    spinner.finish_and_clear();
+    let link: SessionLink = client.post(&format!("/api/v1/sessions/{id}/link"), &serde_json::json!({})).await?;
+    eprintln!("running; open this link within a minute (it works once; yard notebook --link {id} for another):");
+    output::print(out, &link, |link| format!("{}\n", link.url))
 }
 
 async fn wait(client: &Client, out: Output, id: &str, timeout: Option<Duration>) -> anyhow::Result<ExitCode> {

@@ -441,6 +441,10 @@ pub struct TenantPolicyUpdate {
     /// Whether its higher-priority jobs may preempt its lower-priority ones.
     #[serde(default)]
     pub preempt_lower_priority: Option<bool>,
+    /// Stop its interactive sessions after this many seconds without activity (10 to 2592000;
+    /// warned at half of it, at most 5 minutes before); 0: never.
+    #[serde(default)]
+    pub session_idle_timeout_seconds: Option<u32>,
 }
 
 /// Where a waiting job stands: why it waits, its positions, and when it should start.
@@ -864,4 +868,53 @@ mod debug_tests {
             assert!(printed.contains("laptop"), "{printed}");
         }
     }
+}
+
+/// The kinds of interactive session. Only notebooks are served so far (docs/sessions.md).
+pub const SESSION_KINDS: [&str; 1] = ["notebook"];
+
+/// Open an interactive session: a job of the caller's tenant, queued under its quota.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCreate {
+    /// `notebook` (JupyterLab).
+    #[serde(default = "notebook_kind")]
+    pub kind: String,
+    /// The Python that has jupyterlab, as the replica runs it (the template's `python`).
+    #[serde(default)]
+    pub python: Option<String>,
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    #[serde(default)]
+    pub cpu: Option<f64>,
+    #[serde(default)]
+    pub memory: Option<String>,
+}
+
+fn notebook_kind() -> String {
+    "notebook".into()
+}
+
+/// An interactive session: its job's id (also the session's), kind and state.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub id: Uuid,
+    pub kind: String,
+    /// The state of the session's job.
+    pub state: JobState,
+    /// Who opened it.
+    pub user: String,
+    pub created_at: DateTime<Utc>,
+    /// The last request that reached it through the proxy after authentication.
+    pub last_activity_at: DateTime<Utc>,
+}
+
+/// A link that opens a session in a browser, once, within a minute: it carries a one-time grant
+/// (not the caller's token), which the proxy exchanges for the session's own cookie.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionLink {
+    pub url: String,
+    pub expires_at: DateTime<Utc>,
 }

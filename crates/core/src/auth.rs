@@ -47,6 +47,8 @@ pub enum Action {
     ReadRuns,
     /// Create experiments and runs and log to them (MLflow's API).
     LogRuns,
+    /// Open an interactive session (a notebook) and reach it through the proxy.
+    OpenSessions,
 }
 
 impl Action {
@@ -58,6 +60,7 @@ impl Action {
             Action::ManageTenant => Role::Admin,
             Action::ReadRuns => Role::Viewer,
             Action::LogRuns => Role::Member,
+            Action::OpenSessions => Role::Member,
         }
     }
 
@@ -69,6 +72,7 @@ impl Action {
             Action::ManageTenant => "manage this tenant",
             Action::ReadRuns => "read tracked runs",
             Action::LogRuns => "create runs or log to them",
+            Action::OpenSessions => "open notebooks",
         }
     }
 }

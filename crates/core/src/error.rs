@@ -125,6 +125,8 @@ pub enum ObjectKind {
     Run,
     /// A tag of an MLflow run.
     Tag,
+    /// An interactive session (a notebook).
+    Session,
 }
 
 impl fmt::Display for ObjectKind {
@@ -139,6 +141,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Route => "route",
             ObjectKind::Template => "template",
             ObjectKind::Dataset => "dataset",
+            ObjectKind::Session => "session",
             ObjectKind::Artifact => "artifact",
             ObjectKind::Volume => "volume",
             ObjectKind::Experiment => "experiment",

@@ -80,7 +80,11 @@ impl Server {
         let reconciler = Reconciler::new(store.clone(), executor, templates, wake, board, health, settings)
             .with_storage(storage)
             .with_monitoring(monitoring);
-        Ok(Server { state: AppState { app, shutdown: CancellationToken::new() }, reconciler, store })
+        Ok(Server {
+            state: AppState { app, shutdown: CancellationToken::new(), sessions: http::proxy::session_client() },
+            reconciler,
+            store,
+        })
     }
 
     /// Queues jobs larger than today's cluster instead of refusing them (an autoscaled cluster).

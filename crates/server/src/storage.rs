@@ -139,6 +139,12 @@ impl Storage {
         &self.signer
     }
 
+    /// The secret an interactive session's program accepts, which only the proxy sends: derived
+    /// from the signing key and the session's id, so no table holds it.
+    pub(crate) fn session_upstream_secret(&self, session: uuid::Uuid) -> String {
+        self.signer.derived_secret(&format!("interactive-session-upstream:{session}"))
+    }
+
     pub(crate) fn volume_dir(&self, tenant_id: Uuid, name: &str) -> PathBuf {
         self.tenant_volumes_dir(tenant_id).join(name)
     }

@@ -17,6 +17,10 @@ use trainyard_store::templates::{KeptBuiltin, Published, StoredTemplate};
 use trainyard_templates::{Bundle, LoadError, MANIFEST_FILE, Template};
 use uuid::Uuid;
 
+/// The built-in template a notebook session runs (`templates/notebook`); its jobs get the
+/// session's upstream secret at launch.
+pub const NOTEBOOK_TEMPLATE: &str = "notebook";
+
 static BUILTIN_DIR: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/../../templates");
 
 pub struct Templates {

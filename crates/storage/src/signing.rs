@@ -54,6 +54,16 @@ impl UrlSigner {
         format!("{DOWNLOAD_PATH}?{query}")
     }
 
+    /// A secret derived from the key for `purpose` (HMAC-SHA256 of it, in hex): the same on
+    /// every server replica and after restarts, never stored, and unrelated to any other
+    /// purpose's. Interactive sessions' upstream secrets are made so.
+    pub fn derived_secret(&self, purpose: &str) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("HMAC takes keys of any length");
+        mac.update(b"derive\n");
+        mac.update(purpose.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
     /// Checks a URL's signature (in constant time) and then its expiry against `now`.
     pub fn verify(&self, object_key: &str, expires: i64, sig_hex: &str, now: i64) -> Result<(), SignatureError> {
         let sig = hex::decode(sig_hex).map_err(|_| SignatureError::Invalid)?;

@@ -24,6 +24,7 @@ pub mod audit;
 pub mod datasets;
 pub mod embedded;
 pub mod experiments;
+pub mod interactive;
 pub mod jobs;
 pub mod lineage;
 pub mod metrics;

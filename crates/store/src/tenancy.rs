@@ -727,6 +727,7 @@ impl Store {
         cohort: Option<&str>,
         weight: Option<f64>,
         preempt_lower_priority: Option<bool>,
+        session_idle_timeout_seconds: Option<u32>,
         audit: &Audit,
     ) -> Result<()> {
         let mut tx = self.begin().await?;
@@ -735,13 +736,16 @@ impl Store {
             "UPDATE tenants SET
                  cohort = CASE WHEN $2::text IS NULL THEN cohort ELSE nullif($2, '') END,
                  weight = coalesce($3, weight),
-                 preempt_lower_priority = coalesce($4, preempt_lower_priority)
+                 preempt_lower_priority = coalesce($4, preempt_lower_priority),
+                 session_idle_timeout_seconds = CASE WHEN $5::bigint IS NULL THEN session_idle_timeout_seconds
+                                                     ELSE nullif($5, 0) END
              WHERE name = $1 RETURNING id",
         )
         .bind(tenant)
         .bind(cohort)
         .bind(weight)
         .bind(preempt_lower_priority)
+        .bind(session_idle_timeout_seconds.map(i64::from))
         .fetch_optional(&mut *tx)
         .await
         .map_err(|err| match violated_constraint(&err) {
@@ -749,6 +753,9 @@ impl Store {
                 Error::invalid("cohort", "1 to 63 lowercase letters, digits or '-', starting with a letter or digit")
             }
             Some("tenants_weight_positive") => Error::invalid("weight", "must be more than 0 and at most 1000"),
+            Some("tenants_session_idle_timeout_range") => {
+                Error::invalid("session_idle_timeout_seconds", "10 seconds to 30 days (2592000), or 0 for never")
+            }
             _ => db_error(err),
         })?;
         let tenant_id = tenant_id.ok_or_else(|| Error::not_found(ObjectKind::Tenant))?;

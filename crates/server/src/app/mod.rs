@@ -20,6 +20,7 @@ pub mod code;
 pub mod compare;
 pub mod datasets;
 pub mod experiments;
+pub mod interactive;
 pub mod jobs;
 pub mod lineage;
 pub mod log_mask;

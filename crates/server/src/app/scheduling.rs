@@ -317,6 +317,7 @@ impl App {
                     update.cohort.as_deref(),
                     update.weight,
                     update.preempt_lower_priority,
+                    update.session_idle_timeout_seconds,
                     &audit,
                 )
                 .await

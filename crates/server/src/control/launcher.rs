@@ -405,6 +405,12 @@ impl LaunchContext {
         env.insert("MLFLOW_RUN_ID".to_string(), job.id.simple().to_string());
         env.insert("MLFLOW_TRACKING_TOKEN".to_string(), token.clone());
         env.insert("TRAINYARD_TOKEN".to_string(), token);
+        // A session's program accepts only the secret the proxy sends (docs/sessions.md).
+        if job.spec.template.as_ref().is_some_and(|t| t.name == crate::templates::NOTEBOOK_TEMPLATE)
+            && let Some(storage) = &self.code_storage
+        {
+            env.insert("TRAINYARD_SESSION_SECRET".to_string(), storage.session_upstream_secret(job.id));
+        }
         let request = LaunchRequest {
             job_id: job.id,
             tenant_id: job.tenant_id,

@@ -426,6 +426,9 @@ impl Reconciler {
         // an interrupted launch looks: its job is left to the next pass, whose snapshot has what
         // the launch stored. (Resuming it here would start again a rank that already exited.)
         let launching = self.launcher.as_ref().map(Launcher::launching).unwrap_or_default();
+        // Idle sessions are warned, then stopped, before this pass reads the jobs: a stop is
+        // acted on in this same pass.
+        self.sessions_idle().await?;
         let phase = Instant::now();
         let Unfinished { jobs, unhandled } = self.store.jobs_unfinished().await?;
         self.monitoring.pass_phase("read", phase.elapsed());
@@ -724,6 +727,17 @@ impl Reconciler {
     /// terminated (how many there are is read from the stored spec as plain JSON), and once
     /// none runs the attempt ends and the job is `cancelled`, its processes and GPUs released. One
     /// with no live attempt is `cancelled` at once.
+    /// The idle step of interactive sessions (fenced writes): a running session of a tenant with
+    /// an idle timeout is warned (an event on its job) and, idle for all of it, stopped (its job
+    /// cancelled, its GPUs given back). See docs/sessions.md.
+    async fn sessions_idle(&mut self) -> Result<()> {
+        let (warned, stopped) = self.store.sessions_idle_sweep().await?;
+        if warned + stopped > 0 {
+            tracing::info!(warned, stopped, "idle sessions warned and stopped");
+        }
+        Ok(())
+    }
+
     async fn cancel_unhandled(&mut self, unhandled: &[UnhandledJob]) -> Result<()> {
         for job in unhandled.iter().filter(|j| j.cancel_requested) {
             if self.is_quarantined(job.id) {

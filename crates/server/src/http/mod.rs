@@ -6,6 +6,7 @@
 //! - [`text`]: the one check that refuses text Postgres cannot store (NUL), on every route.
 //! - [`routes`]: the route table every route is added through.
 //! - [`mlflow`]: MLflow's tracking API, in MLflow's messages and error shape.
+//! - [`proxy`]: interactive sessions' proxy (`/sessions/{id}/...`), HTTP and WebSocket.
 //!
 //! Here: [`AppState`], what every handler reaches, and [`app`], the router with its edge layers.
 
@@ -13,6 +14,7 @@ pub mod api;
 pub mod error;
 pub mod extract;
 pub mod mlflow;
+pub mod proxy;
 pub mod routes;
 pub mod text;
 mod web;
@@ -35,11 +37,13 @@ pub struct AppState {
     pub app: App,
     /// Cancelled when the server shuts down, so long-lived responses (log follows) end.
     pub shutdown: CancellationToken,
+    /// The client the sessions' proxy forwards with (its connections are reused).
+    pub sessions: proxy::SessionClient,
 }
 
 /// Every route of the server: the REST API and the dashboard (`trainyard routes` lists them).
 pub fn route_table() -> routes::RouteTable {
-    routes::RouteTable::new().merge(api::routes()).merge(mlflow::routes()).merge(web::routes())
+    routes::RouteTable::new().merge(api::routes()).merge(mlflow::routes()).merge(proxy::routes()).merge(web::routes())
 }
 
 /// The HTTP application: API, health checks, landing page.
@@ -85,7 +89,7 @@ pub fn edge_limits_and_headers<S: Clone + Send + Sync + 'static>(router: Router<
 
 /// What the dashboard's pages may load and do: only their own scripts and styles (plus inline
 /// style attributes), nothing from elsewhere, never inside another site's frame.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
      img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
 

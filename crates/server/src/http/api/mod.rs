@@ -7,6 +7,7 @@ mod compare;
 mod datasets;
 mod experiments;
 mod health;
+mod interactive;
 pub mod jobs;
 mod lineage;
 mod logs;
@@ -77,6 +78,9 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/tokens/{id}", delete(tokens::token_revoke))
         .route("/api/v1/admin/tenants", get(admin::tenants_list).post(admin::tenant_create))
         .route("/api/v1/admin/tenants/{tenant}/members", post(admin::member_add))
+        .route("/api/v1/sessions", post(interactive::session_create))
+        .route("/api/v1/sessions/{id}", get(interactive::session_get))
+        .route("/api/v1/sessions/{id}/link", post(interactive::session_link_create))
         .merge(storage_routes())
 }
 
@@ -180,6 +184,9 @@ fn storage_routes() -> RouteTable {
         experiments::experiment_cancel,
         experiments::experiment_ask,
         experiments::experiment_tell,
+        interactive::session_create,
+        interactive::session_get,
+        interactive::session_link_create,
     ),
     modifiers(&BearerAuth, &EdgeResponses),
     tags(
@@ -193,6 +200,7 @@ fn storage_routes() -> RouteTable {
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "admin", description = "Tenants and members"),
         (name = "health", description = "Liveness and readiness"),
+        (name = "sessions", description = "Interactive sessions (notebooks): opened as jobs, reached through the proxy at /sessions/{id}/"),
     )
 )]
 pub struct ApiDoc;

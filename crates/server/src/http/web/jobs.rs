@@ -295,6 +295,8 @@ struct JobPage {
     replicas: Vec<u32>,
     spec_json: String,
     can_write: bool,
+    /// A notebook session not ended yet: the page offers to open it.
+    notebook: bool,
     /// The submit form filled in with this job's parameters (a job from a template).
     rerun_url: Option<String>,
     /// What running it again exactly cannot pin (asked only of those who may run it again).
@@ -325,7 +327,12 @@ fn compact(value: &serde_json::Value) -> String {
     }
 }
 
-pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path<String>) -> WebResult<Response> {
+pub async fn detail(
+    State(state): State<AppState>,
+    auth: WebAuth,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> WebResult<Response> {
     let job = job_of(&state, &auth, &id).await?;
     let live = live_view(&state, &auth, &job).await?;
     let outputs = state.app.job_outputs(&auth.caller, job.id).await?;
@@ -361,6 +368,8 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         replicas: (0..job.spec.replicas.min(64)).collect(),
         spec_json: serde_json::to_string_pretty(&job.spec).unwrap_or_default(),
         can_write,
+        notebook: job.spec.template.as_ref().is_some_and(|t| t.name == crate::templates::NOTEBOOK_TEMPLATE)
+            && !job.state.is_terminal(),
         rerun_url: job.spec.template.as_ref().map(|t| format!("/submit/{}?from={}", t.name, job.id)),
         unpinned,
         rerun_of: job.rerun_of,
@@ -368,7 +377,18 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
         record: record.as_ref().map(super::records::RecordSummary::of),
         live,
     };
-    Ok(render(&page))
+    let mut response = render(&page);
+    if page.notebook {
+        // "Open notebook" posts here and is sent on to the session's own origin, which the
+        // form-action of every other page refuses.
+        let origin = crate::http::proxy::session_origin(&headers, job.id);
+        let policy =
+            crate::http::CONTENT_SECURITY_POLICY.replace("form-action 'self'", &format!("form-action 'self' {origin}"));
+        if let Ok(value) = axum::http::HeaderValue::from_str(&policy) {
+            response.headers_mut().insert(axum::http::header::CONTENT_SECURITY_POLICY, value);
+        }
+    }
+    Ok(response)
 }
 
 /// What a rerun of the job could not pin, for the page to offer the choice before it is made.
@@ -471,6 +491,20 @@ pub async fn cancel(
     let job_id = parse_id(&id, ObjectKind::Job)?;
     state.app.job_cancel(&auth.caller, job_id).await?;
     Ok(Redirect::to(&format!("/jobs/{job_id}")).into_response())
+}
+
+/// "Open notebook": a one-time grant for the session, and on to the session's own host, where
+/// the proxy exchanges it for the session's cookie (docs/sessions.md).
+pub async fn notebook_open(
+    State(state): State<AppState>,
+    auth: WebAuth,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+    CsrfForm(_form): CsrfForm,
+) -> WebResult<Response> {
+    let job_id = parse_id(&id, ObjectKind::Job)?;
+    let grant = state.app.session_grant(&auth.caller, job_id).await?;
+    Ok(Redirect::to(&crate::http::proxy::session_link(&headers, job_id, &grant.grant)).into_response())
 }
 
 /// Runs a job again exactly, as `yard rerun`: the template by digest, parameters, data, code.

@@ -55,6 +55,7 @@ pub fn routes() -> RouteTable {
         .route("/jobs/{id}/log/stream", get(jobs::log_stream))
         .route("/jobs/{id}/cancel", post(jobs::cancel))
         .route("/jobs/{id}/rerun", post(jobs::rerun))
+        .route("/jobs/{id}/notebook", post(jobs::notebook_open))
         .route("/jobs/{id}/artifacts/{*path}", get(storage::artifact_download))
         .route("/compare", get(compare::compare))
         .route("/jobs/{id}/lineage", get(lineage::job))
