@@ -12,6 +12,7 @@
 //! cancels it. Bounded by `FUZZ_EXAMPLES` per operation (a few minutes in all).
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -134,7 +135,17 @@ fn interpreter_fault_only(output: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
     let st = schemathesis();
-    let env = TestEnv::start_with(&["--simulate-gpus", "4"]).await;
+    // Jobs find the system's Python, not the test environment's: a notebook session the fuzzer
+    // opens then ends at once (no JupyterLab there) instead of starting JupyterLab servers that
+    // would take the machine's CPUs from the server under test.
+    let venv = std::env::var("TRAINYARD_TEST_PYTHON").ok().and_then(|p| Some(Path::new(&p).parent()?.to_path_buf()));
+    let path: Vec<String> = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|dir| venv.as_deref() != Some(Path::new(dir)))
+        .map(String::from)
+        .collect();
+    let env = TestEnv::start_with_env(&["--simulate-gpus", "4"], &[("PATH".into(), path.join(":"))]).await;
 
     // The engine's job, in a tenant of its own: its token for the engine-only operations.
     let (status, _) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-eng"})).await;

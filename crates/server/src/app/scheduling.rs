@@ -308,9 +308,16 @@ impl App {
         let audit = Audit::by(caller, "tenant.policy", format!("tenant:{tenant}"));
         self.audited(&audit, async {
             caller.require_platform_admin()?;
+            let mut problems = trainyard_core::error::Problems::default();
             if update.weight.is_some_and(|w| !w.is_finite()) {
-                return Err(Error::invalid("weight", "must be a number"));
+                problems.add("weight", "must be a number");
             }
+            // Checked here as well as by the column's constraint: a value beyond the column's
+            // integer type would fail before the constraint is asked.
+            if update.session_idle_timeout_seconds.is_some_and(|s| s != 0 && !(10..=2_592_000).contains(&s)) {
+                problems.add("session_idle_timeout_seconds", "10 seconds to 30 days (2592000), or 0 for never");
+            }
+            problems.into_result()?;
             self.store
                 .tenant_policy_set(
                     tenant,
