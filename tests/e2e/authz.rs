@@ -184,6 +184,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /volumes", "login ok ok ok ok login"),
     ("POST /volumes", "login 403 ok ok ok login"),
     ("GET /experiments", "login ok ok ok ok login"),
+    ("POST /experiments", "login 403 ok ok ok login"),
     ("GET /experiments/{id}", "login ok ok 404 ok login"),
     ("POST /experiments/{id}/pause", "login 403 ok 404 ok login"),
     ("POST /experiments/{id}/resume", "login 403 ok 404 ok login"),

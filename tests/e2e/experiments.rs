@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
 use serde_json::{Value, json};
-use trainyard_tests::web::browser_or_skip;
+use trainyard_tests::web::{WebClient, browser_or_skip, csrf_of};
 use trainyard_tests::{StatusCode, TestEnv, stderr, stdout};
 
 /// A search whose one trial fails at once (its data does not exist): for tests that need an
@@ -440,3 +440,43 @@ for _ in range(3):
 call("POST", f"/api/v1/experiments/{EXPERIMENT}/tell", {"finished": True})
 print(json.dumps({"trials": len(study.trials), "told": told, "best_value": study.best_value}))
 "#;
+
+/// The dashboard's form: a refused search comes back with every problem and the text as written;
+/// a preview shows the ladder; a start goes to the new experiment's page. A viewer sees no form.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_form_previews_starts_and_refuses_a_search_keeping_what_was_written() {
+    let env = TestEnv::start().await;
+    let web = WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (_, page) = web.get("/experiments").await;
+    assert!(page.contains("id=\"search-form\"") && page.contains("template: pytorch-ddp"), "the form with an example");
+    let csrf = csrf_of(&page);
+
+    let bad = "name: bad search\ntemplate: pytorch-ddp\nparams: {data: /d}\nspace:\n  lr: {type: float, min: 0.001, max: 50.0}\nsearcher: {metric: loss, max_length: 16, max_trials: 4, divisor: 1}\n";
+    let (status, page) = web.post_form("/experiments", &[("csrf", &csrf), ("search", bad), ("action", "start")]).await;
+    assert_eq!(status, StatusCode::OK);
+    for problem in ["name:", "space.lr.max:", "searcher.divisor:"] {
+        assert!(page.contains(problem), "{problem} is shown: {page}");
+    }
+    assert!(page.contains("max: 50.0}"), "the text as written is kept");
+
+    let good = serde_yaml_ng::to_string(&failing_search("from-the-form")).unwrap();
+    let (status, page) =
+        web.post_form("/experiments", &[("csrf", &csrf), ("search", &good), ("action", "preview")]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("id=\"search-preview\"") && page.contains("1 trials, 4 training steps typically"), "{page}");
+    let (_, list) = env.get("/api/v1/experiments", &env.admin_token).await;
+    assert_eq!(list, json!([]), "a preview starts nothing");
+
+    let (status, location) =
+        web.post_form_location("/experiments", &[("csrf", &csrf), ("search", &good), ("action", "start")]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (_, list) = env.get("/api/v1/experiments", &env.admin_token).await;
+    assert_eq!(location.unwrap(), format!("/experiments/{}", list[0]["id"].as_str().unwrap()));
+
+    let viewer = env.member("default", "vera", "viewer").await;
+    let viewer = WebClient::signed_in(&env.server.url, &viewer).await;
+    let (_, page) = viewer.get("/experiments").await;
+    assert!(!page.contains("id=\"search-form\""), "a viewer has no form");
+    let (status, _) = viewer.post_form("/experiments", &[("csrf", &csrf_of(&page)), ("search", &good)]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}

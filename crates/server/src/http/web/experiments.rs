@@ -7,6 +7,7 @@ use askama::Template;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Serialize;
+use trainyard_core::Error;
 use trainyard_core::error::ObjectKind;
 use trainyard_core::experiments::{Experiment, ExperimentDetail};
 use uuid::Uuid;
@@ -33,11 +34,77 @@ pub struct ExperimentRow {
 struct ExperimentsPage {
     nav: Nav,
     experiments: Vec<ExperimentRow>,
+    /// The search in the form: what the user wrote (kept when it is refused), or an example.
+    search: String,
+    /// Every problem of a refused search, `field: message`.
+    problems: Vec<String>,
+    /// A preview's rungs (rung, stops at step, trials typically, at most) and its summary.
+    preview: Option<(Vec<(u32, u64, u64, u64)>, String)>,
 }
 
+/// A search to start from, in the form the first time.
+const EXAMPLE_SEARCH: &str = "name: lr-search
+template: pytorch-ddp
+params: {data: images@1, epochs: 100}
+space:
+  lr: {type: float, min: 0.0001, max: 0.1, log: true}
+searcher: {method: asha, metric: loss, max_length: 64, max_trials: 8, divisor: 2, max_rungs: 3}
+";
+
 pub async fn list(State(state): State<AppState>, auth: WebAuth) -> WebResult<Response> {
+    list_page(&state, &auth, EXAMPLE_SEARCH.to_string(), Vec::new(), None).await
+}
+
+async fn list_page(
+    state: &AppState,
+    auth: &WebAuth,
+    search: String,
+    problems: Vec<String>,
+    preview: Option<(Vec<(u32, u64, u64, u64)>, String)>,
+) -> WebResult<Response> {
     let experiments = state.app.experiments_list(&auth.caller).await?.iter().map(row_of).collect();
-    Ok(render(&ExperimentsPage { nav: Nav::new(&auth, "experiments"), experiments }))
+    Ok(render(&ExperimentsPage { nav: Nav::new(auth, "experiments"), experiments, search, problems, preview }))
+}
+
+/// The form's search, previewed (`action=preview`) or started: the same checks as the API, a
+/// refusal shown with every problem and the text as the user wrote it.
+pub async fn create(State(state): State<AppState>, auth: WebAuth, CsrfForm(form): CsrfForm) -> WebResult<Response> {
+    // A viewer is refused before anything in the form is read, as the API refuses them.
+    auth.caller.authorize(trainyard_core::auth::Action::WriteJobs)?;
+    let text = form.get("search").cloned().unwrap_or_default();
+    let search: Result<trainyard_core::experiments::ExperimentCreate, Error> =
+        serde_yaml_ng::from_str(&text).map_err(|err| Error::invalid("search", format!("not a search: {err}")));
+    let previewing = form.get("action").is_some_and(|a| a == "preview");
+    let outcome = match search {
+        Err(err) => Err(err),
+        Ok(search) if previewing => match state.app.experiment_preview(&auth.caller, search).await {
+            Ok(p) => {
+                let rungs = p.ladder.rungs.iter().map(|r| (r.rung, r.length, r.trials, r.trials_at_most)).collect();
+                let hours = p.gpu_hours_at_most.map_or_else(|| "unknown".into(), |h| format!("{h:.2}"));
+                let summary = format!(
+                    "{} trials, {} training steps typically, {} at most; GPU-hours at most: {hours}. {}",
+                    p.ladder.trials,
+                    p.ladder.steps,
+                    p.ladder.steps_at_most,
+                    p.notes.join(" ")
+                );
+                return list_page(&state, &auth, text, Vec::new(), Some((rungs, summary))).await;
+            }
+            Err(err) => Err(err),
+        },
+        Ok(search) => state.app.experiment_create(&auth.caller, search).await.map(|e| e.id),
+    };
+    match outcome {
+        Ok(id) => Ok(Redirect::to(&format!("/experiments/{id}")).into_response()),
+        Err(err @ (Error::InvalidInput { .. } | Error::InvalidFields(_) | Error::Conflict(_))) => {
+            let problems = match err.field_problems() {
+                problems if problems.is_empty() => vec![err.to_string()],
+                problems => problems.into_iter().map(|p| format!("{}: {}", p.field, p.message)).collect(),
+            };
+            list_page(&state, &auth, text, problems, None).await
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 fn word<T: Serialize>(value: &T) -> String {

@@ -61,7 +61,7 @@ pub fn routes() -> RouteTable {
         .route("/jobs/{id}/lineage", get(lineage::job))
         .route("/datasets/{name}/{version}/lineage", get(lineage::dataset))
         .route("/datasets", get(storage::datasets))
-        .route("/experiments", get(experiments::list))
+        .route("/experiments", get(experiments::list).post(experiments::create))
         .route("/experiments/{id}", get(experiments::detail))
         .route("/experiments/{id}/pause", post(experiments::pause))
         .route("/experiments/{id}/resume", post(experiments::resume))
