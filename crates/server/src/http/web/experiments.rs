@@ -29,6 +29,12 @@ pub struct ExperimentRow {
     pub created: String,
 }
 
+/// A rung as the pages show it: rung, the step it stops at, trials typically, at most.
+type RungRow = (u32, u64, u64, u64);
+
+/// A search's preview on the list page: its rungs and a summary line.
+type Preview = (Vec<RungRow>, String);
+
 #[derive(Template)]
 #[template(path = "experiments.html")]
 struct ExperimentsPage {
@@ -39,7 +45,7 @@ struct ExperimentsPage {
     /// Every problem of a refused search, `field: message`.
     problems: Vec<String>,
     /// A preview's rungs (rung, stops at step, trials typically, at most) and its summary.
-    preview: Option<(Vec<(u32, u64, u64, u64)>, String)>,
+    preview: Option<Preview>,
 }
 
 /// A search to start from, in the form the first time.
@@ -60,7 +66,7 @@ async fn list_page(
     auth: &WebAuth,
     search: String,
     problems: Vec<String>,
-    preview: Option<(Vec<(u32, u64, u64, u64)>, String)>,
+    preview: Option<Preview>,
 ) -> WebResult<Response> {
     let experiments = state.app.experiments_list(&auth.caller).await?.iter().map(row_of).collect();
     Ok(render(&ExperimentsPage { nav: Nav::new(auth, "experiments"), experiments, search, problems, preview }))
@@ -144,7 +150,7 @@ struct ExperimentPage {
     reason: Option<String>,
     best: Option<String>,
     best_job: Option<Uuid>,
-    rungs: Vec<(u32, u64, u64, u64)>,
+    rungs: Vec<RungRow>,
     gpu_hours: String,
     trials: Vec<TrialRow>,
     chart: String,
