@@ -358,10 +358,8 @@ async fn a_notebook_opened_from_the_dashboard_runs_a_cell_over_the_proxied_kerne
     assert!(status.is_success(), "{body}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn yard_notebook_waits_in_the_queue_saying_why_then_prints_a_link_that_opens_it() {
-    let env = TestEnv::start_with(&["--simulate-gpus", "2", "--simulate-gpu-type", "sim-gpu"]).await;
-    let (_dir, python) = recorder_python();
+/// A member of the default tenant, whose quota is one `sim-gpu`.
+async fn member_with_one_gpu_of_quota(env: &TestEnv) -> String {
     let owner = env.member("default", "olga", "member").await;
     let (status, body) = env
         .call(
@@ -372,6 +370,14 @@ async fn yard_notebook_waits_in_the_queue_saying_why_then_prints_a_link_that_ope
         )
         .await;
     assert!(status.is_success(), "{body}");
+    owner
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn yard_notebook_waits_in_the_queue_saying_why_then_prints_a_link_that_opens_it() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "2", "--simulate-gpu-type", "sim-gpu"]).await;
+    let (_dir, python) = recorder_python();
+    let owner = member_with_one_gpu_of_quota(&env).await;
     // The tenant's one GPU is taken by a job that runs for at most two minutes.
     let (status, sleeper) = env
         .post(
@@ -419,16 +425,7 @@ async fn yard_notebook_waits_in_the_queue_saying_why_then_prints_a_link_that_ope
 async fn an_idle_notebook_is_warned_then_stopped_and_its_gpus_given_back() {
     let env = TestEnv::start_with(&["--simulate-gpus", "1", "--simulate-gpu-type", "sim-gpu"]).await;
     let (_dir, python) = recorder_python();
-    let owner = env.member("default", "olga", "member").await;
-    let (status, body) = env
-        .call(
-            reqwest::Method::PUT,
-            "/api/v1/admin/tenants/default/quotas/sim-gpu",
-            Some(&env.admin_token),
-            Some(&json!({"nominal": 1})),
-        )
-        .await;
-    assert!(status.is_success(), "{body}");
+    let owner = member_with_one_gpu_of_quota(&env).await;
     let policy = |seconds: u32| json!({"session_idle_timeout_seconds": seconds});
     let (status, body) = env
         .call(reqwest::Method::PATCH, "/api/v1/admin/tenants/default", Some(&env.admin_token), Some(&policy(5)))
