@@ -532,3 +532,35 @@ async fn a_notebooks_script_reads_neither_the_dashboard_nor_another_session_in_t
     assert_eq!(outcomes[2], "refused", "another session: {result}");
     browser.close().await;
 }
+
+/// The server killed (-9) and started again on its address while a notebook runs: the session
+/// keeps running in its first attempt and the browser's cookie still reaches it through the
+/// new server's proxy. Then its program dies: the session ends as a failed job, saying so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_outlives_a_server_restart_and_a_dead_program_fails_its_job() {
+    let mut env = TestEnv::start().await;
+    let (dir, python) = recorder_python();
+    let owner = env.member("default", "olga", "member").await;
+    let (status, session) = env.post("/api/v1/sessions", &owner, &json!({"python": python})).await;
+    assert_eq!(status, StatusCode::CREATED, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    wait_running(&env, &owner, &id).await;
+    let cookie = session_cookie(&env, &owner, &id).await;
+    let host = session_host(&env, &id);
+    let echo = format!("http://{host}/sessions/{id}/api/echo");
+    wait_answering(&client_for(&env, &host), &echo, &cookie).await;
+
+    env.restart_after_crash_on_the_same_address();
+    wait_answering(&client_for(&env, &host), &echo, &cookie).await;
+    let (_, attempts) = env.get(&format!("/api/v1/jobs/{id}/attempts"), &owner).await;
+    assert_eq!(attempts.as_array().map(Vec::len), Some(1), "the same attempt runs on: {attempts}");
+    let (_, job) = env.get(&format!("/api/v1/jobs/{id}"), &owner).await;
+    assert_eq!(job["state"], "running", "{job}");
+
+    let recorder = dir.path().join("recorder.py");
+    let killed = std::process::Command::new("pkill").args(["-KILL", "-f"]).arg(&recorder).status().unwrap();
+    assert!(killed.success(), "the session's program was found and killed");
+    let ended = env.wait_job_as(&owner, &id, Duration::from_secs(60), |job| !job["finished_at"].is_null()).await;
+    assert_eq!(ended["state"], "failed", "{ended}");
+    assert!(ended["reason"].as_str().is_some_and(|r| !r.is_empty()), "it says why: {ended}");
+}
