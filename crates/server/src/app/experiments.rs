@@ -256,20 +256,27 @@ impl App {
             if state.is_over() {
                 return Err(Error::Conflict(format!("the experiment is {} already", state.as_str())));
             }
-            let (search, _) = self.experiment_replay(&row).await?;
-            let already = matches!(
-                (&event, search.outcome()),
-                (Event::Paused, Outcome::Paused) | (Event::Resumed, Outcome::Searching)
-            );
-            if !already {
-                for _ in 0..5 {
-                    let seq = self.store.experiment_events(id, 0).await?.len() as i32;
-                    let value = serde_json::to_value(&event).map_err(Error::internal)?;
-                    if self.store.experiment_events_append(id, seq, &[value]).await? {
-                        break;
-                    }
+            // Put at the end of the log as the replay found it; a writer that took that place
+            // first (the driver) makes it read again.
+            let value = to_json(&event)?;
+            let mut stored = false;
+            for _ in 0..5 {
+                let (search, seq) = self.experiment_replay(&row).await?;
+                if matches!(
+                    (&event, search.outcome()),
+                    (Event::Paused, Outcome::Paused) | (Event::Resumed, Outcome::Searching)
+                ) {
+                    stored = true;
+                    break;
                 }
-                self.store.audit_done(&audit).await?;
+                if self.store.experiment_events_append(id, seq as i32, std::slice::from_ref(&value)).await? {
+                    self.store.audit_done(&audit).await?;
+                    stored = true;
+                    break;
+                }
+            }
+            if !stored {
+                return Err(Error::Unavailable("the experiment is busy; try again".into()));
             }
             self.experiment_advance(&row).await?;
             experiment_of(&self.store.experiment_get(caller.tenant_id, id).await?)
@@ -327,7 +334,7 @@ impl App {
     /// them (after a restart, or when two callers wanted it at once). The log is append-only
     /// and numbered, so both give the same state. Also the number of events taken.
     async fn experiment_replay(&self, row: &ExperimentRow) -> Result<(Search, u32)> {
-        let kept = self.searches.lock().expect("searches lock").remove(&row.id);
+        let kept = self.searches.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&row.id);
         let (mut search, mut taken) = match kept {
             Some(kept) => kept,
             None => {
@@ -349,7 +356,7 @@ impl App {
     /// search is let go.
     fn search_keep(&self, id: Uuid, search: Search, taken: u32) {
         if matches!(search.outcome(), Outcome::Searching | Outcome::Paused) {
-            self.searches.lock().expect("searches lock").insert(id, (search, taken));
+            self.searches.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, (search, taken));
         }
     }
 
