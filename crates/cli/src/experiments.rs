@@ -190,11 +190,15 @@ pub fn experiment_detail(d: &ExperimentDetail) -> String {
             serde_json::to_value(trial.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
             trial.rung.to_string(),
             values.join(" > "),
-            params_text(&trial.params),
+            // Cut so that a row stays one line of an 80-column terminal; `-o json` has them whole.
+            output::cut(&params_text(&trial.params), TRIAL_PARAMS_CHARS),
         ]);
     }
     text + &format!("{t}\n")
 }
+
+/// The most characters of a trial's parameters in `show`'s table.
+const TRIAL_PARAMS_CHARS: usize = 30;
 
 fn params_text(params: &serde_json::Map<String, serde_json::Value>) -> String {
     params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
@@ -223,4 +227,47 @@ pub fn preview_text(p: &ExperimentPreview) -> String {
         text += &format!("note: {note}\n");
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A search's trials as `yard experiment show` prints them: one line a row, within 80 columns.
+    #[test]
+    fn the_trials_table_fits_an_80_column_terminal() {
+        let search: ExperimentCreate = serde_json::from_value(serde_json::json!({
+            "name": "lr-search", "template": "pytorch-ddp",
+            "space": {"lr": {"type": "float", "min": 0.0001, "max": 0.1, "log": true}},
+            "searcher": {"metric": "loss", "max_length": 16, "max_trials": 2, "divisor": 2, "max_rungs": 2},
+        }))
+        .unwrap();
+        let trial = |n: u32, values: &[f64]| {
+            serde_json::json!({
+                "trial": n, "status": "completed", "rung": values.len() - 1, "failure": null,
+                "params": {"lr": 0.008598781572851318, "batch_size": 64, "precision": "bf16"},
+                "runs": values.iter().enumerate().map(|(rung, v)| serde_json::json!({
+                    "rung": rung, "length": 8 * (rung + 1), "job_id": null, "job_state": "succeeded", "value": v,
+                })).collect::<Vec<_>>(),
+            })
+        };
+        let detail: ExperimentDetail = serde_json::from_value(serde_json::json!({
+            "experiment": {
+                "id": uuid::Uuid::nil(), "name": search.name, "template": "pytorch-ddp", "template_version": "1.9.0",
+                "state": "completed", "reason": null, "best": null, "params": {}, "space": search.space,
+                "searcher": search.searcher, "budget_gpu_hours": null, "created_by": uuid::Uuid::nil(),
+                "created_at": "2026-12-02T00:00:00Z", "ended_at": null,
+            },
+            "trials": [trial(0, &[0.857742428779602]), trial(1, &[0.2928217053413391, 0.07532963156700134])],
+            "ladder": {"rungs": [], "trials": 2, "steps": 24, "steps_at_most": 24},
+            "gpu_hours": 0.0, "events": 3,
+        }))
+        .unwrap();
+        let text = experiment_detail(&detail);
+        let table: Vec<&str> = text.lines().skip_while(|l| !l.contains("TRIAL")).collect();
+        assert_eq!(table.len(), 2 + 3, "a header, two rows and the borders: {text}");
+        for line in &table {
+            assert!(line.chars().count() <= 80, "{} columns: {line}\n{text}", line.chars().count());
+        }
+    }
 }

@@ -214,7 +214,7 @@ fn diff_cells(values: &[Option<serde_json::Value>]) -> (Vec<String>, bool) {
 }
 
 /// `text` at most `chars` characters long, cut with `…` where it was longer.
-fn cut(text: &str, chars: usize) -> String {
+pub(crate) fn cut(text: &str, chars: usize) -> String {
     if text.chars().count() <= chars {
         return text.to_string();
     }
