@@ -480,3 +480,121 @@ async fn the_dashboard_form_previews_starts_and_refuses_a_search_keeping_what_wa
     let (status, _) = viewer.post_form("/experiments", &[("csrf", &csrf_of(&page)), ("search", &good)]).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
+
+/// The metric series `name` of a job: (step, value) pairs as stored.
+async fn series(env: &TestEnv, job: &str, name: &str) -> Vec<(u64, f64)> {
+    let (_, metrics) = env.get(&format!("/api/v1/jobs/{job}/metrics"), &env.admin_token).await;
+    let Some(series) = metrics["series"].as_array().unwrap().iter().find(|s| s["name"] == name).cloned() else {
+        return Vec::new();
+    };
+    let steps = series["steps"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap());
+    steps.zip(series["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap())).collect()
+}
+
+/// Trials run on spare room by default: a tenant with quota that submits gets the GPUs within
+/// one grace period; the trials are preempted (not failed), go back to the queue, resume from
+/// their checkpoint once the room is free again, and the search completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn trials_on_spare_room_make_way_for_a_tenant_with_quota_and_resume_where_they_stopped() {
+    const GPU: &str = "sim-a100";
+    let env = TestEnv::start_with(&["--simulate-gpus", "2", "--simulate-gpu-type", GPU]).await;
+    let admin = env.admin_token.clone();
+    assert_eq!(env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-a"})).await.0, StatusCode::CREATED);
+    let quota = env.yard(&admin, &["admin", "quota", "set", "team-a", GPU, "--nominal", "2"]);
+    assert!(quota.status.success(), "{}", stderr(&quota));
+    let alice = env.member("team-a", "alice", "member").await;
+
+    // The admin's tenant has no GPU quota at all: its trials take the two idle GPUs, one each,
+    // checkpointing every 4 steps of 48.
+    let (data, _) = crate::training::packed_dataset_by(&env).await;
+    let mut search = asha_search(data.to_str().unwrap(), "loss");
+    search["name"] = json!("spare-search");
+    search["params"]["gpus"] = json!(1);
+    search["params"]["checkpoint_every"] = json!(4);
+    search["searcher"] = json!({"method": "random", "metric": "loss", "max_length": 48, "max_trials": 2,
+                                "max_concurrent_trials": 2, "seed": 5});
+    let (status, created) = env.post("/api/v1/experiments", &admin, &search).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["spare"], true, "trials run on spare room unless asked otherwise");
+    let id = created["id"].as_str().unwrap().to_string();
+
+    // Both trials train and have saved a checkpoint.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let trial_jobs: Vec<String> = loop {
+        let (_, detail) = env.get(&format!("/api/v1/experiments/{id}"), &admin).await;
+        let jobs: Vec<String> = detail["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["runs"][0]["job_id"].as_str())
+            .map(String::from)
+            .collect();
+        let mut saved = 0;
+        for job in &jobs {
+            let (_, j) = env.get(&format!("/api/v1/jobs/{job}"), &admin).await;
+            if j["state"] == "running" && !series(&env, job, "checkpoint_step").await.is_empty() {
+                saved += 1;
+            }
+        }
+        if jobs.len() == 2 && saved == 2 {
+            break jobs;
+        }
+        assert!(Instant::now() < deadline, "the trials did not start training: {detail:#}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let (_, admins_quota) = env.get("/api/v1/quota", &admin).await;
+    assert!(admins_quota["flavors"].as_array().unwrap().iter().all(|f| f["used"] == 0), "{admins_quota}");
+
+    // Alice's job within her quota needs both GPUs: it runs within one grace period (10 s).
+    let submitted = Instant::now();
+    let body =
+        json!({"name": "alice-0", "command": ["sleep", "3"], "resources": {"gpus": 2, "cpu": 0.1, "memory": "64Mi"}});
+    let (status, job) = env.post("/api/v1/jobs", &alice, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let alices = job["id"].as_str().unwrap().to_string();
+    env.wait_job_as(&alice, &alices, Duration::from_secs(15), |j| j["state"] != "queued").await;
+    let waited = submitted.elapsed();
+    assert!(waited < Duration::from_secs(12), "alice waited {waited:?}, beyond one grace period");
+    for job in &trial_jobs {
+        let (_, events) = env.get(&format!("/api/v1/jobs/{job}/events"), &admin).await;
+        let requeued = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["from_state"] == "running" && e["to_state"] == "queued")
+            .unwrap_or_else(|| panic!("trial job {job} was not sent back to the queue: {events:#}"));
+        let reason = requeued["reason"].as_str().unwrap();
+        assert!(reason.contains("preempted to give spare room back to a job within its quota"), "{reason}");
+    }
+
+    // Alice's job ends; the trials come back, resume from their checkpoints, and finish.
+    let detail = wait_over(&env, &id, Duration::from_secs(420)).await;
+    assert_eq!(detail["experiment"]["state"], "completed", "{detail:#}");
+    let (_, alices_job) = env.get(&format!("/api/v1/jobs/{alices}"), &alice).await;
+    assert_eq!(alices_job["state"], "succeeded");
+    for trial in detail["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "completed", "preempted, never failed: {trial}");
+        assert_eq!(trial["preemptions"], 1, "the searcher was told of the preemption: {trial}");
+        let job = trial["runs"][0]["job_id"].as_str().unwrap();
+        let second = std::fs::read_to_string(env.data_dir().join("jobs").join(job).join("attempt-2/replica-0.log"))
+            .unwrap_or_default();
+        let resumed_at: u64 = second
+            .split("resuming from step ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|step| step.parse().ok())
+            .unwrap_or_else(|| panic!("the second attempt did not resume: {second}"));
+        assert!(resumed_at >= 4, "it resumed from a checkpoint, not from the start: {second}");
+        // The loss goes on from there to the end, each step once.
+        let steps: Vec<u64> = series(&env, job, "loss").await.into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps.last(), Some(&48), "{steps:?}");
+        assert!(steps.windows(2).all(|w| w[0] < w[1]), "no step trained twice: {steps:?}");
+    }
+    let shown = env.yard(&admin, &["experiment", "show", &id]);
+    let text = stdout(&shown);
+    assert!(
+        text.contains("trials run on spare room")
+            && text.contains("preempted, each resumed from its checkpoint: trial 0 x1, trial 1 x1"),
+        "{text}"
+    );
+}

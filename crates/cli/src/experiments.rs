@@ -171,6 +171,11 @@ pub fn experiment_detail(d: &ExperimentDetail) -> String {
     }
     let rungs: Vec<String> = d.ladder.rungs.iter().map(|r| format!("{} steps x{}", r.length, r.trials)).collect();
     text += &format!("rungs: {}; GPU-hours so far {:.2}\n", rungs.join(" > "), d.gpu_hours);
+    text += if e.spare {
+        "trials run on spare room: outside the quota, stopped first when a job with quota needs it\n"
+    } else {
+        "trials count in the tenant's quota\n"
+    };
     if let Some(best) = &e.best {
         text += &format!(
             "best: trial {} at rung {}: {} {}  {}\n",
@@ -194,7 +199,18 @@ pub fn experiment_detail(d: &ExperimentDetail) -> String {
             output::cut(&params_text(&trial.params), TRIAL_PARAMS_CHARS),
         ]);
     }
-    text + &format!("{t}\n")
+    text += &format!("{t}\n");
+    // Below the table, which stays within 80 columns.
+    let preempted: Vec<String> = d
+        .trials
+        .iter()
+        .filter(|t| t.preemptions > 0)
+        .map(|t| format!("trial {} x{}", t.trial, t.preemptions))
+        .collect();
+    if !preempted.is_empty() {
+        text += &format!("preempted, each resumed from its checkpoint: {}\n", preempted.join(", "));
+    }
+    text
 }
 
 /// The most characters of a trial's parameters in `show`'s table.
@@ -253,7 +269,7 @@ mod tests {
         };
         let detail: ExperimentDetail = serde_json::from_value(serde_json::json!({
             "experiment": {
-                "id": uuid::Uuid::nil(), "name": search.name, "template": "pytorch-ddp", "template_version": "1.9.0",
+                "id": uuid::Uuid::nil(), "name": search.name, "template": "pytorch-ddp", "template_version": "1.10.0",
                 "state": "completed", "reason": null, "best": null, "params": {}, "space": search.space,
                 "searcher": search.searcher, "budget_gpu_hours": null, "created_by": uuid::Uuid::nil(),
                 "created_at": "2026-12-02T00:00:00Z", "ended_at": null,

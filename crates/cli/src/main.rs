@@ -250,6 +250,11 @@ struct SubmitArgs {
     /// taking any node (at most 1h): 5m, 90s. Without it such nodes are only preferred.
     #[arg(long, value_name = "DURATION", value_parser = parse_cache_wait)]
     cache_wait: Option<u32>,
+    /// Run on spare room only: GPUs no job within its quota waits for. Counts in no quota, starts
+    /// after every other job, and is stopped first (then requeued, to resume from its
+    /// checkpoint) when a job within its quota needs the room.
+    #[arg(long)]
+    spare: bool,
     /// Environment variables, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -305,6 +310,11 @@ struct RunArgs {
     /// taking any node (at most 1h): 5m, 90s. Without it such nodes are only preferred.
     #[arg(long, value_name = "DURATION", value_parser = parse_cache_wait)]
     cache_wait: Option<u32>,
+    /// Run on spare room only: GPUs no job within its quota waits for. Counts in no quota, starts
+    /// after every other job, and is stopped first (then requeued, to resume from its
+    /// checkpoint) when a job within its quota needs the room.
+    #[arg(long)]
+    spare: bool,
 }
 
 #[derive(Subcommand)]
@@ -742,6 +752,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 max_restarts: args.max_restarts,
                 idempotency_key: args.idempotency_key,
                 cache_wait_seconds: args.cache_wait,
+                spare: args.spare,
             };
             if args.what_if {
                 let schedule = templates::what_if(&client, &args.template, &run).await?;
@@ -941,6 +952,7 @@ fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
         code: None,
         time_limit_seconds: args.time,
         cache_wait_seconds: args.cache_wait,
+        spare: args.spare,
     })
 }
 

@@ -618,7 +618,14 @@ pub fn quota(report: &QuotaReport, nodes: Option<&Nodes>) -> String {
             bar(f.used, f.nominal.max(f.used).max(1), 20),
         ]);
     }
-    format!("{text}{t}\n")
+    let mut text = format!("{text}{t}\n");
+    for f in report.flavors.iter().filter(|f| f.spare > 0) {
+        text += &format!(
+            "{}: also {} GPUs on spare room, outside the quota (stopped first when needed)\n",
+            f.flavor, f.spare
+        );
+    }
+    text
 }
 
 /// `used` of `total` as a bar of `width` cells.
@@ -947,6 +954,7 @@ mod tests {
             used,
             borrowed: 0,
             lent: 0,
+            spare: 0,
         }
     }
 

@@ -355,6 +355,10 @@ pub struct TemplateRun {
     #[serde(default)]
     #[schema(maximum = 3600)]
     pub cache_wait_seconds: Option<u32>,
+    /// Run on spare room only (as a job's `spare`): outside the tenant's quota, placed after
+    /// every other job, stopped first when a job within its quota needs the room.
+    #[serde(default)]
+    pub spare: bool,
 }
 
 /// What a template run would be, without queueing anything.
@@ -400,6 +404,9 @@ pub struct FlavorUsage {
     pub borrowed: u64,
     /// Of the tenant's idle nominal, what others in the cohort use now.
     pub lent: u64,
+    /// GPUs its jobs on spare room hold, beside `used` and outside every quota.
+    #[serde(default)]
+    pub spare: u64,
 }
 
 /// A quota that was set, with what may not work as meant.

@@ -32,9 +32,19 @@ pub struct ExperimentCreate {
     /// GPU-hours the trials may take together; no new run starts once they are spent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_gpu_hours: Option<f64>,
+    /// Trials run on spare room (the default): GPUs no job within its quota waits for, counted
+    /// in no quota, stopped first when such a job needs the room, and resumed from their
+    /// checkpoint later (the searcher is told "preempted", never "failed"). `false`: trials
+    /// count in the tenant's quota as any job does.
+    #[serde(default = "yes")]
+    pub spare: bool,
     /// A retried create with the same key returns the first experiment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Where an experiment stands.
@@ -98,6 +108,8 @@ pub struct Experiment {
     pub space: Space,
     pub searcher: SearcherSpec,
     pub budget_gpu_hours: Option<f64>,
+    /// Its trials run on spare room.
+    pub spare: bool,
     pub created_by: Uuid,
     pub created_at: DateTime<Utc>,
     pub ended_at: Option<DateTime<Utc>>,
@@ -141,6 +153,9 @@ pub struct Trial {
     pub rung: u32,
     pub runs: Vec<TrialRun>,
     pub failure: Option<String>,
+    /// How often its runs were preempted (each resumed from its checkpoint): never a failure.
+    #[serde(default)]
+    pub preemptions: u32,
 }
 
 /// `GET /api/v1/experiments/{id}`.

@@ -81,6 +81,11 @@ pub struct JobSubmission {
     #[serde(default)]
     #[schema(maximum = 3600)]
     pub cache_wait_seconds: Option<u32>,
+    /// Run on spare room only: GPUs no job within its tenant's quota is waiting for. The job
+    /// counts in no quota, is placed after every other job, and is the first stopped (and
+    /// requeued, to resume from its checkpoint) when a job within its quota needs the room.
+    #[serde(default)]
+    pub spare: bool,
 }
 
 fn one() -> u32 {
@@ -118,6 +123,9 @@ pub struct JobSpec {
     /// How long after submission the job waits for room on a node that caches its datasets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_wait_seconds: Option<u32>,
+    /// Runs on spare room only (see [`JobSubmission::spare`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spare: bool,
 }
 
 /// Code shipped with a job: a tar archive in the tenant's storage, by content.
@@ -277,6 +285,7 @@ impl JobSubmission {
                 code: self.code.map(|digest| CodeRef { digest, size_bytes: 0 }),
                 time_limit_seconds: self.time_limit_seconds,
                 cache_wait_seconds: self.cache_wait_seconds.filter(|&wait| wait > 0),
+                spare: self.spare,
             },
             priority: self.priority,
             max_restarts: self.max_restarts,

@@ -257,6 +257,7 @@ mod tests {
             code: None,
             time_limit_seconds: None,
             cache_wait_seconds: None,
+            spare: false,
         }
     }
 

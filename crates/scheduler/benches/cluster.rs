@@ -66,6 +66,8 @@ pub fn cluster(pending: usize) -> Snapshot {
             expected_runtime: Some(3600),
             stopping: false,
             stopping_for: None,
+            spare: false,
+            saved_at: None,
         })
         .collect();
     let pending = (0..pending)
@@ -88,6 +90,7 @@ pub fn cluster(pending: usize) -> Snapshot {
                 expected_runtime: Some(1800),
                 warm_nodes: Vec::new(),
                 cache_wait_secs: 0,
+                spare: false,
             }
         })
         .collect();

@@ -259,6 +259,8 @@ fn main() {
                 expected_runtime: Some(jobs[r.job].duration_ms / 1000),
                 stopping: r.stopping_until.is_some(),
                 stopping_for: r.stopping_for,
+                spare: false,
+                saved_at: None,
             })
             .collect();
         snap.pending = pending
@@ -273,6 +275,7 @@ fn main() {
                 expected_runtime: Some(jobs[i].duration_ms / 1000),
                 warm_nodes: Vec::new(),
                 cache_wait_secs: 0,
+                spare: false,
             })
             .collect();
         snap.nominated = std::mem::take(&mut nominated);

@@ -10,6 +10,10 @@
 //! smallest sufficient set of the lowest-priority, newest victims, never a higher priority than
 //! itself; or, once it has waited past the starvation threshold, reserve the nodes it needs so
 //! that later, smaller jobs stop overtaking it. Everything else gets a reason.
+//!
+//! Jobs on spare room (`PendingJob::spare`, an experiment's trials by default) come after every
+//! other job, take only what is left, count in no quota and preempt nothing; a job within its
+//! quota that finds no room stops them before anyone else, the one that would lose least first.
 
 use std::cmp::Reverse;
 use std::collections::binary_heap::PeekMut;
@@ -57,12 +61,13 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
     // tenant using less of its share goes first, ties in the order of `Queued::order`.
     let mut share: Vec<u64> = queue.policy_of.iter().map(|&t| dominant_share(&state, t)).collect();
     // A preemptor whose victims have just ended goes first when its tenant's turn is due
-    // (`Snapshot::nominated`): a share of zero.
+    // (`Snapshot::nominated`): a share of zero. Jobs on spare room come after every other job
+    // (a tenant's own come last in its order).
     let key = |share: u64, job: &Queued| {
         let share = if job.nominated { 0 } else { share.min(u64::from(u32::MAX)) };
-        (share << 32) | u64::from(job.order)
+        (job.spare, (share << 32) | u64::from(job.order))
     };
-    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = (0..tenants)
+    let mut heap: BinaryHeap<Reverse<((bool, u64), u32)>> = (0..tenants)
         .filter(|&t| !queue.range[t].is_empty())
         .map(|t| Reverse((key(share[t], &queue.jobs[queue.range[t].start]), t as u32)))
         .collect();
@@ -83,7 +88,12 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
         next[tenant] += 1;
         let t = queue.policy_of[tenant];
 
-        match try_admit(&mut state, job, t, queue.flavors(job)) {
+        let admitted = if job.spare {
+            try_admit_spare(&mut state, job, queue.flavors(job)).map_err(|reason| (reason, false))
+        } else {
+            try_admit(&mut state, job, t, queue.flavors(job))
+        };
+        match admitted {
             Ok(admission) => {
                 result.admissions.push(admission);
                 share[tenant] = dominant_share(&state, t);
@@ -93,7 +103,8 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                 // Preemption is searched for the first waiting job of each tenant only, and for at
                 // most a few jobs per cycle: bounded work, and the next cycle serves the rest.
                 // A job waiting by choice for a node that caches its data preempts nothing.
-                let by_choice = matches!(reason, PendingReason::WaitingForCache { .. });
+                // A job on spare room preempts nothing either.
+                let by_choice = matches!(reason, PendingReason::WaitingForCache { .. }) || job.spare;
                 let may_search =
                     options.preempt && !by_choice && searches < MAX_PREEMPTION_SEARCHES && !searched[tenant];
                 if may_search {
@@ -117,6 +128,7 @@ pub fn run_cycle(snap: &Snapshot, options: CycleOptions) -> CycleResult {
                         result.preemptions.push(Preemption { victim, for_job: job.id, kind });
                     }
                 } else if options.reserve
+                    && !job.spare
                     && snap.now - job.submitted_at >= snap.settings.starvation_after_secs
                     && matches!(reason, PendingReason::NoRoom { .. })
                     && let Some(flavor) = flavor_for_reservation(&state, job, t, queue.flavors(job))
@@ -166,6 +178,8 @@ struct Queued {
     flavors: (u32, u32),
     /// Its preemption's victims have just ended (`Snapshot::nominated`).
     nominated: bool,
+    /// On spare room: after every other job, outside quota.
+    spare: bool,
 }
 
 /// The cycle's queue: every pending job, grouped by tenant, each tenant's jobs in its own
@@ -215,6 +229,13 @@ impl Queue {
         order.sort_unstable_by(|a, b| {
             a.0.cmp(&b.0).then_with(|| snap.pending[a.1 as usize].id.cmp(&snap.pending[b.1 as usize].id))
         });
+        // Jobs on spare room after every other, in the same order among themselves.
+        if snap.pending.iter().any(|j| j.spare) {
+            let (mut first, spare): (Vec<_>, Vec<_>) =
+                order.into_iter().partition(|&(_, i)| !snap.pending[i as usize].spare);
+            first.extend(spare);
+            order = first;
+        }
 
         // Grouped by tenant (a counting sort, which keeps that order within each tenant).
         let mut range: Vec<std::ops::Range<usize>> = vec![0..0; tenants.len()];
@@ -254,8 +275,10 @@ impl Queue {
             .map(|place| {
                 let index = order[place as usize].1;
                 let job = &snap.pending[index as usize];
+                // Spare room is any GPU type's: no quota says which.
                 let flavors = match job.demand.gpu_type.as_deref() {
                     Some(name) => state.flavor_id(name).map_or((0, 0), |f| (f as u32, 1)),
+                    None if job.spare => (0, all),
                     None => tenant_lists[job_tenant[index as usize] as usize],
                 };
                 Queued {
@@ -267,6 +290,7 @@ impl Queue {
                     shape: state.intern(Shape::of(&job.demand)),
                     flavors,
                     nominated: nominated.contains(&job.id),
+                    spare: job.spare,
                 }
             })
             .collect();
@@ -384,6 +408,49 @@ fn try_admit(
     Err(best.unwrap_or_else(|| (none_offered(), false)))
 }
 
+/// Admits a job on spare room where nodes have room for it, in no quota; else why not.
+fn try_admit_spare(state: &mut State<'_>, job: &Queued, flavors: &[FlavorId]) -> Result<Admission, PendingReason> {
+    let demand = *state.shape(job.shape);
+    let warm = &state.snap.pending[job.index as usize].warm_nodes;
+    if demand.gpus == 0 {
+        let Some(nodes) = state.place_remembered(job.shape, None) else {
+            return Err(never_or_no_room(state, job.id, &demand, None));
+        };
+        let nodes = state.place_warm(&demand, None, warm).unwrap_or(nodes);
+        state.allocate(None, None, &demand, &nodes);
+        return Ok(admission(state, job.id, None, &nodes));
+    }
+    let mut best: Option<PendingReason> = None;
+    for &flavor in flavors {
+        if let Some(nodes) = state.place_remembered(job.shape, Some(flavor)) {
+            let nodes = state.place_warm(&demand, Some(flavor), warm).unwrap_or(nodes);
+            state.allocate(None, Some(flavor), &demand, &nodes);
+            return Ok(admission(state, job.id, Some(flavor), &nodes));
+        }
+        let reason = match never_or_no_room(state, job.id, &demand, Some(flavor)) {
+            PendingReason::NoRoom { flavor, replicas, gpus_per_replica, free_gpus, .. } => {
+                PendingReason::NoSpareRoom { flavor, replicas, gpus_per_replica, free_gpus }
+            }
+            other => other,
+        };
+        // "No spare room now" over "never" and over a reservation's hold.
+        let rank = |r: &PendingReason| match r {
+            PendingReason::NeverFits { .. } => 0,
+            PendingReason::Reserved { .. } => 1,
+            _ => 2,
+        };
+        if best.as_ref().is_none_or(|b| rank(&reason) > rank(b)) {
+            best = Some(reason);
+        }
+    }
+    Err(best.unwrap_or_else(|| PendingReason::NeverFits {
+        detail: match &state.snap.pending[job.index as usize].demand.gpu_type {
+            Some(flavor) => format!("no node of the cluster has GPUs of type {flavor}"),
+            None => "no node of the cluster has GPUs".to_string(),
+        },
+    }))
+}
+
 fn admission(state: &State<'_>, job: Uuid, flavor: Option<FlavorId>, nodes: &[usize]) -> Admission {
     Admission {
         job,
@@ -482,7 +549,6 @@ fn find_victims<'a>(
     let t = state.tenant(job.tenant)?;
     let cohort = snap.tenants[t].cohort.as_deref();
     let need = job.demand.total_gpus();
-    let eligible = |r: &RunningJob| !r.stopping && !taken.contains(&r.id) && r.priority <= job.priority;
     for &flavor in flavors {
         let on_flavor = &running_by_flavor[flavor];
         // Jobs already being stopped will free their resources: count them as gone, so that no
@@ -498,7 +564,7 @@ fn find_victims<'a>(
         for r in &stopping {
             take(state, r, true);
         }
-        let found = victims_on(state, job, flavor, t, cohort, need, quota_allows, on_flavor, &eligible, stopping.len());
+        let found = victims_on(state, job, flavor, t, cohort, need, quota_allows, on_flavor, taken, stopping.len());
         // What the job leaves free, node by node, once its victims (and those stopping for it)
         // have gone, where it will run then (`left_after`): held for it in this cycle. The
         // victims are released once more for it; searches are few per cycle (at most 32).
@@ -535,7 +601,7 @@ fn victims_on<'a>(
     need: u64,
     quota_allows: bool,
     on_flavor: &[&'a RunningJob],
-    eligible: &dyn Fn(&RunningJob) -> bool,
+    taken: &BTreeSet<Uuid>,
     stopping: usize,
 ) -> Option<(Vec<Uuid>, PreemptionKind)> {
     let snap = state.snap;
@@ -543,9 +609,21 @@ fn victims_on<'a>(
         // What is being stopped already makes room: wait for it, preempt no one else.
         return Some((Vec::new(), PreemptionKind::Reclaim));
     }
+    let free_to_stop = |r: &RunningJob| !r.stopping && !taken.contains(&r.id);
+    // Jobs on spare room make way for any job within its quota, whatever their priorities;
+    // the other kinds choose among jobs counted in quotas.
+    let eligible = |r: &RunningJob| free_to_stop(r) && !r.spare && r.priority <= job.priority;
     {
         let within_nominal = state.quota(t, flavor).is_some_and(|q| state.usage(t, flavor) + need <= q.nominal);
         let mut tries: Vec<(PreemptionKind, Vec<&'a RunningJob>)> = Vec::new();
+        if matches!(state.quota_check(Some(t), flavor, need), Ok(QuotaCheck::Fits)) {
+            let mut spare: Vec<&'a RunningJob> =
+                on_flavor.iter().copied().filter(|r| r.spare && free_to_stop(r)).collect();
+            // The one that would lose least first: saved most recently (or started most
+            // recently, having saved nothing since), then the newest.
+            spare.sort_by_key(|r| (Reverse(r.unsaved_since()), Reverse(r.started_at), Reverse(r.id)));
+            tries.push((PreemptionKind::Spare, spare));
+        }
         if quota_allows && within_nominal && cohort.is_some() {
             let borrowers = on_flavor
                 .iter()
@@ -575,7 +653,9 @@ fn victims_on<'a>(
                 continue;
             }
             // Ties in start time (seconds) go to the larger id: Trainyard's ids are time-ordered (UUIDv7).
-            candidates.sort_by_key(|r| (r.priority, Reverse(r.started_at), Reverse(r.id)));
+            if kind != PreemptionKind::Spare {
+                candidates.sort_by_key(|r| (r.priority, Reverse(r.started_at), Reverse(r.id)));
+            }
             if let Some(victims) = smallest_sufficient(state, job, flavor, kind, &candidates) {
                 return Some((victims, kind));
             }
@@ -612,7 +692,7 @@ fn left_after<'r>(
 fn take<'a>(state: &mut State<'a>, r: &RunningJob, release: bool) {
     let nodes = state.running_nodes(r);
     let f = r.flavor.as_deref().and_then(|f| state.flavor_id(f));
-    let (t, shape) = (state.tenant(r.tenant), Shape::of(&r.demand));
+    let (t, shape) = (state.quota_tenant(r), Shape::of(&r.demand));
     if release {
         state.release(t, f, &shape, &nodes);
     } else {

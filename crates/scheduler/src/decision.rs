@@ -37,6 +37,8 @@ pub enum PreemptionKind {
     Reclaim,
     /// Same tenant, lower priority, and the tenant allows it.
     LowerPriority,
+    /// The victim ran on spare room, which a job within its quota needs.
+    Spare,
 }
 
 /// A job that stays queued, where it stands, and why.
@@ -80,6 +82,8 @@ pub enum PendingReason {
     /// The job asked to wait for room on a node whose cache holds its data, until `until`
     /// (seconds since the epoch); `nodes` of the cluster's nodes hold it.
     WaitingForCache { nodes: usize, until: i64 },
+    /// A job on spare room: no set of nodes has room for it that no job with quota waits for.
+    NoSpareRoom { flavor: Option<FlavorName>, replicas: u32, gpus_per_replica: u32, free_gpus: u64 },
 }
 
 /// Every amount in a reason is in the units people use (`2.5 CPUs`, `16 GiB`, `8 GPUs of
@@ -127,6 +131,14 @@ impl fmt::Display for PendingReason {
             }
             PendingReason::WaitingForPreemption { victims } => {
                 write!(f, "preempting {victims} job(s) to make room; starts when they have stopped")
+            }
+            PendingReason::NoSpareRoom { flavor, replicas, gpus_per_replica, free_gpus } => {
+                let gpus = human_gpus(u64::from(*gpus_per_replica), flavor.as_deref());
+                write!(
+                    f,
+                    "runs on spare room only (GPUs no job within its quota waits for): no set of nodes has \
+                     {replicas} x {gpus} free now ({free_gpus} free in all)"
+                )
             }
             PendingReason::WaitingForCache { nodes, until } => {
                 let until = chrono::DateTime::from_timestamp(*until, 0)

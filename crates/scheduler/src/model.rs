@@ -111,6 +111,10 @@ pub struct PendingJob {
     /// How long after submission it waits for room on a warm node, when one is in the
     /// cluster, before it takes any node (0: never waits; the job asked for it).
     pub cache_wait_secs: u32,
+    /// Runs on spare room only: GPUs no job within its tenant's quota is waiting for. Not
+    /// counted in any quota, placed after every other job, never preempts, and is the first
+    /// victim when a job with quota needs the room (an experiment's trials, by default).
+    pub spare: bool,
 }
 
 /// A job holding resources: admitted, starting, running, or being stopped.
@@ -132,6 +136,19 @@ pub struct RunningJob {
     /// stops. `None` when it is stopped for another reason (cancelled, out of time), or its
     /// preemptor is not known: its room is then anyone's.
     pub stopping_for: Option<Uuid>,
+    /// Runs on spare room ([`PendingJob::spare`]): outside quota, preempted first.
+    pub spare: bool,
+    /// When it last saved its progress (a checkpoint it reported), seconds since the epoch:
+    /// of spare jobs, the one that saved last loses least when stopped.
+    pub saved_at: Option<i64>,
+}
+
+impl RunningJob {
+    /// When the work it would lose if stopped now began: its last checkpoint, or its start
+    /// when it saved nothing since (a resumed attempt starts from its checkpoint).
+    pub fn unsaved_since(&self) -> i64 {
+        self.saved_at.map_or(self.started_at, |saved| saved.max(self.started_at))
+    }
 }
 
 /// Knobs of the scheduling policy.
@@ -195,6 +212,8 @@ impl Snapshot {
                 expected_runtime: job.expected_runtime,
                 stopping: false,
                 stopping_for: None,
+                spare: job.spare,
+                saved_at: None,
             }
         }));
         self.pending = waiting;
@@ -208,6 +227,7 @@ impl Snapshot {
             expected_runtime: r.expected_runtime,
             warm_nodes: Vec::new(),
             cache_wait_secs: 0,
+            spare: r.spare,
         }));
     }
 }

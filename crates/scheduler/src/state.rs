@@ -198,9 +198,15 @@ impl<'a> State<'a> {
         for job in &snap.running {
             let nodes = state.running_nodes(job);
             let flavor = job.flavor.as_deref().map(|f| state.flavor_ids[f]);
-            state.allocate(state.tenant(job.tenant), flavor, &Shape::of(&job.demand), &nodes);
+            state.allocate(state.quota_tenant(job), flavor, &Shape::of(&job.demand), &nodes);
         }
         state
+    }
+
+    /// The tenant whose quota a running job counts in: its tenant's index, `None` for a job on
+    /// spare room (counted in no quota) or of a tenant without a policy.
+    pub fn quota_tenant(&self, job: &RunningJob) -> Option<usize> {
+        if job.spare { None } else { self.tenant(job.tenant) }
     }
 
     pub fn flavor_id(&self, name: &str) -> Option<FlavorId> {

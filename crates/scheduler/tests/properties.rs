@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
 use proptest::prelude::*;
-use trainyard_scheduler::{CycleResult, RunningJob, Snapshot, admission_cycle};
+use trainyard_scheduler::{CycleResult, PreemptionKind, RunningJob, Snapshot, admission_cycle};
 use uuid::Uuid;
 
 fn cluster() -> impl Strategy<Value = Snapshot> {
@@ -24,8 +24,10 @@ fn cluster() -> impl Strategy<Value = Snapshot> {
         ),
         1..5,
     );
-    let jobs =
-        prop::collection::vec((0usize..4, 1u32..4, 1u32..9, prop::option::of(0usize..2), 0i32..4, 0i64..4000), 0..40);
+    let jobs = prop::collection::vec(
+        (0usize..4, 1u32..4, 1u32..9, prop::option::of(0usize..2), 0i32..4, 0i64..4000, 0u8..4),
+        0..40,
+    );
     (nodes, tenants, jobs).prop_map(|(nodes, tenants, jobs)| {
         let flavors = [A100, H100];
         let nodes = nodes
@@ -50,7 +52,7 @@ fn cluster() -> impl Strategy<Value = Snapshot> {
         let pending = jobs
             .into_iter()
             .enumerate()
-            .map(|(i, (t, replicas, gpus, flavor, priority, age))| {
+            .map(|(i, (t, replicas, gpus, flavor, priority, age, spare))| {
                 let mut job = pending(
                     &format!("j{i}"),
                     &format!("t{}", t % tenant_count),
@@ -59,6 +61,8 @@ fn cluster() -> impl Strategy<Value = Snapshot> {
                     demand(replicas, gpus, flavor.map(|f| flavors[f])),
                 );
                 job.submitted_at = 1_000_100 - age;
+                // One job in four on spare room.
+                job.spare = spare == 0;
                 job
             })
             .collect();
@@ -89,6 +93,9 @@ fn check_invariants(snap: &Snapshot) -> Result<(), TestCaseError> {
     let mut usage: BTreeMap<(Uuid, &str), u64> = BTreeMap::new();
     for r in &snap.running {
         prop_assert_eq!(r.nodes.len(), r.demand.replicas as usize, "a gang runs whole");
+        if r.spare {
+            continue; // counted in no quota
+        }
         *usage.entry((r.tenant, r.flavor.as_deref().unwrap())).or_default() += r.demand.total_gpus();
     }
     for flavor in [A100, H100] {
@@ -127,8 +134,12 @@ proptest! {
 
             let priority: BTreeMap<Uuid, i32> =
                 snap.pending.iter().map(|j| (j.id, j.priority)).chain(snap.running.iter().map(|r| (r.id, r.priority))).collect();
+            let spare: BTreeSet<Uuid> =
+                snap.pending.iter().filter(|j| j.spare).map(|j| j.id).chain(snap.running.iter().filter(|r| r.spare).map(|r| r.id)).collect();
             for p in &result.preemptions {
-                prop_assert!(priority[&p.victim] <= priority[&p.for_job], "never a higher priority for a lower one");
+                prop_assert!(!spare.contains(&p.for_job), "a job on spare room preempts nothing");
+                prop_assert_eq!(spare.contains(&p.victim), p.kind == PreemptionKind::Spare, "spare victims are preempted as such");
+                prop_assert!(p.kind == PreemptionKind::Spare || priority[&p.victim] <= priority[&p.for_job], "never a higher priority for a lower one");
                 prop_assert!(!preempted.contains(&(p.victim, p.for_job)), "no preemption cycle: {} preempted {} before", name_of(p.victim), name_of(p.for_job));
                 preempted.insert((p.for_job, p.victim));
             }

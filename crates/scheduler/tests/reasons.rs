@@ -163,6 +163,7 @@ fn no_kind_of_reason_prints_millicores_or_bytes() {
         PendingReason::WaitingForPreemption { victims: 2 },
         // 2026-11-29 22:05:00 UTC
         PendingReason::WaitingForCache { nodes: 2, until: 1_795_989_900 },
+        PendingReason::NoSpareRoom { flavor: Some(flavor.clone()), replicas: 2, gpus_per_replica: 8, free_gpus: 6 },
     ];
     for sample in &samples {
         // Exhaustive on purpose: no wildcard.
@@ -174,6 +175,9 @@ fn no_kind_of_reason_prints_millicores_or_bytes() {
             PendingReason::Reserved { .. } | PendingReason::WaitingForPreemption { .. } => "",
             PendingReason::WaitingForCache { .. } => {
                 "the 2 nodes that cache its data, as the job asked, until 22:05:00 UTC"
+            }
+            PendingReason::NoSpareRoom { .. } => {
+                "spare room only (GPUs no job within its quota waits for): no set of nodes has 2 x 8 GPUs of nvidia-a100-40gb free now (6 free in all)"
             }
         };
         let text = sample.to_string();

@@ -59,6 +59,13 @@ pub enum Event {
     BudgetReached,
     /// Every run under way is stopped and nothing new starts.
     Cancelled,
+    /// A trial's run was stopped to make room (it ran on spare room, or lost a reclaim) and
+    /// went back to the queue, to resume from its checkpoint: not a failure, and no decision
+    /// changes. Stored by the control loop in the transaction that requeues the job.
+    Preempted {
+        trial: u32,
+        rung: u32,
+    },
 }
 
 /// A run the searcher decided on: train `trial` with `params` up to `length` steps, resuming
@@ -111,6 +118,9 @@ pub struct TrialState {
     /// The metric at each rung it reached, lowest rung first.
     pub values: Vec<f64>,
     pub failed: Option<String>,
+    /// How often its runs were preempted (each resumed from its checkpoint).
+    #[serde(default)]
+    pub preemptions: u32,
 }
 
 /// The searcher's whole state. Build it with [`Search::new`], feed it every stored event in
@@ -209,6 +219,14 @@ impl Search {
                 self.ended = Some(Outcome::Cancelled);
                 return Ok(());
             }
+            Event::Preempted { trial, rung } => {
+                // Counted for people; a run that is not under way (its end stored first by a
+                // racing writer) changes nothing either.
+                if let Some(t) = self.trials.get_mut(*trial as usize).filter(|t| t.rung == *rung && t.running) {
+                    t.preemptions += 1;
+                }
+                return Ok(());
+            }
         }
         self.decide();
         Ok(())
@@ -252,7 +270,15 @@ impl Search {
 
     fn trial_start(&mut self, params: Params) {
         let trial = self.trials.len() as u32;
-        self.trials.push(TrialState { trial, params, rung: 0, running: false, values: Vec::new(), failed: None });
+        self.trials.push(TrialState {
+            trial,
+            params,
+            rung: 0,
+            running: false,
+            values: Vec::new(),
+            failed: None,
+            preemptions: 0,
+        });
         self.launch(trial, 0);
     }
 
@@ -491,6 +517,29 @@ mod tests {
         assert_eq!(search.outcome(), Outcome::Searching, "its run is under way");
         search.apply(&Event::Reported { trial: 0, rung: 0, value: 0.5 }).unwrap();
         assert_eq!(search.outcome(), Outcome::Completed);
+    }
+
+    #[test]
+    fn a_preempted_run_is_counted_and_changes_no_decision() {
+        let mut quiet = Search::new(spec(Method::Asha, Some(8), 2), space());
+        let quiet_events = play(&mut quiet, |trial, rung| f64::from(trial) - f64::from(rung));
+        // The same results, with every run preempted once before it reports (and a stray
+        // preemption of a run not under way, which a racing writer may store).
+        let mut preempted = Search::new(spec(Method::Asha, Some(8), 2), space());
+        preempted.apply(&Event::Preempted { trial: 7, rung: 2 }).unwrap();
+        for event in &quiet_events {
+            if let Event::Reported { trial, rung, .. } = event {
+                preempted.apply(&Event::Preempted { trial: *trial, rung: *rung }).unwrap();
+                assert!(preempted.trials()[*trial as usize].failed.is_none(), "preempted is never failed");
+            }
+            preempted.apply(event).unwrap();
+        }
+        assert_eq!(preempted.runs(), quiet.runs());
+        assert_eq!(preempted.outcome(), Outcome::Completed);
+        let runs_of = |trial: u32| quiet.runs().iter().filter(|r| r.trial == trial).count() as u32;
+        for t in preempted.trials() {
+            assert_eq!(t.preemptions, runs_of(t.trial), "trial {}", t.trial);
+        }
     }
 
     proptest! {

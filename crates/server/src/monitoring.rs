@@ -338,6 +338,7 @@ pub fn reason_class(reason: &trainyard_scheduler::PendingReason) -> &'static str
         R::Reserved { .. } => "fair_share",
         R::WaitingForPreemption { .. } => "preemption",
         R::WaitingForCache { .. } => "data_locality",
+        R::NoSpareRoom { .. } => "spare_room",
     }
 }
 

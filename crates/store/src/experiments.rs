@@ -24,6 +24,8 @@ pub struct ExperimentRow {
     pub space: serde_json::Value,
     pub searcher: serde_json::Value,
     pub budget_gpu_hours: Option<f64>,
+    /// Its trials run on spare room (`JobSpec::spare`).
+    pub spare: bool,
     pub state: String,
     pub reason: Option<String>,
     pub best: Option<serde_json::Value>,
@@ -43,6 +45,7 @@ pub struct ExperimentNew<'a> {
     pub space: serde_json::Value,
     pub searcher: serde_json::Value,
     pub budget_gpu_hours: Option<f64>,
+    pub spare: bool,
     pub idempotency_key: Option<&'a str>,
     pub request_hash: Vec<u8>,
 }
@@ -71,7 +74,7 @@ macro_rules! experiment_select {
     ($rest:literal) => {
         concat!(
             "SELECT id, tenant_id, name, created_by, template, template_version, params, space, searcher,
-                    budget_gpu_hours, state, reason, best, created_at, ended_at FROM experiments ",
+                    budget_gpu_hours, spare, state, reason, best, created_at, ended_at FROM experiments ",
             $rest
         )
     };
@@ -86,8 +89,8 @@ impl Store {
         // language=PostgreSQL
         let inserted: Option<Uuid> = sqlx::query_scalar(
             "INSERT INTO experiments (id, tenant_id, name, created_by, template, template_version, params, space,
-                                      searcher, budget_gpu_hours, idempotency_key, request_hash)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                      searcher, budget_gpu_hours, idempotency_key, request_hash, spare)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
              ON CONFLICT ON CONSTRAINT experiments_idempotency_key_unique DO NOTHING
              RETURNING id",
         )
@@ -103,6 +106,7 @@ impl Store {
         .bind(new.budget_gpu_hours)
         .bind(new.idempotency_key)
         .bind(&new.request_hash)
+        .bind(new.spare)
         .fetch_optional(&mut *tx)
         .await
         .map_err(|err| match violated_constraint(&err) {
@@ -183,6 +187,15 @@ impl Store {
             return Ok(true);
         }
         let seqs: Vec<i32> = (0..events.len() as i32).map(|i| seq + i).collect();
+        let mut tx = self.begin().await?;
+        // The control loop appends too (`trials_preempted`), at the end of the log as it finds
+        // it: both hold the experiment's row meanwhile.
+        // language=PostgreSQL
+        sqlx::query("SELECT 1 FROM experiments WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
         // language=PostgreSQL
         let outcome = sqlx::query(
             "INSERT INTO experiment_events (experiment_id, seq, event)
@@ -191,10 +204,13 @@ impl Store {
         .bind(id)
         .bind(&seqs)
         .bind(events)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await;
         match outcome {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                tx.commit().await.map_err(db_error)?;
+                Ok(true)
+            }
             Err(err) if violated_constraint(&err) == Some("experiment_events_pkey") => Ok(false),
             Err(err) => Err(db_error(err)),
         }
@@ -308,4 +324,61 @@ impl Store {
         .await
         .map_err(db_error)
     }
+}
+
+/// Tells the searchers of the experiments whose trials `jobs` are (jobs just sent back to the
+/// queue by a preemption) that those runs were preempted: an event at the end of each log, in
+/// the caller's transaction, the one that requeues the jobs. Jobs that are no trial are skipped.
+pub(crate) async fn trials_preempted(tx: &mut sqlx::PgConnection, jobs: &[Uuid]) -> Result<()> {
+    // language=PostgreSQL
+    let runs: Vec<(Uuid, i32, i32)> = sqlx::query_as(
+        "SELECT experiment_id, trial, rung FROM experiment_runs WHERE job_id = ANY($1)
+          ORDER BY experiment_id, trial, rung",
+    )
+    .bind(jobs)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db_error)?;
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let mut experiments: Vec<Uuid> = runs.iter().map(|r| r.0).collect();
+    experiments.dedup();
+    // In id order, as every writer of several would: the driver's appends hold one each.
+    // language=PostgreSQL
+    sqlx::query("SELECT 1 FROM experiments WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(&experiments)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    // Each run's place after the log's last event: its rank among its experiment's runs here.
+    let mut ranks: Vec<i32> = Vec::with_capacity(runs.len());
+    for (i, run) in runs.iter().enumerate() {
+        ranks.push(if i > 0 && runs[i - 1].0 == run.0 { ranks[i - 1] + 1 } else { 0 });
+    }
+    let (ids, trials, rungs): (Vec<Uuid>, Vec<i32>, Vec<i32>) =
+        runs.iter().fold((Vec::new(), Vec::new(), Vec::new()), |(mut e, mut t, mut r), run| {
+            e.push(run.0);
+            t.push(run.1);
+            r.push(run.2);
+            (e, t, r)
+        });
+    // A statement begun after the locks: it sees every event committed before them.
+    // language=PostgreSQL
+    sqlx::query(
+        "INSERT INTO experiment_events (experiment_id, seq, event)
+         SELECT u.experiment_id,
+                coalesce((SELECT max(x.seq) + 1 FROM experiment_events x WHERE x.experiment_id = u.experiment_id), 0)
+                  + u.place,
+                jsonb_build_object('event', 'preempted', 'trial', u.trial, 'rung', u.rung)
+           FROM unnest($1::uuid[], $2::integer[], $3::integer[], $4::integer[]) AS u (experiment_id, trial, rung, place)",
+    )
+    .bind(&ids)
+    .bind(&trials)
+    .bind(&rungs)
+    .bind(&ranks)
+    .execute(&mut *tx)
+    .await
+    .map_err(db_error)?;
+    Ok(())
 }

@@ -63,6 +63,7 @@ fn unreadable_spec() -> JobSpec {
         code: None,
         time_limit_seconds: None,
         cache_wait_seconds: None,
+        spare: false,
     }
 }
 

@@ -20,6 +20,9 @@ use uuid::Uuid;
 use crate::jobs::to_stored_exit_code;
 use crate::{Store, db_error};
 
+/// The metric an engine reports after each checkpoint it saved (its value: the step saved).
+pub const CHECKPOINT_METRIC: &str = "checkpoint_step";
+
 /// An unfinished job as the loops see it.
 #[derive(Debug, Clone)]
 pub struct UnfinishedJob {
@@ -54,6 +57,9 @@ pub struct UnfinishedJob {
     pub expected_runtime_seconds: Option<i32>,
     /// The latest attempt, if the job was ever launched.
     pub attempt: Option<AttemptRecord>,
+    /// Holding jobs on spare room only: when it last reported a checkpoint (its
+    /// `checkpoint_step` metric), for choosing the one that loses least when stopped.
+    pub saved_at: Option<DateTime<Utc>>,
 }
 
 /// The decoded rows of unfinished jobs by row versions (see [`Store::jobs_unfinished`]).
@@ -250,7 +256,34 @@ impl Store {
                 job.warm_nodes = nodes;
             }
         }
+        self.spare_saved_at(&mut unfinished.jobs).await?;
         Ok(unfinished)
+    }
+
+    /// Fills in when each holding job on spare room last reported a checkpoint (the engine's
+    /// `checkpoint_step` metric): a copy of its own, as the time changes pass by pass. One
+    /// index range per job (`metrics_by_series`), and nothing read when no such job holds room.
+    async fn spare_saved_at(&self, jobs: &mut [Arc<UnfinishedJob>]) -> Result<()> {
+        let spare: Vec<Uuid> = jobs.iter().filter(|j| j.spec.spare && j.state.holds_capacity()).map(|j| j.id).collect();
+        if spare.is_empty() {
+            return Ok(());
+        }
+        // language=PostgreSQL
+        let saved: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT m.job_id, max(m.recorded_at) FROM metrics m
+              WHERE m.job_id = ANY($1) AND m.name = $2
+              GROUP BY m.job_id",
+        )
+        .bind(&spare)
+        .bind(CHECKPOINT_METRIC)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        let saved: FxHashMap<Uuid, DateTime<Utc>> = saved.into_iter().collect();
+        for job in jobs.iter_mut().filter(|j| saved.contains_key(&j.id)) {
+            Arc::make_mut(job).saved_at = saved.get(&job.id).copied();
+        }
+        Ok(())
     }
 
     /// The decoded row of each job in `versions` (id, job row version, latest attempt's
@@ -904,6 +937,12 @@ impl Store {
         .fetch_all(&mut *tx)
         .await
         .map_err(db_error)?;
+        // An experiment's trial back in the queue (preempted): its searcher is told so here.
+        let requeued: Vec<Uuid> =
+            ends.iter().filter(|e| e.to == JobState::Queued && moved.contains(&e.job_id)).map(|e| e.job_id).collect();
+        if !requeued.is_empty() {
+            crate::experiments::trials_preempted(&mut tx, &requeued).await?;
+        }
         tx.commit().await.map_err(db_error)?;
         Ok(moved.into_iter().collect())
     }
@@ -1173,6 +1212,7 @@ fn unfinished_job_decode(row: UnfinishedRow) -> DecodedRow {
         warm_nodes: Vec::new(),
         expected_runtime_seconds: row.expected_runtime_seconds,
         attempt,
+        saved_at: None,
     };
     Ok((Arc::new(job), hashes))
 }

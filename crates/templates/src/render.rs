@@ -73,6 +73,7 @@ impl Template {
             code: None,
             time_limit_seconds: None,
             cache_wait_seconds: None,
+            spare: false,
         }
         .validate()?;
         let mut spec = valid.spec;

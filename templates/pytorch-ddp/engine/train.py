@@ -628,6 +628,10 @@ def main():
                 # autotune starts.
                 "input_pipeline": {"workers": pipeline.stream.workers, "prefetch": pipeline.stream.prefetch},
             }, step, args.keep_checkpoints)
+            # When progress was last saved: of runs on spare room, the scheduler stops the one
+            # that saved last, which loses least.
+            reporter.add(step, checkpoint_step=step)
+            reporter.flush()
         dist.barrier()
 
     reporter = Reporter(rank == 0)

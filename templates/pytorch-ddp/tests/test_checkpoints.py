@@ -160,3 +160,41 @@ def test_checkpoints_go_to_the_jobs_folder_in_the_volume_when_one_is_given():
     assert checkpoints.checkpoint_dir("/mnt/elsewhere", "/volumes/checkpoints", "j1") == "/mnt/elsewhere"
     with pytest.raises(checkpoints.CheckpointError, match="TRAINYARD_JOB_ID"):
         checkpoints.checkpoint_dir("checkpoints", "/volumes/checkpoints", None)
+
+
+def test_each_saved_checkpoint_is_reported_with_its_step(uneven_dataset, tmp_path):
+    """After each checkpoint rank 0 reports `checkpoint_step` (its value the step saved): the
+    scheduler stops, of jobs on spare room, the one that saved last, which loses least."""
+    import os
+    import signal
+    import time
+
+    from fake_trainyard import FakeTrainyard
+    from jobs import Job
+
+    data, _ = uneven_dataset
+    trainyard = FakeTrainyard()
+    try:
+        job = Job(tmp_path, data, replicas=2, env=trainyard.env(), epochs=1000, max_steps=1000, log_every=5,
+                  checkpoint_every=10).start()
+        def saved():
+            try:
+                return job.latest_step()
+            except FileNotFoundError:
+                return 0
+
+        deadline = time.monotonic() + 90
+        while saved() < 20:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in job.processes), job.logs()
+            time.sleep(0.05)
+        job.kill(signal.SIGTERM)
+        assert job.wait(30) == [143, 143], job.logs()
+    finally:
+        trainyard.close()
+    saved = trainyard.series("checkpoint_step")
+    steps = [step for step, _ in saved]
+    assert [value for _, value in saved] == steps, "the value is the step saved"
+    assert steps[:2] == [10, 20], saved
+    # The final checkpoint on SIGTERM is reported too, once, by rank 0 alone.
+    assert steps[-1] == job.latest_step() and len(steps) == len(set(steps)), saved
+    assert os.path.exists(os.path.join(job.replica_dir(0), "checkpoints", "latest.json"))

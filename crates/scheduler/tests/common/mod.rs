@@ -63,6 +63,7 @@ pub fn pending(name: &str, tenant: &str, priority: i32, seq: u64, demand: Demand
         expected_runtime: Some(600),
         warm_nodes: Vec::new(),
         cache_wait_secs: 0,
+        spare: false,
     }
 }
 
@@ -86,6 +87,8 @@ pub fn running(
         expected_runtime: Some(600),
         stopping: false,
         stopping_for: None,
+        spare: false,
+        saved_at: None,
     }
 }
 

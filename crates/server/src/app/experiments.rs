@@ -58,6 +58,7 @@ impl App {
                         space: to_json(&create.space)?,
                         searcher: to_json(&create.searcher)?,
                         budget_gpu_hours: create.budget_gpu_hours,
+                        spare: create.spare,
                         idempotency_key: create.idempotency_key.as_deref(),
                         request_hash,
                     },
@@ -422,7 +423,9 @@ impl App {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(Error::internal)?;
             if !self.store.experiment_events_append(row.id, seq as i32, &values).await? {
-                // Another writer took this place in the log: the next pass reads it.
+                // Another writer (a preemption, a pause) took this place in the log: the next
+                // pass reads it, on top of what this searcher has taken in so far.
+                self.search_keep(row.id, search, seq);
                 return Ok(());
             }
             for fact in &facts {
@@ -522,6 +525,7 @@ impl App {
             max_restarts: 0,
             idempotency_key: Some(format!("experiment:{}:trial:{}:rung:{}", row.id, run.trial, run.rung)),
             cache_wait_seconds: None,
+            spare: row.spare,
         };
         match self.template_run(owner, &row.template, request, RunMode::Submit).await? {
             TemplateRunOutcome::Submitted(submitted) => Ok(match *submitted {
@@ -763,6 +767,7 @@ fn experiment_of(row: &ExperimentRow) -> Result<Experiment> {
         space,
         searcher,
         budget_gpu_hours: row.budget_gpu_hours,
+        spare: row.spare,
         created_by: row.created_by,
         created_at: row.created_at,
         ended_at: row.ended_at,
@@ -814,6 +819,7 @@ fn trials_of(search: &Search, jobs: &[ExperimentRunJob], state: ExperimentState)
                 rung: t.rung,
                 runs,
                 failure: t.failed.clone(),
+                preemptions: t.preemptions,
             }
         })
         .collect()

@@ -83,6 +83,7 @@ impl App {
             max_restarts: 0,
             idempotency_key: None,
             cache_wait_seconds: None,
+            spare: false,
         };
         let job = match self.template_run(caller, NOTEBOOK_TEMPLATE, run, RunMode::Submit).await? {
             TemplateRunOutcome::Submitted(submitted) => match *submitted {

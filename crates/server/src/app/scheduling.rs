@@ -194,6 +194,7 @@ impl App {
             expected_runtime: expected_runtime.map(i64::from),
             warm_nodes: locality.as_ref().map(|(_, warm)| warm.clone()).unwrap_or_default(),
             cache_wait_secs: spec.cache_wait_seconds.unwrap_or(0),
+            spare: spec.spare,
         };
         let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if(&snapshot, probe))
             .await
@@ -217,7 +218,16 @@ impl App {
             snapshot
                 .running
                 .iter()
-                .filter(|r| r.tenant == tenant && r.flavor.as_deref() == Some(flavor))
+                .filter(|r| r.tenant == tenant && !r.spare && r.flavor.as_deref() == Some(flavor))
+                .map(|r| r.demand.total_gpus())
+                .sum()
+        };
+        // Held on spare room: outside every quota.
+        let spare = |flavor: &str| -> u64 {
+            snapshot
+                .running
+                .iter()
+                .filter(|r| r.tenant == mine.id && r.spare && r.flavor.as_deref() == Some(flavor))
                 .map(|r| r.demand.total_gpus())
                 .sum()
         };
@@ -246,6 +256,7 @@ impl App {
                     used: mine_used,
                     borrowed: mine_used.saturating_sub(nominal),
                     lent,
+                    spare: spare(&q.flavor),
                 }
             })
             .collect();

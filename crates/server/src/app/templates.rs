@@ -221,6 +221,7 @@ impl App {
             code: None,
             time_limit_seconds: None,
             cache_wait_seconds: run.cache_wait_seconds,
+            spare: run.spare,
         }
         .validate()?;
         valid.spec.template = spec.template;
@@ -412,6 +413,7 @@ impl App {
                     max_restarts: original.max_restarts.max(0) as u32,
                     idempotency_key: None,
                     cache_wait_seconds: original.spec.cache_wait_seconds,
+                    spare: original.spec.spare,
                 };
                 let audit = Audit::by(caller, "job.submit", format!("rerun:{original_id}"));
                 let rerun = PinnedRerun { template, link };
@@ -446,6 +448,7 @@ impl App {
                     code: original.spec.code.as_ref().map(|c| c.digest.clone()),
                     time_limit_seconds: original.spec.time_limit_seconds,
                     cache_wait_seconds: original.spec.cache_wait_seconds,
+                    spare: original.spec.spare,
                 };
                 if request.what_if {
                     return Ok(RerunOutcome::WhatIf(self.job_what_if(caller, submission).await?));

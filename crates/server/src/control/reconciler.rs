@@ -1088,6 +1088,7 @@ impl Reconciler {
                 let why = match preemption.kind {
                     PreemptionKind::Reclaim => "to return borrowed quota to its owner",
                     PreemptionKind::LowerPriority => "for a higher-priority job of the same tenant",
+                    PreemptionKind::Spare => "to give spare room back to a job within its quota",
                 };
                 let reason = format!("preempted {why} (job {})", preemption.for_job);
                 Victim { id: preemption.victim, reason, for_job: preemption.for_job }
@@ -1103,6 +1104,7 @@ impl Reconciler {
                 let class = match preemption.kind {
                     PreemptionKind::Reclaim => "reclaim",
                     PreemptionKind::LowerPriority => "priority",
+                    PreemptionKind::Spare => "spare",
                 };
                 let labels = TenantReason { tenant: victim.tenant.clone(), reason: class.into() };
                 self.monitoring.preempted_jobs.get_or_create(&labels).inc();

@@ -200,6 +200,8 @@ pub fn snapshot(
             expected_runtime: j.expected_runtime_seconds.map(i64::from),
             stopping: j.cancel_requested || j.preempt_requested,
             stopping_for: room_promised_to(j),
+            spare: j.spec.spare,
+            saved_at: j.saved_at.map(seconds),
         })
         .collect();
     let pending = jobs
@@ -216,6 +218,7 @@ pub fn snapshot(
             expected_runtime: j.expected_runtime_seconds.map(i64::from),
             warm_nodes: j.warm_nodes.clone(),
             cache_wait_secs: j.spec.cache_wait_seconds.unwrap_or(0),
+            spare: j.spec.spare,
         })
         .collect();
     // The preemptors whose victims ended in this pass: the room is theirs now.
@@ -246,6 +249,9 @@ pub fn running_unreadable(job: &trainyard_store::reconcile::UnhandledJob, defaul
         expected_runtime: None,
         stopping: job.cancel_requested,
         stopping_for: None,
+        // Its spec does not decode: counted in its tenant's quota, which is the safe side.
+        spare: false,
+        saved_at: None,
     })
 }
 
@@ -283,6 +289,7 @@ pub(crate) fn job_for_tests(tenant: &str, state: JobState, gpus: u32) -> Unfinis
         warm_nodes: Vec::new(),
         expected_runtime_seconds: None,
         attempt: None,
+        saved_at: None,
     }
 }
 

@@ -138,6 +138,7 @@ pub struct TrialRow {
     pub params: String,
     pub best: bool,
     pub failure: String,
+    pub preemptions: u32,
 }
 
 #[derive(Template)]
@@ -157,6 +158,7 @@ struct ExperimentPage {
     over: bool,
     paused: bool,
     can_write: bool,
+    spare: bool,
 }
 
 pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path<String>) -> WebResult<Response> {
@@ -192,12 +194,14 @@ pub async fn detail(State(state): State<AppState>, auth: WebAuth, Path(id): Path
                 params: t.params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
                 best: best_trial == Some(t.trial),
                 failure: t.failure.clone().unwrap_or_default(),
+                preemptions: t.preemptions,
             })
             .collect(),
         chart,
         over: e.state.is_over(),
         paused: e.state == trainyard_core::experiments::ExperimentState::Paused,
         can_write: can_write(&auth.caller),
+        spare: e.spare,
     };
     Ok(render(&page))
 }

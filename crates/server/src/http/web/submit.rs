@@ -206,6 +206,7 @@ fn run_of(form: &BTreeMap<String, String>, kinds: &BTreeMap<String, ParamKind>) 
         max_restarts: 0,
         idempotency_key: text("idempotency_key"),
         cache_wait_seconds: None,
+        spare: false,
     }
 }
 
