@@ -81,9 +81,14 @@ impl App {
             self.templates.resolve(caller.tenant_id, &create.template, create.version.as_deref()).await?;
         let gpus_per_trial = gpus_of(&template.manifest, &create.params);
         let seconds_per_step = self.store.template_seconds_per_step(caller.tenant_id, &create.template).await?;
-        // The most trials side by side: the searcher's limit, and the GPUs the tenant could use
-        // now (its quotas' nominal plus borrowing limit, or the cluster's when it has none).
-        let share = self.gpus_within_reach(caller.tenant_id).await?;
+        // The most trials side by side: the searcher's limit, and the GPUs the trials could use
+        // now: on spare room, those idle now; else the tenant's quotas' nominal plus borrowing
+        // limit (the cluster's when it has none).
+        let share = if create.spare {
+            Some(self.gpus_idle_now().await?)
+        } else {
+            self.gpus_within_reach(caller.tenant_id).await?
+        };
         let concurrent_trials = match (gpus_per_trial, share) {
             (0, _) | (_, None) => create.searcher.max_concurrent_trials,
             (per, Some(gpus)) => create.searcher.max_concurrent_trials.min((gpus / per as u64).max(1) as u32),
@@ -116,6 +121,11 @@ impl App {
         }
         if gpus_per_trial == 0 {
             notes.push("trials take no GPU: GPU-hours are 0".into());
+        } else if create.spare {
+            notes.push(format!(
+                "trials run on spare room: {} GPUs idle now; a trial stops (and resumes later) when a job with quota needs its GPUs, so the wall time can grow",
+                share.unwrap_or(0)
+            ));
         }
         Ok(ExperimentPreview {
             ladder,
@@ -297,6 +307,14 @@ impl App {
             }
         }
         Ok(())
+    }
+
+    /// The GPUs no job holds now, over the cluster: what trials on spare room can take.
+    async fn gpus_idle_now(&self) -> Result<u64> {
+        let snapshot = self.scheduling_snapshot().await?;
+        let total: u64 = snapshot.nodes.iter().map(|n| u64::from(n.gpus)).sum();
+        let held: u64 = snapshot.running.iter().map(|r| r.demand.total_gpus()).sum();
+        Ok(total.saturating_sub(held))
     }
 
     /// The GPUs the tenant's quotas let it use at most (nominal plus borrowing limit, over its

@@ -28,7 +28,7 @@ impl App {
     }
 
     /// The scheduler's view right now (what the next admission cycle would see).
-    async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
+    pub(crate) async fn scheduling_snapshot(&self) -> Result<trainyard_scheduler::Snapshot> {
         let jobs = self.store.jobs_unfinished().await?.jobs;
         crate::scheduling::snapshot::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default()).await
     }
