@@ -30,6 +30,7 @@ mod storage;
 mod store_datasets;
 mod templates;
 mod tenancy;
+mod terminal;
 mod tour;
 mod training;
 mod warm_nodes;

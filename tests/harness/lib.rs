@@ -420,17 +420,35 @@ impl TestEnv {
         self.yard_in(&cwd, token, args)
     }
 
-    /// `yard` run in `dir` (what `yard submit` ships as the job's code).
+    /// `yard` run in `dir` (what `yard submit` ships as the job's code). Its tables are as wide
+    /// as their values (`COLUMNS=1000`): tests read whole values; [`TestEnv::yard_at_width`]
+    /// prints them as a terminal of some width would.
     pub fn yard_in(&self, dir: &Path, token: &str, args: &[&str]) -> Output {
-        Command::new(bin("yard"))
+        self.yard_command(dir, token, args).env("COLUMNS", "1000").output().expect("run yard")
+    }
+
+    /// `yard` as printed to a terminal `columns` wide (`COLUMNS`), or piped when `None`.
+    pub fn yard_at_width(&self, token: &str, columns: Option<u16>, args: &[&str]) -> Output {
+        let cwd = self.dir.path().join("yard-cwd");
+        std::fs::create_dir_all(&cwd).expect("the folder yard runs in");
+        let mut command = self.yard_command(&cwd, token, args);
+        match columns {
+            Some(columns) => command.env("COLUMNS", columns.to_string()),
+            None => command.env_remove("COLUMNS"),
+        };
+        command.output().expect("run yard")
+    }
+
+    fn yard_command(&self, dir: &Path, token: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(bin("yard"));
+        command
             .current_dir(dir)
             .args(args)
             .env("HOME", self.dir.path())
             .env_remove("XDG_CONFIG_HOME")
             .env("TRAINYARD_URL", &self.server.url)
-            .env("TRAINYARD_TOKEN", token)
-            .output()
-            .expect("run yard")
+            .env("TRAINYARD_TOKEN", token);
+        command
     }
 
     /// Packs `source` into `dest` with the `data-pack` template through `yard run ... --wait`

@@ -96,7 +96,7 @@ pub async fn usage(client: &Client, out: Output, args: UsageArgs) -> anyhow::Res
             print!("{}", output::usage_csv(&report));
             Ok(ExitCode::SUCCESS)
         }
-        Output::Table | Output::Json => output::print(out, &report, output::usage_table),
+        Output::Table | Output::Wide | Output::Json => output::print(out, &report, output::usage_table),
     }
 }
 

@@ -41,7 +41,9 @@ use crate::config::Config;
                   `yard login` (saved under your config directory). Shell completions: `yard completions bash`."
 )]
 struct Cli {
-    /// Output format (csv: `yard usage` only).
+    /// Output format: tables fit the terminal ($COLUMNS, else its width, else 80 columns when
+    /// piped), one line a row, long values cut with …; `wide` shows every value whole; csv:
+    /// `yard usage` only.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
     #[command(subcommand)]
@@ -51,6 +53,7 @@ struct Cli {
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Output {
     Table,
+    Wide,
     Json,
     Csv,
 }
@@ -562,7 +565,14 @@ fn what_if_answer(out: Output, schedule: &Schedule) -> anyhow::Result<ExitCode> 
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let out = cli.output;
+    // `-o wide` is a table whose values are never cut: the one place that differs is `table()`.
+    let out = match cli.output {
+        Output::Wide => {
+            output::WIDE.store(true, std::sync::atomic::Ordering::Relaxed);
+            Output::Table
+        }
+        other => other,
+    };
     if out == Output::Csv && !matches!(cli.command, Command::Usage(_)) {
         bail!("-o csv is for `yard usage`; this command prints a table, or JSON with -o json");
     }

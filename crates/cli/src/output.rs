@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
 use comfy_table::presets::UTF8_BORDERS_ONLY;
-use comfy_table::{CellAlignment, ContentArrangement, Row, Table};
+use comfy_table::{CellAlignment, ContentArrangement, Table};
 use serde::Serialize;
 use trainyard_core::api::{
     Artifact, AuditPage, Job, JobAttempt, JobEvent, JobMetrics, JobPage, Nodes, QuotaReport, Schedule, TemplateDetail,
@@ -20,7 +20,7 @@ pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> Str
     let text = match out {
         Output::Json => serde_json::to_string_pretty(value)? + "\n",
         // `-o csv` is refused before any command but `yard usage` (which writes its own) runs.
-        Output::Table | Output::Csv => human(value),
+        Output::Table | Output::Wide | Output::Csv => human(value),
     };
     // Written, not `print!`ed: a reader that went away (`yard jobs ls | head`) is an error main
     // ends on quietly, not a panic.
@@ -28,10 +28,130 @@ pub fn print<T: Serialize>(out: Output, value: &T, human: impl FnOnce(&T) -> Str
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn table(header: &[&str]) -> Table {
+/// `-o wide`: tables show every value whole, however wide (set once by `main`).
+pub(crate) static WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The width piped tables fit in, as `squeue`'s fixed columns do.
+const PIPED_COLUMNS: u16 = 80;
+
+/// Columns at most this wide (header and every value) are never cut or shrunk: ids, states,
+/// counts and times stay whole; names and reasons give way.
+const WHOLE_COLUMN_CHARS: usize = 20;
+
+/// A table that fits where it is printed: see [`Fitted`].
+pub(crate) fn table(header: &[&str]) -> Fitted {
     let mut table = Table::new();
     table.load_style(UTF8_BORDERS_ONLY).set_content_arrangement(ContentArrangement::Dynamic).set_header(header);
-    table
+    Fitted { table, width: None, lines_per_row: 1 }
+}
+
+/// A table printed one line a row within the terminal's width: `$COLUMNS` when set (as `ls`
+/// reads it), else the terminal's, else (piped) 80 columns of plain text without borders. Short
+/// columns (ids, states, counts, times) stay whole; the longer ones are cut with `…`, never
+/// wrapped inside a word. `-o wide` ([`WIDE`]) prints every value whole instead.
+pub(crate) struct Fitted {
+    table: Table,
+    /// Overrides where it is printed (tests).
+    width: Option<u16>,
+    /// Lines a row may take, cut beyond (1: one line a row, as `squeue` prints).
+    lines_per_row: usize,
+}
+
+impl Fitted {
+    /// Fits `width` columns, wherever it is printed.
+    pub fn fit_width(mut self, width: u16) -> Fitted {
+        self.width = Some(width);
+        self
+    }
+
+    /// Marks `columns` (by index) as the ones that give way first, however short: never
+    /// narrower than their header (a header is not cut or broken either).
+    pub fn flexible(mut self, columns: &[usize]) -> Fitted {
+        let headers: Vec<u16> = self
+            .table
+            .header()
+            .map(|h| h.cell_iter().map(|c| c.content().chars().count().max(4) as u16).collect())
+            .unwrap_or_default();
+        for &i in columns {
+            let least = headers.get(i).copied().unwrap_or(4);
+            if let Some(column) = self.table.column_mut(i) {
+                column.set_constraint(comfy_table::ColumnConstraint::LowerBoundary(comfy_table::Width::Fixed(least)));
+            }
+        }
+        self
+    }
+
+    /// Lets each row take up to `lines` lines (wrapped at spaces) before it is cut.
+    pub fn lines_per_row(mut self, lines: usize) -> Fitted {
+        self.lines_per_row = lines.max(1);
+        self
+    }
+
+    fn fitted(&self) -> Table {
+        let mut table = self.table.clone();
+        if WIDE.load(std::sync::atomic::Ordering::Relaxed) {
+            table.set_content_arrangement(ContentArrangement::Disabled);
+            return table;
+        }
+        let columns = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<u16>().ok()).filter(|&c| c > 0);
+        #[cfg(test)]
+        let columns = tests::WIDTH.get().or(columns);
+        let piped = !std::io::IsTerminal::is_terminal(&std::io::stdout());
+        match self.width.or(columns) {
+            Some(width) => {
+                table.set_width(width);
+            }
+            None if piped => {
+                table.load_style(comfy_table::presets::NOTHING);
+                table.set_width(PIPED_COLUMNS);
+            }
+            // comfy-table reads the terminal's width itself.
+            None => {}
+        }
+        table.set_truncation_indicator("…");
+        let widest: Vec<usize> = (0..table.column_count())
+            .map(|i| {
+                let cells = table.column_cells_iter(i).flatten().map(|cell| cell.content().chars().count());
+                let header =
+                    table.header().and_then(|h| h.cell_iter().nth(i)).map_or(0, |c| c.content().chars().count());
+                cells.chain([header]).max().unwrap_or(0)
+            })
+            .collect();
+        // One space between columns, beside the separator: eight columns keep 8 more for values.
+        let last = table.column_count().saturating_sub(1);
+        for (i, column) in table.column_iter_mut().enumerate() {
+            column.set_padding((1, u16::from(i == last)));
+        }
+        for (column, widest) in table.column_iter_mut().zip(widest) {
+            // A table may say which columns give way (`flexible`); else the short ones stay.
+            if column.constraint().is_none() && widest <= WHOLE_COLUMN_CHARS {
+                column.set_constraint(comfy_table::ColumnConstraint::ContentWidth);
+            }
+        }
+        for row in table.row_iter_mut() {
+            row.max_height(self.lines_per_row);
+        }
+        table
+    }
+}
+
+impl std::ops::Deref for Fitted {
+    type Target = Table;
+    fn deref(&self) -> &Table {
+        &self.table
+    }
+}
+
+impl std::ops::DerefMut for Fitted {
+    fn deref_mut(&mut self) -> &mut Table {
+        &mut self.table
+    }
+}
+
+impl std::fmt::Display for Fitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.fitted())
+    }
 }
 
 /// A duration as people read it: 42s, 3m05s, 2h04m, 3d02h.
@@ -49,12 +169,22 @@ pub(crate) fn when(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S").to_string()
 }
 
+/// A time in a narrow column: the time of day when it is today (UTC), else the date and minute.
+pub(crate) fn when_short(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    if at.date_naive() == now.date_naive() {
+        at.format("%H:%M:%S").to_string()
+    } else {
+        at.format("%m-%d %H:%M").to_string()
+    }
+}
+
 /// Jobs as `squeue` shows them: a short id (what every id argument takes), who, how long.
 pub fn jobs_table(page: &JobPage) -> String {
     if page.items.is_empty() {
         return "no jobs match\n".into();
     }
-    let mut t = table(&["ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ELAPSED", "REASON"]);
+    // One line a job in 80 columns: names, users and reasons give way (-o wide has them whole).
+    let mut t = table(&["ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ELAPSED", "REASON"]).flexible(&[1, 2, 7]);
     let now = Utc::now();
     for job in &page.items {
         let id = job.id.to_string();
@@ -65,7 +195,7 @@ pub fn jobs_table(page: &JobPage) -> String {
             job.created_by.clone(),
             job.state.to_string(),
             (job.spec.resources.gpus * job.spec.replicas).to_string(),
-            when(job.created_at),
+            when_short(job.created_at, now),
             job.started_at.map(|start| elapsed(job.finished_at.unwrap_or(now) - start)).unwrap_or_else(|| "-".into()),
             job.reason.clone().unwrap_or_default(),
         ]);
@@ -89,7 +219,8 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
     if queue.items.is_empty() {
         return format!("no job of yours is waiting\n{others}{as_of}");
     }
-    let mut t = table(&["POS", "ID", "NAME", "TENANT", "PRIORITY", "REASON", "EST. START"]);
+    let mut t = table(&["POS", "ID", "NAME", "TENANT", "PRIORITY", "REASON", "EST. START"]).flexible(&[2, 3, 5]);
+    let now = Utc::now();
     for entry in &queue.items {
         let s = &entry.schedule;
         let id = entry.id.to_string();
@@ -105,7 +236,9 @@ pub fn queue_table(queue: &trainyard_core::api::Queue) -> String {
             entry.tenant.clone(),
             entry.priority.to_string(),
             s.reason.clone().unwrap_or_else(|| "starts at the next admission".into()),
-            s.estimated_start.map(when).unwrap_or_else(|| if s.admitted_now { "now".into() } else { "-".into() }),
+            s.estimated_start
+                .map(|at| when_short(at, now))
+                .unwrap_or_else(|| if s.admitted_now { "now".into() } else { "-".into() }),
         ]);
     }
     format!("{t}\n{others}{as_of}")
@@ -144,9 +277,10 @@ fn diff_text(c: &trainyard_core::compare::Comparison, width: Option<u16>) -> Str
     let mut summarised = false;
     for section in c.sections.iter().filter(|s| !s.fields.is_empty()) {
         text.push_str(&format!("{} ({} differ, {} the same)\n", section.name, section.differ, section.same));
-        let mut t = table(&header);
+        // Rows wrap here (at spaces): a field's values side by side are what is read.
+        let mut t = table(&header).lines_per_row(usize::MAX);
         if let Some(width) = width {
-            t.set_width(width);
+            t = t.fit_width(width);
         }
         for field in &section.fields {
             let name = if !c.all {
@@ -308,7 +442,8 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
     if nodes.items.is_empty() {
         return "no nodes: the executor has not reported any yet\n".into();
     }
-    let mut t = table(&["NODE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE", "CACHED"]);
+    let mut t =
+        table(&["NODE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE", "CACHED"]).flexible(&[0, 6, 7]);
     for n in &nodes.items {
         let cores = |millis: u64| format!("{:.1}", millis as f64 / 1000.0);
         let free_gpus = n.gpus.saturating_sub(n.gpus_allocated);
@@ -646,7 +781,7 @@ pub fn usage_table(report: &UsageReport) -> String {
 
 /// A column per key grouped by, in the order asked, then the hours; most GPU-hours first, a
 /// total when there are several rows, efficiency only when some group reported it.
-fn usage_grid(report: &UsageReport) -> Table {
+fn usage_grid(report: &UsageReport) -> Fitted {
     let rows = usage_rows_by_gpu_hours(report);
     let efficiency = rows.iter().any(|r| r.efficiency.is_some());
     let mut header: Vec<String> = report.by.iter().map(|key| key.replace(['-', '_'], " ").to_uppercase()).collect();
@@ -757,10 +892,10 @@ pub fn audit_table(page: &AuditPage) -> String {
 
 /// An entry a row, at most two lines high: a long refusal message is cut to fit (`-o json` has
 /// it whole).
-fn audit_grid(page: &AuditPage) -> Table {
+fn audit_grid(page: &AuditPage) -> Fitted {
     let mut t = table(&["TIME", "TENANT", "ACTOR", "ACTION", "TARGET", "OUTCOME", "SOURCE", "DETAIL"]);
     for entry in &page.items {
-        let mut row = Row::from(vec![
+        t.add_row(vec![
             when(entry.at),
             entry.tenant.clone().unwrap_or_else(|| "-".into()),
             entry.actor.clone(),
@@ -770,17 +905,28 @@ fn audit_grid(page: &AuditPage) -> Table {
             entry.source.clone().unwrap_or_default(),
             entry.detail.clone().unwrap_or_default(),
         ]);
-        row.max_height(2);
-        t.add_row(row);
     }
-    t
+    t.lines_per_row(2)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::Fitted;
     use chrono::{TimeZone, Utc};
-    use comfy_table::Table;
     use trainyard_core::api::{AuditEntry, AuditPage, UsageReport, UsageRow};
+
+    thread_local! {
+        /// The terminal width tables fit in this test thread (see [`at_width`]).
+        pub(super) static WIDTH: std::cell::Cell<Option<u16>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Runs `f` as if printed to a terminal `width` columns wide.
+    pub(super) fn at_width<T>(width: u16, f: impl FnOnce() -> T) -> T {
+        WIDTH.set(Some(width));
+        let out = f();
+        WIDTH.set(None);
+        out
+    }
 
     use super::{
         artifacts_table, audit_grid, audit_table, dataset_detail, datasets_table, diff_text, elapsed, quota, sparkline,
@@ -814,9 +960,8 @@ mod tests {
     }
 
     /// The table's lines as a terminal `width` wide shows them.
-    fn lines(mut table: Table, width: u16) -> Vec<String> {
-        table.set_width(width);
-        table.lines().collect()
+    fn lines(table: Fitted, width: u16) -> Vec<String> {
+        table.fit_width(width).to_string().lines().map(str::to_string).collect()
     }
 
     fn line_with<'a>(lines: &'a [String], text: &str) -> &'a str {
@@ -1039,7 +1184,7 @@ mod tests {
             pending_reason: pending.map(str::to_string),
         };
         let list = vec![volume("scratch", 25_276_502_016, None), volume("more", 5 << 30, Some("no storage class"))];
-        let text = volumes_table(&list);
+        let text = at_width(160, || volumes_table(&list));
         let lines: Vec<String> = text.lines().map(str::to_string).collect();
         assert!(line_with(&lines, "NAME").contains("ACCESS MODE"), "{text}");
         let scratch = line_with(&lines, "scratch");

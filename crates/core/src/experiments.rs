@@ -109,6 +109,7 @@ pub struct Experiment {
     pub searcher: SearcherSpec,
     pub budget_gpu_hours: Option<f64>,
     /// Its trials run on spare room.
+    #[serde(default)]
     pub spare: bool,
     pub created_by: Uuid,
     pub created_at: DateTime<Utc>,
