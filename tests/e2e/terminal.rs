@@ -104,3 +104,28 @@ async fn jobs_queue_and_nodes_fit_80_and_120_columns_one_line_a_row_and_wide_sho
     let wide = stdout(&env.yard_at_width(&admin, Some(80), &["jobs", "ls", "-o", "wide"]));
     assert!(wide.contains(long) && wide.contains(&reason), "{wide}");
 }
+
+/// The short id `yard` prints opens the job's dashboard page, and the dashboard's jobs table shows
+/// it (issue 43: one way to name a job everywhere).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_short_id_yard_prints_opens_the_jobs_page_and_the_jobs_table_shows_it() {
+    let env = TestEnv::start().await;
+    let (status, job) =
+        env.post("/api/v1/jobs", &env.admin_token, &json!({"name": "named", "command": ["true"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().unwrap();
+    let listed = stdout(&env.yard(&env.admin_token, &["jobs", "ls"]));
+    assert!(listed.contains(&id[..13]), "{listed}");
+
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (status, location) = web.redirect_of(&format!("/jobs/{}", &id[..13])).await;
+    assert!(status.is_redirection(), "{status}");
+    assert_eq!(location.as_deref(), Some(format!("/jobs/{id}").as_str()));
+    let (status, page) = web.get(location.as_deref().unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("named"), "the job's page");
+    let (status, _) = web.get("/jobs/ffffffffffff").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "a short id of no job of the tenant");
+    let (_, table) = web.get("/jobs").await;
+    assert!(table.contains(&format!("<code>{}</code>", &id[..13])), "the jobs table shows the short id");
+}

@@ -15,7 +15,6 @@ use uuid::Uuid;
 use super::{LineChart, LineSeries, Nav, WebAuth, WebResult, render};
 use crate::app::compare::compared_ids;
 use crate::http::AppState;
-use crate::http::api::jobs::{ListParams, list_filter};
 
 /// The most steps a chart carries; longer series are thinned evenly (every k-th step kept).
 const MAX_CHART_STEPS: usize = 4000;
@@ -88,20 +87,6 @@ fn shown(value: &Option<serde_json::Value>) -> String {
     }
 }
 
-/// A job named by its id or the first hex digits of it (at least 6), among the tenant's jobs.
-async fn job_named(state: &AppState, auth: &WebAuth, text: &str) -> WebResult<Uuid> {
-    if let Ok(id) = Uuid::parse_str(text) {
-        return Ok(id);
-    }
-    let params = ListParams { id_prefix: Some(text.to_string()), limit: Some(2), ..ListParams::default() };
-    let page = state.app.jobs_list(&auth.caller, &list_filter(params)?).await?;
-    match page.items.as_slice() {
-        [job] => Ok(job.id),
-        [] => Err(Error::invalid("with", format!("no job of your tenant has an id starting with {text}")).into()),
-        _ => Err(Error::invalid("with", format!("{text} names more than one job; give more of the id")).into()),
-    }
-}
-
 pub async fn compare(
     State(state): State<AppState>,
     auth: WebAuth,
@@ -109,7 +94,12 @@ pub async fn compare(
 ) -> WebResult<Response> {
     let mut ids = compared_ids(&params.jobs)?;
     for text in params.with.split([',', ' ']).map(str::trim).filter(|t| !t.is_empty()) {
-        ids.push(job_named(&state, &auth, text).await?);
+        let named = super::job_named(&state, &auth, text, "with").await?;
+        ids.push(
+            named.ok_or_else(|| {
+                Error::invalid("with", format!("no job of your tenant has an id starting with {text}"))
+            })?,
+        );
     }
     let comparison = state.app.runs_compare(&auth.caller, &ids, params.all).await?;
     let metric = [params.metric.as_str(), "loss"]

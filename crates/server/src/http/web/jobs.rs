@@ -43,6 +43,13 @@ pub struct JobRow {
 }
 
 impl JobRow {
+    /// The first 13 characters of its id, as `yard` prints it and every id argument takes.
+    pub fn short_id(&self) -> String {
+        self.id.to_string()[..13].to_string()
+    }
+}
+
+impl JobRow {
     fn of(job: &Job) -> JobRow {
         let resources = &job.spec.resources;
         let gpus = if resources.gpus == 0 {
@@ -333,6 +340,13 @@ pub async fn detail(
     Path(id): Path<String>,
     headers: axum::http::HeaderMap,
 ) -> WebResult<Response> {
+    // A short id, as `yard` prints it: the page of the one job it names, at its whole id.
+    if Uuid::parse_str(&id).is_err() && id.len() >= 6 && id.len() < 36 {
+        let job = super::job_named(&state, &auth, &id, "id")
+            .await?
+            .ok_or(trainyard_core::Error::not_found(ObjectKind::Job))?;
+        return Ok(axum::response::Redirect::to(&format!("/jobs/{job}")).into_response());
+    }
     let job = job_of(&state, &auth, &id).await?;
     let live = live_view(&state, &auth, &job).await?;
     let outputs = state.app.job_outputs(&auth.caller, job.id).await?;

@@ -27,6 +27,7 @@ mod session;
 mod storage;
 mod submit;
 
+use crate::http::api::jobs::{ListParams, list_filter};
 use crate::http::routes::RouteTable;
 use askama::Template;
 use axum::http::StatusCode;
@@ -214,4 +215,24 @@ pub fn when(at: &chrono::DateTime<chrono::Utc>) -> String {
 /// Formats an optional time; a dash when absent.
 pub fn when_opt(at: Option<&chrono::DateTime<chrono::Utc>>) -> String {
     at.map(when).unwrap_or_else(|| "—".into())
+}
+
+/// A job named by its id or the first hex digits of it (at least 6), among the tenant's jobs
+/// (`field`: the input that named it, for a refusal); `None` when it names none.
+pub(crate) async fn job_named(
+    state: &crate::http::AppState,
+    auth: &WebAuth,
+    text: &str,
+    field: &str,
+) -> WebResult<Option<uuid::Uuid>> {
+    if let Ok(id) = uuid::Uuid::parse_str(text) {
+        return Ok(Some(id));
+    }
+    let params = ListParams { id_prefix: Some(text.to_string()), limit: Some(2), ..ListParams::default() };
+    let page = state.app.jobs_list(&auth.caller, &list_filter(params)?).await?;
+    match page.items.as_slice() {
+        [job] => Ok(Some(job.id)),
+        [] => Ok(None),
+        _ => Err(Error::invalid(field, format!("{text} names more than one job; give more of the id")).into()),
+    }
 }
