@@ -592,3 +592,201 @@ async fn the_mlflow_client_searches_by_metric_orders_deletes_and_restores_runs()
     assert_eq!(out["restored"], json!(["c", "b"]), "restored, it logs and is found again: {out}");
     assert_eq!(out["unknown_run"], "RESOURCE_DOES_NOT_EXIST");
 }
+
+/// One unmodified MLflow script that every rank of a job runs: each logs a param, 100 steps of
+/// `loss` (rank * 1000 + step, so that a point says which rank wrote it), a tag and an artefact,
+/// and writes what it saw to `$OUT.<rank>`. Rank 1 also tries its token with a forged proof.
+const EVERY_RANK_SCRIPT: &str = r#"
+import json, os, urllib.error, urllib.request, mlflow
+rank = int(os.environ["RANK"])
+with mlflow.start_run() as run:
+    mlflow.log_param("rank", str(rank))
+    for step in range(100):
+        mlflow.log_metric("loss", rank * 1000 + step, step=step)
+    mlflow.set_tag("writer", str(rank))
+    path = os.path.join(os.environ["HOME"], "rank.txt")
+    with open(path, "w") as f:
+        f.write("written by rank %d" % rank)
+    mlflow.log_artifact(path)
+token = os.environ["MLFLOW_TRACKING_TOKEN"]
+forged = None
+if rank == 1:
+    bad = token.rsplit(".", 1)[0] + "." + "0" * 64
+    request = urllib.request.Request(
+        os.environ["MLFLOW_TRACKING_URI"] + "/api/2.0/mlflow/runs/get?run_id=" + run.info.run_id,
+        headers={"Authorization": "Bearer " + bad})
+    try:
+        urllib.request.urlopen(request)
+    except urllib.error.HTTPError as e:
+        forged = [e.code, json.loads(e.read())["error_code"]]
+with open("%s.%d" % (os.environ["OUT"], rank), "w") as out:
+    json.dump({"run_id": run.info.run_id, "job_token": token == os.environ["TRAINYARD_TOKEN"], "forged": forged}, out)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_rank_of_a_job_logs_with_mlflow_unmodified_and_its_run_keeps_rank_0s_writes_once() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let out = env.dir.path().join("rank");
+    let body = json!({"name": "ddp-mlflow", "command": ["python3", "-c", EVERY_RANK_SCRIPT], "replicas": 2,
+                      "resources": {"cpu": 0.5, "memory": "1Gi"}, "env": {"OUT": out.display().to_string()}});
+    let (status, job) = env.post("/api/v1/jobs", &member, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let job = env.wait_job_as(&member, &id, std::time::Duration::from_secs(180), |j| {
+        ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or_default())
+    });
+    let job = job.await;
+    let (_, logs) = env.get(&format!("/api/v1/jobs/{id}/logs"), &member).await;
+    assert_eq!(job["state"], "succeeded", "both ranks' MLflow calls succeeded: {job}\n{logs}");
+    let simple = uuid::Uuid::parse_str(&id).unwrap().simple().to_string();
+    let seen = |rank: u32| -> Value {
+        let text = std::fs::read_to_string(format!("{}.{rank}", out.display())).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let (rank0, rank1) = (seen(0), seen(1));
+    assert_eq!((&rank0["run_id"], &rank1["run_id"]), (&json!(simple), &json!(simple)), "both in the job's run");
+    assert_eq!(rank0["job_token"], true, "rank 0 logs with the job token");
+    assert_eq!(rank1["job_token"], false, "rank 1 has a token of its own");
+    assert_eq!(rank1["forged"], json!([401, "UNAUTHENTICATED"]), "a replica token with another proof is refused");
+
+    // The job's metrics: each of the 100 steps once, with rank 0's values.
+    let (status, metrics) = env.get(&format!("/api/v1/jobs/{id}/metrics"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    let loss = metrics["series"].as_array().unwrap().iter().find(|s| s["name"] == "loss").cloned().unwrap();
+    let steps: Vec<i64> = loss["steps"].as_array().unwrap().iter().map(|s| s.as_i64().unwrap()).collect();
+    assert_eq!(steps, (0..100).collect::<Vec<_>>(), "each step once: {loss}");
+    let values: Vec<f64> = loss["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(values, (0..100).map(f64::from).collect::<Vec<_>>(), "rank 0's values");
+
+    // From outside: rank 0's param, tag and artefact; the run finished once.
+    let script = format!(
+        r#"
+import json, tempfile, mlflow
+from mlflow import MlflowClient
+client = MlflowClient()
+run = client.get_run("{simple}")
+got = mlflow.artifacts.download_artifacts(run_id="{simple}", artifact_path="rank.txt", dst_path=tempfile.mkdtemp())
+print(json.dumps({{"params": run.data.params, "writer": run.data.tags.get("writer"), "status": run.info.status,
+                   "history": len(client.get_metric_history("{simple}", "loss")),
+                   "artifacts": [f.path for f in client.list_artifacts("{simple}")], "artifact": open(got).read()}}))
+"#
+    );
+    let outside = tokio::task::block_in_place(|| mlflow_python(&env, &member, &script));
+    assert_eq!(
+        outside,
+        json!({"params": {"rank": "0"}, "writer": "0", "status": "FINISHED", "history": 100,
+               "artifacts": ["rank.txt"], "artifact": "written by rank 0"})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jobs_mlflow_run_ends_with_its_job_when_its_script_never_ends_it() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let mut jobs = Vec::new();
+    for (name, command) in [
+        ("no-mlflow", json!(["python3", "-c", "print('training without MLflow')"])),
+        ("crashes", json!(["python3", "-c", "import sys; sys.exit(3)"])),
+        ("sleeps", json!(["sleep", "300"])),
+    ] {
+        let (status, job) = env.post("/api/v1/jobs", &member, &json!({"name": name, "command": command})).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+        jobs.push(job["id"].as_str().unwrap().to_string());
+    }
+    let simple = |id: &str| uuid::Uuid::parse_str(id).unwrap().simple().to_string();
+    let status_of = |id: String| {
+        let script = format!(
+            r#"
+import json
+from mlflow import MlflowClient
+info = MlflowClient().get_run("{id}").info
+print(json.dumps([info.status, info.end_time is not None and info.end_time >= info.start_time]))
+"#
+        );
+        move |env: &TestEnv, token: &str| tokio::task::block_in_place(|| mlflow_python(env, token, &script))
+    };
+    let sleeping = &jobs[2];
+    env.wait_job_as(&member, sleeping, std::time::Duration::from_secs(60), |j| j["state"] == "running").await;
+    assert_eq!(status_of(simple(sleeping))(&env, &member), json!(["RUNNING", false]), "while its job runs");
+    let (status, body) = env.post(&format!("/api/v1/jobs/{sleeping}/cancel"), &member, &json!({})).await;
+    assert!(status.is_success(), "{body}");
+    for (id, state, mlflow_status) in
+        [(&jobs[0], "succeeded", "FINISHED"), (&jobs[1], "failed", "FAILED"), (&jobs[2], "cancelled", "KILLED")]
+    {
+        let job = env.wait_job_as(&member, id, std::time::Duration::from_secs(60), |j| {
+            ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or_default())
+        });
+        assert_eq!(job.await["state"], state);
+        assert_eq!(status_of(simple(id))(&env, &member), json!([mlflow_status, true]), "job {state}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_laptops_run_keeps_its_artefacts_in_its_tenant_within_the_artefact_size_limit() {
+    let env = TestEnv::start_with(&["--max-artifact-size", "1Ki"]).await;
+    let member = env.member("default", "mia", "member").await;
+    let script = r#"
+import json, os, tempfile, mlflow
+from mlflow import MlflowClient
+folder = tempfile.mkdtemp()
+small, big = os.path.join(folder, "notes.txt"), os.path.join(folder, "big.bin")
+with open(small, "w") as f:
+    f.write("a laptop's notes")
+with open(big, "wb") as f:
+    f.write(b"x" * 2048)
+with mlflow.start_run(run_name="laptop") as run:
+    mlflow.log_artifact(small)
+    mlflow.log_artifact(small, artifact_path="plots")
+    try:
+        mlflow.log_artifact(big)
+        too_big = None
+    except Exception as e:
+        too_big = type(e).__name__
+client = MlflowClient()
+run_id = run.info.run_id
+got = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="plots/notes.txt", dst_path=tempfile.mkdtemp())
+whole = mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=tempfile.mkdtemp())
+print(json.dumps({"run_id": run_id, "too_big": too_big,
+                  "root": sorted((f.path, f.is_dir) for f in client.list_artifacts(run_id)),
+                  "folder": [(f.path, f.file_size) for f in client.list_artifacts(run_id, "plots")],
+                  "file": open(got).read(), "whole": sorted(os.listdir(whole)),
+                  "uri": client.get_run(run_id).info.artifact_uri}))
+"#;
+    let out = tokio::task::block_in_place(|| mlflow_python(&env, &member, script));
+    let run_id = out["run_id"].as_str().unwrap().to_string();
+    assert_eq!(out["uri"], format!("mlflow-artifacts:/{run_id}"));
+    assert!(out["too_big"].is_string(), "an artefact over --max-artifact-size is refused: {out}");
+    assert_eq!(out["root"], json!([["notes.txt", false], ["plots", true]]), "the big one is not kept: {out}");
+    assert_eq!(out["folder"], json!([["plots/notes.txt", 16]]));
+    assert_eq!(out["file"], "a laptop's notes");
+    assert_eq!(out["whole"], json!(["notes.txt", "plots"]));
+
+    // Another tenant's token: the run and its artefacts are none of its business.
+    let (status, body) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let other = env.member("team-b", "bob", "admin").await;
+    for path in [
+        format!("/api/2.0/mlflow-artifacts/artifacts/{run_id}/plots/notes.txt"),
+        format!("/api/2.0/mlflow-artifacts/artifacts?path={run_id}/plots"),
+        format!("/api/2.0/mlflow/artifacts/list?run_id={run_id}"),
+    ] {
+        let (status, body) = env.get(&path, &other).await;
+        assert_eq!(
+            (status, body["error_code"].clone()),
+            (StatusCode::NOT_FOUND, json!("RESOURCE_DOES_NOT_EXIST")),
+            "{path}: {body}"
+        );
+    }
+    let put = reqwest::Client::new()
+        .put(format!("{}/api/2.0/mlflow-artifacts/artifacts/{run_id}/planted.txt", env.server.url))
+        .bearer_auth(&other)
+        .body("planted")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::NOT_FOUND, "another tenant writes nothing there");
+    let (_, listed) = env.get(&format!("/api/2.0/mlflow/artifacts/list?run_id={run_id}"), &member).await;
+    let paths: Vec<&str> = listed["files"].as_array().unwrap().iter().filter_map(|f| f["path"].as_str()).collect();
+    assert_eq!(paths, ["notes.txt", "plots"], "{listed}");
+}

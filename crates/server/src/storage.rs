@@ -145,6 +145,32 @@ impl Storage {
         self.signer.derived_secret(&format!("interactive-session-upstream:{session}"))
     }
 
+    /// The MLflow token of replica `rank` (1 and up) of an attempt whose job token is
+    /// `job_token`: `<job token>.<rank>.<proof>`, the proof derived from the signing key, so
+    /// that no replica can claim another rank and no table holds it. Rank 0 logs with the job
+    /// token itself (docs/tracking.md, "Ranks").
+    pub(crate) fn replica_token(&self, job_token: &str, rank: u32) -> String {
+        format!("{job_token}.{rank}.{}", self.replica_proof(job_token, rank))
+    }
+
+    fn replica_proof(&self, job_token: &str, rank: u32) -> String {
+        self.signer.derived_secret(&format!("mlflow-replica:{rank}:{job_token}"))
+    }
+
+    /// The job token and rank a replica token stands for; `None` when `token` is no replica
+    /// token (a job token), `Some(Err)` when its proof is not this server's.
+    pub(crate) fn replica_token_parts<'t>(&self, token: &'t str) -> Option<std::result::Result<(&'t str, u32), ()>> {
+        let mut parts = token.rsplitn(3, '.');
+        let (proof, rank, job_token) = (parts.next()?, parts.next()?, parts.next()?);
+        let checked = rank
+            .parse::<u32>()
+            .ok()
+            .filter(|r| *r > 0 && constant_time_eq(self.replica_proof(job_token, *r).as_bytes(), proof.as_bytes()))
+            .map(|r| (job_token, r))
+            .ok_or(());
+        Some(checked)
+    }
+
     pub(crate) fn volume_dir(&self, tenant_id: Uuid, name: &str) -> PathBuf {
         self.tenant_volumes_dir(tenant_id).join(name)
     }
@@ -153,6 +179,11 @@ impl Storage {
     pub(crate) fn tenant_volumes_dir(&self, tenant_id: Uuid) -> PathBuf {
         self.volumes_dir.join(tenant_id.to_string())
     }
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Who uploads an artefact: a member with their token, or the job's engine with its job token.

@@ -387,6 +387,48 @@ impl Store {
         .map_err(db_error)
     }
 
+    /// Whose a run of the tenant is (its job's id, for a job's run; none for a run of its own)
+    /// and whether it is deleted.
+    pub async fn mlflow_run_owner(&self, tenant_id: Uuid, run_id: Uuid) -> Result<(Option<Uuid>, bool)> {
+        // language=PostgreSQL
+        let row: Option<(Option<Uuid>, bool)> = sqlx::query_as(
+            "SELECT job_id, lifecycle_stage = 'deleted' FROM mlflow_runs WHERE id = $1 AND tenant_id = $2",
+        )
+        .bind(run_id)
+        .bind(tenant_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        row.ok_or_else(|| Error::not_found(ObjectKind::Run))
+    }
+
+    /// Records an artefact stored for a run of its own (its bytes are in the object store),
+    /// replacing one at the same path.
+    pub async fn mlflow_artifact_record(
+        &self,
+        tenant_id: Uuid,
+        run_id: Uuid,
+        path: &str,
+        size_bytes: u64,
+        sha256: &str,
+    ) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO mlflow_run_artifacts (tenant_id, run_id, path, size_bytes, sha256) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT ON CONSTRAINT mlflow_run_artifacts_pkey
+             DO UPDATE SET size_bytes = excluded.size_bytes, sha256 = excluded.sha256, uploaded_at = now()",
+        )
+        .bind(tenant_id)
+        .bind(run_id)
+        .bind(path)
+        .bind(i64::try_from(size_bytes).map_err(Error::internal)?)
+        .bind(sha256)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
+
     /// Every point of one metric of a run of the tenant, by step and then time.
     pub async fn mlflow_metric_history(&self, tenant_id: Uuid, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
         // language=PostgreSQL

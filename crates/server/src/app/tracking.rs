@@ -25,13 +25,22 @@ use trainyard_storage::keys;
 use super::App;
 use crate::storage::{Uploader, artifact_path, storage_error};
 
-/// Who calls MLflow's API: a user with an API token, or a job's replicas with the job's token.
+/// Who calls MLflow's API: a user with an API token, or a job's replica of a rank: rank 0 with
+/// the job's token, another rank with its own replica token
+/// ([`crate::storage::Storage::replica_token`]).
 pub enum Tracker {
     User(Caller),
-    Job(JobCaller),
+    Job(JobCaller, u32),
 }
 
 impl Tracker {
+    /// Whether what the caller writes is dropped: a job's ranks but 0 log into its run as if
+    /// they were kept (MLflow's answers, so unmodified code runs on every rank), and rank 0's
+    /// writes alone are kept, so that each step is logged once (docs/tracking.md, "Ranks").
+    fn writes_dropped(&self) -> bool {
+        matches!(self, Tracker::Job(_, rank) if *rank > 0)
+    }
+
     /// The user, for what only users do (making and finding experiments and runs), authorized
     /// for `action`.
     fn user(&self, action: Action) -> Result<&Caller> {
@@ -44,7 +53,7 @@ impl Tracker {
     fn user_unchecked(&self) -> Result<&Caller> {
         match self {
             Tracker::User(caller) => Ok(caller),
-            Tracker::Job(_) => Err(Error::Forbidden(
+            Tracker::Job(..) => Err(Error::Forbidden(
                 "a job token logs only to its job's own run (MLFLOW_RUN_ID); use an API token for the rest".into(),
             )),
         }
@@ -58,8 +67,8 @@ impl Tracker {
                 caller.authorize(action)?;
                 Ok(caller.tenant_id)
             }
-            Tracker::Job(job) if job.job_id == run_id => Ok(job.tenant_id),
-            Tracker::Job(_) => Err(Error::not_found(ObjectKind::Run)),
+            Tracker::Job(job, _) if job.job_id == run_id => Ok(job.tenant_id),
+            Tracker::Job(..) => Err(Error::not_found(ObjectKind::Run)),
         }
     }
 }
@@ -113,6 +122,22 @@ pub struct RunCreate {
 }
 
 impl App {
+    /// The replica a job's token (rank 0) or a replica token (another rank) stands for, while
+    /// its job runs; a replica token whose proof is not this server's is refused (and counted
+    /// against the client, as every failed authentication).
+    pub async fn mlflow_job_authenticate(&self, token: &str, client: Option<std::net::IpAddr>) -> Result<Tracker> {
+        match self.storage.replica_token_parts(token) {
+            None => Ok(Tracker::Job(self.job_token_authenticate(token, client).await?, 0)),
+            Some(Ok((job_token, rank))) => {
+                Ok(Tracker::Job(self.job_token_authenticate(job_token, client).await?, rank))
+            }
+            Some(Err(())) => {
+                let refused = async { Err(Error::Unauthenticated("the replica token is not valid".into())) };
+                self.throttled(token, client, refused).await
+            }
+        }
+    }
+
     pub async fn mlflow_experiment_create(&self, tracker: &Tracker, name: &str) -> Result<i64> {
         let (caller, name) = (tracker.user_unchecked()?.clone(), name.to_string());
         self.uncancelled(move |app| async move {
@@ -190,6 +215,9 @@ impl App {
         run_name: Option<&str>,
     ) -> Result<RunInfo> {
         let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
+        if tracker.writes_dropped() {
+            return Ok(self.store.mlflow_run_get(tenant_id, run_id).await?.info);
+        }
         let status = status
             .map(|s| {
                 RunStatus::parse(s).ok_or_else(|| {
@@ -208,6 +236,9 @@ impl App {
     pub async fn mlflow_log(&self, tracker: &Tracker, run_id: Uuid, batch: LogBatch) -> Result<()> {
         let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
         batch.validate()?;
+        if tracker.writes_dropped() {
+            return Ok(());
+        }
         self.store.mlflow_log(tenant_id, run_id, &batch).await
     }
 
@@ -241,11 +272,17 @@ impl App {
     /// Deletes a run (`deleted`: out of searches, no logging) or restores it; nothing is removed.
     pub async fn mlflow_run_delete(&self, tracker: &Tracker, run_id: Uuid, deleted: bool) -> Result<()> {
         let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
+        if tracker.writes_dropped() {
+            return Ok(());
+        }
         self.store.mlflow_run_stage_set(tenant_id, run_id, if deleted { "deleted" } else { "active" }).await
     }
 
     pub async fn mlflow_tag_delete(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<()> {
         let tenant_id = tracker.run_tenant(Action::LogRuns, run_id)?;
+        if tracker.writes_dropped() {
+            return Ok(());
+        }
         self.store.mlflow_tag_delete(tenant_id, run_id, key).await
     }
 
@@ -266,22 +303,22 @@ pub struct ArtifactEntry {
 /// A downloaded artefact: its size and its bytes, streamed.
 pub type ArtifactBody = (u64, BoxStream<'static, std::result::Result<Bytes, std::io::Error>>);
 
-/// A job's artefacts as an MLflow run's: the run's artefact root is `mlflow-artifacts:/<run id>`,
-/// and what is logged under it is the job's artefacts (`/api/v1/jobs/{id}/artifacts`, the job
-/// page's downloads), one store for both. Runs of their own keep no artefacts yet.
+/// A run's artefacts: its artefact root is `mlflow-artifacts:/<run id>`. A job's run's are the
+/// job's artefacts (`/api/v1/jobs/{id}/artifacts`, the job page's downloads), one store for both;
+/// a run of its own (a laptop's, a notebook's) keeps its own, under the same tenant key for its
+/// id, within the same limits.
 impl App {
-    /// The tenant of the job whose run `run_id` is, when the caller may do `action` to it. A
-    /// run of its own (no job) answers `own_run`.
-    async fn mlflow_artifacts_job(&self, tracker: &Tracker, action: Action, run_id: Uuid) -> Result<Option<Uuid>> {
+    /// The tenant of the run `run_id` when the caller may do `action` to it, and its job's id
+    /// for a job's run (none for a run of its own).
+    async fn mlflow_artifacts_run(
+        &self,
+        tracker: &Tracker,
+        action: Action,
+        run_id: Uuid,
+    ) -> Result<(Uuid, Option<Uuid>, bool)> {
         let tenant_id = tracker.run_tenant(action, run_id)?;
-        match self.store.job_get(tenant_id, run_id).await {
-            Ok(_) => Ok(Some(tenant_id)),
-            Err(Error::NotFound { .. }) => {
-                self.store.mlflow_run_get(tenant_id, run_id).await?;
-                Ok(None)
-            }
-            Err(err) => Err(err),
-        }
+        let (job_id, deleted) = self.store.mlflow_run_owner(tenant_id, run_id).await?;
+        Ok((tenant_id, job_id, deleted))
     }
 
     /// Logged models are not kept yet: the caller may search them (and finds none).
@@ -289,32 +326,47 @@ impl App {
         tracker.user(Action::ReadRuns).map(|_| ())
     }
 
-    /// Stores an artefact a client logs to a job's run (`mlflow.log_artifact`), as the job's
-    /// artefact at `path` (the path under the run's root): checked, limited and recorded as
-    /// every artefact upload is ([`App::artifact_upload`]).
+    /// Stores an artefact a client logs to a run (`mlflow.log_artifact`) at `path` (under the
+    /// run's root). A job's run's is the job's artefact, checked, limited and recorded as every
+    /// artefact upload is ([`App::artifact_upload`]); a run of its own's is checked and limited
+    /// the same way (path, size, no file where a folder is) and recorded for the run.
     pub async fn mlflow_artifact_put<S, E>(&self, tracker: Tracker, run_id: Uuid, path: &str, body: S) -> Result<u64>
     where
         S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
     {
-        if self.mlflow_artifacts_job(&tracker, Action::LogRuns, run_id).await?.is_none() {
-            return Err(Error::invalid(
-                "path",
-                "artefacts are kept for the runs of jobs; a run of its own (not started by a job) keeps none yet",
-            ));
+        let (tenant_id, job_id, deleted) = self.mlflow_artifacts_run(&tracker, Action::LogRuns, run_id).await?;
+        if deleted {
+            return Err(Error::invalid("run_id", "the run is deleted; restore it to log to it"));
         }
-        let uploader = match tracker {
-            Tracker::User(caller) => Uploader::User(caller),
-            Tracker::Job(job) => Uploader::Job(job),
-        };
-        Ok(self.artifact_upload(uploader, run_id, path, body).await?.size_bytes)
+        if tracker.writes_dropped() {
+            artifact_path(path)?;
+            let mut body = body;
+            let mut size = 0u64;
+            while let Some(chunk) = body.next().await {
+                size += chunk.map_err(|e| Error::invalid("body", format!("the upload broke off: {e}")))?.len() as u64;
+            }
+            return Ok(size);
+        }
+        if job_id.is_some() {
+            let uploader = match tracker {
+                Tracker::User(caller) => Uploader::User(caller),
+                Tracker::Job(job, _) => Uploader::Job(job),
+            };
+            return Ok(self.artifact_upload(uploader, run_id, path, body).await?.size_bytes);
+        }
+        let path = artifact_path(path)?;
+        let key = keys::artifact_key(tenant_id, run_id, &path);
+        self.artifact_name_free(tenant_id, run_id, &path, &key).await?;
+        let uploaded =
+            self.storage.objects.upload(&key, body, self.storage.max_artifact_bytes).await.map_err(storage_error)?;
+        self.store.mlflow_artifact_record(tenant_id, run_id, path.as_str(), uploaded.size, &uploaded.sha256).await?;
+        Ok(uploaded.size)
     }
 
-    /// One artefact of a job's run, streamed.
+    /// One artefact of a run, streamed.
     pub async fn mlflow_artifact_get(&self, tracker: &Tracker, run_id: Uuid, path: &str) -> Result<ArtifactBody> {
-        let Some(tenant_id) = self.mlflow_artifacts_job(tracker, Action::ReadRuns, run_id).await? else {
-            return Err(Error::not_found(ObjectKind::Artifact));
-        };
+        let (tenant_id, _, _) = self.mlflow_artifacts_run(tracker, Action::ReadRuns, run_id).await?;
         let path = artifact_path(path)?;
         let (size, stream) = self
             .storage
@@ -327,16 +379,14 @@ impl App {
     }
 
     /// What is directly under the folder `dir` of a run's artefacts (`""`: its root), by name;
-    /// nothing for a file, a missing folder, or a run of its own.
+    /// nothing for a file or a missing folder.
     pub async fn mlflow_artifacts_list(
         &self,
         tracker: &Tracker,
         run_id: Uuid,
         dir: &str,
     ) -> Result<Vec<ArtifactEntry>> {
-        let Some(tenant_id) = self.mlflow_artifacts_job(tracker, Action::ReadRuns, run_id).await? else {
-            return Ok(Vec::new());
-        };
+        let (tenant_id, _, _) = self.mlflow_artifacts_run(tracker, Action::ReadRuns, run_id).await?;
         let dir = dir.trim_matches('/');
         if !dir.is_empty() {
             artifact_path(dir)?;

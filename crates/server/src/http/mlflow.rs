@@ -26,7 +26,7 @@ use uuid::Uuid;
 use crate::app::tracking::{ArtifactEntry, RunCreate, RunsSearch, Tracker};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::{ApiJson, ApiQuery, Auth, JobAuth};
+use crate::http::extract::{ApiJson, ApiQuery, Auth, client_ip};
 use crate::http::routes::RouteTable;
 
 /// Where MLflow's routes are (the edge answers them in MLflow's error shape): its tracking API
@@ -148,21 +148,24 @@ type MlflowResult<T> = Result<T, MlflowError>;
 // ---- extractors: Trainyard's, answering in MLflow's shape ----
 
 /// The caller, from `MLFLOW_TRACKING_TOKEN`: a user's API token, as [`Auth`] finds it, or a job's
-/// token (what its replicas get), as [`JobAuth`] finds it.
+/// token or a replica's (what its replicas get), as [`App::mlflow_job_authenticate`] finds it.
+///
+/// [`App::mlflow_job_authenticate`]: crate::app::App::mlflow_job_authenticate
 pub struct MlflowAuth(pub Tracker);
 
 impl FromRequestParts<AppState> for MlflowAuth {
     type Rejection = MlflowError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, MlflowError> {
-        let is_job_token = parts
+        let job_token = parts
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .is_some_and(|token| token.trim().starts_with(JOB_TOKEN_PREFIX));
-        Ok(MlflowAuth(if is_job_token {
-            Tracker::Job(JobAuth::from_request_parts(parts, state).await?.0)
+            .map(str::trim)
+            .filter(|token| token.starts_with(JOB_TOKEN_PREFIX));
+        Ok(MlflowAuth(if let Some(token) = job_token {
+            state.app.mlflow_job_authenticate(token, client_ip(parts)).await?
         } else {
             Tracker::User(Auth::from_request_parts(parts, state).await?.0)
         }))
