@@ -35,3 +35,29 @@ CREATE TABLE mlflow_run_artifacts (
     uploaded_at  timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT mlflow_run_artifacts_pkey PRIMARY KEY (tenant_id, run_id, path)
 );
+
+-- Experiment tags (MLflow's set-experiment-tag): one value per experiment and key.
+CREATE TABLE mlflow_experiment_tags (
+    tenant_id      uuid NOT NULL,
+    experiment_id  bigint NOT NULL,
+    key            text NOT NULL,
+    value          text NOT NULL,
+    CONSTRAINT mlflow_experiment_tags_pkey PRIMARY KEY (tenant_id, experiment_id, key),
+    CONSTRAINT mlflow_experiment_tags_experiment_fkey FOREIGN KEY (tenant_id, experiment_id)
+        REFERENCES mlflow_experiments (tenant_id, experiment_id) ON DELETE CASCADE
+);
+
+-- A deleted experiment takes no new run (MLflow's rule), whatever the order of the requests.
+CREATE FUNCTION mlflow_run_in_active_experiment() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM mlflow_experiments
+               WHERE tenant_id = NEW.tenant_id AND experiment_id = NEW.experiment_id
+                 AND lifecycle_stage = 'deleted' FOR SHARE) THEN
+        RAISE EXCEPTION 'the experiment % is deleted', NEW.experiment_id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'mlflow_runs_experiment_active';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER mlflow_runs_in_active_experiment BEFORE INSERT ON mlflow_runs
+    FOR EACH ROW EXECUTE FUNCTION mlflow_run_in_active_experiment();

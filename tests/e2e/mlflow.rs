@@ -226,7 +226,7 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "RESOURCE_ALREADY_EXISTS");
 
     // Bad input is MLflow's 400, never a 500: a filter outside the subset, a bad status, a bad key.
-    let search = json!({"experiment_ids": ["0"], "filter": "params.lr != '0.1'"});
+    let search = json!({"experiment_ids": ["0"], "filter": "params.lr IN ('0.1')"});
     let (status, body) = env.post("/api/2.0/mlflow/runs/search", &member, &search).await;
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
     let (status, body) =
@@ -550,8 +550,8 @@ out = {
     "ordered": names(order_by=["metrics.loss DESC"]),
     "by_name": names(order_by=["attributes.run_name ASC"]),
     "combined": names(filter_string="metrics.loss >= 0.3 and params.lr = '0.01' and attributes.status = 'FINISHED'"),
-    "unsupported_filter": code(lambda: names(filter_string="params.lr LIKE '0.%'")),
-    "unsupported_order": code(lambda: names(order_by=["params.lr ASC"])),
+    "unsupported_filter": code(lambda: names(filter_string="params.lr = '0.1' OR params.lr = '0.01'")),
+    "unsupported_order": code(lambda: names(order_by=["attributes.user_id ASC"])),
 }
 b = next(i for i, n in ids.items() if n == "b")
 client.delete_tag(b, "keep")
@@ -789,4 +789,135 @@ print(json.dumps({"run_id": run_id, "too_big": too_big,
     let (_, listed) = env.get(&format!("/api/2.0/mlflow/artifacts/list?run_id={run_id}"), &member).await;
     let paths: Vec<&str> = listed["files"].as_array().unwrap().iter().filter_map(|f| f["path"].as_str()).collect();
     assert_eq!(paths, ["notes.txt", "plots"], "{listed}");
+}
+
+const PROTOCOL_CORNERS: &str = r#"
+import json, mlflow
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
+
+client = MlflowClient()
+def code(call):
+    try:
+        call()
+    except MlflowException as e:
+        return e.error_code
+out = {}
+exp = client.create_experiment("corners", tags={"team": "vision"})
+client.set_experiment_tag(exp, "stage", "dev")
+client.set_experiment_tag(exp, "team", "nlp")  # tags overwrite
+out["tags"] = client.get_experiment(exp).tags
+client.rename_experiment(exp, "corners-2")
+out["renamed"] = client.get_experiment_by_name("corners-2").experiment_id == exp
+out["old_name"] = client.get_experiment_by_name("corners")
+client.create_experiment("taken")
+out["rename_taken"] = code(lambda: client.rename_experiment(exp, "taken"))
+ids = {}
+for name, lr, opt, team, status, loss in [("run-a", "0.1", "adam", "vision", "FINISHED", 0.5),
+                                          ("run-b", "0.01", "adagrad", "Vision-2", "FAILED", 0.3),
+                                          ("other-c", "0.001", "sgd", "nlp", "FINISHED", 0.9)]:
+    run_id = client.create_run(exp, run_name=name, tags={"team": team}).info.run_id
+    client.log_param(run_id, "lr", lr)
+    client.log_param(run_id, "opt", opt)
+    client.log_metric(run_id, "loss", loss, step=0)
+    client.set_terminated(run_id, status)
+    ids[run_id] = name
+by_name = {n: i for i, n in ids.items()}
+def names(filter_string="", order_by=None, **kwargs):
+    runs = mlflow.search_runs(experiment_ids=[exp], filter_string=filter_string, order_by=order_by,
+                              output_format="list", **kwargs)
+    return [ids[r.info.run_id] for r in runs]
+out["ne"] = sorted(names("params.lr != '0.1'"))
+out["name_ne"] = sorted(names("attributes.run_name != 'run-a'"))
+out["like"] = sorted(names("params.opt LIKE 'ad%'"))
+out["like_case"] = sorted(names("tags.team LIKE 'vis%'"))
+out["ilike"] = sorted(names("tags.team ILIKE 'VIS%'"))
+out["name_like"] = sorted(names("attributes.run_name LIKE 'run-_'"))
+out["ids_in"] = sorted(names("attributes.run_id IN ('%s', '%s')" % (by_name["run-a"], by_name["other-c"])))
+out["status_in"] = names("attributes.status IN ('FAILED', 'KILLED')")
+out["status_not_in"] = names("attributes.status NOT IN ('FINISHED')")
+out["combined"] = names("params.opt LIKE 'ad%' and metrics.loss < 0.4 and attributes.status = 'FAILED'")
+out["by_param"] = names(order_by=["params.opt ASC"])
+out["two_keys"] = names(order_by=["attributes.status ASC", "metrics.loss DESC"])
+out["by_tag_desc"] = names(order_by=["tags.team DESC"])
+out["in_on_params"] = code(lambda: names("params.lr IN ('0.1')"))
+out["like_on_metric"] = code(lambda: names("metrics.loss LIKE '0.%'"))
+# get-history pages, as the client's store asks for them.
+a = by_name["run-a"]
+for step in range(1, 25):
+    client.log_metric(a, "loss", 1.0 / step, step=step)
+store = client._tracking_client.store
+pages, token = [], None
+while True:
+    page = store.get_metric_history(a, "loss", max_results=10, page_token=token)
+    pages.append([m.step for m in page])
+    token = page.token
+    if not token:
+        break
+out["pages"] = pages
+out["whole"] = [m.step for m in client.get_metric_history(a, "loss")]
+out["bad_page"] = code(lambda: store.get_metric_history(a, "loss", max_results=10, page_token="nope"))
+# Deleting the experiment deletes its runs; restoring it restores them.
+out["delete_default"] = code(lambda: client.delete_experiment("0"))
+client.delete_experiment(exp)
+out["deleted_stage"] = client.get_experiment(exp).lifecycle_stage
+out["active_experiments"] = sorted(e.name for e in client.search_experiments())
+out["deleted_experiments"] = [e.name for e in client.search_experiments(view_type=ViewType.DELETED_ONLY)]
+out["runs_when_deleted"] = names()
+out["deleted_runs"] = len(names(run_view_type=ViewType.DELETED_ONLY))
+out["run_in_deleted"] = code(lambda: client.create_run(exp))
+out["tag_deleted"] = code(lambda: client.set_experiment_tag(exp, "x", "y"))
+client.restore_experiment(exp)
+out["runs_restored"] = sorted(names())
+client.delete_experiment_tag(exp, "stage")
+out["tags_after_delete"] = client.get_experiment(exp).tags
+out["unknown_experiment"] = code(lambda: client.delete_experiment("424242"))
+out["bad_tag_key"] = code(lambda: client.set_experiment_tag(exp, "bad;key", "v"))
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mlflow_client_manages_experiments_pages_histories_and_searches_with_mlflows_operators() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let out = tokio::task::block_in_place(|| mlflow_python(&env, &member, PROTOCOL_CORNERS));
+    assert_eq!(out["tags"], json!({"team": "nlp", "stage": "dev"}), "{out}");
+    assert_eq!(out["renamed"], true);
+    assert_eq!(out["old_name"], Value::Null, "the old name finds nothing");
+    assert_eq!(out["rename_taken"], "RESOURCE_ALREADY_EXISTS");
+    assert_eq!(out["ne"], json!(["other-c", "run-b"]));
+    assert_eq!(out["name_ne"], json!(["other-c", "run-b"]));
+    assert_eq!(out["like"], json!(["run-a", "run-b"]));
+    assert_eq!(out["like_case"], json!(["run-a"]), "LIKE minds case");
+    assert_eq!(out["ilike"], json!(["run-a", "run-b"]));
+    assert_eq!(out["name_like"], json!(["run-a", "run-b"]));
+    assert_eq!(out["ids_in"], json!(["other-c", "run-a"]));
+    assert_eq!(out["status_in"], json!(["run-b"]));
+    assert_eq!(out["status_not_in"], json!(["run-b"]));
+    assert_eq!(out["combined"], json!(["run-b"]));
+    assert_eq!(out["by_param"], json!(["run-b", "run-a", "other-c"]), "adagrad, adam, sgd");
+    assert_eq!(out["two_keys"], json!(["run-b", "other-c", "run-a"]), "FAILED first, then by loss, highest first");
+    assert_eq!(out["by_tag_desc"], json!(["run-a", "other-c", "run-b"]), "vision, nlp, Vision-2 (byte order)");
+    assert_eq!(out["in_on_params"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["like_on_metric"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(
+        out["pages"],
+        json!([(0..10).collect::<Vec<_>>(), (10..20).collect::<Vec<_>>(), (20..25).collect::<Vec<_>>()]),
+        "pages of 10 by step"
+    );
+    assert_eq!(out["whole"], json!((0..25).collect::<Vec<_>>()), "without max_results: every point");
+    assert_eq!(out["bad_page"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["delete_default"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["deleted_stage"], "deleted");
+    assert_eq!(out["active_experiments"], json!(["Default", "taken"]));
+    assert_eq!(out["deleted_experiments"], json!(["corners-2"]));
+    assert_eq!(out["runs_when_deleted"], json!([]), "its runs went with it");
+    assert_eq!(out["deleted_runs"], 3);
+    assert_eq!(out["run_in_deleted"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["tag_deleted"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["runs_restored"], json!(["other-c", "run-a", "run-b"]));
+    assert_eq!(out["tags_after_delete"], json!({"team": "nlp"}));
+    assert_eq!(out["unknown_experiment"], "RESOURCE_DOES_NOT_EXIST");
+    assert_eq!(out["bad_tag_key"], "INVALID_PARAMETER_VALUE");
 }

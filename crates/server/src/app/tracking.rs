@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use trainyard_core::auth::{Action, Caller};
-use trainyard_core::error::ObjectKind;
+use trainyard_core::error::{ObjectKind, Problems};
 use trainyard_core::tracking::{
     Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunOrder, RunStatus,
 };
@@ -72,6 +72,27 @@ impl Tracker {
         }
     }
 }
+
+/// MLflow's `view_type` / `run_view_type` as a lifecycle stage (`None`: both).
+fn view_stage(view: Option<&str>) -> Result<Option<&'static str>> {
+    match view.unwrap_or("ACTIVE_ONLY") {
+        "ACTIVE_ONLY" => Ok(Some("active")),
+        "DELETED_ONLY" => Ok(Some("deleted")),
+        "ALL" => Ok(None),
+        other => Err(Error::invalid("view_type", format!("'{other}' is not one of ACTIVE_ONLY, DELETED_ONLY, ALL"))),
+    }
+}
+
+/// MLflow's rules for an experiment tag: a key as a run's, a value up to 5,000 characters.
+fn experiment_tag_check(problems: &mut Problems, key: &str, value: &str) {
+    problems.check(trainyard_core::tracking::key_check("key", key));
+    if value.chars().count() > MAX_EXPERIMENT_TAG_VALUE_CHARS {
+        problems.add("value", format!("at most {MAX_EXPERIMENT_TAG_VALUE_CHARS} characters"));
+    }
+}
+
+/// MLflow's limit on an experiment tag's value.
+const MAX_EXPERIMENT_TAG_VALUE_CHARS: usize = 5000;
 
 /// A page of results and the token of the next, if there is one.
 pub struct Page<T> {
@@ -138,21 +159,83 @@ impl App {
         }
     }
 
-    pub async fn mlflow_experiment_create(&self, tracker: &Tracker, name: &str) -> Result<i64> {
+    pub async fn mlflow_experiment_create(&self, tracker: &Tracker, name: &str, tags: Vec<KeyValue>) -> Result<i64> {
         let (caller, name) = (tracker.user_unchecked()?.clone(), name.to_string());
         self.uncancelled(move |app| async move {
             let audit = Audit::by(&caller, "mlflow.experiment.create", format!("mlflow-experiment:{name}"));
-            app.audited(&audit, app.mlflow_experiment_create_checked(&caller, &name, &audit)).await
+            app.audited(&audit, app.mlflow_experiment_create_checked(&caller, &name, &tags, &audit)).await
         })
         .await
     }
 
-    async fn mlflow_experiment_create_checked(&self, caller: &Caller, name: &str, audit: &Audit) -> Result<i64> {
+    async fn mlflow_experiment_create_checked(
+        &self,
+        caller: &Caller,
+        name: &str,
+        tags: &[KeyValue],
+        audit: &Audit,
+    ) -> Result<i64> {
         caller.authorize(Action::LogRuns)?;
+        let mut problems = Problems::default();
         if name.trim().is_empty() {
-            return Err(Error::invalid("name", "an experiment needs a name"));
+            problems.add("name", "an experiment needs a name");
         }
-        self.store.mlflow_experiment_create(caller.tenant_id, name, audit).await
+        for tag in tags {
+            experiment_tag_check(&mut problems, &tag.key, &tag.value);
+        }
+        problems.into_result()?;
+        self.store.mlflow_experiment_create(caller.tenant_id, name, tags, audit).await
+    }
+
+    /// Deletes an experiment (`deleted`: and its runs, out of searches) or restores it (and
+    /// them), as MLflow does; the Default experiment, `0`, stays. Audited.
+    pub async fn mlflow_experiment_delete(&self, tracker: &Tracker, experiment_id: i64, deleted: bool) -> Result<()> {
+        let caller = tracker.user_unchecked()?.clone();
+        self.uncancelled(move |app| async move {
+            let action = if deleted { "mlflow.experiment.delete" } else { "mlflow.experiment.restore" };
+            let audit = Audit::by(&caller, action, format!("mlflow-experiment:{experiment_id}"));
+            let change = async {
+                caller.authorize(Action::LogRuns)?;
+                if experiment_id == 0 {
+                    return Err(Error::invalid("experiment_id", "the Default experiment (0) cannot be deleted"));
+                }
+                app.store.mlflow_experiment_stage_set(caller.tenant_id, experiment_id, deleted, &audit).await
+            };
+            app.audited(&audit, change).await
+        })
+        .await
+    }
+
+    /// Renames an active experiment (MLflow's `experiments/update`). Audited.
+    pub async fn mlflow_experiment_rename(&self, tracker: &Tracker, experiment_id: i64, name: &str) -> Result<()> {
+        let (caller, name) = (tracker.user_unchecked()?.clone(), name.to_string());
+        self.uncancelled(move |app| async move {
+            let audit = Audit::by(&caller, "mlflow.experiment.rename", format!("mlflow-experiment:{experiment_id}"));
+            let change = async {
+                caller.authorize(Action::LogRuns)?;
+                if name.trim().is_empty() {
+                    return Err(Error::invalid("new_name", "an experiment needs a name"));
+                }
+                app.store.mlflow_experiment_rename(caller.tenant_id, experiment_id, &name, &audit).await
+            };
+            app.audited(&audit, change).await
+        })
+        .await
+    }
+
+    /// Sets a tag of an experiment (`Some` value; it overwrites) or deletes it (`None`).
+    pub async fn mlflow_experiment_tag_set(
+        &self,
+        tracker: &Tracker,
+        experiment_id: i64,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<()> {
+        let caller = tracker.user(Action::LogRuns)?;
+        let mut problems = Problems::default();
+        experiment_tag_check(&mut problems, key, value.unwrap_or_default());
+        problems.into_result()?;
+        self.store.mlflow_experiment_tag_set(caller.tenant_id, experiment_id, key, value).await
     }
 
     pub async fn mlflow_experiment_get(&self, tracker: &Tracker, experiment_id: i64) -> Result<Experiment> {
@@ -168,12 +251,15 @@ impl App {
     pub async fn mlflow_experiments_search(
         &self,
         tracker: &Tracker,
+        view: Option<&str>,
         max_results: Option<i64>,
         page_token: Option<&str>,
     ) -> Result<Page<Experiment>> {
         let caller = tracker.user(Action::ReadRuns)?;
+        let stage = view_stage(view)?;
         let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
-        Ok(page_of(self.store.mlflow_experiments_search(caller.tenant_id, limit, offset).await?, limit, offset))
+        let experiments = self.store.mlflow_experiments_search(caller.tenant_id, stage, limit, offset).await?;
+        Ok(page_of(experiments, limit, offset))
     }
 
     pub async fn mlflow_run_create(&self, tracker: &Tracker, run: RunCreate) -> Result<Run> {
@@ -247,12 +333,7 @@ impl App {
         let caller = tracker.user(Action::ReadRuns)?;
         let filter = RunFilter::parse(search.filter)?;
         let order = RunOrder::parse(search.order_by)?;
-        let stage = match search.view.unwrap_or("ACTIVE_ONLY") {
-            "ACTIVE_ONLY" => Some("active"),
-            "DELETED_ONLY" => Some("deleted"),
-            "ALL" => None,
-            other => return Err(Error::invalid("run_view_type", format!("'{other}' is not a view type"))),
-        };
+        let stage = view_stage(search.view)?;
         let (limit, offset) = page_bounds(search.max_results, search.page_token, 1000)?;
         let runs = self
             .store
@@ -286,9 +367,24 @@ impl App {
         self.store.mlflow_tag_delete(tenant_id, run_id, key).await
     }
 
-    pub async fn mlflow_metric_history(&self, tracker: &Tracker, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
+    /// A metric's points by step then time: all of them, or a page when `max_results` is given
+    /// (its token is the next page's).
+    pub async fn mlflow_metric_history(
+        &self,
+        tracker: &Tracker,
+        run_id: Uuid,
+        key: &str,
+        max_results: Option<i64>,
+        page_token: Option<&str>,
+    ) -> Result<Page<Metric>> {
         let tenant_id = tracker.run_tenant(Action::ReadRuns, run_id)?;
-        self.store.mlflow_metric_history(tenant_id, run_id, key).await
+        if max_results.is_none() && page_token.is_none_or(str::is_empty) {
+            let items = self.store.mlflow_metric_history(tenant_id, run_id, key, None).await?;
+            return Ok(Page { items, next_page_token: None });
+        }
+        let (limit, offset) = page_bounds(max_results, page_token, MAX_SEARCH_RESULTS)?;
+        let items = self.store.mlflow_metric_history(tenant_id, run_id, key, Some((limit, offset))).await?;
+        Ok(page_of(items, limit, offset))
     }
 }
 
