@@ -502,6 +502,12 @@ print(json.dumps({{"download": code}}))
         .find(|f| f["field"] == "metrics.loss.points")
         .cloned();
     assert_eq!(points.map(|f| f["values"].clone()), Some(json!([1000, 3])), "{side_by_side}");
+    // The compare page: one loss chart with both runs' lines.
+    let (status, page) = web.get(&format!("/compare?jobs={a},{engine}&metric=loss")).await;
+    assert_eq!(status, StatusCode::OK);
+    let chart = page.split("id=\"compare-chart\"").nth(1).unwrap_or_else(|| panic!("no chart: {page}"));
+    let chart = chart.split('>').next().unwrap();
+    assert!(chart.contains(a.as_str()) && chart.contains(engine.as_str()), "both runs on the chart: {chart}");
 
     // `yard diff`: the logged params that differ, in a section of their own (the jobs have no
     // template parameters), and the loss they led to.
