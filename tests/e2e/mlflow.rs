@@ -817,8 +817,15 @@ out["tags"] = client.get_experiment(exp).tags
 client.rename_experiment(exp, "corners-2")
 out["renamed"] = client.get_experiment_by_name("corners-2").experiment_id == exp
 out["old_name"] = client.get_experiment_by_name("corners")
-client.create_experiment("taken")
+client.create_experiment("taken", tags={"team": "vision"})
 out["rename_taken"] = code(lambda: client.rename_experiment(exp, "taken"))
+def experiments(**kwargs):
+    return [e.name for e in client.search_experiments(**kwargs)]
+out["exp_like"] = experiments(filter_string="name LIKE 'corn%'")
+out["exp_tag"] = experiments(filter_string="tags.team = 'vision'")
+out["exp_tag_ne"] = experiments(filter_string="tags.team != 'vision'")
+out["exp_order"] = experiments(order_by=["name DESC"])
+out["exp_bad_filter"] = code(lambda: experiments(filter_string="creation_time > 0"))
 ids = {}
 for name, lr, opt, team, status, loss in [("run-a", "0.1", "adam", "vision", "FINISHED", 0.5),
                                           ("run-b", "0.01", "adagrad", "Vision-2", "FAILED", 0.3),
@@ -892,6 +899,11 @@ async fn the_mlflow_client_manages_experiments_pages_histories_and_searches_with
     assert_eq!(out["renamed"], true);
     assert_eq!(out["old_name"], Value::Null, "the old name finds nothing");
     assert_eq!(out["rename_taken"], "RESOURCE_ALREADY_EXISTS");
+    assert_eq!(out["exp_like"], json!(["corners-2"]));
+    assert_eq!(out["exp_tag"], json!(["taken"]), "the renamed one's team is nlp now");
+    assert_eq!(out["exp_tag_ne"], json!(["corners-2"]), "an experiment without the tag matches no !=");
+    assert_eq!(out["exp_order"], json!(["taken", "corners-2", "Default"]));
+    assert_eq!(out["exp_bad_filter"], "INVALID_PARAMETER_VALUE");
     assert_eq!(out["ne"], json!(["other-c", "run-b"]));
     assert_eq!(out["name_ne"], json!(["other-c", "run-b"]));
     assert_eq!(out["like"], json!(["run-a", "run-b"]));

@@ -420,6 +420,99 @@ impl RunFilter {
     }
 }
 
+/// MLflow's experiment search filter, the part served: clauses joined by `AND`, each on the
+/// experiment's name (`name LIKE 'mnist%'`) or a tag (`tags.team = 'vision'`), with `=`, `!=`,
+/// `LIKE` or `ILIKE` and a quoted value. Anything else is refused.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExperimentFilter {
+    /// `None` as the key: the name; else a tag's key.
+    pub clauses: Vec<(Option<String>, TextOp, String)>,
+}
+
+impl ExperimentFilter {
+    pub fn parse(text: &str) -> Result<ExperimentFilter, Error> {
+        let mut filter = ExperimentFilter::default();
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(filter);
+        }
+        for clause in split_and(text) {
+            let unsupported = || {
+                Error::invalid(
+                    "filter",
+                    format!(
+                        "'{clause}' is not supported here: use clauses `name` or `tags.<key>` with =, !=, LIKE or \
+                         ILIKE and a quoted value, joined by AND"
+                    ),
+                )
+            };
+            let (at, end, op) = operator_of(&clause).ok_or_else(unsupported)?;
+            let (left, right) = (clause[..at].trim(), clause[end..].trim());
+            let op = match op {
+                "=" => TextOp::Eq,
+                "!=" => TextOp::Ne,
+                "LIKE" => TextOp::Like,
+                "ILIKE" => TextOp::ILike,
+                _ => return Err(unsupported()),
+            };
+            let value = unquote(right).ok_or_else(unsupported)?;
+            let (entity, key) = left.split_once('.').unwrap_or(("attributes", left));
+            let key = unquote_key(key);
+            let target = match (entity.to_ascii_lowercase().as_str(), key.as_str()) {
+                ("attributes" | "attribute" | "attr", "name") => None,
+                ("tags" | "tag", key) if !key.is_empty() => Some(key.to_string()),
+                _ => return Err(unsupported()),
+            };
+            filter.clauses.push((target, op, value));
+        }
+        Ok(filter)
+    }
+}
+
+/// How experiments are ordered (MLflow's `order_by` of `experiments/search`): keys `name`,
+/// `experiment_id`, `creation_time`, `last_update_time`, each `ASC` (default) or `DESC`; then
+/// by id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExperimentOrder {
+    /// The column (`name`, `experiment_id`, `created_at`, `updated_at`) and whether ascending.
+    pub keys: Vec<(&'static str, bool)>,
+}
+
+impl ExperimentOrder {
+    pub fn parse(order_by: &[String]) -> Result<ExperimentOrder, Error> {
+        if order_by.len() > MAX_ORDER_KEYS {
+            return Err(Error::invalid("order_by", format!("at most {MAX_ORDER_KEYS} keys")));
+        }
+        let mut keys = Vec::with_capacity(order_by.len());
+        for clause in order_by {
+            let clause = clause.trim();
+            let (field, ascending) = match clause.rsplit_once(' ') {
+                Some((field, dir)) if dir.eq_ignore_ascii_case("asc") => (field.trim(), true),
+                Some((field, dir)) if dir.eq_ignore_ascii_case("desc") => (field.trim(), false),
+                _ => (clause, true),
+            };
+            let field = field.strip_prefix("attributes.").or_else(|| field.strip_prefix("attribute.")).unwrap_or(field);
+            let column = match field {
+                "name" => "name",
+                "experiment_id" => "experiment_id",
+                "creation_time" => "created_at",
+                "last_update_time" => "updated_at",
+                _ => {
+                    return Err(Error::invalid(
+                        "order_by",
+                        format!(
+                            "'{clause}' is not supported here: order by `name`, `experiment_id`, `creation_time` or \
+                             `last_update_time`, then ASC or DESC"
+                        ),
+                    ));
+                }
+            };
+            keys.push((column, ascending));
+        }
+        Ok(ExperimentOrder { keys })
+    }
+}
+
 /// `('a', "b")`: quoted values in parentheses, separated by commas (outside quotes).
 fn unquote_list(text: &str) -> Option<Vec<String>> {
     let inner = text.strip_prefix('(')?.strip_suffix(')')?;
@@ -490,6 +583,20 @@ fn unquote_key(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn experiment_searches_filter_by_name_and_tags_and_order_by_their_fields() {
+        let filter = ExperimentFilter::parse("name LIKE 'mnist%' and tags.team != 'nlp'").unwrap();
+        assert_eq!(
+            filter.clauses,
+            [(None, TextOp::Like, "mnist%".into()), (Some("team".into()), TextOp::Ne, "nlp".into())]
+        );
+        assert!(ExperimentFilter::parse("creation_time > 5").is_err());
+        assert!(ExperimentFilter::parse("name IN ('a')").is_err());
+        let order = ExperimentOrder::parse(&["name DESC".into(), "creation_time".into()]).unwrap();
+        assert_eq!(order.keys, [("name", false), ("created_at", true)]);
+        assert!(ExperimentOrder::parse(&["tags.x".into()]).is_err());
+    }
 
     #[test]
     fn order_by_takes_keys_each_with_a_direction() {

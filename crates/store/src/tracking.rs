@@ -4,7 +4,8 @@
 
 use trainyard_core::error::ObjectKind;
 use trainyard_core::tracking::{
-    Experiment, FilterClause, KeyValue, LogBatch, Metric, OrderBy, Run, RunField, RunFilter, RunInfo, RunOrder,
+    Experiment, ExperimentFilter, ExperimentOrder, FilterClause, KeyValue, LogBatch, Metric, OrderBy, Run, RunField,
+    RunFilter, RunInfo, RunOrder,
 };
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
@@ -282,30 +283,45 @@ impl Store {
         tx.commit().await.map_err(db_error)
     }
 
-    /// The tenant's experiments in a lifecycle stage (`None`: both) by id, a page of `limit`
-    /// from `offset`.
+    /// The tenant's experiments in a lifecycle stage (`None`: both) that match the filter, in
+    /// this order then by id, a page of `limit` from `offset`.
     pub async fn mlflow_experiments_search(
         &self,
         tenant_id: Uuid,
         stage: Option<&str>,
+        filter: &ExperimentFilter,
+        order: &ExperimentOrder,
         limit: i64,
         offset: i64,
     ) -> Result<Vec<Experiment>> {
-        // language=PostgreSQL
-        let sql = concat!(
+        // Built from the parsed filter and order: values bound, SQL text from a fixed set.
+        let mut query = sqlx::QueryBuilder::<sqlx::Postgres>::new(concat!(
             "SELECT ",
             experiment_columns!(),
-            " FROM mlflow_experiments WHERE tenant_id = $1 AND ($4::text IS NULL OR lifecycle_stage = $4)
-             ORDER BY experiment_id LIMIT $2 OFFSET $3"
-        );
-        let rows: Vec<ExperimentRow> = sqlx::query_as(sql)
-            .bind(tenant_id)
-            .bind(limit)
-            .bind(offset)
-            .bind(stage)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_error)?;
+            " FROM mlflow_experiments e WHERE e.tenant_id = "
+        ));
+        query.push_bind(tenant_id);
+        if let Some(stage) = stage {
+            query.push(" AND e.lifecycle_stage = ").push_bind(stage);
+        }
+        for (tag, op, value) in &filter.clauses {
+            match tag {
+                None => query.push(format_args!(" AND e.name {} ", op.sql())).push_bind(value.as_str()),
+                Some(key) => query
+                    .push(" AND EXISTS (SELECT 1 FROM mlflow_experiment_tags t WHERE t.tenant_id = e.tenant_id")
+                    .push(" AND t.experiment_id = e.experiment_id AND t.key = ")
+                    .push_bind(key.as_str())
+                    .push(format_args!(" AND t.value {} ", op.sql()))
+                    .push_bind(value.as_str())
+                    .push(")"),
+            };
+        }
+        query.push(" ORDER BY ");
+        for (column, ascending) in &order.keys {
+            query.push(format_args!("e.{column} {}, ", if *ascending { "ASC" } else { "DESC" }));
+        }
+        query.push("e.experiment_id LIMIT ").push_bind(limit).push(" OFFSET ").push_bind(offset);
+        let rows: Vec<ExperimentRow> = query.build_query_as().fetch_all(&self.pool).await.map_err(db_error)?;
         self.experiments_tagged(tenant_id, rows.into_iter().map(experiment_of).collect()).await
     }
 

@@ -12,7 +12,8 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::{ObjectKind, Problems};
 use trainyard_core::tracking::{
-    Experiment, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter, RunInfo, RunOrder, RunStatus,
+    Experiment, ExperimentFilter, ExperimentOrder, KeyValue, LogBatch, MAX_SEARCH_RESULTS, Metric, Run, RunFilter,
+    RunInfo, RunOrder, RunStatus,
 };
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
@@ -120,6 +121,16 @@ fn page_bounds(max_results: Option<i64>, page_token: Option<&str>, default: i64)
 fn page_of<T>(items: Vec<T>, limit: i64, offset: i64) -> Page<T> {
     let next_page_token = (items.len() as i64 == limit).then(|| (offset + limit).to_string());
     Page { items, next_page_token }
+}
+
+/// A search of experiments as MLflow's client asks it.
+pub struct ExperimentsSearch<'a> {
+    pub filter: &'a str,
+    pub order_by: &'a [String],
+    /// MLflow's `view_type`: `ACTIVE_ONLY` (the default), `DELETED_ONLY`, `ALL`.
+    pub view: Option<&'a str>,
+    pub max_results: Option<i64>,
+    pub page_token: Option<&'a str>,
 }
 
 /// A search of runs as MLflow's client asks it.
@@ -251,14 +262,29 @@ impl App {
     pub async fn mlflow_experiments_search(
         &self,
         tracker: &Tracker,
-        view: Option<&str>,
-        max_results: Option<i64>,
-        page_token: Option<&str>,
+        search: ExperimentsSearch<'_>,
     ) -> Result<Page<Experiment>> {
         let caller = tracker.user(Action::ReadRuns)?;
-        let stage = view_stage(view)?;
-        let (limit, offset) = page_bounds(max_results, page_token, 1000)?;
-        let experiments = self.store.mlflow_experiments_search(caller.tenant_id, stage, limit, offset).await?;
+        let parsed = (
+            ExperimentFilter::parse(search.filter),
+            ExperimentOrder::parse(search.order_by),
+            view_stage(search.view),
+            page_bounds(search.max_results, search.page_token, 1000),
+        );
+        let (filter, order, stage, (limit, offset)) = match parsed {
+            (Ok(filter), Ok(order), Ok(stage), Ok(bounds)) => (filter, order, stage, bounds),
+            (filter, order, stage, bounds) => {
+                // Every bad part named at once.
+                let mut problems = Problems::default();
+                for err in [filter.err(), order.err(), stage.err(), bounds.err()].into_iter().flatten() {
+                    problems.check(Err(err));
+                }
+                problems.into_result()?;
+                return Err(Error::internal("an experiment search was refused without a reason"));
+            }
+        };
+        let experiments =
+            self.store.mlflow_experiments_search(caller.tenant_id, stage, &filter, &order, limit, offset).await?;
         Ok(page_of(experiments, limit, offset))
     }
 

@@ -23,7 +23,7 @@ use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunI
 use trainyard_store::metrics::JOB_TOKEN_PREFIX;
 use uuid::Uuid;
 
-use crate::app::tracking::{ArtifactEntry, RunCreate, RunsSearch, Tracker};
+use crate::app::tracking::{ArtifactEntry, ExperimentsSearch, RunCreate, RunsSearch, Tracker};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiJson, ApiQuery, Auth, client_ip};
@@ -538,13 +538,14 @@ async fn experiments_answer(
     caller: &Tracker,
     body: ExperimentsSearchBody,
 ) -> MlflowResult<Json<Value>> {
-    if body.filter.as_deref().is_some_and(|f| !f.trim().is_empty()) || !body.order_by.is_empty() {
-        return Err(Error::invalid("filter", "filtering and ordering experiments is not supported yet").into());
-    }
-    let page = state
-        .app
-        .mlflow_experiments_search(caller, body.view_type.as_deref(), body.max_results, body.page_token.as_deref())
-        .await?;
+    let search = ExperimentsSearch {
+        filter: body.filter.as_deref().unwrap_or_default(),
+        order_by: &body.order_by,
+        view: body.view_type.as_deref(),
+        max_results: body.max_results,
+        page_token: body.page_token.as_deref(),
+    };
+    let page = state.app.mlflow_experiments_search(caller, search).await?;
     let mut answer = json!({"experiments": page.items.iter().map(experiment_json).collect::<Vec<_>>()});
     if let Some(token) = page.next_page_token {
         answer["next_page_token"] = json!(token);
