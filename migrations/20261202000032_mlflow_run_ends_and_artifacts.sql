@@ -47,7 +47,9 @@ CREATE TABLE mlflow_experiment_tags (
         REFERENCES mlflow_experiments (tenant_id, experiment_id) ON DELETE CASCADE
 );
 
--- A deleted experiment takes no new run (MLflow's rule), whatever the order of the requests.
+-- A deleted experiment takes no new run (MLflow's rule), whatever the order of the requests. A
+-- job's run goes into the Default experiment, 0, which is never deleted: the launch statement
+-- (store/src/reconcile.rs:Store::attempts_open) takes no lock for it.
 CREATE FUNCTION mlflow_run_in_active_experiment() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM mlflow_experiments
@@ -60,4 +62,4 @@ BEGIN
 END
 $$;
 CREATE TRIGGER mlflow_runs_in_active_experiment BEFORE INSERT ON mlflow_runs
-    FOR EACH ROW EXECUTE FUNCTION mlflow_run_in_active_experiment();
+    FOR EACH ROW WHEN (NEW.job_id IS NULL) EXECUTE FUNCTION mlflow_run_in_active_experiment();
