@@ -851,6 +851,11 @@ out["ids_in"] = sorted(names("attributes.run_id IN ('%s', '%s')" % (by_name["run
 out["status_in"] = names("attributes.status IN ('FAILED', 'KILLED')")
 out["status_not_in"] = names("attributes.status NOT IN ('FINISHED')")
 out["combined"] = names("params.opt LIKE 'ad%' and metrics.loss < 0.4 and attributes.status = 'FAILED'")
+user = client.get_run(by_name["run-a"]).info.user_id
+out["by_user"] = len(names("attributes.user_id = '%s'" % user))
+out["not_by_user"] = names("attributes.user_id != '%s'" % user)
+out["started"] = len(names("attributes.start_time > 0"))
+out["ended_later"] = len(names("attributes.end_time > 4102444800000"))
 out["by_param"] = names(order_by=["params.opt ASC"])
 out["two_keys"] = names(order_by=["attributes.status ASC", "metrics.loss DESC"])
 out["by_tag_desc"] = names(order_by=["tags.team DESC"])
@@ -914,6 +919,10 @@ async fn the_mlflow_client_manages_experiments_pages_histories_and_searches_with
     assert_eq!(out["status_in"], json!(["run-b"]));
     assert_eq!(out["status_not_in"], json!(["run-b"]));
     assert_eq!(out["combined"], json!(["run-b"]));
+    assert_eq!(out["by_user"], 3, "{out}");
+    assert_eq!(out["not_by_user"], json!([]));
+    assert_eq!(out["started"], 3, "every run started after 1970");
+    assert_eq!(out["ended_later"], 0, "none ends after 2100");
     assert_eq!(out["by_param"], json!(["run-b", "run-a", "other-c"]), "adagrad, adam, sgd");
     assert_eq!(out["two_keys"], json!(["run-b", "other-c", "run-a"]), "FAILED first, then by loss, highest first");
     assert_eq!(out["by_tag_desc"], json!(["run-a", "other-c", "run-b"]), "vision, nlp, Vision-2 (byte order)");

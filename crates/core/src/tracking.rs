@@ -179,7 +179,10 @@ pub fn key_check(field: &str, key: &str) -> Result<(), Error> {
 ///   characters, `_` one; `ILIKE` ignoring case); a run without the key matches none of them;
 /// - on the run's status or name (`attributes.status`, `attributes.run_name`): the same four, or
 ///   `IN ('a', 'b')` / `NOT IN (...)`;
-/// - on the run's id (`attributes.run_id`): `=`, `!=`, `IN`, `NOT IN`;
+/// - on the run's id (`attributes.run_id`): `=`, `!=`, `IN`, `NOT IN`; on `attributes.user_id`
+///   as on the status;
+/// - on its start or end time (`attributes.start_time`, `created`, `end_time`, milliseconds):
+///   `=`, `!=`, `<`, `<=`, `>`, `>=` and a whole number;
 /// - on a metric's latest value (highest step, then latest time): `metrics.loss < 0.5`, with
 ///   `=`, `!=`, `<`, `<=`, `>`, `>=` and a number.
 ///
@@ -193,10 +196,32 @@ pub struct RunFilter {
 /// One clause of a [`RunFilter`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum FilterClause {
-    Param { key: String, op: TextOp, value: String },
-    Tag { key: String, op: TextOp, value: String },
-    Attribute { field: RunField, op: TextOp, value: String },
-    AttributeIn { field: RunField, values: Vec<String>, negated: bool },
+    Param {
+        key: String,
+        op: TextOp,
+        value: String,
+    },
+    Tag {
+        key: String,
+        op: TextOp,
+        value: String,
+    },
+    Attribute {
+        field: RunField,
+        op: TextOp,
+        value: String,
+    },
+    AttributeIn {
+        field: RunField,
+        values: Vec<String>,
+        negated: bool,
+    },
+    /// The run's start or end time (milliseconds) compared with a number, as a metric is.
+    Time {
+        end: bool,
+        op: &'static str,
+        value: i64,
+    },
     Metric(MetricClause),
 }
 
@@ -230,6 +255,8 @@ pub enum RunField {
     Name,
     /// The run's id, as the wire has it (32 hex digits).
     Id,
+    /// MLflow's `user_id`: the user the client said it ran as.
+    User,
 }
 
 /// `metrics.<key> <op> <value>`: the run's latest point of the metric compared with a number.
@@ -379,8 +406,22 @@ impl RunFilter {
                 filter.clauses.push(FilterClause::Metric(MetricClause { key, op, value }));
                 continue;
             }
+            let time = match (entity.as_str(), key.as_str()) {
+                ("attributes" | "attribute" | "attr" | "run", "start_time" | "created") => Some(false),
+                ("attributes" | "attribute" | "attr" | "run", "end_time") => Some(true),
+                _ => None,
+            };
+            if let Some(end) = time {
+                let value =
+                    right.parse::<i64>().ok().filter(|_| SYMBOL_OPERATORS.contains(&op)).ok_or_else(|| {
+                        Error::invalid("filter", format!("'{clause}': a time is compared with a number"))
+                    })?;
+                filter.clauses.push(FilterClause::Time { end, op, value });
+                continue;
+            }
             let field = match (entity.as_str(), key.as_str()) {
                 ("attributes" | "attribute" | "attr" | "run", "status") => Some(RunField::Status),
+                ("attributes" | "attribute" | "attr" | "run", "user_id") => Some(RunField::User),
                 ("attributes" | "attribute" | "attr" | "run", "run_name") => Some(RunField::Name),
                 ("attributes" | "attribute" | "attr" | "run", "run_id") => Some(RunField::Id),
                 ("attributes" | "attribute" | "attr" | "run", _) => return Err(unsupported()),
@@ -717,7 +758,15 @@ mod tests {
         assert!(RunFilter::parse("metrics.loss LIKE '1%'").is_err());
         assert!(RunFilter::parse("params.lr IN ('0.1')").is_err(), "IN on params");
         assert!(RunFilter::parse("attributes.run_id LIKE 'a%'").is_err());
-        assert!(RunFilter::parse("attributes.user_id = 'x'").is_err());
+        assert_eq!(
+            RunFilter::parse("attributes.start_time >= 1700000000000 and attributes.user_id = 'mia'").unwrap().clauses,
+            [
+                FilterClause::Time { end: false, op: ">=", value: 1_700_000_000_000 },
+                FilterClause::Attribute { field: RunField::User, op: TextOp::Eq, value: "mia".into() },
+            ]
+        );
+        assert!(RunFilter::parse("attributes.end_time LIKE '1%'").is_err());
+        assert!(RunFilter::parse("attributes.artifact_uri = 'x'").is_err());
         assert!(RunFilter::parse("params.lr = '0.1' OR params.lr = '0.2'").is_err());
         assert!(RunFilter::parse("params.lr = 0.1").is_err(), "MLflow quotes param values");
         assert!(RunFilter::parse("attributes.status IN 'FAILED'").is_err(), "IN takes a list");

@@ -55,6 +55,7 @@ fn run_field_sql(field: RunField) -> &'static str {
         RunField::Status => "r.status",
         RunField::Name => "r.name",
         RunField::Id => "replace(r.id::text, '-', '')",
+        RunField::User => "r.user_name",
     }
 }
 
@@ -724,6 +725,11 @@ impl Store {
                 FilterClause::AttributeIn { field, values, negated } => {
                     let test = if *negated { "<> ALL(" } else { "= ANY(" };
                     query.push(format_args!("{} {test}", run_field_sql(*field))).push_bind(values.as_slice()).push(")");
+                }
+                FilterClause::Time { end, op, value } => {
+                    let column = if *end { "r.end_time" } else { "r.start_time" };
+                    let op = if *op == "!=" { "<>" } else { op };
+                    query.push(format_args!("{column} {op} ")).push_bind(*value);
                 }
                 FilterClause::Metric(metric) => {
                     query.push(LATEST_METRIC_OF_RUN).push_bind(metric.key.as_str());
