@@ -450,6 +450,13 @@ print(json.dumps({{"artifact": open(downloaded).read(),
     let logged = logged.split("</table>").next().unwrap();
     assert!(logged.contains("<td>lr</td><td><code>0.1</code>") && logged.contains("batch_size"), "{logged}");
     assert!(page.contains("checkpoints/model.txt"), "the artefact is offered for download");
+    // Its charts: the page draws what metrics.json serves, the points logged through MLflow.
+    assert!(page.contains(&format!("data-metrics=\"/jobs/{a}/metrics.json\"")), "the job page has its charts");
+    let (status, charted) = web.get(&format!("/jobs/{a}/metrics.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let charted: Value = serde_json::from_str(&charted).unwrap();
+    let names: Vec<&str> = charted["series"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["accuracy", "loss"], "{charted}");
 
     // The artefact is the job's: the job page's downloads list it.
     let (status, artifacts) = env.get(&format!("/api/v1/jobs/{a}/artifacts"), &member).await;
