@@ -512,9 +512,9 @@ print(json.dumps({{"download": code}}))
     // The compare page: one loss chart with both runs' lines.
     let (status, page) = web.get(&format!("/compare?jobs={a},{engine}&metric=loss")).await;
     assert_eq!(status, StatusCode::OK);
-    let chart = page.split("id=\"compare-chart\"").nth(1).unwrap_or_else(|| panic!("no chart: {page}"));
-    let chart = chart.split('>').next().unwrap();
-    assert!(chart.contains(a.as_str()) && chart.contains(engine.as_str()), "both runs on the chart: {chart}");
+    let chart = trainyard_tests::web::compare_chart_of(&page).unwrap_or_else(|| panic!("no chart: {page}"));
+    assert!(trainyard_tests::web::chart_points_of(&chart, a) > 0, "the MLflow-logged loss: {chart}");
+    assert!(trainyard_tests::web::chart_points_of(&chart, &engine) > 0, "the engine's loss: {chart}");
 
     // `yard diff`: the logged params that differ, in a section of their own (the jobs have no
     // template parameters), and the loss they led to.
