@@ -116,6 +116,13 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /api/2.0/mlflow/experiments/get", "401 ok ok 404 ok 403"),
     ("GET /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 403"),
     ("POST /api/2.0/mlflow/experiments/search", "401 ok ok ok ok 403"),
+    // Deleting tenant A's experiment then restoring it, renaming it to its own name, setting and
+    // deleting a tag of it (set again before each delete).
+    ("POST /api/2.0/mlflow/experiments/delete", "401 403 ok 404 ok 403"),
+    ("POST /api/2.0/mlflow/experiments/restore", "401 403 ok 404 ok 403"),
+    ("POST /api/2.0/mlflow/experiments/update", "401 403 ok 404 ok 403"),
+    ("POST /api/2.0/mlflow/experiments/set-experiment-tag", "401 403 ok 404 ok 403"),
+    ("POST /api/2.0/mlflow/experiments/delete-experiment-tag", "401 403 ok 404 ok 403"),
     ("POST /api/2.0/mlflow/runs/create", "401 403 ok 404 ok 403"),
     ("GET /api/2.0/mlflow/runs/get", "401 ok ok 404 ok 404"),
     ("POST /api/2.0/mlflow/runs/update", "401 403 ok 404 ok 404"),
@@ -370,6 +377,11 @@ impl World {
             // `{id}` was already replaced by the job's id above: swap it for the token's.
             path = route.replace("{id}", body["id"].as_str().unwrap());
         }
+        if route == "/api/2.0/mlflow/experiments/delete-experiment-tag" {
+            let tag = json!({"experiment_id": self.mlflow_experiment, "key": "doomed", "value": "v"});
+            let (status, body) = self.env.post("/api/2.0/mlflow/experiments/set-experiment-tag", &admin, &tag).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
         if route == "/api/2.0/mlflow/runs/delete-tag" {
             // The tag each caller tries to delete, set again before each (deleting is destructive).
             let tag = json!({"run_id": self.mlflow_run, "key": "doomed", "value": "v"});
@@ -442,6 +454,18 @@ impl World {
                 json!({"run_id": self.mlflow_run})
             }
             ("POST", "/api/2.0/mlflow/runs/delete-tag") => json!({"run_id": self.mlflow_run, "key": "doomed"}),
+            ("POST", "/api/2.0/mlflow/experiments/delete" | "/api/2.0/mlflow/experiments/restore") => {
+                json!({"experiment_id": self.mlflow_experiment})
+            }
+            ("POST", "/api/2.0/mlflow/experiments/update") => {
+                json!({"experiment_id": self.mlflow_experiment, "new_name": "authz"})
+            }
+            ("POST", "/api/2.0/mlflow/experiments/set-experiment-tag") => {
+                json!({"experiment_id": self.mlflow_experiment, "key": "k", "value": format!("v{n}")})
+            }
+            ("POST", "/api/2.0/mlflow/experiments/delete-experiment-tag") => {
+                json!({"experiment_id": self.mlflow_experiment, "key": "doomed"})
+            }
             _ => json!({}),
         }
     }

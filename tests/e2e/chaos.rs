@@ -344,6 +344,7 @@ async fn a_resumed_launch_holds_its_gpus_before_any_launch_beside_it() {
         .unwrap(),
         files: BTreeMap::new(),
         env: BTreeMap::new(),
+        env_by_rank: Vec::new(),
         code: Vec::new(),
         nodes: Vec::new(),
     };
@@ -401,6 +402,7 @@ async fn garbage_collection_takes_no_replica_of_another_data_directory() {
         .unwrap(),
         files: BTreeMap::new(),
         env: BTreeMap::new(),
+        env_by_rank: Vec::new(),
         code: Vec::new(),
         nodes: Vec::new(),
     };

@@ -255,6 +255,7 @@ async fn a_replica_in_its_own_pid_namespace_sees_only_its_processes_and_leaves_n
                 spec,
                 files: Default::default(),
                 env: Default::default(),
+                env_by_rank: Vec::new(),
                 code: Vec::new(),
                 nodes: Vec::new(),
             };

@@ -226,7 +226,7 @@ async fn mlflow_rules_answer_with_mlflows_error_codes() {
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "RESOURCE_ALREADY_EXISTS");
 
     // Bad input is MLflow's 400, never a 500: a filter outside the subset, a bad status, a bad key.
-    let search = json!({"experiment_ids": ["0"], "filter": "params.lr != '0.1'"});
+    let search = json!({"experiment_ids": ["0"], "filter": "params.lr IN ('0.1')"});
     let (status, body) = env.post("/api/2.0/mlflow/runs/search", &member, &search).await;
     assert_mlflow_error(status, &body, StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE");
     let (status, body) =
@@ -450,6 +450,13 @@ print(json.dumps({{"artifact": open(downloaded).read(),
     let logged = logged.split("</table>").next().unwrap();
     assert!(logged.contains("<td>lr</td><td><code>0.1</code>") && logged.contains("batch_size"), "{logged}");
     assert!(page.contains("checkpoints/model.txt"), "the artefact is offered for download");
+    // Its charts: the page draws what metrics.json serves, the points logged through MLflow.
+    assert!(page.contains(&format!("data-metrics=\"/jobs/{a}/metrics.json\"")), "the job page has its charts");
+    let (status, charted) = web.get(&format!("/jobs/{a}/metrics.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let charted: Value = serde_json::from_str(&charted).unwrap();
+    let names: Vec<&str> = charted["series"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["accuracy", "loss"], "{charted}");
 
     // The artefact is the job's: the job page's downloads list it.
     let (status, artifacts) = env.get(&format!("/api/v1/jobs/{a}/artifacts"), &member).await;
@@ -502,6 +509,12 @@ print(json.dumps({{"download": code}}))
         .find(|f| f["field"] == "metrics.loss.points")
         .cloned();
     assert_eq!(points.map(|f| f["values"].clone()), Some(json!([1000, 3])), "{side_by_side}");
+    // The compare page: one loss chart with both runs' lines.
+    let (status, page) = web.get(&format!("/compare?jobs={a},{engine}&metric=loss")).await;
+    assert_eq!(status, StatusCode::OK);
+    let chart = trainyard_tests::web::compare_chart_of(&page).unwrap_or_else(|| panic!("no chart: {page}"));
+    assert!(trainyard_tests::web::chart_points_of(&chart, a) > 0, "the MLflow-logged loss: {chart}");
+    assert!(trainyard_tests::web::chart_points_of(&chart, &engine) > 0, "the engine's loss: {chart}");
 
     // `yard diff`: the logged params that differ, in a section of their own (the jobs have no
     // template parameters), and the loss they led to.
@@ -550,8 +563,8 @@ out = {
     "ordered": names(order_by=["metrics.loss DESC"]),
     "by_name": names(order_by=["attributes.run_name ASC"]),
     "combined": names(filter_string="metrics.loss >= 0.3 and params.lr = '0.01' and attributes.status = 'FINISHED'"),
-    "unsupported_filter": code(lambda: names(filter_string="params.lr LIKE '0.%'")),
-    "unsupported_order": code(lambda: names(order_by=["params.lr ASC"])),
+    "unsupported_filter": code(lambda: names(filter_string="params.lr = '0.1' OR params.lr = '0.01'")),
+    "unsupported_order": code(lambda: names(order_by=["attributes.user_id ASC"])),
 }
 b = next(i for i, n in ids.items() if n == "b")
 client.delete_tag(b, "keep")
@@ -591,4 +604,354 @@ async fn the_mlflow_client_searches_by_metric_orders_deletes_and_restores_runs()
     assert_eq!(out["log_to_deleted"], "INVALID_PARAMETER_VALUE", "a deleted run takes no logging");
     assert_eq!(out["restored"], json!(["c", "b"]), "restored, it logs and is found again: {out}");
     assert_eq!(out["unknown_run"], "RESOURCE_DOES_NOT_EXIST");
+}
+
+/// One unmodified MLflow script that every rank of a job runs: each logs a param, 100 steps of
+/// `loss` (rank * 1000 + step, so that a point says which rank wrote it), a tag and an artefact,
+/// and writes what it saw to `$OUT.<rank>`. Rank 1 also tries its token with a forged proof.
+const EVERY_RANK_SCRIPT: &str = r#"
+import json, os, urllib.error, urllib.request, mlflow
+rank = int(os.environ["RANK"])
+with mlflow.start_run() as run:
+    mlflow.log_param("rank", str(rank))
+    for step in range(100):
+        mlflow.log_metric("loss", rank * 1000 + step, step=step)
+    mlflow.set_tag("writer", str(rank))
+    path = os.path.join(os.environ["HOME"], "rank.txt")
+    with open(path, "w") as f:
+        f.write("written by rank %d" % rank)
+    mlflow.log_artifact(path)
+token = os.environ["MLFLOW_TRACKING_TOKEN"]
+forged = None
+if rank == 1:
+    bad = token.rsplit(".", 1)[0] + "." + "0" * 64
+    request = urllib.request.Request(
+        os.environ["MLFLOW_TRACKING_URI"] + "/api/2.0/mlflow/runs/get?run_id=" + run.info.run_id,
+        headers={"Authorization": "Bearer " + bad})
+    try:
+        urllib.request.urlopen(request)
+    except urllib.error.HTTPError as e:
+        forged = [e.code, json.loads(e.read())["error_code"]]
+with open("%s.%d" % (os.environ["OUT"], rank), "w") as out:
+    json.dump({"run_id": run.info.run_id, "job_token": token == os.environ["TRAINYARD_TOKEN"], "forged": forged}, out)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_rank_of_a_job_logs_with_mlflow_unmodified_and_its_run_keeps_rank_0s_writes_once() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let out = env.dir.path().join("rank");
+    let body = json!({"name": "ddp-mlflow", "command": ["python3", "-c", EVERY_RANK_SCRIPT], "replicas": 2,
+                      "resources": {"cpu": 0.5, "memory": "1Gi"}, "env": {"OUT": out.display().to_string()}});
+    let (status, job) = env.post("/api/v1/jobs", &member, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let job = env.wait_job_as(&member, &id, std::time::Duration::from_secs(180), |j| {
+        ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or_default())
+    });
+    let job = job.await;
+    let (_, logs) = env.get(&format!("/api/v1/jobs/{id}/logs"), &member).await;
+    assert_eq!(job["state"], "succeeded", "both ranks' MLflow calls succeeded: {job}\n{logs}");
+    let simple = uuid::Uuid::parse_str(&id).unwrap().simple().to_string();
+    let seen = |rank: u32| -> Value {
+        let text = std::fs::read_to_string(format!("{}.{rank}", out.display())).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let (rank0, rank1) = (seen(0), seen(1));
+    assert_eq!((&rank0["run_id"], &rank1["run_id"]), (&json!(simple), &json!(simple)), "both in the job's run");
+    assert_eq!(rank0["job_token"], true, "rank 0 logs with the job token");
+    assert_eq!(rank1["job_token"], false, "rank 1 has a token of its own");
+    assert_eq!(rank1["forged"], json!([401, "UNAUTHENTICATED"]), "a replica token with another proof is refused");
+
+    // The job's metrics: each of the 100 steps once, with rank 0's values.
+    let (status, metrics) = env.get(&format!("/api/v1/jobs/{id}/metrics"), &member).await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    let loss = metrics["series"].as_array().unwrap().iter().find(|s| s["name"] == "loss").cloned().unwrap();
+    let steps: Vec<i64> = loss["steps"].as_array().unwrap().iter().map(|s| s.as_i64().unwrap()).collect();
+    assert_eq!(steps, (0..100).collect::<Vec<_>>(), "each step once: {loss}");
+    let values: Vec<f64> = loss["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(values, (0..100).map(f64::from).collect::<Vec<_>>(), "rank 0's values");
+
+    // From outside: rank 0's param, tag and artefact; the run finished once.
+    let script = format!(
+        r#"
+import json, tempfile, mlflow
+from mlflow import MlflowClient
+client = MlflowClient()
+run = client.get_run("{simple}")
+got = mlflow.artifacts.download_artifacts(run_id="{simple}", artifact_path="rank.txt", dst_path=tempfile.mkdtemp())
+print(json.dumps({{"params": run.data.params, "writer": run.data.tags.get("writer"), "status": run.info.status,
+                   "history": len(client.get_metric_history("{simple}", "loss")),
+                   "artifacts": [f.path for f in client.list_artifacts("{simple}")], "artifact": open(got).read()}}))
+"#
+    );
+    let outside = tokio::task::block_in_place(|| mlflow_python(&env, &member, &script));
+    assert_eq!(
+        outside,
+        json!({"params": {"rank": "0"}, "writer": "0", "status": "FINISHED", "history": 100,
+               "artifacts": ["rank.txt"], "artifact": "written by rank 0"})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jobs_mlflow_run_ends_with_its_job_when_its_script_never_ends_it() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let mut jobs = Vec::new();
+    for (name, command) in [
+        ("no-mlflow", json!(["python3", "-c", "print('training without MLflow')"])),
+        ("crashes", json!(["python3", "-c", "import sys; sys.exit(3)"])),
+        ("sleeps", json!(["sleep", "300"])),
+    ] {
+        let (status, job) = env.post("/api/v1/jobs", &member, &json!({"name": name, "command": command})).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+        jobs.push(job["id"].as_str().unwrap().to_string());
+    }
+    let simple = |id: &str| uuid::Uuid::parse_str(id).unwrap().simple().to_string();
+    let status_of = |id: String| {
+        let script = format!(
+            r#"
+import json
+from mlflow import MlflowClient
+info = MlflowClient().get_run("{id}").info
+print(json.dumps([info.status, info.end_time is not None and info.end_time >= info.start_time]))
+"#
+        );
+        move |env: &TestEnv, token: &str| tokio::task::block_in_place(|| mlflow_python(env, token, &script))
+    };
+    let sleeping = &jobs[2];
+    env.wait_job_as(&member, sleeping, std::time::Duration::from_secs(60), |j| j["state"] == "running").await;
+    assert_eq!(status_of(simple(sleeping))(&env, &member), json!(["RUNNING", false]), "while its job runs");
+    let (status, body) = env.post(&format!("/api/v1/jobs/{sleeping}/cancel"), &member, &json!({})).await;
+    assert!(status.is_success(), "{body}");
+    for (id, state, mlflow_status) in
+        [(&jobs[0], "succeeded", "FINISHED"), (&jobs[1], "failed", "FAILED"), (&jobs[2], "cancelled", "KILLED")]
+    {
+        let job = env.wait_job_as(&member, id, std::time::Duration::from_secs(60), |j| {
+            ["succeeded", "failed", "cancelled"].contains(&j["state"].as_str().unwrap_or_default())
+        });
+        assert_eq!(job.await["state"], state);
+        assert_eq!(status_of(simple(id))(&env, &member), json!([mlflow_status, true]), "job {state}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_laptops_run_keeps_its_artefacts_in_its_tenant_within_the_artefact_size_limit() {
+    let env = TestEnv::start_with(&["--max-artifact-size", "1Ki"]).await;
+    let member = env.member("default", "mia", "member").await;
+    let script = r#"
+import json, os, tempfile, mlflow
+from mlflow import MlflowClient
+folder = tempfile.mkdtemp()
+small, big = os.path.join(folder, "notes.txt"), os.path.join(folder, "big.bin")
+with open(small, "w") as f:
+    f.write("a laptop's notes")
+with open(big, "wb") as f:
+    f.write(b"x" * 2048)
+with mlflow.start_run(run_name="laptop") as run:
+    mlflow.log_artifact(small)
+    mlflow.log_artifact(small, artifact_path="plots")
+    try:
+        mlflow.log_artifact(big)
+        too_big = None
+    except Exception as e:
+        too_big = type(e).__name__
+client = MlflowClient()
+run_id = run.info.run_id
+got = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="plots/notes.txt", dst_path=tempfile.mkdtemp())
+whole = mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=tempfile.mkdtemp())
+print(json.dumps({"run_id": run_id, "too_big": too_big,
+                  "root": sorted((f.path, f.is_dir) for f in client.list_artifacts(run_id)),
+                  "folder": [(f.path, f.file_size) for f in client.list_artifacts(run_id, "plots")],
+                  "file": open(got).read(), "whole": sorted(os.listdir(whole)),
+                  "uri": client.get_run(run_id).info.artifact_uri}))
+"#;
+    let out = tokio::task::block_in_place(|| mlflow_python(&env, &member, script));
+    let run_id = out["run_id"].as_str().unwrap().to_string();
+    assert_eq!(out["uri"], format!("mlflow-artifacts:/{run_id}"));
+    assert!(out["too_big"].is_string(), "an artefact over --max-artifact-size is refused: {out}");
+    assert_eq!(out["root"], json!([["notes.txt", false], ["plots", true]]), "the big one is not kept: {out}");
+    assert_eq!(out["folder"], json!([["plots/notes.txt", 16]]));
+    assert_eq!(out["file"], "a laptop's notes");
+    assert_eq!(out["whole"], json!(["notes.txt", "plots"]));
+
+    // Another tenant's token: the run and its artefacts are none of its business.
+    let (status, body) = env.post("/api/v1/admin/tenants", &env.admin_token, &json!({"name": "team-b"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let other = env.member("team-b", "bob", "admin").await;
+    for path in [
+        format!("/api/2.0/mlflow-artifacts/artifacts/{run_id}/plots/notes.txt"),
+        format!("/api/2.0/mlflow-artifacts/artifacts?path={run_id}/plots"),
+        format!("/api/2.0/mlflow/artifacts/list?run_id={run_id}"),
+    ] {
+        let (status, body) = env.get(&path, &other).await;
+        assert_eq!(
+            (status, body["error_code"].clone()),
+            (StatusCode::NOT_FOUND, json!("RESOURCE_DOES_NOT_EXIST")),
+            "{path}: {body}"
+        );
+    }
+    let put = reqwest::Client::new()
+        .put(format!("{}/api/2.0/mlflow-artifacts/artifacts/{run_id}/planted.txt", env.server.url))
+        .bearer_auth(&other)
+        .body("planted")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::NOT_FOUND, "another tenant writes nothing there");
+    let (_, listed) = env.get(&format!("/api/2.0/mlflow/artifacts/list?run_id={run_id}"), &member).await;
+    let paths: Vec<&str> = listed["files"].as_array().unwrap().iter().filter_map(|f| f["path"].as_str()).collect();
+    assert_eq!(paths, ["notes.txt", "plots"], "{listed}");
+}
+
+const PROTOCOL_CORNERS: &str = r#"
+import json, mlflow
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
+
+client = MlflowClient()
+def code(call):
+    try:
+        call()
+    except MlflowException as e:
+        return e.error_code
+out = {}
+exp = client.create_experiment("corners", tags={"team": "vision"})
+client.set_experiment_tag(exp, "stage", "dev")
+client.set_experiment_tag(exp, "team", "nlp")  # tags overwrite
+out["tags"] = client.get_experiment(exp).tags
+client.rename_experiment(exp, "corners-2")
+out["renamed"] = client.get_experiment_by_name("corners-2").experiment_id == exp
+out["old_name"] = client.get_experiment_by_name("corners")
+client.create_experiment("taken", tags={"team": "vision"})
+out["rename_taken"] = code(lambda: client.rename_experiment(exp, "taken"))
+def experiments(**kwargs):
+    return [e.name for e in client.search_experiments(**kwargs)]
+out["exp_like"] = experiments(filter_string="name LIKE 'corn%'")
+out["exp_tag"] = experiments(filter_string="tags.team = 'vision'")
+out["exp_tag_ne"] = experiments(filter_string="tags.team != 'vision'")
+out["exp_order"] = experiments(order_by=["name DESC"])
+out["exp_bad_filter"] = code(lambda: experiments(filter_string="creation_time > 0"))
+ids = {}
+for name, lr, opt, team, status, loss in [("run-a", "0.1", "adam", "vision", "FINISHED", 0.5),
+                                          ("run-b", "0.01", "adagrad", "Vision-2", "FAILED", 0.3),
+                                          ("other-c", "0.001", "sgd", "nlp", "FINISHED", 0.9)]:
+    run_id = client.create_run(exp, run_name=name, tags={"team": team}).info.run_id
+    client.log_param(run_id, "lr", lr)
+    client.log_param(run_id, "opt", opt)
+    client.log_metric(run_id, "loss", loss, step=0)
+    client.set_terminated(run_id, status)
+    ids[run_id] = name
+by_name = {n: i for i, n in ids.items()}
+def names(filter_string="", order_by=None, **kwargs):
+    runs = mlflow.search_runs(experiment_ids=[exp], filter_string=filter_string, order_by=order_by,
+                              output_format="list", **kwargs)
+    return [ids[r.info.run_id] for r in runs]
+out["ne"] = sorted(names("params.lr != '0.1'"))
+out["name_ne"] = sorted(names("attributes.run_name != 'run-a'"))
+out["like"] = sorted(names("params.opt LIKE 'ad%'"))
+out["like_case"] = sorted(names("tags.team LIKE 'vis%'"))
+out["ilike"] = sorted(names("tags.team ILIKE 'VIS%'"))
+out["name_like"] = sorted(names("attributes.run_name LIKE 'run-_'"))
+out["ids_in"] = sorted(names("attributes.run_id IN ('%s', '%s')" % (by_name["run-a"], by_name["other-c"])))
+out["status_in"] = names("attributes.status IN ('FAILED', 'KILLED')")
+out["status_not_in"] = names("attributes.status NOT IN ('FINISHED')")
+out["combined"] = names("params.opt LIKE 'ad%' and metrics.loss < 0.4 and attributes.status = 'FAILED'")
+user = client.get_run(by_name["run-a"]).info.user_id
+out["by_user"] = len(names("attributes.user_id = '%s'" % user))
+out["not_by_user"] = names("attributes.user_id != '%s'" % user)
+out["started"] = len(names("attributes.start_time > 0"))
+out["ended_later"] = len(names("attributes.end_time > 4102444800000"))
+out["by_param"] = names(order_by=["params.opt ASC"])
+out["two_keys"] = names(order_by=["attributes.status ASC", "metrics.loss DESC"])
+out["by_tag_desc"] = names(order_by=["tags.team DESC"])
+out["in_on_params"] = code(lambda: names("params.lr IN ('0.1')"))
+out["like_on_metric"] = code(lambda: names("metrics.loss LIKE '0.%'"))
+# get-history pages, as the client's store asks for them.
+a = by_name["run-a"]
+for step in range(1, 25):
+    client.log_metric(a, "loss", 1.0 / step, step=step)
+store = client._tracking_client.store
+pages, token = [], None
+while True:
+    page = store.get_metric_history(a, "loss", max_results=10, page_token=token)
+    pages.append([m.step for m in page])
+    token = page.token
+    if not token:
+        break
+out["pages"] = pages
+out["whole"] = [m.step for m in client.get_metric_history(a, "loss")]
+out["bad_page"] = code(lambda: store.get_metric_history(a, "loss", max_results=10, page_token="nope"))
+# Deleting the experiment deletes its runs; restoring it restores them.
+out["delete_default"] = code(lambda: client.delete_experiment("0"))
+client.delete_experiment(exp)
+out["deleted_stage"] = client.get_experiment(exp).lifecycle_stage
+out["active_experiments"] = sorted(e.name for e in client.search_experiments())
+out["deleted_experiments"] = [e.name for e in client.search_experiments(view_type=ViewType.DELETED_ONLY)]
+out["runs_when_deleted"] = names()
+out["deleted_runs"] = len(names(run_view_type=ViewType.DELETED_ONLY))
+out["run_in_deleted"] = code(lambda: client.create_run(exp))
+out["tag_deleted"] = code(lambda: client.set_experiment_tag(exp, "x", "y"))
+client.restore_experiment(exp)
+out["runs_restored"] = sorted(names())
+client.delete_experiment_tag(exp, "stage")
+out["tags_after_delete"] = client.get_experiment(exp).tags
+out["unknown_experiment"] = code(lambda: client.delete_experiment("424242"))
+out["bad_tag_key"] = code(lambda: client.set_experiment_tag(exp, "bad;key", "v"))
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mlflow_client_manages_experiments_pages_histories_and_searches_with_mlflows_operators() {
+    let env = TestEnv::start().await;
+    let member = env.member("default", "mia", "member").await;
+    let out = tokio::task::block_in_place(|| mlflow_python(&env, &member, PROTOCOL_CORNERS));
+    assert_eq!(out["tags"], json!({"team": "nlp", "stage": "dev"}), "{out}");
+    assert_eq!(out["renamed"], true);
+    assert_eq!(out["old_name"], Value::Null, "the old name finds nothing");
+    assert_eq!(out["rename_taken"], "RESOURCE_ALREADY_EXISTS");
+    assert_eq!(out["exp_like"], json!(["corners-2"]));
+    assert_eq!(out["exp_tag"], json!(["taken"]), "the renamed one's team is nlp now");
+    assert_eq!(out["exp_tag_ne"], json!(["corners-2"]), "an experiment without the tag matches no !=");
+    assert_eq!(out["exp_order"], json!(["taken", "corners-2", "Default"]));
+    assert_eq!(out["exp_bad_filter"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["ne"], json!(["other-c", "run-b"]));
+    assert_eq!(out["name_ne"], json!(["other-c", "run-b"]));
+    assert_eq!(out["like"], json!(["run-a", "run-b"]));
+    assert_eq!(out["like_case"], json!(["run-a"]), "LIKE minds case");
+    assert_eq!(out["ilike"], json!(["run-a", "run-b"]));
+    assert_eq!(out["name_like"], json!(["run-a", "run-b"]));
+    assert_eq!(out["ids_in"], json!(["other-c", "run-a"]));
+    assert_eq!(out["status_in"], json!(["run-b"]));
+    assert_eq!(out["status_not_in"], json!(["run-b"]));
+    assert_eq!(out["combined"], json!(["run-b"]));
+    assert_eq!(out["by_user"], 3, "{out}");
+    assert_eq!(out["not_by_user"], json!([]));
+    assert_eq!(out["started"], 3, "every run started after 1970");
+    assert_eq!(out["ended_later"], 0, "none ends after 2100");
+    assert_eq!(out["by_param"], json!(["run-b", "run-a", "other-c"]), "adagrad, adam, sgd");
+    assert_eq!(out["two_keys"], json!(["run-b", "other-c", "run-a"]), "FAILED first, then by loss, highest first");
+    assert_eq!(out["by_tag_desc"], json!(["run-a", "other-c", "run-b"]), "vision, nlp, Vision-2 (byte order)");
+    assert_eq!(out["in_on_params"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["like_on_metric"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(
+        out["pages"],
+        json!([(0..10).collect::<Vec<_>>(), (10..20).collect::<Vec<_>>(), (20..25).collect::<Vec<_>>()]),
+        "pages of 10 by step"
+    );
+    assert_eq!(out["whole"], json!((0..25).collect::<Vec<_>>()), "without max_results: every point");
+    assert_eq!(out["bad_page"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["delete_default"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["deleted_stage"], "deleted");
+    assert_eq!(out["active_experiments"], json!(["Default", "taken"]));
+    assert_eq!(out["deleted_experiments"], json!(["corners-2"]));
+    assert_eq!(out["runs_when_deleted"], json!([]), "its runs went with it");
+    assert_eq!(out["deleted_runs"], 3);
+    assert_eq!(out["run_in_deleted"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["tag_deleted"], "INVALID_PARAMETER_VALUE");
+    assert_eq!(out["runs_restored"], json!(["other-c", "run-a", "run-b"]));
+    assert_eq!(out["tags_after_delete"], json!({"team": "nlp"}));
+    assert_eq!(out["unknown_experiment"], "RESOURCE_DOES_NOT_EXIST");
+    assert_eq!(out["bad_tag_key"], "INVALID_PARAMETER_VALUE");
 }

@@ -132,6 +132,18 @@ async fn the_example_trains_on_two_replicas_and_its_loss_falls() {
     let shares = series("input_stall_share");
     assert!(!shares.is_empty() && shares.iter().all(|v| (0.0..=1.0).contains(v)), "input_stall_share: {shares:?}");
     assert!(checkpoint_step(&env, id).is_some_and(|s| s > 0), "a checkpoint exists");
+
+    // Beside it, a script that logs with MLflow (issue 42): the compare page charts the engine's
+    // loss and the MLflow-logged one on one chart.
+    let script = "import mlflow\nwith mlflow.start_run():\n    for step in range(5):\n        mlflow.log_metric('loss', 2.0 / (step + 1), step=step)\n";
+    let logged = env.submit(serde_json::json!({"name": "mlflow-beside", "command": ["python3", "-c", script]})).await;
+    env.wait_state(&logged, "succeeded", Duration::from_secs(120)).await;
+    let web = trainyard_tests::web::WebClient::signed_in(&env.server.url, &env.admin_token).await;
+    let (status, page) = web.get(&format!("/compare?jobs={id},{logged}&metric=loss")).await;
+    assert_eq!(status, trainyard_tests::StatusCode::OK);
+    let chart = trainyard_tests::web::compare_chart_of(&page).unwrap_or_else(|| panic!("no chart: {page}"));
+    assert!(trainyard_tests::web::chart_points_of(&chart, id) > 0, "the engine's loss: {chart}");
+    assert_eq!(trainyard_tests::web::chart_points_of(&chart, &logged), 5, "the 5 logged through MLflow: {chart}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

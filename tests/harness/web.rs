@@ -22,6 +22,33 @@ pub fn csrf_of(html: &str) -> String {
     re.captures(html).map(|c| c[1].to_string()).unwrap_or_else(|| panic!("no csrf field in the page:\n{html}"))
 }
 
+/// The compare page's chart (`data-compare` of `#compare-chart`) as JSON, unescaped from its
+/// attribute; none when the page has no chart.
+pub fn compare_chart_of(html: &str) -> Option<serde_json::Value> {
+    let re = regex::Regex::new(r#"id="compare-chart" data-compare="([^"]*)""#).unwrap();
+    let escaped = re.captures(html)?[1].to_string();
+    let text = escaped
+        .replace("&quot;", "\"")
+        .replace("&#34;", "\"")
+        .replace("&#x27;", "'")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    serde_json::from_str(&text).ok()
+}
+
+/// The points of run `id`'s line on a compare chart that have a value.
+pub fn chart_points_of(chart: &serde_json::Value, id: &str) -> usize {
+    chart["series"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["id"] == id)
+        .flat_map(|s| s["values"].as_array().into_iter().flatten().filter(|v| !v.is_null()))
+        .count()
+}
+
 impl WebClient {
     pub fn new(base: &str) -> WebClient {
         let http =

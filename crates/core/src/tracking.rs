@@ -56,6 +56,7 @@ pub struct Experiment {
     /// Milliseconds since the epoch.
     pub creation_time: i64,
     pub last_update_time: i64,
+    pub tags: Vec<KeyValue>,
 }
 
 /// A run's own fields.
@@ -172,18 +173,90 @@ pub fn key_check(field: &str, key: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// The part of MLflow's search filter served here: clauses joined by `AND`, each an equality on
-/// a param (`params.lr = '0.1'`), a tag (`tags.team = 'vision'`), the status
-/// (`attributes.status = 'FINISHED'`) or the run's name (`attributes.run_name = 'x'`), or a
-/// comparison of a metric's latest value with a number (`metrics.loss < 0.5`, with `=`, `!=`,
-/// `<`, `<=`, `>`, `>=`). Anything else is refused naming this subset, never silently ignored.
+/// The part of MLflow's search filter served here: clauses joined by `AND`, each
+///
+/// - on a param or a tag: `params.lr = '0.1'`, with `=`, `!=`, `LIKE` or `ILIKE` (`%` any
+///   characters, `_` one; `ILIKE` ignoring case); a run without the key matches none of them;
+/// - on the run's status or name (`attributes.status`, `attributes.run_name`): the same four, or
+///   `IN ('a', 'b')` / `NOT IN (...)`;
+/// - on the run's id (`attributes.run_id`): `=`, `!=`, `IN`, `NOT IN`; on `attributes.user_id`
+///   as on the status;
+/// - on its start or end time (`attributes.start_time`, `created`, `end_time`, milliseconds):
+///   `=`, `!=`, `<`, `<=`, `>`, `>=` and a whole number;
+/// - on a metric's latest value (highest step, then latest time): `metrics.loss < 0.5`, with
+///   `=`, `!=`, `<`, `<=`, `>`, `>=` and a number.
+///
+/// Anything else (`OR`, datasets, `IN` on params) is refused naming this subset, never silently
+/// ignored.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunFilter {
-    pub params: Vec<KeyValue>,
-    pub tags: Vec<KeyValue>,
-    pub status: Option<String>,
-    pub run_name: Option<String>,
-    pub metrics: Vec<MetricClause>,
+    pub clauses: Vec<FilterClause>,
+}
+
+/// One clause of a [`RunFilter`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum FilterClause {
+    Param {
+        key: String,
+        op: TextOp,
+        value: String,
+    },
+    Tag {
+        key: String,
+        op: TextOp,
+        value: String,
+    },
+    Attribute {
+        field: RunField,
+        op: TextOp,
+        value: String,
+    },
+    AttributeIn {
+        field: RunField,
+        values: Vec<String>,
+        negated: bool,
+    },
+    /// The run's start or end time (milliseconds) compared with a number, as a metric is.
+    Time {
+        end: bool,
+        op: &'static str,
+        value: i64,
+    },
+    Metric(MetricClause),
+}
+
+/// A comparison of text, as MLflow's search has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextOp {
+    Eq,
+    Ne,
+    /// `%` any characters, `_` one, case counts.
+    Like,
+    /// `LIKE`, ignoring case.
+    ILike,
+}
+
+impl TextOp {
+    /// The operator in SQL (Postgres's `LIKE` and `ILIKE` have MLflow's wildcards).
+    pub fn sql(self) -> &'static str {
+        match self {
+            TextOp::Eq => "=",
+            TextOp::Ne => "<>",
+            TextOp::Like => "LIKE",
+            TextOp::ILike => "ILIKE",
+        }
+    }
+}
+
+/// A field of a run that a filter compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunField {
+    Status,
+    Name,
+    /// The run's id, as the wire has it (32 hex digits).
+    Id,
+    /// MLflow's `user_id`: the user the client said it ran as.
+    User,
 }
 
 /// `metrics.<key> <op> <value>`: the run's latest point of the metric compared with a number.
@@ -195,10 +268,14 @@ pub struct MetricClause {
     pub value: f64,
 }
 
-const OPERATORS: [&str; 6] = ["<=", ">=", "!=", "=", "<", ">"];
+const SYMBOL_OPERATORS: [&str; 6] = ["<=", ">=", "!=", "=", "<", ">"];
+/// Operators that are words, checked in this order (`NOT IN` before `IN`), any case, with space
+/// before them.
+const WORD_OPERATORS: [&str; 4] = ["NOT IN", "ILIKE", "LIKE", "IN"];
 
-/// The comparison in a clause: where its operator starts (outside quotes) and which it is.
-fn operator_of(clause: &str) -> Option<(usize, &'static str)> {
+/// The comparison in a clause: where its operator starts and ends (outside quotes) and which it
+/// is (upper case).
+fn operator_of(clause: &str) -> Option<(usize, usize, &'static str)> {
     let mut quote: Option<char> = None;
     for (i, c) in clause.char_indices() {
         match quote {
@@ -206,8 +283,20 @@ fn operator_of(clause: &str) -> Option<(usize, &'static str)> {
             Some(_) => {}
             None if matches!(c, '\'' | '"' | '`') => quote = Some(c),
             None => {
-                if let Some(op) = OPERATORS.iter().find(|op| clause[i..].starts_with(**op)) {
-                    return Some((i, op));
+                if let Some(op) = SYMBOL_OPERATORS.iter().find(|op| clause[i..].starts_with(**op)) {
+                    return Some((i, i + op.len(), op));
+                }
+                if c.is_whitespace() {
+                    let rest = clause[i..].trim_start();
+                    let at = clause.len() - rest.len();
+                    for op in WORD_OPERATORS {
+                        let Some(word) = rest.get(..op.len()) else { continue };
+                        let after = rest[op.len()..].chars().next();
+                        let normalized = word.split_whitespace().collect::<Vec<_>>().join(" ");
+                        if normalized.eq_ignore_ascii_case(op) && after.is_none_or(|a| a.is_whitespace() || a == '(') {
+                            return Some((at, at + op.len(), op));
+                        }
+                    }
                 }
             }
         }
@@ -215,51 +304,70 @@ fn operator_of(clause: &str) -> Option<(usize, &'static str)> {
     None
 }
 
-/// How runs are ordered: by one of their fields or a metric's latest value (MLflow's
-/// `order_by`, one key), newest first by default.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How runs are ordered: by up to [`MAX_ORDER_KEYS`] keys, each a field of the run or a metric's
+/// latest value, a param or a tag (MLflow's `order_by`); newest first by default and after
+/// the keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunOrder {
-    /// `start_time`, `end_time`, `run_name` or `metric`.
-    pub by: &'static str,
-    /// The metric's key when `by` is `metric`.
-    pub metric: Option<String>,
+    pub keys: Vec<OrderKey>,
+}
+
+/// The most `order_by` keys one search takes.
+pub const MAX_ORDER_KEYS: usize = 10;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderKey {
+    pub by: OrderBy,
     pub ascending: bool,
 }
 
-impl Default for RunOrder {
-    fn default() -> Self {
-        RunOrder { by: "start_time", metric: None, ascending: false }
-    }
+/// What runs are ordered by; runs without the metric, param or tag come last either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderBy {
+    StartTime,
+    EndTime,
+    RunName,
+    Status,
+    Metric(String),
+    Param(String),
+    Tag(String),
 }
 
 impl RunOrder {
-    /// MLflow's `order_by` list: at most one key here, `attributes.start_time`, `end_time`,
-    /// `run_name` or `metrics.<key>`, then `ASC` (MLflow's default) or `DESC`.
+    /// MLflow's `order_by` list: keys `attributes.start_time`, `end_time`, `run_name`,
+    /// `status`, `metrics.<key>`, `params.<key>` or `tags.<key>`, each then `ASC` (MLflow's
+    /// default) or `DESC`.
     pub fn parse(order_by: &[String]) -> Result<RunOrder, Error> {
-        let supported = "order by one key: `attributes.start_time`, `attributes.end_time`, `attributes.run_name` or \
-                         `metrics.<key>`, then ASC or DESC";
-        let clause = match order_by {
-            [] => return Ok(RunOrder::default()),
-            [one] => one.trim(),
-            _ => return Err(Error::invalid("order_by", supported)),
-        };
-        let (field, ascending) = match clause.rsplit_once(' ') {
-            Some((field, dir)) if dir.eq_ignore_ascii_case("asc") => (field.trim(), true),
-            Some((field, dir)) if dir.eq_ignore_ascii_case("desc") => (field.trim(), false),
-            _ => (clause, true),
-        };
-        let (entity, key) = field.split_once('.').unwrap_or(("attributes", field));
-        let key = unquote_key(key);
-        let order = |by| Ok(RunOrder { by, metric: None, ascending });
-        match (entity.to_ascii_lowercase().as_str(), key.as_str()) {
-            ("attributes" | "attribute" | "attr" | "run", "start_time") => order("start_time"),
-            ("attributes" | "attribute" | "attr" | "run", "end_time") => order("end_time"),
-            ("attributes" | "attribute" | "attr" | "run", "run_name") => order("run_name"),
-            ("metrics" | "metric", key) if !key.is_empty() => {
-                Ok(RunOrder { by: "metric", metric: Some(key.to_string()), ascending })
-            }
-            _ => Err(Error::invalid("order_by", format!("'{clause}' is not supported here: {supported}"))),
+        let supported = "order by `attributes.start_time`, `attributes.end_time`, `attributes.run_name`, \
+                         `attributes.status`, `metrics.<key>`, `params.<key>` or `tags.<key>`, then ASC or DESC";
+        if order_by.len() > MAX_ORDER_KEYS {
+            return Err(Error::invalid("order_by", format!("at most {MAX_ORDER_KEYS} keys")));
         }
+        let mut keys = Vec::with_capacity(order_by.len());
+        for clause in order_by {
+            let clause = clause.trim();
+            let (field, ascending) = match clause.rsplit_once(' ') {
+                Some((field, dir)) if dir.eq_ignore_ascii_case("asc") => (field.trim(), true),
+                Some((field, dir)) if dir.eq_ignore_ascii_case("desc") => (field.trim(), false),
+                _ => (clause, true),
+            };
+            let (entity, key) = field.split_once('.').unwrap_or(("attributes", field));
+            let key = unquote_key(key);
+            let by = match (entity.to_ascii_lowercase().as_str(), key.as_str()) {
+                ("attributes" | "attribute" | "attr" | "run", "start_time") => OrderBy::StartTime,
+                ("attributes" | "attribute" | "attr" | "run", "end_time") => OrderBy::EndTime,
+                ("attributes" | "attribute" | "attr" | "run", "run_name") => OrderBy::RunName,
+                ("attributes" | "attribute" | "attr" | "run", "status") => OrderBy::Status,
+                ("metrics" | "metric", key) if !key.is_empty() => OrderBy::Metric(key.to_string()),
+                ("params" | "param" | "parameter" | "parameters", key) if !key.is_empty() => {
+                    OrderBy::Param(key.to_string())
+                }
+                ("tags" | "tag", key) if !key.is_empty() => OrderBy::Tag(key.to_string()),
+                _ => return Err(Error::invalid("order_by", format!("'{clause}' is not supported here: {supported}"))),
+            };
+            keys.push(OrderKey { by, ascending });
+        }
+        Ok(RunOrder { keys })
     }
 }
 
@@ -275,40 +383,197 @@ impl RunFilter {
                 Error::invalid(
                     "filter",
                     format!(
-                        "'{clause}' is not supported here: use clauses `params.<key> = '<value>'`, `tags.<key> = '<value>'`, \
-                         `attributes.status = '<status>'`, `attributes.run_name = '<name>'` or `metrics.<key> <op> <number>` \
-                         (=, !=, <, <=, >, >=) joined by AND"
+                        "'{clause}' is not supported here: use clauses `params.<key>` or `tags.<key>` with =, !=, LIKE, \
+                         ILIKE and a quoted value; `attributes.status` or `attributes.run_name` with those or \
+                         IN / NOT IN ('a', 'b'); `attributes.run_id` with =, !=, IN, NOT IN; or \
+                         `metrics.<key> <op> <number>` (=, !=, <, <=, >, >=), joined by AND"
                     ),
                 )
             };
-            let (at, op) = operator_of(&clause).ok_or_else(unsupported)?;
-            let (left, right) = (clause[..at].trim(), clause[at + op.len()..].trim());
+            let (at, end, op) = operator_of(&clause).ok_or_else(unsupported)?;
+            let (left, right) = (clause[..at].trim(), clause[end..].trim());
             let (entity, key) = left.split_once('.').unwrap_or(("attributes", left));
             let key = unquote_key(key);
-            if matches!(entity.to_ascii_lowercase().as_str(), "metrics" | "metric") {
+            let entity = entity.to_ascii_lowercase();
+            if matches!(entity.as_str(), "metrics" | "metric") {
                 let value = right
                     .parse::<f64>()
-                    .map_err(|_| Error::invalid("filter", format!("'{clause}': a metric is compared with a number")))?;
-                filter.metrics.push(MetricClause { key, op, value });
+                    .ok()
+                    .filter(|_| !matches!(op, "LIKE" | "ILIKE" | "IN" | "NOT IN"))
+                    .ok_or_else(|| {
+                        Error::invalid("filter", format!("'{clause}': a metric is compared with a number"))
+                    })?;
+                filter.clauses.push(FilterClause::Metric(MetricClause { key, op, value }));
                 continue;
             }
-            if op != "=" {
-                return Err(unsupported());
+            let time = match (entity.as_str(), key.as_str()) {
+                ("attributes" | "attribute" | "attr" | "run", "start_time" | "created") => Some(false),
+                ("attributes" | "attribute" | "attr" | "run", "end_time") => Some(true),
+                _ => None,
+            };
+            if let Some(end) = time {
+                let value =
+                    right.parse::<i64>().ok().filter(|_| SYMBOL_OPERATORS.contains(&op)).ok_or_else(|| {
+                        Error::invalid("filter", format!("'{clause}': a time is compared with a number"))
+                    })?;
+                filter.clauses.push(FilterClause::Time { end, op, value });
+                continue;
             }
-            let value = unquote(right).ok_or_else(unsupported)?;
-            match entity.to_ascii_lowercase().as_str() {
-                "params" | "param" | "parameter" | "parameters" => filter.params.push(KeyValue { key, value }),
-                "tags" | "tag" => filter.tags.push(KeyValue { key, value }),
-                "attributes" | "attribute" | "attr" | "run" => match key.as_str() {
-                    "status" => filter.status = Some(value),
-                    "run_name" => filter.run_name = Some(value),
-                    _ => return Err(unsupported()),
-                },
+            let field = match (entity.as_str(), key.as_str()) {
+                ("attributes" | "attribute" | "attr" | "run", "status") => Some(RunField::Status),
+                ("attributes" | "attribute" | "attr" | "run", "user_id") => Some(RunField::User),
+                ("attributes" | "attribute" | "attr" | "run", "run_name") => Some(RunField::Name),
+                ("attributes" | "attribute" | "attr" | "run", "run_id") => Some(RunField::Id),
+                ("attributes" | "attribute" | "attr" | "run", _) => return Err(unsupported()),
+                _ => None,
+            };
+            if matches!(op, "IN" | "NOT IN") {
+                let field = field.ok_or_else(unsupported)?;
+                let values = unquote_list(right).ok_or_else(unsupported)?;
+                let values = match field {
+                    RunField::Id => values.into_iter().map(|v| v.to_ascii_lowercase()).collect(),
+                    _ => values,
+                };
+                filter.clauses.push(FilterClause::AttributeIn { field, values, negated: op == "NOT IN" });
+                continue;
+            }
+            let op = match op {
+                "=" => TextOp::Eq,
+                "!=" => TextOp::Ne,
+                "LIKE" => TextOp::Like,
+                "ILIKE" => TextOp::ILike,
                 _ => return Err(unsupported()),
-            }
+            };
+            let value = unquote(right).ok_or_else(unsupported)?;
+            let clause = match (entity.as_str(), field) {
+                (_, Some(RunField::Id)) if matches!(op, TextOp::Like | TextOp::ILike) => return Err(unsupported()),
+                (_, Some(RunField::Id)) => {
+                    FilterClause::Attribute { field: RunField::Id, op, value: value.to_ascii_lowercase() }
+                }
+                (_, Some(field)) => FilterClause::Attribute { field, op, value },
+                ("params" | "param" | "parameter" | "parameters", None) => FilterClause::Param { key, op, value },
+                ("tags" | "tag", None) => FilterClause::Tag { key, op, value },
+                _ => return Err(unsupported()),
+            };
+            filter.clauses.push(clause);
         }
         Ok(filter)
     }
+}
+
+/// MLflow's experiment search filter, the part served: clauses joined by `AND`, each on the
+/// experiment's name (`name LIKE 'mnist%'`) or a tag (`tags.team = 'vision'`), with `=`, `!=`,
+/// `LIKE` or `ILIKE` and a quoted value. Anything else is refused.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExperimentFilter {
+    /// `None` as the key: the name; else a tag's key.
+    pub clauses: Vec<(Option<String>, TextOp, String)>,
+}
+
+impl ExperimentFilter {
+    pub fn parse(text: &str) -> Result<ExperimentFilter, Error> {
+        let mut filter = ExperimentFilter::default();
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(filter);
+        }
+        for clause in split_and(text) {
+            let unsupported = || {
+                Error::invalid(
+                    "filter",
+                    format!(
+                        "'{clause}' is not supported here: use clauses `name` or `tags.<key>` with =, !=, LIKE or \
+                         ILIKE and a quoted value, joined by AND"
+                    ),
+                )
+            };
+            let (at, end, op) = operator_of(&clause).ok_or_else(unsupported)?;
+            let (left, right) = (clause[..at].trim(), clause[end..].trim());
+            let op = match op {
+                "=" => TextOp::Eq,
+                "!=" => TextOp::Ne,
+                "LIKE" => TextOp::Like,
+                "ILIKE" => TextOp::ILike,
+                _ => return Err(unsupported()),
+            };
+            let value = unquote(right).ok_or_else(unsupported)?;
+            let (entity, key) = left.split_once('.').unwrap_or(("attributes", left));
+            let key = unquote_key(key);
+            let target = match (entity.to_ascii_lowercase().as_str(), key.as_str()) {
+                ("attributes" | "attribute" | "attr", "name") => None,
+                ("tags" | "tag", key) if !key.is_empty() => Some(key.to_string()),
+                _ => return Err(unsupported()),
+            };
+            filter.clauses.push((target, op, value));
+        }
+        Ok(filter)
+    }
+}
+
+/// How experiments are ordered (MLflow's `order_by` of `experiments/search`): keys `name`,
+/// `experiment_id`, `creation_time`, `last_update_time`, each `ASC` (default) or `DESC`; then
+/// by id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExperimentOrder {
+    /// The column (`name`, `experiment_id`, `created_at`, `updated_at`) and whether ascending.
+    pub keys: Vec<(&'static str, bool)>,
+}
+
+impl ExperimentOrder {
+    pub fn parse(order_by: &[String]) -> Result<ExperimentOrder, Error> {
+        if order_by.len() > MAX_ORDER_KEYS {
+            return Err(Error::invalid("order_by", format!("at most {MAX_ORDER_KEYS} keys")));
+        }
+        let mut keys = Vec::with_capacity(order_by.len());
+        for clause in order_by {
+            let clause = clause.trim();
+            let (field, ascending) = match clause.rsplit_once(' ') {
+                Some((field, dir)) if dir.eq_ignore_ascii_case("asc") => (field.trim(), true),
+                Some((field, dir)) if dir.eq_ignore_ascii_case("desc") => (field.trim(), false),
+                _ => (clause, true),
+            };
+            let field = field.strip_prefix("attributes.").or_else(|| field.strip_prefix("attribute.")).unwrap_or(field);
+            let column = match field {
+                "name" => "name",
+                "experiment_id" => "experiment_id",
+                "creation_time" => "created_at",
+                "last_update_time" => "updated_at",
+                _ => {
+                    return Err(Error::invalid(
+                        "order_by",
+                        format!(
+                            "'{clause}' is not supported here: order by `name`, `experiment_id`, `creation_time` or \
+                             `last_update_time`, then ASC or DESC"
+                        ),
+                    ));
+                }
+            };
+            keys.push((column, ascending));
+        }
+        Ok(ExperimentOrder { keys })
+    }
+}
+
+/// `('a', "b")`: quoted values in parentheses, separated by commas (outside quotes).
+fn unquote_list(text: &str) -> Option<Vec<String>> {
+    let inner = text.strip_prefix('(')?.strip_suffix(')')?;
+    let mut values = Vec::new();
+    let (mut current, mut quote) = (String::new(), None::<char>);
+    for c in inner.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            None if matches!(c, '\'' | '"') => quote = Some(c),
+            None if c == ',' => {
+                values.push(unquote(current.trim())?);
+                current.clear();
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    values.push(unquote(current.trim())?);
+    Some(values)
 }
 
 /// Clauses of a filter joined by `AND` (any case), outside quotes.
@@ -361,17 +626,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn order_by_takes_one_key_and_a_direction() {
-        let order = |text: &str| RunOrder::parse(&[text.to_string()]);
-        assert_eq!(RunOrder::parse(&[]).unwrap(), RunOrder::default());
+    fn experiment_searches_filter_by_name_and_tags_and_order_by_their_fields() {
+        let filter = ExperimentFilter::parse("name LIKE 'mnist%' and tags.team != 'nlp'").unwrap();
         assert_eq!(
-            order("metrics.loss").unwrap(),
-            RunOrder { by: "metric", metric: Some("loss".into()), ascending: true }
+            filter.clauses,
+            [(None, TextOp::Like, "mnist%".into()), (Some("team".into()), TextOp::Ne, "nlp".into())]
         );
-        assert_eq!(order("attributes.start_time DESC").unwrap(), RunOrder::default());
-        assert_eq!(order("run_name desc").unwrap().by, "run_name");
-        assert!(order("params.lr ASC").is_err());
-        assert!(RunOrder::parse(&["start_time".into(), "end_time".into()]).is_err());
+        assert!(ExperimentFilter::parse("creation_time > 5").is_err());
+        assert!(ExperimentFilter::parse("name IN ('a')").is_err());
+        let order = ExperimentOrder::parse(&["name DESC".into(), "creation_time".into()]).unwrap();
+        assert_eq!(order.keys, [("name", false), ("created_at", true)]);
+        assert!(ExperimentOrder::parse(&["tags.x".into()]).is_err());
+    }
+
+    #[test]
+    fn order_by_takes_keys_each_with_a_direction() {
+        let key = |by, ascending| OrderKey { by, ascending };
+        assert_eq!(RunOrder::parse(&[]).unwrap(), RunOrder::default());
+        let order = RunOrder::parse(&[
+            "metrics.loss".into(),
+            "attributes.start_time DESC".into(),
+            "params.`learning rate` desc".into(),
+            "tags.team ASC".into(),
+            "run_name desc".into(),
+            "status".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            order.keys,
+            [
+                key(OrderBy::Metric("loss".into()), true),
+                key(OrderBy::StartTime, false),
+                key(OrderBy::Param("learning rate".into()), false),
+                key(OrderBy::Tag("team".into()), true),
+                key(OrderBy::RunName, false),
+                key(OrderBy::Status, true),
+            ]
+        );
+        assert!(RunOrder::parse(&["attributes.user_id".into()]).is_err());
+        assert!(RunOrder::parse(&["params. ASC".into()]).is_err());
+        assert!(RunOrder::parse(&vec!["start_time".to_string(); MAX_ORDER_KEYS + 1]).is_err());
     }
 
     fn kv(key: &str, value: &str) -> KeyValue {
@@ -411,28 +705,70 @@ mod tests {
 
     #[test]
     fn the_filter_subset_parses_and_refuses_the_rest() {
+        let param = |key: &str, op, value: &str| FilterClause::Param { key: key.into(), op, value: value.into() };
         let filter = RunFilter::parse(
             "params.lr = '0.1' and tags.`team name` = \"vision and more\" AND attributes.status = 'FINISHED'",
         )
         .unwrap();
-        assert_eq!(filter.params, vec![kv("lr", "0.1")]);
-        assert_eq!(filter.tags, vec![kv("team name", "vision and more")]);
-        assert_eq!(filter.status.as_deref(), Some("FINISHED"));
+        assert_eq!(
+            filter.clauses,
+            [
+                param("lr", TextOp::Eq, "0.1"),
+                FilterClause::Tag { key: "team name".into(), op: TextOp::Eq, value: "vision and more".into() },
+                FilterClause::Attribute { field: RunField::Status, op: TextOp::Eq, value: "FINISHED".into() },
+            ]
+        );
         assert_eq!(RunFilter::parse("  ").unwrap(), RunFilter::default());
         let metrics =
             RunFilter::parse("metrics.loss < 0.5 and metrics.`val acc` >= 1e-3 AND params.lr = 'a<b'").unwrap();
         assert_eq!(
-            metrics.metrics,
+            metrics.clauses,
             [
-                MetricClause { key: "loss".into(), op: "<", value: 0.5 },
-                MetricClause { key: "val acc".into(), op: ">=", value: 1e-3 }
+                FilterClause::Metric(MetricClause { key: "loss".into(), op: "<", value: 0.5 }),
+                FilterClause::Metric(MetricClause { key: "val acc".into(), op: ">=", value: 1e-3 }),
+                param("lr", TextOp::Eq, "a<b"),
+            ],
+            "an operator inside quotes is the value's"
+        );
+        let words = RunFilter::parse(
+            "params.lr != '0.1' and params.opt like 'ad%' AND tags.t ILIKE '%X%' and attributes.run_name LIKE 'a in b' \
+             and attributes.run_id IN ('AB', \"cd\") and attributes.status not in ('FAILED','KILLED')",
+        )
+        .unwrap();
+        assert_eq!(
+            words.clauses,
+            [
+                param("lr", TextOp::Ne, "0.1"),
+                param("opt", TextOp::Like, "ad%"),
+                FilterClause::Tag { key: "t".into(), op: TextOp::ILike, value: "%X%".into() },
+                FilterClause::Attribute { field: RunField::Name, op: TextOp::Like, value: "a in b".into() },
+                FilterClause::AttributeIn {
+                    field: RunField::Id,
+                    values: vec!["ab".into(), "cd".into()],
+                    negated: false
+                },
+                FilterClause::AttributeIn {
+                    field: RunField::Status,
+                    values: vec!["FAILED".into(), "KILLED".into()],
+                    negated: true
+                },
             ]
         );
-        assert_eq!(metrics.params, [kv("lr", "a<b")], "an operator inside quotes is the value's");
         assert!(RunFilter::parse("metrics.loss < 'low'").is_err(), "a metric against text");
-        assert!(RunFilter::parse("tags.t LIKE 'x%'").is_err());
+        assert!(RunFilter::parse("metrics.loss LIKE '1%'").is_err());
+        assert!(RunFilter::parse("params.lr IN ('0.1')").is_err(), "IN on params");
+        assert!(RunFilter::parse("attributes.run_id LIKE 'a%'").is_err());
+        assert_eq!(
+            RunFilter::parse("attributes.start_time >= 1700000000000 and attributes.user_id = 'mia'").unwrap().clauses,
+            [
+                FilterClause::Time { end: false, op: ">=", value: 1_700_000_000_000 },
+                FilterClause::Attribute { field: RunField::User, op: TextOp::Eq, value: "mia".into() },
+            ]
+        );
+        assert!(RunFilter::parse("attributes.end_time LIKE '1%'").is_err());
+        assert!(RunFilter::parse("attributes.artifact_uri = 'x'").is_err());
         assert!(RunFilter::parse("params.lr = '0.1' OR params.lr = '0.2'").is_err());
-        assert!(RunFilter::parse("params.lr != '0.1'").is_err());
         assert!(RunFilter::parse("params.lr = 0.1").is_err(), "MLflow quotes param values");
+        assert!(RunFilter::parse("attributes.status IN 'FAILED'").is_err(), "IN takes a list");
     }
 }

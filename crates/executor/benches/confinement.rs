@@ -91,6 +91,7 @@ async fn launch_to_end(executor: &LocalExecutor) {
         spec,
         files: Default::default(),
         env: Default::default(),
+        env_by_rank: Vec::new(),
         code: Vec::new(),
         nodes: Vec::new(),
     };

@@ -59,6 +59,10 @@ pub struct LaunchRequest {
     pub files: BTreeMap<String, Vec<u8>>,
     /// Variables for this attempt only, never stored with the spec (the job token, the API URL).
     pub env: BTreeMap<String, String>,
+    /// Variables of one replica, by rank, over `env` (empty: every replica gets `env` alone):
+    /// each rank's own MLflow token. The local executor gives them; on Kubernetes, where the
+    /// pods of an attempt share one template, every replica gets `env` (docs/tracking.md).
+    pub env_by_rank: Vec<BTreeMap<String, String>>,
     /// The code shipped with the job (`spec.code`, unpacked): every replica's working directory
     /// starts with these files.
     pub code: Vec<CodeFile>,
@@ -77,6 +81,10 @@ impl std::fmt::Debug for LaunchRequest {
             .field("spec", &self.spec)
             .field("files", &self.files.keys().collect::<Vec<_>>())
             .field("env", &self.env.keys().map(|name| (name, "<redacted>")).collect::<BTreeMap<_, _>>())
+            .field(
+                "env_by_rank",
+                &self.env_by_rank.iter().map(|env| env.keys().collect::<Vec<_>>()).collect::<Vec<_>>(),
+            )
             .field("code", &self.code.iter().map(|file| &file.path).collect::<Vec<_>>())
             .field("nodes", &self.nodes)
             .finish()

@@ -145,6 +145,17 @@ impl Storage {
         self.signer.derived_secret(&format!("interactive-session-upstream:{session}"))
     }
 
+    /// The MLflow token of replica `rank` (1 and up) of an attempt whose job token is
+    /// `job_token` ([`replica_token`]).
+    pub(crate) fn replica_token(&self, job_token: &str, rank: u32) -> String {
+        replica_token(&self.signer, job_token, rank)
+    }
+
+    /// The job token and rank a replica token stands for ([`replica_token_parts`]).
+    pub(crate) fn replica_token_parts<'t>(&self, token: &'t str) -> Option<std::result::Result<(&'t str, u32), ()>> {
+        replica_token_parts(&self.signer, token)
+    }
+
     pub(crate) fn volume_dir(&self, tenant_id: Uuid, name: &str) -> PathBuf {
         self.tenant_volumes_dir(tenant_id).join(name)
     }
@@ -153,6 +164,37 @@ impl Storage {
     pub(crate) fn tenant_volumes_dir(&self, tenant_id: Uuid) -> PathBuf {
         self.volumes_dir.join(tenant_id.to_string())
     }
+}
+
+/// The MLflow token of replica `rank` (1 and up) of an attempt whose job token is `job_token`:
+/// `<job token>.<rank>.<proof>`, the proof derived from the signing key, so that no replica can
+/// claim another rank and no table holds it. Rank 0 logs with the job token itself
+/// (docs/tracking.md, "Ranks").
+fn replica_token(signer: &UrlSigner, job_token: &str, rank: u32) -> String {
+    format!("{job_token}.{rank}.{}", replica_proof(signer, job_token, rank))
+}
+
+fn replica_proof(signer: &UrlSigner, job_token: &str, rank: u32) -> String {
+    signer.derived_secret(&format!("mlflow-replica:{rank}:{job_token}"))
+}
+
+/// The job token and rank a replica token stands for; `None` when `token` is no replica token
+/// (a job token), `Some(Err)` when its proof is not this key's for that rank.
+fn replica_token_parts<'t>(signer: &UrlSigner, token: &'t str) -> Option<std::result::Result<(&'t str, u32), ()>> {
+    let mut parts = token.rsplitn(3, '.');
+    let (proof, rank, job_token) = (parts.next()?, parts.next()?, parts.next()?);
+    let checked = rank
+        .parse::<u32>()
+        .ok()
+        .filter(|r| *r > 0 && constant_time_eq(replica_proof(signer, job_token, *r).as_bytes(), proof.as_bytes()))
+        .map(|r| (job_token, r))
+        .ok_or(());
+    Some(checked)
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Who uploads an artefact: a member with their token, or the job's engine with its job token.
@@ -181,7 +223,25 @@ pub(crate) fn artifact_path(text: &str) -> Result<trainyard_storage::RelPath> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::signing_key;
+    use super::{UrlSigner, replica_token, replica_token_parts, signing_key};
+
+    #[test]
+    fn a_replica_token_proves_its_rank_and_no_other() {
+        let signer = UrlSigner::new(b"k".repeat(32));
+        let job_token = "tyj_00ff";
+        let one = replica_token(&signer, job_token, 1);
+        assert!(one.starts_with("tyj_00ff.1."), "{one}");
+        assert_eq!(replica_token_parts(&signer, &one), Some(Ok((job_token, 1))));
+        assert_eq!(replica_token_parts(&signer, job_token), None, "the job token itself is rank 0's");
+        let two = replica_token(&signer, job_token, 2);
+        assert_ne!(one, two);
+        let (_, proof_of_one) = one.rsplit_once('.').unwrap();
+        assert_eq!(replica_token_parts(&signer, &format!("{job_token}.2.{proof_of_one}")), Some(Err(())));
+        assert_eq!(replica_token_parts(&signer, &format!("{job_token}.0.{proof_of_one}")), Some(Err(())));
+        assert_eq!(replica_token_parts(&signer, &format!("tyj_0100.1.{proof_of_one}")), Some(Err(())));
+        let other_key = UrlSigner::new(b"o".repeat(32));
+        assert_eq!(replica_token_parts(&other_key, &one), Some(Err(())), "another server's key");
+    }
 
     #[test]
     fn the_signing_key_is_made_private_kept_and_refused_when_others_may_read_it() {

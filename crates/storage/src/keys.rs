@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! tenants/<tenant_id>/jobs/<job_id>/logs/<attempt>/<replica>.log
-//! tenants/<tenant_id>/jobs/<job_id>/artifacts/<path>
+//! tenants/<tenant_id>/jobs/<job_id>/artifacts/<path>   (also an MLflow run of its own's, by its id)
 //! tenants/<tenant_id>/code/<sha256 hex>.tar
 //! tenants/<tenant_id>/datasets/content/<content hash hex>/<file>
 //! ```

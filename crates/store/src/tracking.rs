@@ -3,7 +3,10 @@
 //! run answers as none does. Params are written once, tags overwrite, metrics append.
 
 use trainyard_core::error::ObjectKind;
-use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunFilter, RunInfo, RunOrder};
+use trainyard_core::tracking::{
+    Experiment, ExperimentFilter, ExperimentOrder, FilterClause, KeyValue, LogBatch, Metric, OrderBy, Run, RunField,
+    RunFilter, RunInfo, RunOrder,
+};
 use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
@@ -16,7 +19,7 @@ const RUN_NAME_TAG: &str = "mlflow.runName";
 type ExperimentRow = (i64, String, String, i64, i64);
 
 fn experiment_of((experiment_id, name, lifecycle_stage, creation_time, last_update_time): ExperimentRow) -> Experiment {
-    Experiment { experiment_id, name, lifecycle_stage, creation_time, last_update_time }
+    Experiment { experiment_id, name, lifecycle_stage, creation_time, last_update_time, tags: Vec::new() }
 }
 
 type RunRow = (Uuid, i64, String, String, String, i64, Option<i64>, String);
@@ -42,6 +45,20 @@ macro_rules! run_columns {
     };
 }
 
+/// The start of a subquery of the latest point of a metric of the run `r` (its key bound next,
+/// then ` ORDER BY ... LIMIT 1)`).
+const LATEST_METRIC_OF_RUN: &str = "(SELECT p.value FROM mlflow_metric_points p WHERE p.run_id = r.id AND p.key = ";
+
+/// The column of a run a filter compares (the id as the wire has it: 32 hex digits).
+fn run_field_sql(field: RunField) -> &'static str {
+    match field {
+        RunField::Status => "r.status",
+        RunField::Name => "r.name",
+        RunField::Id => "replace(r.id::text, '-', '')",
+        RunField::User => "r.user_name",
+    }
+}
+
 /// A new run: where it goes and what the client said about it.
 #[derive(Debug, Clone)]
 pub struct RunNew<'a> {
@@ -54,7 +71,13 @@ pub struct RunNew<'a> {
 
 impl Store {
     /// Makes an experiment of the tenant, with its audit entry; a taken name is refused.
-    pub async fn mlflow_experiment_create(&self, tenant_id: Uuid, name: &str, audit: &Audit) -> Result<i64> {
+    pub async fn mlflow_experiment_create(
+        &self,
+        tenant_id: Uuid,
+        name: &str,
+        tags: &[KeyValue],
+        audit: &Audit,
+    ) -> Result<i64> {
         let mut tx = self.begin().await?;
         // language=PostgreSQL
         let id: i64 = sqlx::query_scalar(
@@ -71,6 +94,9 @@ impl Store {
             Some("mlflow_experiments_name_length") => Error::invalid("name", "1 to 500 characters"),
             _ => db_error(err),
         })?;
+        for tag in tags {
+            experiment_tag_upsert(&mut *tx, tenant_id, id, tag).await?;
+        }
         audit::append(&mut *tx, &audit.clone().target(format!("mlflow-experiment:{id}")), Outcome::Ok, None).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(id)
@@ -89,7 +115,8 @@ impl Store {
             .fetch_optional(&self.pool)
             .await
             .map_err(db_error)?;
-        row.map(experiment_of).ok_or_else(|| Error::not_found(ObjectKind::Experiment))
+        let experiment = row.map(experiment_of).ok_or_else(|| Error::not_found(ObjectKind::Experiment))?;
+        Ok(self.experiments_tagged(tenant_id, vec![experiment]).await?.remove(0))
     }
 
     pub async fn mlflow_experiment_by_name(&self, tenant_id: Uuid, name: &str) -> Result<Experiment> {
@@ -98,26 +125,205 @@ impl Store {
             concat!("SELECT ", experiment_columns!(), " FROM mlflow_experiments WHERE tenant_id = $1 AND name = $2");
         let row: Option<ExperimentRow> =
             sqlx::query_as(sql).bind(tenant_id).bind(name).fetch_optional(&self.pool).await.map_err(db_error)?;
-        row.map(experiment_of).ok_or_else(|| Error::not_found(ObjectKind::Experiment))
+        let experiment = row.map(experiment_of).ok_or_else(|| Error::not_found(ObjectKind::Experiment))?;
+        Ok(self.experiments_tagged(tenant_id, vec![experiment]).await?.remove(0))
     }
 
-    /// The tenant's active experiments by id, a page of `limit` from `offset`.
-    pub async fn mlflow_experiments_search(&self, tenant_id: Uuid, limit: i64, offset: i64) -> Result<Vec<Experiment>> {
+    /// The experiments with their tags (one statement for all).
+    async fn experiments_tagged(&self, tenant_id: Uuid, mut experiments: Vec<Experiment>) -> Result<Vec<Experiment>> {
+        let ids: Vec<i64> = experiments.iter().map(|e| e.experiment_id).collect();
         // language=PostgreSQL
-        let sql = concat!(
+        let tags: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT experiment_id, key, value FROM mlflow_experiment_tags
+             WHERE tenant_id = $1 AND experiment_id = ANY($2) ORDER BY key",
+        )
+        .bind(tenant_id)
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        for (id, key, value) in tags {
+            if let Some(experiment) = experiments.iter_mut().find(|e| e.experiment_id == id) {
+                experiment.tags.push(KeyValue { key, value });
+            }
+        }
+        Ok(experiments)
+    }
+
+    /// Deletes an experiment of the tenant and its active runs (`deleted`), or restores it and
+    /// its deleted runs, as MLflow's store does; with its audit entry.
+    pub async fn mlflow_experiment_stage_set(
+        &self,
+        tenant_id: Uuid,
+        experiment_id: i64,
+        deleted: bool,
+        audit: &Audit,
+    ) -> Result<()> {
+        let (from, to) = if deleted { ("active", "deleted") } else { ("deleted", "active") };
+        let mut tx = self.begin().await?;
+        // language=PostgreSQL
+        let found: Option<i64> = sqlx::query_scalar(
+            "WITH experiment AS (
+                 UPDATE mlflow_experiments SET lifecycle_stage = $4, updated_at = now()
+                 WHERE tenant_id = $1 AND experiment_id = $2 RETURNING experiment_id),
+             runs AS (
+                 UPDATE mlflow_runs r SET lifecycle_stage = $4
+                 FROM experiment e WHERE r.tenant_id = $1 AND r.experiment_id = e.experiment_id
+                   AND r.lifecycle_stage = $3)
+             SELECT experiment_id FROM experiment",
+        )
+        .bind(tenant_id)
+        .bind(experiment_id)
+        .bind(from)
+        .bind(to)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        if found.is_none() {
+            return Err(Error::not_found(ObjectKind::Experiment));
+        }
+        audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)
+    }
+
+    /// Renames an active experiment of the tenant; a taken name is refused. With its audit entry.
+    pub async fn mlflow_experiment_rename(
+        &self,
+        tenant_id: Uuid,
+        experiment_id: i64,
+        name: &str,
+        audit: &Audit,
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        // language=PostgreSQL
+        let stage: Option<String> = sqlx::query_scalar(
+            "SELECT lifecycle_stage FROM mlflow_experiments WHERE tenant_id = $1 AND experiment_id = $2 FOR UPDATE",
+        )
+        .bind(tenant_id)
+        .bind(experiment_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        match stage.as_deref() {
+            None => return Err(Error::not_found(ObjectKind::Experiment)),
+            Some("active") => {}
+            Some(_) => {
+                return Err(Error::invalid("experiment_id", "the experiment is deleted; restore it to rename it"));
+            }
+        }
+        // language=PostgreSQL
+        sqlx::query(
+            "UPDATE mlflow_experiments SET name = $3, updated_at = now() WHERE tenant_id = $1 AND experiment_id = $2",
+        )
+        .bind(tenant_id)
+        .bind(experiment_id)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|err| match violated_constraint(&err) {
+            Some("mlflow_experiments_name_unique") => {
+                Error::AlreadyExists(format!("an experiment named '{name}' already exists"))
+            }
+            Some("mlflow_experiments_name_length") => Error::invalid("new_name", "1 to 500 characters"),
+            _ => db_error(err),
+        })?;
+        audit::append(&mut *tx, audit, Outcome::Ok, None).await?;
+        tx.commit().await.map_err(db_error)
+    }
+
+    /// Sets a tag of an active experiment of the tenant (`Some` value) or removes it (`None`;
+    /// a tag it lacks is not found).
+    pub async fn mlflow_experiment_tag_set(
+        &self,
+        tenant_id: Uuid,
+        experiment_id: i64,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        // language=PostgreSQL
+        let stage: Option<String> = sqlx::query_scalar(
+            "SELECT lifecycle_stage FROM mlflow_experiments WHERE tenant_id = $1 AND experiment_id = $2 FOR SHARE",
+        )
+        .bind(tenant_id)
+        .bind(experiment_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+        match stage.as_deref() {
+            None => return Err(Error::not_found(ObjectKind::Experiment)),
+            Some("active") => {}
+            Some(_) => {
+                return Err(Error::invalid(
+                    "experiment_id",
+                    "the experiment is deleted; restore it to change its tags",
+                ));
+            }
+        }
+        match value {
+            Some(value) => {
+                let tag = KeyValue { key: key.to_string(), value: value.to_string() };
+                experiment_tag_upsert(&mut *tx, tenant_id, experiment_id, &tag).await?;
+            }
+            None => {
+                // language=PostgreSQL
+                let removed = sqlx::query(
+                    "DELETE FROM mlflow_experiment_tags WHERE tenant_id = $1 AND experiment_id = $2 AND key = $3",
+                )
+                .bind(tenant_id)
+                .bind(experiment_id)
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+                if removed.rows_affected() == 0 {
+                    return Err(Error::not_found(ObjectKind::Tag));
+                }
+            }
+        }
+        tx.commit().await.map_err(db_error)
+    }
+
+    /// The tenant's experiments in a lifecycle stage (`None`: both) that match the filter, in
+    /// this order then by id, a page of `limit` from `offset`.
+    pub async fn mlflow_experiments_search(
+        &self,
+        tenant_id: Uuid,
+        stage: Option<&str>,
+        filter: &ExperimentFilter,
+        order: &ExperimentOrder,
+        limit: i64,
+        offset: i64,
+    ) -> Result<Vec<Experiment>> {
+        // Built from the parsed filter and order: values bound, SQL text from a fixed set.
+        let mut query = sqlx::QueryBuilder::<sqlx::Postgres>::new(concat!(
             "SELECT ",
             experiment_columns!(),
-            " FROM mlflow_experiments WHERE tenant_id = $1 AND lifecycle_stage = 'active'
-             ORDER BY experiment_id LIMIT $2 OFFSET $3"
-        );
-        let rows: Vec<ExperimentRow> = sqlx::query_as(sql)
-            .bind(tenant_id)
-            .bind(limit)
-            .bind(offset)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_error)?;
-        Ok(rows.into_iter().map(experiment_of).collect())
+            " FROM mlflow_experiments e WHERE e.tenant_id = "
+        ));
+        query.push_bind(tenant_id);
+        if let Some(stage) = stage {
+            query.push(" AND e.lifecycle_stage = ").push_bind(stage);
+        }
+        for (tag, op, value) in &filter.clauses {
+            match tag {
+                None => query.push(format_args!(" AND e.name {} ", op.sql())).push_bind(value.as_str()),
+                Some(key) => query
+                    .push(" AND EXISTS (SELECT 1 FROM mlflow_experiment_tags t WHERE t.tenant_id = e.tenant_id")
+                    .push(" AND t.experiment_id = e.experiment_id AND t.key = ")
+                    .push_bind(key.as_str())
+                    .push(format_args!(" AND t.value {} ", op.sql()))
+                    .push_bind(value.as_str())
+                    .push(")"),
+            };
+        }
+        query.push(" ORDER BY ");
+        for (column, ascending) in &order.keys {
+            query.push(format_args!("e.{column} {}, ", if *ascending { "ASC" } else { "DESC" }));
+        }
+        query.push("e.experiment_id LIMIT ").push_bind(limit).push(" OFFSET ").push_bind(offset);
+        let rows: Vec<ExperimentRow> = query.build_query_as().fetch_all(&self.pool).await.map_err(db_error)?;
+        self.experiments_tagged(tenant_id, rows.into_iter().map(experiment_of).collect()).await
     }
 
     /// Makes a run in an experiment of the tenant, with its first tags and its audit entry, in
@@ -148,6 +354,9 @@ impl Store {
             .await
             .map_err(|err| match violated_constraint(&err) {
                 Some("mlflow_runs_experiment_fkey") => Error::not_found(ObjectKind::Experiment),
+                Some("mlflow_runs_experiment_active") => {
+                    Error::invalid("experiment_id", "the experiment is deleted; restore it to make runs in it")
+                }
                 _ => db_error(err),
             })?;
         let info = run_info_of(row);
@@ -387,8 +596,57 @@ impl Store {
         .map_err(db_error)
     }
 
+    /// Whose a run of the tenant is (its job's id, for a job's run; none for a run of its own)
+    /// and whether it is deleted.
+    pub async fn mlflow_run_owner(&self, tenant_id: Uuid, run_id: Uuid) -> Result<(Option<Uuid>, bool)> {
+        // language=PostgreSQL
+        let row: Option<(Option<Uuid>, bool)> = sqlx::query_as(
+            "SELECT job_id, lifecycle_stage = 'deleted' FROM mlflow_runs WHERE id = $1 AND tenant_id = $2",
+        )
+        .bind(run_id)
+        .bind(tenant_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)?;
+        row.ok_or_else(|| Error::not_found(ObjectKind::Run))
+    }
+
+    /// Records an artefact stored for a run of its own (its bytes are in the object store),
+    /// replacing one at the same path.
+    pub async fn mlflow_artifact_record(
+        &self,
+        tenant_id: Uuid,
+        run_id: Uuid,
+        path: &str,
+        size_bytes: u64,
+        sha256: &str,
+    ) -> Result<()> {
+        // language=PostgreSQL
+        sqlx::query(
+            "INSERT INTO mlflow_run_artifacts (tenant_id, run_id, path, size_bytes, sha256) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT ON CONSTRAINT mlflow_run_artifacts_pkey
+             DO UPDATE SET size_bytes = excluded.size_bytes, sha256 = excluded.sha256, uploaded_at = now()",
+        )
+        .bind(tenant_id)
+        .bind(run_id)
+        .bind(path)
+        .bind(i64::try_from(size_bytes).map_err(Error::internal)?)
+        .bind(sha256)
+        .execute(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
+
     /// Every point of one metric of a run of the tenant, by step and then time.
-    pub async fn mlflow_metric_history(&self, tenant_id: Uuid, run_id: Uuid, key: &str) -> Result<Vec<Metric>> {
+    /// A page of `limit` points from `offset` when asked (`page`), else all.
+    pub async fn mlflow_metric_history(
+        &self,
+        tenant_id: Uuid,
+        run_id: Uuid,
+        key: &str,
+        page: Option<(i64, i64)>,
+    ) -> Result<Vec<Metric>> {
         // language=PostgreSQL
         let exists: bool =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM mlflow_runs WHERE id = $1 AND tenant_id = $2)")
@@ -403,11 +661,14 @@ impl Store {
         // language=PostgreSQL
         let rows: Vec<(String, f64, i64, i64)> = sqlx::query_as(
             "SELECT key, value, timestamp, step FROM mlflow_metric_points
-             WHERE run_id = $1 AND tenant_id = $2 AND key = $3 ORDER BY step, timestamp, recorded_at",
+             WHERE run_id = $1 AND tenant_id = $2 AND key = $3 ORDER BY step, timestamp, recorded_at
+             LIMIT $4 OFFSET $5",
         )
         .bind(run_id)
         .bind(tenant_id)
         .bind(key)
+        .bind(page.map(|(limit, _)| limit))
+        .bind(page.map_or(0, |(_, offset)| offset))
         .fetch_all(&self.pool)
         .await
         .map_err(db_error)?;
@@ -428,84 +689,84 @@ impl Store {
         limit: i64,
         offset: i64,
     ) -> Result<Vec<Run>> {
-        let metric_keys: Vec<&str> = filter.metrics.iter().map(|m| m.key.as_str()).collect();
-        let metric_ops: Vec<&str> = filter.metrics.iter().map(|m| m.op).collect();
-        let metric_values: Vec<f64> = filter.metrics.iter().map(|m| m.value).collect();
-        let param_keys: Vec<&str> = filter.params.iter().map(|p| p.key.as_str()).collect();
-        let param_values: Vec<&str> = filter.params.iter().map(|p| p.value.as_str()).collect();
-        let tag_keys: Vec<&str> = filter.tags.iter().map(|p| p.key.as_str()).collect();
-        let tag_values: Vec<&str> = filter.tags.iter().map(|p| p.value.as_str()).collect();
-        // language=PostgreSQL
-        let sql = concat!(
+        // Built from the parsed filter and order: every value is bound, and what is pushed as SQL
+        // text is this file's own (column names, operators from a fixed set).
+        let mut query = sqlx::QueryBuilder::<sqlx::Postgres>::new(concat!(
             "SELECT ",
             run_columns!(),
-            " FROM mlflow_runs r
-             WHERE r.tenant_id = $1
-               AND ($2::bigint[] IS NULL OR r.experiment_id = ANY($2))
-               AND ($3::uuid IS NULL OR r.id = $3)
-               AND ($3::uuid IS NOT NULL OR $12::text IS NULL OR r.lifecycle_stage = $12)
-               AND ($4::text IS NULL OR r.status = $4)
-               AND ($5::text IS NULL OR r.name = $5)
-               AND NOT EXISTS (SELECT 1 FROM UNNEST($6::text[], $7::text[]) AS f(key, value)
-                               WHERE NOT EXISTS (SELECT 1 FROM mlflow_params p
-                                                 WHERE p.run_id = r.id AND p.key = f.key AND p.value = f.value))
-               AND NOT EXISTS (SELECT 1 FROM UNNEST($8::text[], $9::text[]) AS f(key, value)
-                               WHERE NOT EXISTS (SELECT 1 FROM mlflow_tags t
-                                                 WHERE t.run_id = r.id AND t.key = f.key AND t.value = f.value))
-               AND NOT EXISTS (SELECT 1 FROM UNNEST($13::text[], $14::text[], $15::float8[]) AS f(key, op, value)
-                               WHERE NOT EXISTS (
-                                   SELECT 1 FROM (SELECT p.value FROM mlflow_metric_points p
-                                                  WHERE p.run_id = r.id AND p.key = f.key
-                                                  ORDER BY p.step DESC, p.timestamp DESC, p.recorded_at DESC
-                                                  LIMIT 1) latest
-                                   WHERE CASE f.op WHEN '=' THEN latest.value = f.value
-                                                   WHEN '!=' THEN latest.value <> f.value
-                                                   WHEN '<' THEN latest.value < f.value
-                                                   WHEN '<=' THEN latest.value <= f.value
-                                                   WHEN '>' THEN latest.value > f.value
-                                                   WHEN '>=' THEN latest.value >= f.value END))
-             ORDER BY
-               CASE WHEN $18 THEN CASE $16 WHEN 'start_time' THEN r.start_time::float8
-                                           WHEN 'end_time' THEN r.end_time::float8
-                                           WHEN 'metric' THEN (SELECT p.value FROM mlflow_metric_points p
-                                                               WHERE p.run_id = r.id AND p.key = $17
-                                                               ORDER BY p.step DESC, p.timestamp DESC,
-                                                                        p.recorded_at DESC LIMIT 1) END END
-                 ASC NULLS LAST,
-               CASE WHEN NOT $18 THEN CASE $16 WHEN 'start_time' THEN r.start_time::float8
-                                               WHEN 'end_time' THEN r.end_time::float8
-                                               WHEN 'metric' THEN (SELECT p.value FROM mlflow_metric_points p
-                                                                   WHERE p.run_id = r.id AND p.key = $17
-                                                                   ORDER BY p.step DESC, p.timestamp DESC,
-                                                                            p.recorded_at DESC LIMIT 1) END END
-                 DESC NULLS LAST,
-               CASE WHEN $18 AND $16 = 'run_name' THEN r.name END ASC,
-               CASE WHEN NOT $18 AND $16 = 'run_name' THEN r.name END DESC,
-               r.start_time DESC, r.id
-             LIMIT $10 OFFSET $11"
-        );
-        let rows: Vec<RunRow> = sqlx::query_as(sql)
-            .bind(tenant_id)
-            .bind(experiment_ids)
-            .bind(run_id)
-            .bind(filter.status.as_deref())
-            .bind(filter.run_name.as_deref())
-            .bind(&param_keys)
-            .bind(&param_values)
-            .bind(&tag_keys)
-            .bind(&tag_values)
-            .bind(limit)
-            .bind(offset)
-            .bind(stage)
-            .bind(&metric_keys)
-            .bind(&metric_ops)
-            .bind(&metric_values)
-            .bind(order.by)
-            .bind(order.metric.as_deref())
-            .bind(order.ascending)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_error)?;
+            " FROM mlflow_runs r WHERE r.tenant_id = "
+        ));
+        query.push_bind(tenant_id);
+        if let Some(experiment_ids) = experiment_ids {
+            query.push(" AND r.experiment_id = ANY(").push_bind(experiment_ids).push(")");
+        }
+        match (run_id, stage) {
+            (Some(run_id), _) => {
+                query.push(" AND r.id = ").push_bind(run_id);
+            }
+            (None, Some(stage)) => {
+                query.push(" AND r.lifecycle_stage = ").push_bind(stage);
+            }
+            (None, None) => {}
+        }
+        for clause in &filter.clauses {
+            query.push(" AND ");
+            match clause {
+                FilterClause::Param { key, op, value } | FilterClause::Tag { key, op, value } => {
+                    let table =
+                        if matches!(clause, FilterClause::Param { .. }) { "mlflow_params" } else { "mlflow_tags" };
+                    query.push(format_args!("EXISTS (SELECT 1 FROM {table} x WHERE x.run_id = r.id AND x.key = "));
+                    query.push_bind(key.as_str()).push(format_args!(" AND x.value {} ", op.sql()));
+                    query.push_bind(value.as_str()).push(")");
+                }
+                FilterClause::Attribute { field, op, value } => {
+                    query.push(format_args!("{} {} ", run_field_sql(*field), op.sql())).push_bind(value.as_str());
+                }
+                FilterClause::AttributeIn { field, values, negated } => {
+                    let test = if *negated { "<> ALL(" } else { "= ANY(" };
+                    query.push(format_args!("{} {test}", run_field_sql(*field))).push_bind(values.as_slice()).push(")");
+                }
+                FilterClause::Time { end, op, value } => {
+                    let column = if *end { "r.end_time" } else { "r.start_time" };
+                    let op = if *op == "!=" { "<>" } else { op };
+                    query.push(format_args!("{column} {op} ")).push_bind(*value);
+                }
+                FilterClause::Metric(metric) => {
+                    query.push(LATEST_METRIC_OF_RUN).push_bind(metric.key.as_str());
+                    let op = if metric.op == "!=" { "<>" } else { metric.op };
+                    query.push(format_args!(
+                        " ORDER BY p.step DESC, p.timestamp DESC, p.recorded_at DESC LIMIT 1) {op} "
+                    ));
+                    query.push_bind(metric.value);
+                }
+            }
+        }
+        query.push(" ORDER BY ");
+        for key in &order.keys {
+            let direction = if key.ascending { "ASC" } else { "DESC" };
+            match &key.by {
+                OrderBy::StartTime => query.push("r.start_time"),
+                OrderBy::EndTime => query.push("r.end_time"),
+                OrderBy::RunName => query.push("r.name"),
+                OrderBy::Status => query.push("r.status"),
+                OrderBy::Metric(metric) => query
+                    .push(LATEST_METRIC_OF_RUN)
+                    .push_bind(metric.as_str())
+                    .push(" ORDER BY p.step DESC, p.timestamp DESC, p.recorded_at DESC LIMIT 1)"),
+                OrderBy::Param(param) => {
+                    query.push("(SELECT x.value FROM mlflow_params x WHERE x.run_id = r.id AND x.key = ");
+                    query.push_bind(param.as_str()).push(")")
+                }
+                OrderBy::Tag(tag) => {
+                    query.push("(SELECT x.value FROM mlflow_tags x WHERE x.run_id = r.id AND x.key = ");
+                    query.push_bind(tag.as_str()).push(")")
+                }
+            };
+            // Runs without the value come last either way, as MLflow orders them.
+            query.push(format_args!(" {direction} NULLS LAST, "));
+        }
+        query.push("r.start_time DESC, r.id LIMIT ").push_bind(limit).push(" OFFSET ").push_bind(offset);
+        let rows: Vec<RunRow> = query.build_query_as().fetch_all(&self.pool).await.map_err(db_error)?;
         let ids: Vec<Uuid> = rows.iter().map(|row| row.0).collect();
         if ids.is_empty() {
             return Ok(Vec::new());
@@ -595,6 +856,27 @@ async fn tags_upsert(
     .bind(&keys)
     .bind(&values)
     .execute(&mut **tx)
+    .await
+    .map_err(db_error)?;
+    Ok(())
+}
+
+async fn experiment_tag_upsert<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    tenant_id: Uuid,
+    experiment_id: i64,
+    tag: &KeyValue,
+) -> Result<()> {
+    // language=PostgreSQL
+    sqlx::query(
+        "INSERT INTO mlflow_experiment_tags (tenant_id, experiment_id, key, value) VALUES ($1, $2, $3, $4)
+         ON CONFLICT ON CONSTRAINT mlflow_experiment_tags_pkey DO UPDATE SET value = excluded.value",
+    )
+    .bind(tenant_id)
+    .bind(experiment_id)
+    .bind(&tag.key)
+    .bind(&tag.value)
+    .execute(executor)
     .await
     .map_err(db_error)?;
     Ok(())

@@ -694,6 +694,9 @@ fn replica_env(
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
     env.extend(request.spec.env.clone());
     env.extend(request.env.clone());
+    if let Some(own) = request.env_by_rank.get(rank as usize) {
+        env.extend(own.clone());
+    }
     let replicas = request.spec.replicas.to_string();
     let gpu_list: Vec<String> = gpus.iter().map(u32::to_string).collect();
     for (key, value) in [

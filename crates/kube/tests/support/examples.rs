@@ -52,6 +52,7 @@ fn request(spec: JobSpec, files: BTreeMap<String, Vec<u8>>) -> LaunchRequest {
         spec,
         files,
         env: secrets(),
+        env_by_rank: Vec::new(),
         code: Vec::new(),
         nodes: Vec::new(),
     }

@@ -118,7 +118,7 @@ impl App {
     /// A file and a folder cannot share a name (the local store is a file system; S3 would keep
     /// both and make every listing ambiguous): refuses a path beneath an artefact, or one that
     /// is a folder of artefacts, with 409, the same on every store.
-    async fn artifact_name_free(
+    pub(super) async fn artifact_name_free(
         &self,
         tenant_id: Uuid,
         job_id: Uuid,

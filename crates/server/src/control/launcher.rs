@@ -404,6 +404,17 @@ impl LaunchContext {
         env.insert("MLFLOW_TRACKING_URI".to_string(), self.api_url.clone());
         env.insert("MLFLOW_RUN_ID".to_string(), job.id.simple().to_string());
         env.insert("MLFLOW_TRACKING_TOKEN".to_string(), token.clone());
+        // Every other rank logs with a token of its own, which tells the server its rank: rank
+        // 0's writes are kept, the others' answered and dropped (docs/tracking.md, "Ranks").
+        let env_by_rank = match &self.code_storage {
+            Some(storage) => (0..job.spec.replicas)
+                .map(|rank| match rank {
+                    0 => Default::default(),
+                    _ => [("MLFLOW_TRACKING_TOKEN".to_string(), storage.replica_token(&token, rank))].into(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         env.insert("TRAINYARD_TOKEN".to_string(), token);
         // A session's program accepts only the secret the proxy sends (docs/sessions.md).
         if job.spec.template.as_ref().is_some_and(|t| t.name == crate::templates::NOTEBOOK_TEMPLATE)
@@ -419,6 +430,7 @@ impl LaunchContext {
             spec: (*job.spec).clone(),
             files: inputs.files,
             env,
+            env_by_rank,
             code: inputs.code,
             nodes: job.assigned_nodes.clone().unwrap_or_default(),
         };

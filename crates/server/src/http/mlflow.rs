@@ -23,10 +23,10 @@ use trainyard_core::tracking::{Experiment, KeyValue, LogBatch, Metric, Run, RunI
 use trainyard_store::metrics::JOB_TOKEN_PREFIX;
 use uuid::Uuid;
 
-use crate::app::tracking::{ArtifactEntry, RunCreate, RunsSearch, Tracker};
+use crate::app::tracking::{ArtifactEntry, ExperimentsSearch, RunCreate, RunsSearch, Tracker};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::{ApiJson, ApiQuery, Auth, JobAuth};
+use crate::http::extract::{ApiJson, ApiQuery, Auth, client_ip};
 use crate::http::routes::RouteTable;
 
 /// Where MLflow's routes are (the edge answers them in MLflow's error shape): its tracking API
@@ -45,6 +45,11 @@ pub fn routes() -> RouteTable {
         .route("/api/2.0/mlflow/experiments/create", post(experiment_create))
         .route("/api/2.0/mlflow/experiments/get", get(experiment_get))
         .route("/api/2.0/mlflow/experiments/search", post(experiments_search).get(experiments_search_get))
+        .route("/api/2.0/mlflow/experiments/delete", post(experiment_delete))
+        .route("/api/2.0/mlflow/experiments/restore", post(experiment_restore))
+        .route("/api/2.0/mlflow/experiments/update", post(experiment_update))
+        .route("/api/2.0/mlflow/experiments/set-experiment-tag", post(experiment_tag_set))
+        .route("/api/2.0/mlflow/experiments/delete-experiment-tag", post(experiment_tag_delete))
         .route("/api/2.0/mlflow/runs/create", post(run_create))
         .route("/api/2.0/mlflow/runs/get", get(run_get))
         .route("/api/2.0/mlflow/runs/update", post(run_update))
@@ -148,21 +153,24 @@ type MlflowResult<T> = Result<T, MlflowError>;
 // ---- extractors: Trainyard's, answering in MLflow's shape ----
 
 /// The caller, from `MLFLOW_TRACKING_TOKEN`: a user's API token, as [`Auth`] finds it, or a job's
-/// token (what its replicas get), as [`JobAuth`] finds it.
+/// token or a replica's (what its replicas get), as [`App::mlflow_job_authenticate`] finds it.
+///
+/// [`App::mlflow_job_authenticate`]: crate::app::App::mlflow_job_authenticate
 pub struct MlflowAuth(pub Tracker);
 
 impl FromRequestParts<AppState> for MlflowAuth {
     type Rejection = MlflowError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, MlflowError> {
-        let is_job_token = parts
+        let job_token = parts
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .is_some_and(|token| token.trim().starts_with(JOB_TOKEN_PREFIX));
-        Ok(MlflowAuth(if is_job_token {
-            Tracker::Job(JobAuth::from_request_parts(parts, state).await?.0)
+            .map(str::trim)
+            .filter(|token| token.starts_with(JOB_TOKEN_PREFIX));
+        Ok(MlflowAuth(if let Some(token) = job_token {
+            state.app.mlflow_job_authenticate(token, client_ip(parts)).await?
         } else {
             Tracker::User(Auth::from_request_parts(parts, state).await?.0)
         }))
@@ -297,7 +305,7 @@ fn experiment_json(e: &Experiment) -> Value {
         "lifecycle_stage": e.lifecycle_stage,
         "creation_time": e.creation_time,
         "last_update_time": e.last_update_time,
-        "tags": [],
+        "tags": e.tags.iter().map(WireKeyValue::from).collect::<Vec<_>>(),
     })
 }
 
@@ -385,12 +393,82 @@ async fn experiment_create(
     MlflowAuth(caller): MlflowAuth,
     MlflowJson(body): MlflowJson<ExperimentCreateBody>,
 ) -> MlflowResult<Json<Value>> {
-    if !body.tags.is_empty() {
-        return Err(Error::invalid("tags", "experiment tags are not supported yet").into());
-    }
     let name = required("name", &body.name)?;
-    let id = state.app.mlflow_experiment_create(&caller, name).await?;
+    let tags = body.tags.into_iter().map(KeyValue::from).collect();
+    let id = state.app.mlflow_experiment_create(&caller, name, tags).await?;
     Ok(Json(json!({"experiment_id": id.to_string()})))
+}
+
+#[derive(Debug, Deserialize)]
+struct ExperimentIdBody {
+    experiment_id: Option<String>,
+}
+
+async fn experiment_delete(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<ExperimentIdBody>,
+) -> MlflowResult<Json<Value>> {
+    let id = experiment_id_parse(body.experiment_id.as_deref())?;
+    state.app.mlflow_experiment_delete(&caller, id, true).await?;
+    Ok(Json(json!({})))
+}
+
+async fn experiment_restore(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<ExperimentIdBody>,
+) -> MlflowResult<Json<Value>> {
+    let id = experiment_id_parse(body.experiment_id.as_deref())?;
+    state.app.mlflow_experiment_delete(&caller, id, false).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct ExperimentUpdateBody {
+    experiment_id: Option<String>,
+    new_name: Option<String>,
+}
+
+async fn experiment_update(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<ExperimentUpdateBody>,
+) -> MlflowResult<Json<Value>> {
+    let id = experiment_id_parse(body.experiment_id.as_deref())?;
+    let name = required("new_name", &body.new_name)?;
+    state.app.mlflow_experiment_rename(&caller, id, name).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct ExperimentTagBody {
+    experiment_id: Option<String>,
+    key: Option<String>,
+    #[serde(default)]
+    value: String,
+}
+
+async fn experiment_tag_set(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<ExperimentTagBody>,
+) -> MlflowResult<Json<Value>> {
+    let id = experiment_id_parse(body.experiment_id.as_deref())?;
+    let key = required("key", &body.key)?;
+    state.app.mlflow_experiment_tag_set(&caller, id, key, Some(&body.value)).await?;
+    Ok(Json(json!({})))
+}
+
+async fn experiment_tag_delete(
+    State(state): State<AppState>,
+    MlflowAuth(caller): MlflowAuth,
+    MlflowJson(body): MlflowJson<ExperimentTagBody>,
+) -> MlflowResult<Json<Value>> {
+    let id = experiment_id_parse(body.experiment_id.as_deref())?;
+    let key = required("key", &body.key)?;
+    state.app.mlflow_experiment_tag_set(&caller, id, key, None).await?;
+    Ok(Json(json!({})))
 }
 
 #[derive(Debug, Deserialize)]
@@ -416,6 +494,8 @@ struct ExperimentsSearchBody {
     filter: Option<String>,
     #[serde(default)]
     order_by: Vec<String>,
+    /// `ACTIVE_ONLY` (the default), `DELETED_ONLY`, `ALL`.
+    view_type: Option<String>,
 }
 
 async fn experiments_search(
@@ -431,6 +511,7 @@ struct ExperimentsSearchQuery {
     max_results: Option<String>,
     page_token: Option<String>,
     filter: Option<String>,
+    view_type: Option<String>,
 }
 
 async fn experiments_search_get(
@@ -442,8 +523,13 @@ async fn experiments_search_get(
         .max_results
         .map(|m| m.parse::<i64>().map_err(|_| Error::invalid("max_results", "a whole number")))
         .transpose()?;
-    let body =
-        ExperimentsSearchBody { max_results, page_token: query.page_token, filter: query.filter, order_by: vec![] };
+    let body = ExperimentsSearchBody {
+        max_results,
+        page_token: query.page_token,
+        filter: query.filter,
+        order_by: vec![],
+        view_type: query.view_type,
+    };
     experiments_answer(&state, &caller, body).await
 }
 
@@ -452,10 +538,14 @@ async fn experiments_answer(
     caller: &Tracker,
     body: ExperimentsSearchBody,
 ) -> MlflowResult<Json<Value>> {
-    if body.filter.as_deref().is_some_and(|f| !f.trim().is_empty()) || !body.order_by.is_empty() {
-        return Err(Error::invalid("filter", "filtering and ordering experiments is not supported yet").into());
-    }
-    let page = state.app.mlflow_experiments_search(caller, body.max_results, body.page_token.as_deref()).await?;
+    let search = ExperimentsSearch {
+        filter: body.filter.as_deref().unwrap_or_default(),
+        order_by: &body.order_by,
+        view: body.view_type.as_deref(),
+        max_results: body.max_results,
+        page_token: body.page_token.as_deref(),
+    };
+    let page = state.app.mlflow_experiments_search(caller, search).await?;
     let mut answer = json!({"experiments": page.items.iter().map(experiment_json).collect::<Vec<_>>()});
     if let Some(token) = page.next_page_token {
         answer["next_page_token"] = json!(token);
@@ -713,9 +803,11 @@ struct MetricHistoryQuery {
     run_id: Option<String>,
     run_uuid: Option<String>,
     metric_key: Option<String>,
+    max_results: Option<String>,
+    page_token: Option<String>,
 }
 
-/// Every point of the series, in one page (MLflow's `max_results` is for Databricks only).
+/// Every point of the series, or a page of `max_results` of them from `page_token`.
 async fn metric_history(
     State(state): State<AppState>,
     MlflowAuth(caller): MlflowAuth,
@@ -723,8 +815,17 @@ async fn metric_history(
 ) -> MlflowResult<Json<Value>> {
     let run_id = run_id_parse(query.run_id.as_deref(), query.run_uuid.as_deref())?;
     let key = required("metric_key", &query.metric_key)?;
-    let metrics = state.app.mlflow_metric_history(&caller, run_id, key).await?;
-    Ok(Json(json!({"metrics": metrics.iter().map(WireMetric::from).collect::<Vec<_>>()})))
+    let max_results = query
+        .max_results
+        .filter(|m| !m.is_empty())
+        .map(|m| m.parse::<i64>().map_err(|_| Error::invalid("max_results", "a whole number")))
+        .transpose()?;
+    let page = state.app.mlflow_metric_history(&caller, run_id, key, max_results, query.page_token.as_deref()).await?;
+    let mut answer = json!({"metrics": page.items.iter().map(WireMetric::from).collect::<Vec<_>>()});
+    if let Some(token) = page.next_page_token {
+        answer["next_page_token"] = json!(token);
+    }
+    Ok(Json(answer))
 }
 
 // ---- artefacts ----
