@@ -195,22 +195,7 @@ impl Store {
         audit: &Audit,
     ) -> Result<()> {
         let mut tx = self.begin().await?;
-        // language=PostgreSQL
-        let stage: Option<String> = sqlx::query_scalar(
-            "SELECT lifecycle_stage FROM mlflow_experiments WHERE tenant_id = $1 AND experiment_id = $2 FOR UPDATE",
-        )
-        .bind(tenant_id)
-        .bind(experiment_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db_error)?;
-        match stage.as_deref() {
-            None => return Err(Error::not_found(ObjectKind::Experiment)),
-            Some("active") => {}
-            Some(_) => {
-                return Err(Error::invalid("experiment_id", "the experiment is deleted; restore it to rename it"));
-            }
-        }
+        experiment_active_locked(&mut tx, tenant_id, experiment_id, Lock::Update, "rename it").await?;
         // language=PostgreSQL
         sqlx::query(
             "UPDATE mlflow_experiments SET name = $3, updated_at = now() WHERE tenant_id = $1 AND experiment_id = $2",
@@ -241,25 +226,7 @@ impl Store {
         value: Option<&str>,
     ) -> Result<()> {
         let mut tx = self.begin().await?;
-        // language=PostgreSQL
-        let stage: Option<String> = sqlx::query_scalar(
-            "SELECT lifecycle_stage FROM mlflow_experiments WHERE tenant_id = $1 AND experiment_id = $2 FOR SHARE",
-        )
-        .bind(tenant_id)
-        .bind(experiment_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db_error)?;
-        match stage.as_deref() {
-            None => return Err(Error::not_found(ObjectKind::Experiment)),
-            Some("active") => {}
-            Some(_) => {
-                return Err(Error::invalid(
-                    "experiment_id",
-                    "the experiment is deleted; restore it to change its tags",
-                ));
-            }
-        }
+        experiment_active_locked(&mut tx, tenant_id, experiment_id, Lock::Share, "change its tags").await?;
         match value {
             Some(value) => {
                 let tag = KeyValue { key: key.to_string(), value: value.to_string() };
@@ -880,4 +847,42 @@ async fn experiment_tag_upsert<'e>(
     .await
     .map_err(db_error)?;
     Ok(())
+}
+
+/// How [`experiment_active_locked`] holds the experiment's row.
+enum Lock {
+    Update,
+    Share,
+}
+
+/// Locks a tenant's experiment row in `tx` and checks it is active: not found, or "deleted;
+/// restore it to `to_do`", otherwise.
+async fn experiment_active_locked(
+    tx: &mut sqlx::PgConnection,
+    tenant_id: Uuid,
+    experiment_id: i64,
+    lock: Lock,
+    to_do: &str,
+) -> Result<()> {
+    let statement = match lock {
+        // language=PostgreSQL
+        Lock::Update => {
+            "SELECT lifecycle_stage FROM mlflow_experiments WHERE tenant_id = $1 AND experiment_id = $2 FOR UPDATE"
+        }
+        // language=PostgreSQL
+        Lock::Share => {
+            "SELECT lifecycle_stage FROM mlflow_experiments WHERE tenant_id = $1 AND experiment_id = $2 FOR SHARE"
+        }
+    };
+    let stage: Option<String> = sqlx::query_scalar(statement)
+        .bind(tenant_id)
+        .bind(experiment_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?;
+    match stage.as_deref() {
+        None => Err(Error::not_found(ObjectKind::Experiment)),
+        Some("active") => Ok(()),
+        Some(_) => Err(Error::invalid("experiment_id", format!("the experiment is deleted; restore it to {to_do}"))),
+    }
 }
