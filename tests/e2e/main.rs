@@ -17,6 +17,7 @@ mod input;
 mod jobs;
 mod lineage;
 mod mlflow;
+mod notifications;
 mod operations;
 mod records;
 mod recovery;

@@ -7,6 +7,7 @@ mod code;
 mod config;
 mod datasets;
 mod experiments;
+mod notify;
 mod output;
 mod record;
 mod storage;
@@ -199,6 +200,11 @@ enum Command {
     Storage {
         #[command(subcommand)]
         command: storage::StorageCommand,
+    },
+    /// Webhooks when your jobs end, fail, are preempted or wait too long.
+    Notify {
+        #[command(subcommand)]
+        command: notify::NotifyCommand,
     },
     /// Your API tokens.
     Tokens {
@@ -814,6 +820,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Volumes { command } => storage::volumes(&client, out, command).await,
         Command::Experiment { command } => experiments::experiment(&client, out, command).await,
         Command::Storage { command } => storage::storage(&client, out, command).await,
+        Command::Notify { command } => notify::notify(&client, out, command).await,
         Command::Quota => {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
             // Without any quota, the nodes say what is true instead: no GPUs here, or which.

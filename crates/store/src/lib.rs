@@ -28,6 +28,7 @@ pub mod interactive;
 pub mod jobs;
 pub mod lineage;
 pub mod metrics;
+pub mod notifications;
 pub mod reconcile;
 pub mod records;
 pub mod sessions;
