@@ -3,6 +3,7 @@
 mod api;
 mod authz;
 mod cache_agent;
+mod chains;
 mod chaos;
 mod compare;
 mod confinement;

@@ -21,6 +21,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod audit;
+pub mod chains;
 pub mod datasets;
 pub mod embedded;
 pub mod experiments;

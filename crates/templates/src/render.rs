@@ -73,6 +73,10 @@ impl Template {
             code: None,
             time_limit_seconds: None,
             cache_wait_seconds: None,
+            after_ok: Vec::new(),
+            after_any: Vec::new(),
+            after_failed: Vec::new(),
+            array: None,
         }
         .validate()?;
         let mut spec = valid.spec;

@@ -221,6 +221,10 @@ impl App {
             code: None,
             time_limit_seconds: None,
             cache_wait_seconds: run.cache_wait_seconds,
+            after_ok: Vec::new(),
+            after_any: Vec::new(),
+            after_failed: Vec::new(),
+            array: None,
         }
         .validate()?;
         valid.spec.template = spec.template;
@@ -446,6 +450,10 @@ impl App {
                     code: original.spec.code.as_ref().map(|c| c.digest.clone()),
                     time_limit_seconds: original.spec.time_limit_seconds,
                     cache_wait_seconds: original.spec.cache_wait_seconds,
+                    after_ok: Vec::new(),
+                    after_any: Vec::new(),
+                    after_failed: Vec::new(),
+                    array: None,
                 };
                 if request.what_if {
                     return Ok(RerunOutcome::WhatIf(self.job_what_if(caller, submission).await?));
