@@ -89,6 +89,11 @@ async fn an_array_of_20_at_most_4_at_once_runs_each_index_once() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert_eq!(first["array_index"], 0, "the answer is the array's first job: {first}");
+    // The list shows the array's jobs by index; its queued ones on one line.
+    let listed = stdout(&env.yard(&env.admin_token, &["jobs", "ls", "--limit", "100"]));
+    let lines: Vec<&str> = listed.lines().filter(|l| l.contains("sweep[")).collect();
+    assert!(!lines.is_empty() && lines.len() < 20, "grouped: {listed}");
     let mut most = 0;
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
@@ -107,6 +112,7 @@ async fn an_array_of_20_at_most_4_at_once_runs_each_index_once() {
                 .collect();
             indexes.sort();
             assert_eq!(indexes, (0..20).collect::<Vec<u32>>());
+            assert!(jobs.iter().all(|j| j["array_id"] == first["id"]), "{jobs:?}");
             break;
         }
         assert!(!jobs.iter().any(|j| j["state"] == "failed"), "each job saw its index: {jobs:?}");

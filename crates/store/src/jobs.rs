@@ -42,7 +42,7 @@ macro_rules! job_select {
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
                     j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params, j.datasets,
-                    j.rerun_of, j.rerun_overrides, j.rerun_unpinned
+                    j.rerun_of, j.rerun_overrides, j.rerun_unpinned, j.array_id, j.array_index
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
             $rest
         )
@@ -92,6 +92,8 @@ pub(crate) struct JobRow {
     rerun_of: Option<Uuid>,
     rerun_overrides: Option<serde_json::Value>,
     rerun_unpinned: Option<serde_json::Value>,
+    array_id: Option<Uuid>,
+    array_index: Option<i32>,
 }
 
 impl TryFrom<JobRow> for Job {
@@ -137,6 +139,8 @@ impl TryFrom<JobRow> for Job {
                 .transpose()
                 .map_err(Error::internal)?
                 .unwrap_or_default(),
+            array_id: row.array_id,
+            array_index: row.array_index.map(|i| i as u32),
         })
     }
 }
@@ -211,7 +215,7 @@ impl Store {
              audited AS (
                  INSERT INTO audit_log (tenant_id, tenant, actor, user_id, credential, action, target, outcome, source)
                  SELECT $2, $17, $7, $10, $18, $19, 'job:' || job.id, 'ok', $20::inet FROM job)
-             SELECT id, created_at, updated_at FROM job ORDER BY id",
+             SELECT id, created_at, updated_at FROM job",
         )
         .bind(&ids)
         .bind(caller.tenant_id)
@@ -243,7 +247,7 @@ impl Store {
         .fetch_all(&self.pool)
         .await;
         let inserted = match inserted {
-            Ok(rows) => rows.into_iter().next(),
+            Ok(rows) => rows.into_iter().find(|row| row.0 == ids[0]),
             Err(err) if violated_constraint(&err) == Some("jobs_idempotency_key_unique") => None,
             Err(err) if violated_constraint(&err) == Some("job_dependencies_same_tenant") => {
                 return Err(Error::invalid("after_ok", "names a job that is not one of your tenant's"));
@@ -275,6 +279,8 @@ impl Store {
                 rerun_of: rerun.as_ref().map(|link| link.of),
                 rerun_overrides: rerun.as_ref().and_then(|link| link.overrides.clone()),
                 rerun_unpinned: rerun.map(|link| link.unpinned).unwrap_or_default(),
+                array_id: job.array.map(|_| id),
+                array_index: job.array.map(|a| a.first),
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.
