@@ -340,3 +340,79 @@ async fn without_the_operators_leave_private_addresses_are_refused() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The trigger's side, against Postgres alone: which changes of state make which notice, for
+/// whom, and that a change rolled back leaves none (the notice is in the change's transaction).
+#[tokio::test]
+async fn the_outbox_holds_a_notice_exactly_when_its_change_of_state_commits() {
+    let db = trainyard_tests::TestDb::fresh().await;
+    let store = trainyard_store::Store::from_pool(db.pool.clone());
+    store.bootstrap("default", "admin").await.unwrap();
+    let pool = &db.pool;
+    // Two subscriptions of the admin: their own jobs' preemptions and idle warnings; the
+    // tenant's ended jobs.
+    for (scope, events) in [("user", vec!["preempted", "idle"]), ("tenant", vec!["ended"])] {
+        sqlx::query(
+            "INSERT INTO notification_subscriptions (id, tenant_id, user_id, scope, url, format, events)
+             SELECT gen_random_uuid(), m.tenant_id, m.user_id, $1, 'https://hooks.example.com/x', 'standard', $2
+             FROM memberships m",
+        )
+        .bind(scope)
+        .bind(&events)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    let id: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO jobs (id, tenant_id, name, spec, last_actor, created_by)
+         SELECT gen_random_uuid(), t.id, 'x', '{}', 'test', u.id FROM tenants t, users u RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let to = |state: &'static str| async move {
+        sqlx::query("UPDATE jobs SET state = $1 WHERE id = $2").bind(state).bind(id).execute(pool).await.unwrap();
+    };
+    let kinds = || async move {
+        let kinds: Vec<String> =
+            sqlx::query_scalar("SELECT kind FROM notification_outbox WHERE job_id = $1 ORDER BY created_at, kind")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        kinds
+    };
+    for state in ["admitted", "starting", "running"] {
+        to(state).await;
+    }
+    assert!(kinds().await.is_empty(), "no notice for starting");
+    to("queued").await; // preempted: back to the queue from running
+    assert_eq!(kinds().await, ["job.preempted"]);
+    // The idle sweep's warning is an event of its own, with the same state.
+    sqlx::query("UPDATE jobs SET event_seq = event_seq + 1 WHERE id = $1;").bind(id).execute(pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO job_events (job_id, tenant_id, seq, from_state, to_state, actor, reason)
+         SELECT id, tenant_id, event_seq, state, state, 'control:idle', 'idle: no use through its proxy since 10:00:00 UTC'
+         FROM jobs WHERE id = $1",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    assert_eq!(kinds().await, ["job.preempted", "session.idle"]);
+
+    // A cancel rolled back announces nothing; committed, it is announced to the tenant's subscription.
+    let mut tx = store.begin().await.unwrap();
+    sqlx::query("UPDATE jobs SET state = 'cancelled' WHERE id = $1").bind(id).execute(&mut *tx).await.unwrap();
+    let inside: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM notification_outbox WHERE job_id = $1 AND kind = 'job.cancelled'")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!(inside, 1, "written in the change's own transaction");
+    tx.rollback().await.unwrap();
+    assert_eq!(kinds().await, ["job.preempted", "session.idle"]);
+    to("cancelled").await;
+    assert_eq!(kinds().await, ["job.preempted", "session.idle", "job.cancelled"]);
+}
