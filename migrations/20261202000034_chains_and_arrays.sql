@@ -33,3 +33,6 @@ ALTER TABLE jobs
     ADD COLUMN array_limit  integer CONSTRAINT jobs_array_limit_range CHECK (array_limit >= 1),
     ADD CONSTRAINT jobs_array_whole CHECK ((array_id IS NULL) = (array_index IS NULL));
 CREATE INDEX jobs_by_array ON jobs (array_id, array_index) WHERE array_id IS NOT NULL;
+-- The leader reads the unfinished arrays with a limit each pass: never a scan of every job.
+CREATE INDEX jobs_unfinished_arrays ON jobs (array_id)
+    WHERE array_limit IS NOT NULL AND state IN ('queued', 'admitted', 'starting', 'running', 'restarting');
