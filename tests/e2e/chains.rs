@@ -52,6 +52,15 @@ async fn after_any_and_after_failed_follow_how_the_dependency_ended() {
     env.wait_state(&any, "succeeded", Duration::from_secs(60)).await;
     env.wait_state(&on_failure, "succeeded", Duration::from_secs(60)).await;
     env.wait_state(&on_success, "cancelled", Duration::from_secs(60)).await;
+    // An array through the CLI: one job per index.
+    let pair = env.yard(&env.admin_token, &["submit", "--name", "pair", "--array", "3-4", "--", "true"]);
+    assert!(pair.status.success(), "{}", stderr(&pair));
+    let jobs = array_jobs(&env, "pair").await;
+    let mut indexes: Vec<u64> = jobs.iter().map(|j| j["array_index"].as_u64().unwrap()).collect();
+    indexes.sort();
+    assert_eq!(indexes, [3, 4], "{jobs:?}");
+    let bad = env.yard(&env.admin_token, &["submit", "--array", "4-3", "--", "true"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("array"), "{}", stderr(&bad));
 
     // A dependency that is not a job of the tenant: named with its field.
     let stranger = uuid::Uuid::now_v7();

@@ -1043,11 +1043,14 @@ impl Reconciler {
     /// whose dependency can never be met, and returns them with those that sit this cycle out
     /// (a dependency not met yet, or beyond their array's limit), whose reasons it sets.
     async fn chains_hold(&mut self, jobs: &[Arc<UnfinishedJob>]) -> Result<HashSet<Uuid>> {
+        let by_id: FxHashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, &**j)).collect();
         let mut held: HashSet<Uuid> = self.store.jobs_dependency_doomed_cancel().await?.into_iter().collect();
         if !held.is_empty() {
             self.board.changed();
         }
-        let by_id: FxHashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, &**j)).collect();
+        for job in held.iter().filter_map(|id| by_id.get(id)) {
+            self.monitoring.job_finished(&job.tenant, "cancelled");
+        }
         let (ids, reasons): (Vec<Uuid>, Vec<String>) = self
             .store
             .jobs_held()
