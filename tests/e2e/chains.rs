@@ -30,6 +30,11 @@ async fn a_chain_whose_middle_job_fails_cancels_the_last_with_the_reason() {
         })
         .await;
     assert_eq!(waiting["state"], "queued", "{waiting}");
+    // Its schedule says the same, with no estimate (when the first ends is not known).
+    let (status, schedule) = env.get(&format!("/api/v1/jobs/{middle}/schedule"), &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "{schedule}");
+    assert!(schedule["reason"].as_str().unwrap().starts_with("waiting for "), "{schedule}");
+    assert!(schedule["estimated_start"].is_null() && schedule["admitted_now"] == false, "{schedule}");
     let (_, first_now) = env.get(&format!("/api/v1/jobs/{first}"), &env.admin_token).await;
     assert_ne!(first_now["state"], "succeeded", "the middle job waited while the first had not ended: {first_now}");
 

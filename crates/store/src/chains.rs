@@ -37,6 +37,34 @@ impl Store {
         .map_err(db_error)
     }
 
+    /// Why a queued job of `tenant_id` is held out of the admission cycle (as
+    /// [`Store::jobs_held`] says), if it is: for its schedule, which then has no estimate.
+    pub async fn job_hold_reason(&self, tenant_id: Uuid, job_id: Uuid) -> Result<Option<String>> {
+        // language=PostgreSQL
+        sqlx::query_scalar(
+            "WITH me AS (SELECT id, array_id, array_index FROM jobs WHERE id = $2 AND tenant_id = $1 AND state = 'queued')
+             (SELECT 'waiting for ' || string_agg(left(p.id::text, 8) || ': ' || p.state, ', ' ORDER BY p.id)
+              FROM me JOIN job_dependencies d ON d.job_id = me.id AND d.tenant_id = $1 JOIN jobs p ON p.id = d.depends_on
+              WHERE p.state NOT IN ('succeeded', 'failed', 'cancelled')
+              HAVING count(*) > 0)
+             UNION ALL
+             (SELECT format('array %s: %s of at most %s running', left(a.array_id::text, 8), a.active, a.lim)
+              FROM me, LATERAL (SELECT array_id, max(array_limit) AS lim,
+                                       count(*) FILTER (WHERE state IN ('admitted', 'starting', 'running', 'restarting')) AS active
+                                FROM jobs WHERE tenant_id = $1 AND array_id = me.array_id AND array_limit IS NOT NULL
+                                  AND state IN ('queued', 'admitted', 'starting', 'running', 'restarting')
+                                GROUP BY array_id) a
+              WHERE (SELECT count(*) FROM jobs q WHERE q.tenant_id = $1 AND q.array_id = a.array_id
+                       AND q.state = 'queued' AND q.array_index < me.array_index) >= a.lim - a.active)
+             LIMIT 1",
+        )
+        .bind(tenant_id)
+        .bind(job_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
     /// The queued jobs the admission cycle must not take now, each with its reason: those
     /// waiting for a dependency ("waiting for 01a2b3c4: running"), and an array's jobs beyond
     /// its limit (all but the lowest indexes that fit beside those admitted or running).
