@@ -68,13 +68,19 @@ impl App {
 
     /// The delivery worker: on the leader, each second, writes the `waiting` notices that came
     /// due and sends every notice due, until `stop`. A panic in a pass is counted in the loop's
-    /// health (`/readyz`) and the next pass runs.
+    /// health (`/readyz`) and the next pass runs. `stop` cuts a pass short (shutdown stays
+    /// bounded however slow the receivers): a try cut off is not recorded and is sent again.
     pub async fn notifications_deliver(self, stop: tokio_util::sync::CancellationToken) {
         use futures::FutureExt;
         let client = webhooks::client(self.notify_allow_private);
         while !stop.is_cancelled() {
             if self.health.is_leading() {
-                match std::panic::AssertUnwindSafe(self.notifications_pass(&client)).catch_unwind().await {
+                let pass = std::panic::AssertUnwindSafe(self.notifications_pass(&client)).catch_unwind();
+                let outcome = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    outcome = pass => outcome,
+                };
+                match outcome {
                     Ok(Ok(())) => {}
                     Ok(Err(err)) => tracing::warn!("the notifications' worker: {err}"),
                     Err(panic) => self.health.panicked(crate::scheduling::health::panic_message(&*panic)),
