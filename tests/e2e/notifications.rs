@@ -288,8 +288,11 @@ async fn subscriptions_are_their_tenants_and_bad_ones_are_refused_whole() {
     // The tenant's admin sees every subscription of the tenant.
     let (_, list) = env.get("/api/v1/notifications/subscriptions", &env.admin_token).await;
     assert!(list.to_string().contains(&sub), "{list}");
-    // Alice's own list, through the CLI, never with the secret.
+    // Through the CLI: the secret once at creation; the list never shows it.
+    let added = env.yard(&alice, &["notify", "add", "http://127.0.0.1:9/hook", "--on", "waiting", "--after", "30m"]);
+    assert!(added.status.success() && stdout(&added).contains("whsec_"), "{added:?}");
     let listed = env.yard(&alice, &["notify", "ls"]);
+    assert!(stdout(&listed).contains("waiting (after 30m)"), "{listed:?}");
     assert!(listed.status.success() && stdout(&listed).contains(&sub), "{listed:?}");
     assert!(!stdout(&listed).contains("whsec_"), "{listed:?}");
 
