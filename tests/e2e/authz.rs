@@ -143,6 +143,11 @@ const EXPECTED: &[(&str, &str)] = &[
     ("PUT /api/2.0/mlflow-artifacts/artifacts/{*path}", "401 403 ok 404 ok 404"),
     // Interactive sessions: opened by members, read by the tenant, opened in a browser by the
     // session's user (here the platform admin) and the tenant's admins only.
+    // Notifications: members subscribe; a subscription is its maker's (and its tenant admins').
+    ("GET /api/v1/notifications/subscriptions", "401 403 ok ok ok 401"),
+    ("POST /api/v1/notifications/subscriptions", "401 403 ok ok ok 401"),
+    ("DELETE /api/v1/notifications/subscriptions/{id}", "401 403 404 404 ok 401"),
+    ("GET /api/v1/notifications/subscriptions/{id}/deliveries", "401 403 404 404 ok 401"),
     ("POST /api/v1/sessions", "401 403 ok ok ok 401"),
     ("GET /api/v1/sessions/{id}", "401 ok ok 404 ok 401"),
     ("POST /api/v1/sessions/{id}/link", "401 403 403 404 ok 401"),
@@ -381,6 +386,13 @@ impl World {
             let tag = json!({"experiment_id": self.mlflow_experiment, "key": "doomed", "value": "v"});
             let (status, body) = self.env.post("/api/2.0/mlflow/experiments/set-experiment-tag", &admin, &tag).await;
             assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        if route.starts_with("/api/v1/notifications/subscriptions/{id}") {
+            // Made by tenant A's admin for each caller: removing one is destructive.
+            let hook = json!({"url": "https://hooks.example.com/authz", "events": ["failed"]});
+            let (status, body) = self.env.post("/api/v1/notifications/subscriptions", &admin, &hook).await;
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            path = route.replace("{id}", body["id"].as_str().unwrap());
         }
         if route == "/api/2.0/mlflow/runs/delete-tag" {
             // The tag each caller tries to delete, set again before each (deleting is destructive).

@@ -3,6 +3,7 @@
 mod api;
 mod authz;
 mod cache_agent;
+mod chains;
 mod chaos;
 mod compare;
 mod confinement;
@@ -17,6 +18,7 @@ mod input;
 mod jobs;
 mod lineage;
 mod mlflow;
+mod notifications;
 mod operations;
 mod records;
 mod recovery;

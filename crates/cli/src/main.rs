@@ -7,6 +7,7 @@ mod code;
 mod config;
 mod datasets;
 mod experiments;
+mod notify;
 mod output;
 mod record;
 mod storage;
@@ -203,6 +204,11 @@ enum Command {
         #[command(subcommand)]
         command: storage::StorageCommand,
     },
+    /// Webhooks when your jobs end, fail, are preempted or wait too long.
+    Notify {
+        #[command(subcommand)]
+        command: notify::NotifyCommand,
+    },
     /// Your API tokens.
     Tokens {
         #[command(subcommand)]
@@ -261,6 +267,19 @@ struct SubmitArgs {
     /// Environment variables, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     env: Vec<String>,
+    /// Start only after these jobs succeed (Slurm's afterok); cancelled if one fails.
+    #[arg(long, value_name = "ID[,ID]", value_delimiter = ',')]
+    after_ok: Vec<String>,
+    /// Start only after these jobs end, however they end (afterany).
+    #[arg(long, value_name = "ID[,ID]", value_delimiter = ',')]
+    after_any: Vec<String>,
+    /// Start only after these jobs fail (afternotok); cancelled if one succeeds.
+    #[arg(long, value_name = "ID[,ID]", value_delimiter = ',')]
+    after_failed: Vec<String>,
+    /// A job array: FIRST-LAST[%MAX], e.g. 0-99%8 (the index in TRAINYARD_ARRAY_INDEX, at
+    /// most MAX at once).
+    #[arg(long, value_name = "FIRST-LAST[%MAX]")]
+    array: Option<String>,
     /// Makes a retried submit return the first job instead of a second one.
     #[arg(long)]
     idempotency_key: Option<String>,
@@ -626,13 +645,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Submit(args) if args.what_if => {
-            let submission = submission_of(args)?;
+            let after = after_of(&client, &args).await?;
+            let submission = submission_of(args, after)?;
             let schedule: Schedule = client.post("/api/v1/jobs/what-if", &submission).await?;
             what_if_answer(out, &schedule)
         }
         Command::Submit(args) => {
             let ship = (!args.no_code).then(|| args.code.clone());
-            let mut submission = submission_of(args)?;
+            let after = after_of(&client, &args).await?;
+            let mut submission = submission_of(args, after)?;
             if let Some(dir) = ship {
                 submission.code = Some(code_upload(&client, &dir).await?);
             }
@@ -835,6 +856,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Volumes { command } => storage::volumes(&client, out, command).await,
         Command::Experiment { command } => experiments::experiment(&client, out, command).await,
         Command::Storage { command } => storage::storage(&client, out, command).await,
+        Command::Notify { command } => notify::notify(&client, out, command).await,
         Command::Quota => {
             let report: QuotaReport = client.get("/api/v1/quota").await?;
             // Without any quota, the nodes say what is true instead: no GPUs here, or which.
@@ -939,7 +961,19 @@ fn split_dataset(text: &str) -> anyhow::Result<(&str, &str)> {
     text.split_once('@').ok_or_else(|| anyhow::anyhow!("{text:?}: name a dataset as NAME@VERSION"))
 }
 
-fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
+/// The jobs `--after-ok`, `--after-any`, `--after-failed` name (ids or short ids), resolved.
+async fn after_of(client: &Client, args: &SubmitArgs) -> anyhow::Result<[Vec<uuid::Uuid>; 3]> {
+    let mut resolved: [Vec<uuid::Uuid>; 3] = Default::default();
+    for (list, into) in [&args.after_ok, &args.after_any, &args.after_failed].into_iter().zip(resolved.iter_mut()) {
+        for text in list {
+            into.push(client.job_id(text).await?);
+        }
+    }
+    Ok(resolved)
+}
+
+fn submission_of(args: SubmitArgs, after: [Vec<uuid::Uuid>; 3]) -> anyhow::Result<JobSubmission> {
+    let [after_ok, after_any, after_failed] = after;
     let mut env = BTreeMap::new();
     for pair in &args.env {
         let Some((key, value)) = pair.split_once('=') else {
@@ -963,6 +997,10 @@ fn submission_of(args: SubmitArgs) -> anyhow::Result<JobSubmission> {
         time_limit_seconds: args.time,
         cache_wait_seconds: args.cache_wait,
         spare: args.spare,
+        after_ok,
+        after_any,
+        after_failed,
+        array: args.array,
     })
 }
 

@@ -12,6 +12,7 @@ use trainyard_core::api::{
 };
 
 use std::io::Write;
+use trainyard_core::job::JobState;
 
 use crate::Output;
 use trainyard_core::resources::{human_cpus, human_gpus, human_memory};
@@ -186,12 +187,42 @@ pub fn jobs_table(page: &JobPage) -> String {
     // One line a job in 80 columns: names, users and reasons give way (-o wide has them whole).
     let mut t = table(&["ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ELAPSED", "REASON"]).flexible(&[1, 2, 7]);
     let now = Utc::now();
+    // An array's queued jobs are one line, as squeue shows a pending array: `sweep[4-19]`.
+    let mut queued_of_array: std::collections::HashMap<uuid::Uuid, Vec<&Job>> = Default::default();
+    for job in page.items.iter().filter(|j| j.state == JobState::Queued) {
+        if let Some(array) = job.array_id {
+            queued_of_array.entry(array).or_default().push(job);
+        }
+    }
     for job in &page.items {
         let id = job.id.to_string();
+        let grouped = job.array_id.and_then(|a| queued_of_array.get(&a)).filter(|group| group.len() > 1);
+        if let Some(group) = grouped.filter(|_| job.state == JobState::Queued) {
+            if !std::ptr::eq(group[0], job) {
+                continue;
+            }
+            let indexes: Vec<u32> = group.iter().filter_map(|j| j.array_index).collect();
+            let (low, high) = (indexes.iter().min().copied().unwrap_or(0), indexes.iter().max().copied().unwrap_or(0));
+            t.add_row(vec![
+                id[..13].to_string(),
+                format!("{}[{low}-{high}] ({} jobs)", job.name, group.len()),
+                job.created_by.clone(),
+                job.state.to_string(),
+                (job.spec.resources.gpus * job.spec.replicas).to_string(),
+                when(job.created_at),
+                "-".into(),
+                job.reason.clone().unwrap_or_default(),
+            ]);
+            continue;
+        }
+        let name = match job.array_index {
+            Some(index) => format!("{}[{index}]", job.name),
+            None => job.name.clone(),
+        };
         t.add_row(vec![
             // The first 13 characters (the submit time to the millisecond): what `yard logs` takes.
             id[..13].to_string(),
-            job.name.clone(),
+            name,
             job.created_by.clone(),
             job.state.to_string(),
             (job.spec.resources.gpus * job.spec.replicas).to_string(),

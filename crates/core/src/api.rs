@@ -55,6 +55,11 @@ pub struct Job {
     /// lists them too.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rerun_unpinned: Vec<crate::rerun::UnpinnedInput>,
+    /// The job array it belongs to (the id of the array's first job) and its index there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_index: Option<u32>,
 }
 
 /// Run a job again (`POST /api/v1/jobs/{id}/rerun`): the recorded template (by digest),

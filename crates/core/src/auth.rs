@@ -49,6 +49,8 @@ pub enum Action {
     LogRuns,
     /// Open an interactive session (a notebook) and reach it through the proxy.
     OpenSessions,
+    /// Subscribe to notifications of your own jobs, and read or remove your subscriptions.
+    Notify,
 }
 
 impl Action {
@@ -61,6 +63,7 @@ impl Action {
             Action::ReadRuns => Role::Viewer,
             Action::LogRuns => Role::Member,
             Action::OpenSessions => Role::Member,
+            Action::Notify => Role::Member,
         }
     }
 
@@ -73,6 +76,7 @@ impl Action {
             Action::ReadRuns => "read tracked runs",
             Action::LogRuns => "create runs or log to them",
             Action::OpenSessions => "open notebooks",
+            Action::Notify => "subscribe to notifications",
         }
     }
 }

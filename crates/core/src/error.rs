@@ -127,6 +127,8 @@ pub enum ObjectKind {
     Tag,
     /// An interactive session (a notebook).
     Session,
+    /// A notification subscription.
+    Subscription,
 }
 
 impl fmt::Display for ObjectKind {
@@ -142,6 +144,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Template => "template",
             ObjectKind::Dataset => "dataset",
             ObjectKind::Session => "session",
+            ObjectKind::Subscription => "subscription",
             ObjectKind::Artifact => "artifact",
             ObjectKind::Volume => "volume",
             ObjectKind::Experiment => "experiment",

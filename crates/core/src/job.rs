@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use uuid::Uuid;
 
 use crate::Error;
 use crate::resources::{MAX_GPUS_PER_REPLICA, Resources};
@@ -86,6 +87,84 @@ pub struct JobSubmission {
     /// requeued, to resume from its checkpoint) when a job within its quota needs the room.
     #[serde(default)]
     pub spare: bool,
+    /// Start only after each of these jobs succeeded (Slurm's `afterok`); cancelled, with the
+    /// reason, once one of them fails or is cancelled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_ok: Vec<Uuid>,
+    /// Start only after each of these jobs ended, however (Slurm's `afterany`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_any: Vec<Uuid>,
+    /// Start only after each of these jobs failed (Slurm's `afternotok`); cancelled once one of
+    /// them succeeds or is cancelled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_failed: Vec<Uuid>,
+    /// A job array, `FIRST-LAST[%MAX]` (Slurm's `--array=0-99%8`): one job per index, each with
+    /// its index in `TRAINYARD_ARRAY_INDEX`, at most `MAX` of them admitted at once. The answer
+    /// is the first job (an idempotency key is its own; a replay answers it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<String>,
+}
+
+/// What a chained job waits for of one of its dependencies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterKind {
+    Ok,
+    Any,
+    Failed,
+}
+
+impl AfterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AfterKind::Ok => "ok",
+            AfterKind::Any => "any",
+            AfterKind::Failed => "failed",
+        }
+    }
+}
+
+/// A job array's indexes and how many may be admitted at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArraySpec {
+    pub first: u32,
+    pub last: u32,
+    pub limit: Option<u32>,
+}
+
+/// The most jobs one array holds, and the most dependencies one job has.
+pub const MAX_ARRAY_JOBS: u32 = 1000;
+pub const MAX_DEPENDENCIES: usize = 100;
+
+impl ArraySpec {
+    /// `FIRST-LAST[%MAX]` or `INDEX[%MAX]`, with at most [`MAX_ARRAY_JOBS`] indexes.
+    pub fn parse(text: &str) -> Result<ArraySpec, String> {
+        let shape = || format!("{text:?} is not FIRST-LAST[%MAX], e.g. 0-99%8");
+        let (range, limit) = match text.split_once('%') {
+            Some((range, limit)) => (range, Some(limit.parse::<u32>().map_err(|_| shape())?)),
+            None => (text, None),
+        };
+        let (first, last) = match range.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().map_err(|_| shape())?, b.parse::<u32>().map_err(|_| shape())?),
+            None => {
+                let one = range.parse::<u32>().map_err(|_| shape())?;
+                (one, one)
+            }
+        };
+        if first > last {
+            return Err(format!("{text:?}: the first index is after the last"));
+        }
+        if last - first >= MAX_ARRAY_JOBS {
+            return Err(format!("{text:?}: at most {MAX_ARRAY_JOBS} jobs in one array"));
+        }
+        if limit == Some(0) {
+            return Err(format!("{text:?}: %0 would never run any"));
+        }
+        Ok(ArraySpec { first, last, limit })
+    }
+
+    pub fn indexes(&self) -> std::ops::RangeInclusive<u32> {
+        self.first..=self.last
+    }
 }
 
 fn one() -> u32 {
@@ -184,6 +263,10 @@ pub struct ValidSubmission {
     pub datasets: Vec<crate::api::DatasetUse>,
     /// For a rerun: the job it runs again, what it changed and the unpinned inputs accepted.
     pub rerun: Option<crate::rerun::RerunLink>,
+    /// The jobs it starts after, and what of each it waits for.
+    pub after: Vec<(Uuid, AfterKind)>,
+    /// A job array: one job per index.
+    pub array: Option<ArraySpec>,
 }
 
 impl JobSubmission {
@@ -265,6 +348,22 @@ impl JobSubmission {
         {
             problems.add("idempotency_key", format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} printable characters"));
         }
+        let mut after: Vec<(Uuid, AfterKind)> = (self.after_ok.iter().map(|id| (*id, AfterKind::Ok)))
+            .chain(self.after_any.iter().map(|id| (*id, AfterKind::Any)))
+            .chain(self.after_failed.iter().map(|id| (*id, AfterKind::Failed)))
+            .collect();
+        after.dedup();
+        if after.len() > MAX_DEPENDENCIES {
+            problems.add("after_ok", format!("at most {MAX_DEPENDENCIES} dependencies in all"));
+        }
+        let array = match self.array.as_deref().map(ArraySpec::parse) {
+            None => None,
+            Some(Ok(array)) => Some(array),
+            Some(Err(message)) => {
+                problems.add("array", message);
+                None
+            }
+        };
         problems.into_result()?;
         let name = match self.name {
             Some(name) => name,
@@ -294,6 +393,8 @@ impl JobSubmission {
             expected_runtime_seconds: self.time_limit_seconds,
             datasets: Vec::new(),
             rerun: None,
+            after,
+            array,
         })
     }
 }
@@ -474,6 +575,15 @@ impl std::fmt::Display for JobState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_array_is_first_last_and_at_most() {
+        assert_eq!(ArraySpec::parse("0-99%8"), Ok(ArraySpec { first: 0, last: 99, limit: Some(8) }));
+        assert_eq!(ArraySpec::parse("7"), Ok(ArraySpec { first: 7, last: 7, limit: None }));
+        for bad in ["", "a-b", "5-2", "0-99%0", "0-5000", "1-2%x"] {
+            assert!(ArraySpec::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     fn submission(json: serde_json::Value) -> Result<ValidSubmission, Error> {
         serde_json::from_value::<JobSubmission>(json).map_err(|e| Error::invalid("body", e.to_string()))?.validate()

@@ -19,6 +19,7 @@ pub mod experiments;
 pub mod job;
 pub mod lineage;
 pub mod names;
+pub mod notifications;
 pub mod record;
 pub mod rerun;
 pub mod resources;

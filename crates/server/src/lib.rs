@@ -23,6 +23,7 @@ pub mod oidc;
 pub mod scheduling;
 pub mod storage;
 pub mod templates;
+pub mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -100,6 +101,12 @@ impl Server {
         self
     }
 
+    /// Lets notification webhooks go to loopback and private addresses (see [`webhooks`]).
+    pub fn with_notify_allow_private(mut self, allow: bool) -> Server {
+        self.state.app.notify_allow_private_set(allow);
+        self
+    }
+
     /// Turns single sign-on on (with `Some`).
     pub fn with_oidc(mut self, oidc: Option<oidc::Oidc>) -> Server {
         self.state.app.oidc_set(oidc.map(Arc::new));
@@ -126,6 +133,7 @@ impl Server {
         let token = state.shutdown.clone();
         let reconciler_task = tokio::spawn(reconciler.run(token.clone()));
         let experiments_task = tokio::spawn(state.app.clone().experiments_drive(token.clone()));
+        let notifications_task = tokio::spawn(state.app.clone().notifications_deliver(token.clone()));
 
         let signal_token = token.clone();
         let http_shutdown = async move {
@@ -146,6 +154,7 @@ impl Server {
         token.cancel();
         let _ = reconciler_task.await;
         let _ = experiments_task.await;
+        let _ = notifications_task.await;
         store.close().await;
         served
     }

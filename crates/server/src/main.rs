@@ -148,6 +148,11 @@ enum Command {
         /// is today instead of refusing it at submit.
         #[arg(long)]
         cluster_grows: bool,
+        /// Let notification webhooks go to loopback, private and link-local addresses (a
+        /// receiver inside the cluster's network). Off by default: a tenant's subscription
+        /// could otherwise reach services only the server can (cloud metadata, databases).
+        #[arg(long)]
+        notify_allow_private_addresses: bool,
         /// A file holding the bearer token Prometheus scrapes `/metrics` with. Without it (or
         /// when the file is missing) only platform admins' API tokens read the metrics.
         #[arg(long, env = "TRAINYARD_METRICS_TOKEN_FILE")]
@@ -287,6 +292,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             restart_backoff_seconds,
             launch_concurrency,
             cluster_grows,
+            notify_allow_private_addresses,
             metrics_token_file,
             builtin_templates_dir,
         } => {
@@ -313,6 +319,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             .with_oidc(oidc)
             .with_cluster_grows(cluster_grows)
+            .with_notify_allow_private(notify_allow_private_addresses)
             .with_metrics_token(metrics_token(metrics_token_file.as_deref())?);
             let listener = TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             // Tests and scripts read this line to find the port when listening on port 0.

@@ -156,6 +156,13 @@ impl Storage {
         replica_token_parts(&self.signer, token)
     }
 
+    /// The HMAC key a notification subscription's webhooks are signed with: derived from the
+    /// signing key and the subscription's id, so no table holds it.
+    pub(crate) fn notification_key(&self, subscription: uuid::Uuid) -> Vec<u8> {
+        let derived = self.signer.derived_secret(&format!("notification-subscription:{subscription}"));
+        hex::decode(derived).expect("a derived secret is hex")
+    }
+
     pub(crate) fn volume_dir(&self, tenant_id: Uuid, name: &str) -> PathBuf {
         self.tenant_volumes_dir(tenant_id).join(name)
     }

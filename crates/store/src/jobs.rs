@@ -10,7 +10,7 @@ use trainyard_core::{Error, Result};
 use uuid::Uuid;
 
 use crate::audit::{self, Audit, Outcome};
-use crate::{Store, db_error};
+use crate::{Store, db_error, violated_constraint};
 
 /// Filters and paging of a job listing.
 #[derive(Debug, Clone, Default)]
@@ -42,7 +42,7 @@ macro_rules! job_select {
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
                     j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params, j.datasets,
-                    j.rerun_of, j.rerun_overrides, j.rerun_unpinned
+                    j.rerun_of, j.rerun_overrides, j.rerun_unpinned, j.array_id, j.array_index
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
             $rest
         )
@@ -93,6 +93,8 @@ pub(crate) struct JobRow {
     rerun_of: Option<Uuid>,
     rerun_overrides: Option<serde_json::Value>,
     rerun_unpinned: Option<serde_json::Value>,
+    array_id: Option<Uuid>,
+    array_index: Option<i32>,
 }
 
 impl TryFrom<JobRow> for Job {
@@ -138,6 +140,8 @@ impl TryFrom<JobRow> for Job {
                 .transpose()
                 .map_err(Error::internal)?
                 .unwrap_or_default(),
+            array_id: row.array_id,
+            array_index: row.array_index.map(|i| i as u32),
         })
     }
 }
@@ -178,24 +182,43 @@ impl Store {
             }
             _ => None,
         };
-        // The job and its audit entry in one statement (one round trip, one transaction). A
-        // rerun's original was read for this tenant by the caller.
+        type Inserted = (Uuid, DateTime<Utc>, DateTime<Utc>);
+        // One job, or one per index of an array (its index in TRAINYARD_ARRAY_INDEX; the key
+        // on the first only), each with its dependencies.
+        let indexes: Vec<Option<i32>> = match job.array {
+            Some(array) => array.indexes().map(|i| Some(i as i32)).collect(),
+            None => vec![None],
+        };
+        let ids: Vec<Uuid> = indexes.iter().map(|_| Uuid::now_v7()).collect();
+        let (after_ids, after_kinds): (Vec<Uuid>, Vec<&str>) =
+            job.after.iter().map(|(id, k)| (*id, k.as_str())).unzip();
+        // The jobs, their dependencies and audit entries in one statement (one round trip, one
+        // transaction). A rerun's original was read for this tenant by the caller. A used
+        // idempotency key fails the whole statement (jobs_idempotency_key_unique): replayed below.
         // language=PostgreSQL
-        let inserted: Option<(Uuid, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        let inserted: std::result::Result<Vec<Inserted>, sqlx::Error> = sqlx::query_as(
             "WITH job AS (
                  INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
                                    idempotency_key, request_hash, created_by,
                                    template_name, template_version, template_digest, params, expected_runtime_seconds,
-                                   datasets, rerun_of, rerun_overrides, rerun_unpinned)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $21, $22, $23)
-                 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+                                   datasets, rerun_of, rerun_overrides, rerun_unpinned, array_id, array_index, array_limit)
+                 SELECT u.id, $2, $3,
+                        CASE WHEN u.idx IS NULL THEN $4
+                             ELSE jsonb_set($4, '{env,TRAINYARD_ARRAY_INDEX}', to_jsonb(u.idx::text)) END,
+                        $5, $6, $7, CASE WHEN u.ord = 1 THEN $8 END, $9, $10, $11, $12, $13, $14, $15, $16, $21, $22, $23,
+                        CASE WHEN u.idx IS NOT NULL THEN ($1::uuid[])[1] END, u.idx, $26
+                 FROM unnest($1::uuid[], $24::int[]) WITH ORDINALITY AS u(id, idx, ord)
+                 ORDER BY u.ord
                  RETURNING id, created_at, updated_at),
+             deps AS (
+                 INSERT INTO job_dependencies (job_id, tenant_id, depends_on, kind)
+                 SELECT job.id, $2, d.id, d.kind FROM job, unnest($25::uuid[], $27::text[]) AS d(id, kind)),
              audited AS (
                  INSERT INTO audit_log (tenant_id, tenant, actor, user_id, credential, action, target, outcome, source)
                  SELECT $2, $17, $7, $10, $18, $19, 'job:' || job.id, 'ok', $20::inet FROM job)
              SELECT id, created_at, updated_at FROM job",
         )
-        .bind(Uuid::now_v7())
+        .bind(&ids)
         .bind(caller.tenant_id)
         .bind(&job.name)
         .bind(&spec)
@@ -218,9 +241,20 @@ impl Store {
         .bind(rerun.as_ref().map(|link| link.of))
         .bind(rerun.as_ref().and_then(|link| link.overrides.as_ref()))
         .bind(&unpinned)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db_error)?;
+        .bind(&indexes)
+        .bind(&after_ids)
+        .bind(job.array.and_then(|a| a.limit).map(|l| l as i32))
+        .bind(&after_kinds)
+        .fetch_all(&self.pool)
+        .await;
+        let inserted = match inserted {
+            Ok(rows) => rows.into_iter().find(|row| row.0 == ids[0]),
+            Err(err) if violated_constraint(&err) == Some("jobs_idempotency_key_unique") => None,
+            Err(err) if violated_constraint(&err) == Some("job_dependencies_same_tenant") => {
+                return Err(Error::invalid("after_ok", "names a job that is not one of your tenant's"));
+            }
+            Err(err) => return Err(db_error(err)),
+        };
 
         if let Some((id, created_at, updated_at)) = inserted {
             return Ok(Submitted::Created(Job {
@@ -246,6 +280,8 @@ impl Store {
                 rerun_of: rerun.as_ref().map(|link| link.of),
                 rerun_overrides: rerun.as_ref().and_then(|link| link.overrides.clone()),
                 rerun_unpinned: rerun.map(|link| link.unpinned).unwrap_or_default(),
+                array_id: job.array.map(|_| id),
+                array_index: job.array.map(|a| a.first),
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.

@@ -21,6 +21,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod audit;
+pub mod chains;
 pub mod datasets;
 pub mod embedded;
 pub mod experiments;
@@ -28,6 +29,7 @@ pub mod interactive;
 pub mod jobs;
 pub mod lineage;
 pub mod metrics;
+pub mod notifications;
 pub mod reconcile;
 pub mod records;
 pub mod sessions;

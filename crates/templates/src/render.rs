@@ -74,6 +74,10 @@ impl Template {
             time_limit_seconds: None,
             cache_wait_seconds: None,
             spare: false,
+            after_ok: Vec::new(),
+            after_any: Vec::new(),
+            after_failed: Vec::new(),
+            array: None,
         }
         .validate()?;
         let mut spec = valid.spec;

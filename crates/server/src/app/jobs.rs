@@ -45,6 +45,7 @@ impl App {
                 code.size_bytes = self.code_size(caller.tenant_id, &code.digest).await?;
             }
             self.fits_cluster(&valid.spec)?;
+            self.dependencies_check(caller, &valid.after).await?;
             let submitted = self.store.job_submit(caller, valid, None, &request_hash, &audit).await?;
             if matches!(submitted, Submitted::Created(_)) {
                 self.scheduling_changed();
@@ -52,6 +53,26 @@ impl App {
             Ok(submitted)
         })
         .await
+    }
+
+    /// Every dependency of a chained job is a job of the caller's tenant; each that is not is
+    /// named, with its field, at once.
+    async fn dependencies_check(
+        &self,
+        caller: &Caller,
+        after: &[(Uuid, trainyard_core::job::AfterKind)],
+    ) -> Result<()> {
+        if after.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<Uuid> = after.iter().map(|(id, _)| *id).collect();
+        let found: std::collections::HashSet<Uuid> =
+            self.store.jobs_get_many(caller.tenant_id, &ids).await?.into_iter().map(|j| j.id).collect();
+        let mut problems = trainyard_core::error::Problems::default();
+        for (id, kind) in after.iter().filter(|(id, _)| !found.contains(id)) {
+            problems.add(format!("after_{}", kind.as_str()), format!("no job {id} in your tenant"));
+        }
+        problems.into_result()
     }
 
     pub async fn jobs_list(&self, caller: &Caller, filter: &JobFilter) -> Result<JobPage> {

@@ -25,6 +25,7 @@ pub mod jobs;
 pub mod lineage;
 pub mod log_mask;
 pub mod logs;
+pub mod notifications;
 pub mod records;
 pub mod scheduling;
 pub mod sso;
@@ -85,6 +86,8 @@ pub struct App {
     /// Unfinished experiments' searchers and the events each has taken, so that a pass applies
     /// only what is new (in memory only; rebuilt from the events after a restart).
     searches: Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, (trainyard_searcher::Search, u32)>>>,
+    /// Webhooks may go to loopback and private addresses (`--notify-allow-private-addresses`).
+    notify_allow_private: bool,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -120,6 +123,7 @@ impl App {
             manifests: Default::default(),
             experiments_wake: Default::default(),
             searches: Default::default(),
+            notify_allow_private: false,
         }
     }
 

@@ -38,7 +38,14 @@ impl App {
     fn board_input(&self) -> impl Future<Output = Result<BoardInput>> + Send + 'static {
         let (store, executor) = (self.store.clone(), Arc::clone(&self.executor));
         async move {
-            let jobs = store.jobs_unfinished().await?.jobs;
+            let mut jobs = store.jobs_unfinished().await?.jobs;
+            // Chained and arrays' jobs the leader holds out of the cycle are not on the board
+            // either (no place, no estimate; their schedule says why: `App::job_schedule`).
+            let held: std::collections::HashSet<Uuid> =
+                store.jobs_held().await?.into_iter().map(|(id, _)| id).collect();
+            if !held.is_empty() {
+                jobs.retain(|j| !held.contains(&j.id));
+            }
             let snapshot =
                 crate::scheduling::snapshot::snapshot_now(&store, executor.as_ref(), &jobs, &Default::default())
                     .await?;
@@ -80,6 +87,19 @@ impl App {
         let job = self.store.job_get(caller.tenant_id, job_id).await?;
         if job.state != trainyard_core::job::JobState::Queued {
             return Ok(None);
+        }
+        if let Some(held) = self.store.job_hold_reason(caller.tenant_id, job_id).await? {
+            // No estimate: when its dependencies end is not known (the estimate does not run
+            // down the chain yet).
+            return Ok(Some(Schedule {
+                admitted_now: false,
+                reason: Some(held),
+                tenant_position: None,
+                cluster_position: None,
+                behind_higher_priority: 0,
+                estimated_start: None,
+                cached_on: None,
+            }));
         }
         let mut board = self.schedule.get(|| self.board_input()).await?;
         if board.standing(job_id).is_none() {

@@ -222,6 +222,10 @@ impl App {
             time_limit_seconds: None,
             cache_wait_seconds: run.cache_wait_seconds,
             spare: run.spare,
+            after_ok: Vec::new(),
+            after_any: Vec::new(),
+            after_failed: Vec::new(),
+            array: None,
         }
         .validate()?;
         valid.spec.template = spec.template;
@@ -449,6 +453,10 @@ impl App {
                     time_limit_seconds: original.spec.time_limit_seconds,
                     cache_wait_seconds: original.spec.cache_wait_seconds,
                     spare: original.spec.spare,
+                    after_ok: Vec::new(),
+                    after_any: Vec::new(),
+                    after_failed: Vec::new(),
+                    array: None,
                 };
                 if request.what_if {
                     return Ok(RerunOutcome::WhatIf(self.job_what_if(caller, submission).await?));

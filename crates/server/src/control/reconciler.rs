@@ -1039,6 +1039,32 @@ impl Reconciler {
     /// preemption victims to stop, and keeps every waiting job's reason current. Returns the jobs
     /// admitted in this pass, as admitted (their flavor and nodes set). Jobs whose rows do not
     /// decode (`unhandled`) count with what they hold, as far as their stored spec tells.
+    /// Chains and arrays (`store/src/chains.rs`), before the cycle: cancels the queued jobs
+    /// whose dependency can never be met, and returns them with those that sit this cycle out
+    /// (a dependency not met yet, or beyond their array's limit), whose reasons it sets.
+    async fn chains_hold(&mut self, jobs: &[Arc<UnfinishedJob>]) -> Result<HashSet<Uuid>> {
+        let by_id: FxHashMap<Uuid, &UnfinishedJob> = jobs.iter().map(|j| (j.id, &**j)).collect();
+        let mut held: HashSet<Uuid> = self.store.jobs_dependency_doomed_cancel().await?.into_iter().collect();
+        if !held.is_empty() {
+            self.board.changed();
+        }
+        for job in held.iter().filter_map(|id| by_id.get(id)) {
+            self.monitoring.job_finished(&job.tenant, "cancelled");
+        }
+        let (ids, reasons): (Vec<Uuid>, Vec<String>) = self
+            .store
+            .jobs_held()
+            .await?
+            .into_iter()
+            .filter(|(id, _)| held.insert(*id))
+            .filter(|(id, reason)| by_id.get(id).is_some_and(|j| j.reason.as_deref() != Some(reason.as_str())))
+            .unzip();
+        if !ids.is_empty() {
+            self.store.job_pending_reasons_set(&ids, &reasons).await?;
+        }
+        Ok(held)
+    }
+
     async fn admit(
         &mut self,
         jobs: &[Arc<UnfinishedJob>],
@@ -1049,6 +1075,14 @@ impl Reconciler {
             self.monitoring.pending_jobs.clear();
             return Ok(Vec::new());
         }
+        let held = self.chains_hold(jobs).await?;
+        let gated: Vec<Arc<UnfinishedJob>>;
+        let jobs: &[Arc<UnfinishedJob>] = if held.is_empty() {
+            jobs
+        } else {
+            gated = jobs.iter().filter(|j| !held.contains(&j.id)).cloned().collect();
+            &gated
+        };
         let mut snapshot = snapshot_now(&self.store, self.executor.as_ref(), jobs, ended).await?;
         let default_node = snapshot.nodes.first().map(|n| n.name.clone()).unwrap_or_else(|| LOCAL_NODE.into());
         snapshot.running.extend(unhandled.iter().filter_map(|j| running_unreadable(j, &default_node)));

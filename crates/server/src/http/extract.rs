@@ -211,6 +211,17 @@ pub struct JobId(pub Uuid);
 /// The `{id}` of a token route, parsed (404 when malformed).
 pub struct TokenId(pub Uuid);
 
+/// The `{id}` of a notification subscription's route, parsed (404 when malformed).
+pub struct SubscriptionId(pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for SubscriptionId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        id_param(parts, state, ObjectKind::Subscription).await.map(SubscriptionId)
+    }
+}
+
 /// The `{id}` of an experiment route, parsed (404 when malformed).
 pub struct ExperimentId(pub Uuid);
 

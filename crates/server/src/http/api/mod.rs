@@ -12,6 +12,7 @@ pub mod jobs;
 mod lineage;
 mod logs;
 mod metrics;
+mod notifications;
 mod records;
 mod scheduling;
 mod storage;
@@ -106,6 +107,12 @@ fn storage_routes() -> RouteTable {
         .route("/api/v1/experiments/{id}/ask", post(experiments::experiment_ask))
         .route("/api/v1/experiments/{id}/tell", post(experiments::experiment_tell))
         .route("/api/v1/admin/tenants/{tenant}/storage", put(storage::storage_policy_put))
+        .route(
+            "/api/v1/notifications/subscriptions",
+            get(notifications::subscriptions_list).post(notifications::subscription_create),
+        )
+        .route("/api/v1/notifications/subscriptions/{id}", delete(notifications::subscription_delete))
+        .route("/api/v1/notifications/subscriptions/{id}/deliveries", get(notifications::subscription_deliveries))
 }
 
 #[derive(OpenApi)]
@@ -162,6 +169,10 @@ fn storage_routes() -> RouteTable {
         tokens::tokens_list,
         tokens::token_create,
         tokens::token_revoke,
+        notifications::subscription_create,
+        notifications::subscriptions_list,
+        notifications::subscription_delete,
+        notifications::subscription_deliveries,
         admin::tenants_list,
         admin::tenant_create,
         admin::tenant_remove,
@@ -198,6 +209,7 @@ fn storage_routes() -> RouteTable {
         (name = "scheduling", description = "Quotas, the queue, nodes, queue positions, start estimates, what-if"),
         (name = "experiments", description = "Hyperparameter searches whose trials are jobs: grid, random, successive halving"),
         (name = "tokens", description = "Your identity and API tokens"),
+        (name = "notifications", description = "Webhooks when jobs end, fail, are preempted or wait too long"),
         (name = "admin", description = "Tenants and members"),
         (name = "health", description = "Liveness and readiness"),
         (name = "sessions", description = "Interactive sessions (notebooks): opened as jobs, reached through the proxy at /sessions/{id}/"),
