@@ -449,3 +449,104 @@ async fn a_second_preemptor_does_not_wait_on_the_room_promised_to_the_first() {
         assert_eq!(job["state"], "running", "a's victims are still stopping: {job}");
     }
 }
+
+/// Start estimates say what they assume (issue #43): with no history, a running job's end is
+/// guessed from the platform's default and the waiting job's schedule says so, naming the job it
+/// waits for; after three runs of the same kind, the median of those runs, and the estimate
+/// moves from an hour away to now. A what-if that would preempt says so and expects to start
+/// within the grace period, not when the victim would have ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn estimates_say_what_they_assume_and_name_the_job_they_wait_for() {
+    let env = TestEnv::start_with(&["--simulate-gpus", "1", "--simulate-gpu-type", GPU]).await;
+    let admin = env.admin_token.clone();
+    assert_eq!(env.post("/api/v1/admin/tenants", &admin, &json!({"name": "team-a"})).await.0, StatusCode::CREATED);
+    let quota = env.yard(&admin, &["admin", "quota", "set", "team-a", GPU, "--nominal", "1"]);
+    assert!(quota.status.success(), "{}", stderr(&quota));
+    let alice = env.member("team-a", "alice", "member").await;
+    let submit = |name: &'static str, seconds: u32| {
+        json!({"name": name, "command": ["sleep", seconds.to_string()],
+               "resources": {"gpus": 1, "cpu": 0.1, "memory": "64Mi"}})
+    };
+    let schedule_of = |id: String| {
+        let env = &env;
+        let alice = alice.clone();
+        async move {
+            let (status, schedule) = env.get(&format!("/api/v1/jobs/{id}/schedule"), &alice).await;
+            assert_eq!(status, StatusCode::OK, "{schedule}");
+            schedule
+        }
+    };
+
+    // No history: the running job is assumed to take the platform's default hour.
+    let (_, first) = env.post("/api/v1/jobs", &alice, &submit("long-run", 600)).await;
+    let first = first["id"].as_str().unwrap().to_string();
+    wait_running(&env, &alice, &first).await;
+    let (_, waiting) = env.post("/api/v1/jobs", &alice, &submit("waiter", 1)).await;
+    let waiting = waiting["id"].as_str().unwrap().to_string();
+    let schedule = schedule_of(waiting.clone()).await;
+    let blocker = &schedule["waits_for"][0];
+    assert_eq!(blocker["job"], first.as_str(), "the waiting job names the job it waits for: {schedule:#}");
+    assert_eq!(blocker["name"], "long-run");
+    assert_eq!(blocker["state"], "running");
+    assert_eq!(
+        blocker["assuming"], "assuming 1h, the platform's default (no history, no declared run time)",
+        "{schedule:#}"
+    );
+    let start: chrono::DateTime<chrono::Utc> = schedule["estimated_start"].as_str().unwrap().parse().unwrap();
+    let ahead = start - chrono::Utc::now();
+    assert!(ahead > chrono::Duration::minutes(55), "about an hour away: {schedule:#}");
+    // The CLI says it too, with the short id the CLI prints everywhere.
+    let shown = stdout(&env.yard(&alice, &["jobs", "show", &waiting]));
+    assert!(
+        shown.contains(&format!(
+            "after:    job {} long-run (running; assuming 1h, the platform's default",
+            &first[..13]
+        )),
+        "{shown}"
+    );
+
+    // Three short runs of the same kind by the same user make a history.
+    let (status, _) = env.post(&format!("/api/v1/jobs/{first}/cancel"), &alice, &json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    env.wait_job_as(&alice, &waiting, Duration::from_secs(60), |j| j["state"] == "succeeded").await;
+    for _ in 0..3 {
+        let (_, run) = env.post("/api/v1/jobs", &alice, &submit("quick", 2)).await;
+        let run = run["id"].as_str().unwrap().to_string();
+        env.wait_job_as(&alice, &run, Duration::from_secs(60), |j| j["state"] == "succeeded").await;
+    }
+    let (_, fourth) = env.post("/api/v1/jobs", &alice, &submit("quick", 600)).await;
+    let fourth = fourth["id"].as_str().unwrap().to_string();
+    wait_running(&env, &alice, &fourth).await;
+    let (_, next) = env.post("/api/v1/jobs", &alice, &submit("after-quick", 1)).await;
+    let next = next["id"].as_str().unwrap().to_string();
+    let schedule = schedule_of(next.clone()).await;
+    let assuming = schedule["waits_for"][0]["assuming"].as_str().unwrap_or_default().to_string();
+    assert!(
+        assuming.contains("the median of the last 3 runs of jobs named quick on 1 x 1 GPU by the same user"),
+        "{schedule:#}"
+    );
+    assert_eq!(schedule["waits_for"][0]["job"], fourth.as_str());
+    let start: chrono::DateTime<chrono::Utc> = schedule["estimated_start"].as_str().unwrap().parse().unwrap();
+    assert!(start - chrono::Utc::now() < chrono::Duration::minutes(1), "the history says a few seconds: {schedule:#}");
+    // The waiting job's own guess: nothing known of "after-quick".
+    assert_eq!(schedule["runtime_assumed"], "assuming 1h, the platform's default (no history, no declared run time)");
+
+    // A job on spare room of a tenant without quota holds the GPU once team-a's jobs are gone;
+    // team-a's what-if would preempt it and start within the grace period.
+    for id in [&fourth, &next] {
+        env.post(&format!("/api/v1/jobs/{id}/cancel"), &alice, &json!({})).await;
+    }
+    let spare = json!({"name": "spare", "command": ["sleep", "600"], "spare": true,
+                       "resources": {"gpus": 1, "cpu": 0.1, "memory": "64Mi"}});
+    let (status, spare) = env.post("/api/v1/jobs", &admin, &spare).await;
+    assert_eq!(status, StatusCode::CREATED, "{spare}");
+    env.wait_job_as(&admin, spare["id"].as_str().unwrap(), Duration::from_secs(60), |j| j["state"] == "running").await;
+    let (status, what_if) = env.post("/api/v1/jobs/what-if", &alice, &submit("preemptor", 60)).await;
+    assert_eq!(status, StatusCode::OK, "{what_if}");
+    assert_eq!(what_if["would_preempt"], 1, "{what_if:#}");
+    let start: chrono::DateTime<chrono::Utc> = what_if["estimated_start"].as_str().unwrap().parse().unwrap();
+    assert!(start - chrono::Utc::now() <= chrono::Duration::seconds(12), "within the grace period: {what_if:#}");
+    let said = env
+        .yard(&alice, &["submit", "--what-if", "--gpus", "1", "--cpu", "0.1", "--memory", "64Mi", "--", "sleep", "60"]);
+    assert!(stdout(&said).contains("once the job it preempts has stopped"), "{}{}", stdout(&said), stderr(&said));
+}

@@ -737,8 +737,26 @@ pub fn schedule(schedule: &Schedule) -> String {
         text.push('\n');
     }
     match schedule.estimated_start {
+        Some(at) if schedule.would_preempt > 0 => text.push_str(&format!(
+            "estimate: starts around {}, once the {} stopped\n",
+            when(at),
+            match schedule.would_preempt {
+                1 => "job it preempts has".to_string(),
+                n => format!("{n} jobs it preempts have"),
+            }
+        )),
         Some(at) => text.push_str(&format!("estimate: starts around {}\n", when(at))),
         None => text.push_str("estimate: no start within the horizon of running jobs' expected ends\n"),
+    }
+    for (i, blocker) in schedule.waits_for.iter().enumerate() {
+        let label = if i == 0 { "after:   " } else { "         " };
+        text.push_str(&format!("{label} {blocker}\n"));
+    }
+    if schedule.waits_for_more > 0 {
+        text.push_str(&format!("          and {} more ending then\n", schedule.waits_for_more));
+    }
+    if let Some(assumed) = &schedule.runtime_assumed {
+        text.push_str(&format!("runtime:  {assumed}\n"));
     }
     text + &data
 }

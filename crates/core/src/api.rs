@@ -460,7 +460,7 @@ pub struct TenantPolicyUpdate {
 }
 
 /// Where a waiting job stands: why it waits, its positions, and when it should start.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct Schedule {
     /// Admitted by the very next admission cycle.
     pub admitted_now: bool,
@@ -477,6 +477,68 @@ pub struct Schedule {
     /// their shard cache (the scheduler prefers them; it never waits for them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_on: Option<CacheLocality>,
+    /// What the estimates assume this job's own run time is (jobs behind it wait on its end):
+    /// "assuming 12 min, the median of the last 9 runs of pytorch-ddp on 1 x 1 GPU by the same
+    /// user", "assuming 1h, the default of the template pytorch-ddp".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_assumed: Option<String>,
+    /// The jobs whose expected end its estimated start waits for (at most
+    /// [`Schedule::WAITS_FOR_SHOWN`]), each with what its run time is assumed to be. Not filled
+    /// in the queue's entries (`GET /queue`): only in a job's own schedule.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_for: Vec<Blocker>,
+    /// How many more jobs end at that instant than `waits_for` lists.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waits_for_more: usize,
+    /// A what-if only: running jobs it would preempt; it would start once they have stopped
+    /// (within their grace period), which `estimated_start` assumes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub would_preempt: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl Schedule {
+    /// Blockers listed at most in `waits_for`.
+    pub const WAITS_FOR_SHOWN: usize = 5;
+}
+
+/// A job a waiting job's estimated start waits on: it is expected to end then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Blocker {
+    /// The job, when it is of the waiting job's own tenant (another tenant's jobs are not named).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its tenant, when another's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// `running` (or starting, stopping...) or `queued`: a queued job ahead of it starts and
+    /// ends first.
+    pub state: String,
+    /// What its run time is assumed to be.
+    pub assuming: String,
+}
+
+/// "job 019ad1c2-7f3e train-x (running; assuming 12 min, ...)", "a job of team-b (running; ...)"
+impl std::fmt::Display for Blocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.job, &self.tenant) {
+            (Some(job), _) => {
+                // The short id the CLI prints and every id argument takes.
+                write!(f, "job {}", &job.to_string()[..13])?;
+                if let Some(name) = &self.name {
+                    write!(f, " {name}")?;
+                }
+            }
+            (None, Some(tenant)) => write!(f, "a job of tenant {tenant}")?,
+            (None, None) => write!(f, "a job")?,
+        }
+        write!(f, " ({}; {})", self.state, self.assuming)
+    }
 }
 
 /// How many of the cluster's nodes hold a job's data in their shard cache.

@@ -16,6 +16,17 @@
 //! on a machine that starts processes or pods at that rate); an admitted job holds its quota
 //! while it waits for its turn (0, the default: no limit).
 //!
+//! `--runtimes declared|default|history` (issue 43: how good start estimates are): what the
+//! scheduler is told of run times. `declared` (the default): each job's true duration, as if
+//! every job declared it exactly; `default`: nothing (the platform's default of one hour, as
+//! for a job without a declared run time); `history`: the median of its tenant's last runs of
+//! its class (`trainyard_scheduler::history`), else the default.
+//! `--estimate-every N`: at every Nth arrival, the start estimates (`estimate_starts`) of every
+//! waiting job not estimated before are taken, and at the end compared with when each started:
+//! p50 and p90 of |actual - estimated|. `--time-scale K` multiplies every time of the workload
+//! by K (the scheduler counts whole seconds: Kueue's sub-second jobs need K = 1000 to be
+//! estimated at all); figures are printed back in the workload's own time.
+//!
 //! `kueue-baseline` is Kueue's published performance scenario (see docs/PERFORMANCE.md), each
 //! cohort on three 40-unit nodes of its own; `kueue-baseline-one-node` the same on one node of
 //! 600 units that every cohort shares (the layout of the local executor's replay). A
@@ -27,8 +38,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use serde::Deserialize;
+use trainyard_scheduler::history::{RuntimeFacts, guess_runtime};
 use trainyard_scheduler::{
-    Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy, admission_cycle,
+    Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy, admission_cycle, estimate_starts,
 };
 use uuid::Uuid;
 
@@ -142,12 +154,30 @@ fn main() {
         0 => 0,
         rate => 1_000_000 / rate,
     };
-    let workload = if arg == "kueue-baseline" || arg == "kueue-baseline-one-node" {
+    let mut workload = if arg == "kueue-baseline" || arg == "kueue-baseline-one-node" {
         kueue_baseline(arg == "kueue-baseline-one-node")
     } else {
         let text = std::fs::read_to_string(&arg).unwrap_or_else(|e| panic!("{arg}: {e}"));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{arg}: not a workload: {e}"))
     };
+    let scale = option("--time-scale").max(1);
+    for job in &mut workload.jobs {
+        job.arrival_ms *= scale;
+        job.duration_ms *= scale;
+    }
+    let (stop_ms, pass_ms, launch_ms) = (stop_ms * scale, pass_ms * scale, launch_ms * scale);
+    let launch_every_us = launch_every_us * scale;
+    let estimate_every = option("--estimate-every").max(0) as usize;
+    let runtimes = args
+        .iter()
+        .position(|a| a == "--runtimes")
+        .and_then(|i| args.get(i + 1))
+        .map_or("declared", String::as_str)
+        .to_string();
+    assert!(
+        ["declared", "default", "history"].contains(&runtimes.as_str()),
+        "--runtimes takes declared, default or history"
+    );
     let tenant_id: BTreeMap<&str, Uuid> =
         workload.tenants.iter().enumerate().map(|(i, t)| (t.name.as_str(), Uuid::from_u128(i as u128 + 1))).collect();
     let base = Snapshot {
@@ -208,6 +238,11 @@ fn main() {
     let mut now = 0i64;
     // When the launcher can start its next launch (`--launches-per-s`), in microseconds.
     let mut launcher_free_us = 0i64;
+    // Each class's finished durations per tenant, oldest first (for `--runtimes history`).
+    let mut finished: BTreeMap<(&str, &str), Vec<i64>> = BTreeMap::new();
+    // The start estimate of each job, in ms (`--estimate-every`).
+    let mut estimated: Vec<Option<i64>> = vec![None; jobs.len()];
+    let mut arrivals_since_estimate = 0usize;
     let started = Instant::now();
 
     loop {
@@ -234,13 +269,36 @@ fn main() {
             if (gone || r.end <= now) && r.stopping_until.is_some() {
                 nominated.extend(r.stopping_for);
             }
+            if r.end <= now && !gone {
+                let job = &jobs[r.job];
+                finished.entry((job.tenant.as_str(), job.class.as_str())).or_default().push(job.duration_ms / 1000);
+            }
             r.end > now && !gone
         });
         pending.extend(stopped);
         while next_arrival < arrivals.len() && jobs[arrivals[next_arrival]].arrival_ms <= now {
             pending.insert(arrivals[next_arrival]);
             next_arrival += 1;
+            arrivals_since_estimate += 1;
         }
+        // What the scheduler is told of a job's run time, in seconds.
+        let expected = |i: usize| -> Option<i64> {
+            let job = &jobs[i];
+            match runtimes.as_str() {
+                "declared" => Some(job.duration_ms / 1000),
+                "default" => None,
+                _ => {
+                    let mut runs: Vec<i64> = finished
+                        .get(&(job.tenant.as_str(), job.class.as_str()))
+                        .map(|runs| runs.iter().rev().copied().collect())
+                        .unwrap_or_default();
+                    runs.truncate(trainyard_scheduler::history::RECENT_RUNS);
+                    let facts = RuntimeFacts { class: &job.class, tenant_runs: &runs, ..Default::default() };
+                    let guess = guess_runtime(&facts, base.settings.default_runtime_secs);
+                    Some(guess.seconds)
+                }
+            }
+        };
         if pending.is_empty() {
             continue;
         }
@@ -256,7 +314,7 @@ fn main() {
                 flavor: r.flavor.clone(),
                 nodes: r.nodes.clone(),
                 started_at: r.started,
-                expected_runtime: Some(jobs[r.job].duration_ms / 1000),
+                expected_runtime: expected(r.job),
                 stopping: r.stopping_until.is_some(),
                 stopping_for: r.stopping_for,
                 spare: false,
@@ -272,13 +330,23 @@ fn main() {
                 seq: i as u64,
                 submitted_at: jobs[i].arrival_ms / 1000,
                 demand: demand(&jobs[i]),
-                expected_runtime: Some(jobs[i].duration_ms / 1000),
+                expected_runtime: expected(i),
                 warm_nodes: Vec::new(),
                 cache_wait_secs: 0,
                 spare: false,
             })
             .collect();
         snap.nominated = std::mem::take(&mut nominated);
+        if estimate_every > 0 && arrivals_since_estimate >= estimate_every {
+            arrivals_since_estimate = 0;
+            for (id, start) in estimate_starts(&snap) {
+                let job = id.as_u128() as usize;
+                if estimated[job].is_none() {
+                    // Beyond the horizon: counted as never (as far off as the horizon allows).
+                    estimated[job] = Some(start.map_or(i64::MAX / 4, |at| at * 1000));
+                }
+            }
+        }
         let result = admission_cycle(&snap);
         cycles += 1;
         for p in &result.preemptions {
@@ -318,8 +386,31 @@ fn main() {
     }
     let compute = started.elapsed();
 
+    let now = now / scale;
+    let admitted_at: Vec<Option<i64>> = admitted_at.iter().map(|a| a.map(|a| a / scale)).collect();
     println!("workload: {} jobs, {} tenants, {} nodes", jobs.len(), workload.tenants.len(), workload.nodes.len());
     println!("virtual wall time until the last job ended: {:.1} s", now as f64 / 1000.0);
+    if estimate_every > 0 {
+        // |actual - estimated| in the workload's own time, and how many started later than said.
+        let mut errors: Vec<(i64, bool)> = jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, _)| {
+                let (at, est) = (admitted_at[i]?, estimated[i]?);
+                let est = est.min(i64::MAX / 4) / scale;
+                Some(((at - est).abs(), at > est))
+            })
+            .collect();
+        errors.sort_unstable();
+        let pick = |q: f64| errors.get(((errors.len() as f64 - 1.0) * q).round() as usize).map_or(0, |e| e.0);
+        let late = errors.iter().filter(|e| e.1).count();
+        println!(
+            "start estimates (--runtimes {runtimes}): {} jobs; |actual - estimated| p50 {:.2} s, p90 {:.2} s; {late} started later than estimated",
+            errors.len(),
+            pick(0.5) as f64 / 1000.0,
+            pick(0.9) as f64 / 1000.0,
+        );
+    }
     for class in ["small", "medium", "large"] {
         let waits: Vec<f64> = jobs
             .iter()

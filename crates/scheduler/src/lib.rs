@@ -10,18 +10,21 @@
 //! - [`cycle`]: one admission cycle: fair-share order, quotas with borrowing and lending, gang
 //!   placement, preemption, the starvation rule, reasons.
 //! - [`estimate`]: start-time estimates by simulating forward, and what-if answers.
+//! - [`history`]: expected run times from recent runs, and what each assumes.
 //! - [`decision`]: what a cycle returns.
 
 pub mod cycle;
 pub mod decision;
 pub mod estimate;
 pub mod fit;
+pub mod history;
 pub mod model;
 mod state;
 pub mod usage;
 
 pub use cycle::{CycleOptions, admission_cycle, run_cycle};
 pub use decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};
-pub use estimate::{Estimate, estimate_starts, what_if};
+pub use estimate::{Estimate, ExpectedStart, estimate_starts, estimate_starts_explained, what_if};
 pub use fit::{Unfit, never_fits};
+pub use history::{RuntimeBasis, RuntimeFacts, RuntimeGuess, guess_runtime};
 pub use model::{Demand, Flavor, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy};

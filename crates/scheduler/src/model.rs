@@ -161,11 +161,19 @@ pub struct Settings {
     pub default_runtime_secs: i64,
     /// Forward-simulation steps at most, when estimating start times.
     pub estimate_steps: usize,
+    /// Between SIGTERM and SIGKILL when a job is stopped: a preemptor's what-if expects to start
+    /// this long after it is submitted, when its victims have stopped at the latest.
+    pub stop_grace_secs: i64,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { starvation_after_secs: 30 * 60, default_runtime_secs: 60 * 60, estimate_steps: 5_000 }
+        Settings {
+            starvation_after_secs: 30 * 60,
+            default_runtime_secs: 60 * 60,
+            estimate_steps: 5_000,
+            stop_grace_secs: 10,
+        }
     }
 }
 

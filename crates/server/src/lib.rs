@@ -67,7 +67,7 @@ impl Server {
         let board = Arc::new(crate::scheduling::board::ScheduleBoard::new(settings.schedule_max_age));
         let health = Arc::new(crate::scheduling::health::LoopHealth::new(settings.ready_max_pass_age));
         let monitoring = Arc::new(monitoring::Monitoring::new());
-        let app = App::new(AppParts {
+        let mut app = App::new(AppParts {
             store: store.clone(),
             executor: Arc::clone(&executor),
             reconciler_wake: Arc::clone(&wake),
@@ -78,6 +78,7 @@ impl Server {
             oidc: None,
             monitoring: Arc::clone(&monitoring),
         });
+        app.stop_grace_set(settings.grace);
         let reconciler = Reconciler::new(store.clone(), executor, templates, wake, board, health, settings)
             .with_storage(storage)
             .with_monitoring(monitoring);

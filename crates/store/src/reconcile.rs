@@ -32,6 +32,8 @@ pub struct UnfinishedJob {
     pub tenant: String,
     /// The job's own name.
     pub name: String,
+    /// The user who submitted it.
+    pub created_by: Uuid,
     pub state: JobState,
     pub reason: Option<String>,
     /// Shared with the read's cache (see [`Store::jobs_unfinished`]).
@@ -60,6 +62,27 @@ pub struct UnfinishedJob {
     /// Holding jobs on spare room only: when it last reported a checkpoint (its
     /// `checkpoint_step` metric), for choosing the one that loses least when stopped.
     pub saved_at: Option<DateTime<Utc>>,
+}
+
+/// A kind of job whose past run times predict the next one's: the same template (or, without
+/// one, the same job name) in one tenant, with the same shape.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct RunClass {
+    pub tenant_id: Uuid,
+    pub template: Option<String>,
+    /// The job's name, for a job of no template.
+    pub name: Option<String>,
+    pub replicas: i32,
+    /// GPUs per replica.
+    pub gpus: i32,
+}
+
+/// One past successful run of a [`RunClass`] (its index in the classes asked for).
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct PastRun {
+    pub class: i64,
+    pub created_by: Uuid,
+    pub seconds: i64,
 }
 
 /// The decoded rows of unfinished jobs by row versions (see [`Store::jobs_unfinished`]).
@@ -320,7 +343,7 @@ impl Store {
                          j.flavor, j.assigned_nodes, j.expected_runtime_seconds,
                          a.attempt, a.placement, a.ended_at IS NOT NULL AS attempt_ended, a.ended_at AS attempt_ended_at,
                          j.name AS job_name, a.started_at AS attempt_started_at, NULL::jsonb AS content_hashes,
-                         j.spec::text AS spec
+                         j.spec::text AS spec, j.created_by
                   FROM jobs j
                   JOIN tenants n ON n.id = j.tenant_id
                   LEFT JOIN LATERAL (SELECT attempt, placement, started_at, ended_at, xmin::text::bigint AS version
@@ -336,7 +359,7 @@ impl Store {
                          -- where a join per row took a second).
                          CASE WHEN jsonb_typeof(j.datasets) = 'array' AND j.datasets <> '[]'
                               THEN jsonb_path_query_array(j.datasets, '$[*].content_hash') END,
-                         j.spec::text
+                         j.spec::text, j.created_by
                   FROM jobs j
                   JOIN tenants t ON t.id = j.tenant_id
                   WHERE j.id = ANY($1) AND j.state = 'queued')",
@@ -431,6 +454,43 @@ impl Store {
         .await
         .map_err(db_error)?;
         Ok(result.rows_affected() == 1)
+    }
+
+    /// Run times of the newest successful jobs of each class (at most 50 a class, of the last
+    /// 90 days), newest first, with who submitted each: what start estimates guess run times
+    /// from (`trainyard_scheduler::history`). A job's run time is the sum of its attempts' (the
+    /// time it held its resources), so that waits between attempts do not count.
+    pub async fn runtimes_recent(&self, classes: &[RunClass]) -> Result<Vec<PastRun>> {
+        if classes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let classes = serde_json::to_value(classes).map_err(Error::internal)?;
+        // Each class's newest jobs through its own index (template, else name), newest first.
+        // language=PostgreSQL
+        sqlx::query_as(
+            "WITH k AS (SELECT * FROM ROWS FROM (jsonb_to_recordset($1)
+                            AS (tenant_id uuid, template text, name text, replicas int, gpus int))
+                        WITH ORDINALITY AS k(tenant_id, template, name, replicas, gpus, i))
+             SELECT k.i - 1 AS class, r.created_by, r.seconds
+             FROM k CROSS JOIN LATERAL (
+                 SELECT j.id, j.created_by,
+                        (SELECT extract(epoch FROM sum(a.ended_at - a.started_at))::bigint FROM job_attempts a
+                         WHERE a.job_id = j.id AND a.ended_at IS NOT NULL) AS seconds
+                 FROM jobs j
+                 WHERE j.tenant_id = k.tenant_id
+                   AND CASE WHEN k.template IS NULL THEN j.template_name IS NULL AND j.name = k.name
+                            ELSE j.template_name = k.template END
+                   AND j.state = 'succeeded' AND j.finished_at > now() - interval '90 days'
+                   AND (j.spec->>'replicas')::int = k.replicas
+                   AND coalesce((j.spec->'resources'->>'gpus')::int, 0) = k.gpus
+                 ORDER BY j.id DESC LIMIT 50) r
+             WHERE r.seconds IS NOT NULL
+             ORDER BY k.i, r.id DESC",
+        )
+        .bind(classes)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
     }
 
     /// Every tenant's scheduling policy and quotas; a removed tenant's quota no longer counts in
@@ -1145,6 +1205,7 @@ struct UnfinishedRow {
     attempt_started_at: Option<DateTime<Utc>>,
     content_hashes: Option<serde_json::Value>,
     spec: String,
+    created_by: Uuid,
 }
 
 /// One row of [`Store::jobs_unfinished`] decoded, with the content hashes of a queued job's
@@ -1196,6 +1257,7 @@ fn unfinished_job_decode(row: UnfinishedRow) -> DecodedRow {
         tenant_id: row.tenant_id,
         tenant: row.tenant_name,
         name: row.job_name,
+        created_by: row.created_by,
         state,
         reason: row.reason,
         spec: Arc::new(spec),

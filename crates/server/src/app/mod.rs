@@ -88,6 +88,10 @@ pub struct App {
     searches: Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, (trainyard_searcher::Search, u32)>>>,
     /// Webhooks may go to loopback and private addresses (`--notify-allow-private-addresses`).
     notify_allow_private: bool,
+    /// Past run times by kind of job, for the estimates' run-time guesses.
+    run_history: Arc<crate::scheduling::history::RunHistory>,
+    /// Between SIGTERM and SIGKILL when jobs are stopped: how long a preemptor waits at most.
+    stop_grace: std::time::Duration,
 }
 
 /// The parts an [`App`] is made of; the server wires them (see `Server::new`).
@@ -124,6 +128,8 @@ impl App {
             experiments_wake: Default::default(),
             searches: Default::default(),
             notify_allow_private: false,
+            run_history: Default::default(),
+            stop_grace: std::time::Duration::from_secs(10),
         }
     }
 

@@ -4,10 +4,10 @@
 use trainyard_core::api::{CacheLocality, FlavorUsage, QuotaReport, QuotaSet, Schedule, TenantPolicyUpdate};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::error::ObjectKind;
-use trainyard_core::job::JobSubmission;
+use trainyard_core::job::{JobSubmission, ValidSubmission};
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
-use trainyard_store::reconcile::{QUEUE_WINDOW_PER_TENANT, QUEUED_AHEAD_COUNTED, QueuedAhead};
+use trainyard_store::reconcile::{QUEUE_WINDOW_PER_TENANT, QUEUED_AHEAD_COUNTED, QueuedAhead, UnfinishedJob};
 
 use std::sync::Arc;
 use uuid::Uuid;
@@ -36,7 +36,8 @@ impl App {
     /// What the schedule board is computed from, read now; owns what it reads with, so that a
     /// board can be computed behind the request that asked.
     fn board_input(&self) -> impl Future<Output = Result<BoardInput>> + Send + 'static {
-        let (store, executor) = (self.store.clone(), Arc::clone(&self.executor));
+        let (store, executor, history) =
+            (self.store.clone(), Arc::clone(&self.executor), Arc::clone(&self.run_history));
         async move {
             let mut jobs = store.jobs_unfinished().await?.jobs;
             // Chained and arrays' jobs the leader holds out of the cycle are not on the board
@@ -46,10 +47,12 @@ impl App {
             if !held.is_empty() {
                 jobs.retain(|j| !held.contains(&j.id));
             }
-            let snapshot =
+            let mut snapshot =
                 crate::scheduling::snapshot::snapshot_now(&store, executor.as_ref(), &jobs, &Default::default())
                     .await?;
-            Ok(BoardInput { snapshot, jobs })
+            let guesses = history.guesses(&store, &jobs).await?;
+            crate::scheduling::history::apply(&mut snapshot, &guesses);
+            Ok(BoardInput { snapshot, jobs, guesses })
         }
     }
 
@@ -91,15 +94,7 @@ impl App {
         if let Some(held) = self.store.job_hold_reason(caller.tenant_id, job_id).await? {
             // No estimate: when its dependencies end is not known (the estimate does not run
             // down the chain yet).
-            return Ok(Some(Schedule {
-                admitted_now: false,
-                reason: Some(held),
-                tenant_position: None,
-                cluster_position: None,
-                behind_higher_priority: 0,
-                estimated_start: None,
-                cached_on: None,
-            }));
+            return Ok(Some(Schedule { reason: Some(held), ..Schedule::default() }));
         }
         let mut board = self.schedule.get(|| self.board_input()).await?;
         if board.standing(job_id).is_none() {
@@ -119,18 +114,15 @@ impl App {
                     tenant_position: (!more_than_counted).then_some(ahead as usize + 1),
                     cluster_position: None,
                     behind_higher_priority: higher as usize,
-                    estimated_start: None,
                     cached_on: self.cache_locality(caller.tenant_id, &job.datasets).await?.map(|(l, _)| l),
+                    ..Schedule::default()
                 }));
             }
             // Submitted after the board was computed (through another server): compute anew.
             self.schedule.changed();
             board = self.schedule.get(|| self.board_input()).await?;
         }
-        let mut schedule = match board.standing(job_id) {
-            Some(standing) => standing.schedule(),
-            None => schedule_of(false, None, None),
-        };
+        let mut schedule = board.schedule(job_id).unwrap_or_else(|| schedule_of(false, None, None));
         schedule.cached_on = self.cache_locality(caller.tenant_id, &job.datasets).await?.map(|(l, _)| l);
         Ok(Some(schedule))
     }
@@ -156,7 +148,7 @@ impl App {
     pub async fn job_what_if(&self, caller: &Caller, submission: JobSubmission) -> Result<Schedule> {
         caller.authorize(Action::WriteJobs)?;
         let valid = submission.validate()?;
-        self.what_if_of(caller, &valid.spec, &[], valid.priority, valid.expected_runtime_seconds).await
+        self.what_if_of(caller, &valid).await
     }
 
     /// Whether jobs larger than today's cluster are queued (it grows) rather than refused.
@@ -192,26 +184,30 @@ impl App {
         }
     }
 
-    pub(crate) async fn what_if_of(
-        &self,
-        caller: &Caller,
-        spec: &trainyard_core::job::JobSpec,
-        datasets: &[trainyard_core::api::DatasetUse],
-        priority: i32,
-        expected_runtime: Option<u32>,
-    ) -> Result<Schedule> {
+    /// What would happen to `valid` submitted now by `caller`: admitted at once, waiting (why,
+    /// until when, assuming what), or preempting (starting once its victims have stopped).
+    pub(crate) async fn what_if_of(&self, caller: &Caller, valid: &ValidSubmission) -> Result<Schedule> {
+        let spec = &valid.spec;
         self.fits_cluster(spec)?;
-        let locality = self.cache_locality(caller.tenant_id, datasets).await?;
-        let snapshot = self.scheduling_snapshot().await?;
+        let locality = self.cache_locality(caller.tenant_id, &valid.datasets).await?;
+        let mut snapshot = self.scheduling_snapshot().await?;
+        let jobs = self.store.jobs_unfinished().await?.jobs;
+        let guesses = self.run_history.guesses(&self.store, &jobs).await?;
+        crate::scheduling::history::apply(&mut snapshot, &guesses);
+        let guess = self
+            .run_history
+            .guess_for(&self.store, caller.tenant_id, caller.user_id, &valid.name, spec, valid.expected_runtime_seconds)
+            .await?;
         let now = snapshot.now;
+        snapshot.settings.stop_grace_secs = self.stop_grace.as_secs() as i64;
         let probe = trainyard_scheduler::PendingJob {
             id: Uuid::now_v7(),
             tenant: caller.tenant_id,
-            priority,
+            priority: valid.priority,
             seq: u64::MAX,
             submitted_at: now,
             demand: crate::scheduling::snapshot::demand_of_spec(spec),
-            expected_runtime: expected_runtime.map(i64::from),
+            expected_runtime: Some(guess.seconds),
             warm_nodes: locality.as_ref().map(|(_, warm)| warm.clone()).unwrap_or_default(),
             cache_wait_secs: spec.cache_wait_seconds.unwrap_or(0),
             spare: spec.spare,
@@ -221,7 +217,25 @@ impl App {
             .map_err(|err| Error::internal(format!("answering what-if: {err}")))?;
         let mut schedule = schedule_of(answer.admitted_now, answer.pending.as_ref(), answer.estimated_start);
         schedule.cached_on = locality.map(|(l, _)| l);
+        schedule.runtime_assumed = Some(guess.to_string());
+        schedule.would_preempt = answer.preempts.len();
+        let jobs: std::collections::HashMap<Uuid, &Arc<UnfinishedJob>> = jobs.iter().map(|j| (j.id, j)).collect();
+        schedule.waits_for = answer
+            .waits_for
+            .iter()
+            .take(Schedule::WAITS_FOR_SHOWN)
+            .filter_map(|id| {
+                let job = jobs.get(id)?;
+                Some(crate::scheduling::board::blocker(job, caller.tenant_id, guesses.get(id)))
+            })
+            .collect();
+        schedule.waits_for_more = answer.waits_for.len().saturating_sub(schedule.waits_for.len());
         Ok(schedule)
+    }
+
+    /// Between SIGTERM and SIGKILL when jobs are stopped (what a preemptor's what-if assumes).
+    pub(crate) fn stop_grace_set(&mut self, grace: std::time::Duration) {
+        self.stop_grace = grace;
     }
 
     /// The caller's tenant: quotas and usage per GPU type.

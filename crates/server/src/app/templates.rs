@@ -238,9 +238,7 @@ impl App {
             template.manifest.expected_runtime_seconds().map(|s| s.min(u64::from(u32::MAX)) as u32);
         self.fits_cluster(&valid.spec)?;
         if mode == RunMode::WhatIf {
-            let schedule = self
-                .what_if_of(caller, &valid.spec, &valid.datasets, valid.priority, valid.expected_runtime_seconds)
-                .await?;
+            let schedule = self.what_if_of(caller, &valid).await?;
             return Ok(TemplateRunOutcome::WhatIf(schedule));
         }
         if mode == RunMode::DryRun {

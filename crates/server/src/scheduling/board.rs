@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use trainyard_core::api::{Queue, QueueEntry, Schedule};
+use trainyard_core::api::{Blocker, Queue, QueueEntry, Schedule};
 use trainyard_core::job::JobState;
 use trainyard_core::{Error, Result};
-use trainyard_scheduler::{CycleOptions, Pending, Snapshot, estimate_starts, run_cycle};
+use trainyard_scheduler::{CycleOptions, Pending, RuntimeGuess, Snapshot, estimate_starts_explained, run_cycle};
 use trainyard_store::reconcile::UnfinishedJob;
 use uuid::Uuid;
 
@@ -48,6 +48,9 @@ pub struct Standing {
     pub pending: Option<Pending>,
     /// Seconds since the epoch; `None` when beyond the simulated horizon.
     pub estimated_start: Option<i64>,
+    /// The jobs whose expected end its estimated start waits for (shared by the jobs that
+    /// start at the same instant).
+    pub after: Arc<[Uuid]>,
 }
 
 impl Standing {
@@ -66,15 +69,30 @@ pub fn schedule_of(admitted_now: bool, pending: Option<&Pending>, estimate: Opti
         cluster_position: pending.map(|p| p.cluster_position),
         behind_higher_priority: pending.map_or(0, |p| p.behind_higher_priority),
         estimated_start: estimate.and_then(|s| DateTime::from_timestamp(s, 0)),
-        cached_on: None,
+        ..Schedule::default()
+    }
+}
+
+/// A job that `tenant`'s waiting job waits for, as that tenant may see it: its own jobs by id
+/// and name, another tenant's by the tenant's name only.
+pub fn blocker(job: &UnfinishedJob, tenant: Uuid, guess: Option<&RuntimeGuess>) -> Blocker {
+    let ours = job.tenant_id == tenant;
+    Blocker {
+        job: ours.then_some(job.id),
+        name: ours.then(|| job.name.clone()),
+        tenant: (!ours).then(|| job.tenant.clone()),
+        state: job.state.as_str().to_string(),
+        assuming: guess.map(ToString::to_string).unwrap_or_default(),
     }
 }
 
 /// What a board is computed from: the scheduler's snapshot and the unfinished jobs it was built
-/// from (their names and tenants, for the queue view).
+/// from (their names and tenants, for the queue view), with each job's run-time guess (already
+/// the snapshot's expected run times; kept to say what each estimate assumes).
 pub struct BoardInput {
     pub snapshot: Snapshot,
     pub jobs: Vec<Arc<UnfinishedJob>>,
+    pub guesses: FxHashMap<Uuid, RuntimeGuess>,
 }
 
 /// Every job's standing as of one snapshot.
@@ -84,6 +102,9 @@ pub struct Board {
     /// The queue view, built once per board: every queued job with a standing, those admitted
     /// by the next cycle first, then by position in the cluster's queue; with its tenant's id.
     queue: Vec<(Uuid, QueueEntry)>,
+    /// Every unfinished job the snapshot held, for naming what a job waits for.
+    unfinished: FxHashMap<Uuid, Arc<UnfinishedJob>>,
+    guesses: FxHashMap<Uuid, RuntimeGuess>,
     as_of: DateTime<Utc>,
 }
 
@@ -93,17 +114,27 @@ impl Board {
     pub fn compute(input: &BoardInput) -> Board {
         let snapshot = &input.snapshot;
         let result = run_cycle(snapshot, CycleOptions::default());
-        let starts = estimate_starts(snapshot);
+        let starts = estimate_starts_explained(snapshot);
         let mut jobs = FxHashMap::with_capacity_and_hasher(snapshot.pending.len(), Default::default());
+        let none: Arc<[Uuid]> = Arc::from(Vec::new());
         for admission in &result.admissions {
             jobs.insert(
                 admission.job,
-                Standing { admitted_now: true, pending: None, estimated_start: Some(snapshot.now) },
+                Standing {
+                    admitted_now: true,
+                    pending: None,
+                    estimated_start: Some(snapshot.now),
+                    after: Arc::clone(&none),
+                },
             );
         }
         for pending in result.pending {
-            let estimated_start = starts.get(&pending.job).copied().flatten();
-            jobs.insert(pending.job, Standing { admitted_now: false, pending: Some(pending), estimated_start });
+            let start = starts.get(&pending.job).cloned().flatten();
+            let (estimated_start, after) = match start {
+                Some(start) => (Some(start.at), start.after),
+                None => (None, Arc::clone(&none)),
+            };
+            jobs.insert(pending.job, Standing { admitted_now: false, pending: Some(pending), estimated_start, after });
         }
         let mut queue: Vec<(Uuid, QueueEntry)> = input
             .jobs
@@ -123,13 +154,38 @@ impl Board {
             })
             .collect();
         queue.sort_by_key(|(_, e)| (!e.schedule.admitted_now, e.schedule.cluster_position.unwrap_or(0)));
-        Board { jobs, queue, as_of: DateTime::from_timestamp(snapshot.now, 0).unwrap_or_default() }
+        Board {
+            jobs,
+            queue,
+            unfinished: input.jobs.iter().map(|job| (job.id, Arc::clone(job))).collect(),
+            guesses: input.guesses.clone(),
+            as_of: DateTime::from_timestamp(snapshot.now, 0).unwrap_or_default(),
+        }
     }
 
     /// The job's standing; `None` when the snapshot did not hold it (it is not queued, or it
     /// is deeper in its tenant's queue than the scheduler looks).
     pub fn standing(&self, job: Uuid) -> Option<&Standing> {
         self.jobs.get(&job)
+    }
+
+    /// The job's schedule, with what its estimate assumes: its own run-time guess, and the jobs
+    /// it waits for (another tenant's named by tenant only); `None` as for [`Board::standing`].
+    pub fn schedule(&self, job: Uuid) -> Option<Schedule> {
+        let standing = self.jobs.get(&job)?;
+        let mut schedule = standing.schedule();
+        schedule.runtime_assumed = self.guesses.get(&job).map(ToString::to_string);
+        let tenant = self.unfinished.get(&job).map(|j| j.tenant_id);
+        if !standing.admitted_now {
+            schedule.waits_for = standing
+                .after
+                .iter()
+                .take(Schedule::WAITS_FOR_SHOWN)
+                .filter_map(|id| Some(blocker(self.unfinished.get(id)?, tenant?, self.guesses.get(id))))
+                .collect();
+            schedule.waits_for_more = standing.after.len().saturating_sub(schedule.waits_for.len());
+        }
+        Some(schedule)
     }
 
     /// The waiting jobs of `tenant` (of every tenant when `every_tenant`), in the scheduler's
@@ -297,6 +353,7 @@ mod tests {
                 nominated: Vec::new(),
             },
             jobs: Vec::new(),
+            guesses: Default::default(),
         }
     }
 

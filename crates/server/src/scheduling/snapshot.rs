@@ -273,6 +273,7 @@ pub(crate) fn job_for_tests(tenant: &str, state: JobState, gpus: u32) -> Unfinis
         tenant_id: Uuid::nil(),
         tenant: tenant.into(),
         name: "j".into(),
+        created_by: Uuid::nil(),
         state,
         reason: None,
         spec: Arc::new(spec),

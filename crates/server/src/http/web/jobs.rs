@@ -219,6 +219,12 @@ pub struct ScheduleView {
     pub estimated_start: String,
     /// "cached on N of M nodes" for a job reading registered datasets; empty otherwise.
     pub cached_on: String,
+    /// The jobs its estimate waits for, each as text and a link (its own tenant's jobs).
+    pub waits_for: Vec<(String, Option<String>)>,
+    /// What the estimates assume this job's run time is; empty when not known.
+    pub runtime_assumed: String,
+    /// A what-if's preemptions: "It would preempt 2 running jobs ..."; empty otherwise.
+    pub preempts: String,
 }
 
 impl ScheduleView {
@@ -232,6 +238,18 @@ impl ScheduleView {
             behind_higher_priority: schedule.behind_higher_priority,
             estimated_start: schedule.estimated_start.as_ref().map(when).unwrap_or_else(|| "unknown".into()),
             cached_on: schedule.cached_on.map(|c| format!("Its data is {c}.")).unwrap_or_default(),
+            waits_for: schedule
+                .waits_for
+                .iter()
+                .map(|b| (b.to_string(), b.job.map(|id| format!("/jobs/{id}"))))
+                .chain((schedule.waits_for_more > 0).then(|| (format!("and {} more", schedule.waits_for_more), None)))
+                .collect(),
+            runtime_assumed: schedule.runtime_assumed.clone().unwrap_or_default(),
+            preempts: match schedule.would_preempt {
+                0 => String::new(),
+                1 => "It would preempt 1 running job and start once it has stopped.".into(),
+                n => format!("It would preempt {n} running jobs and start once they have stopped."),
+            },
         }
     }
 }
