@@ -386,37 +386,43 @@ fn main() {
     }
     let compute = started.elapsed();
 
-    let now = now / scale;
-    let admitted_at: Vec<Option<i64>> = admitted_at.iter().map(|a| a.map(|a| a / scale)).collect();
+    // Times are printed in the workload's own time (`--time-scale`).
+    let in_s = |ms: i64| ms as f64 / 1000.0 / scale as f64;
     println!("workload: {} jobs, {} tenants, {} nodes", jobs.len(), workload.tenants.len(), workload.nodes.len());
-    println!("virtual wall time until the last job ended: {:.1} s", now as f64 / 1000.0);
+    println!("virtual wall time until the last job ended: {:.1} s", in_s(now));
     if estimate_every > 0 {
-        // |actual - estimated| in the workload's own time, and how many started later than said.
-        let mut errors: Vec<(i64, bool)> = jobs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, _)| {
-                let (at, est) = (admitted_at[i]?, estimated[i]?);
-                let est = est.min(i64::MAX / 4) / scale;
-                Some(((at - est).abs(), at > est))
-            })
-            .collect();
-        errors.sort_unstable();
-        let pick = |q: f64| errors.get(((errors.len() as f64 - 1.0) * q).round() as usize).map_or(0, |e| e.0);
-        let late = errors.iter().filter(|e| e.1).count();
-        println!(
-            "start estimates (--runtimes {runtimes}): {} jobs; |actual - estimated| p50 {:.2} s, p90 {:.2} s; {late} started later than estimated",
-            errors.len(),
-            pick(0.5) as f64 / 1000.0,
-            pick(0.9) as f64 / 1000.0,
-        );
+        // |actual - estimated| in the workload's own time, and how many started later than said:
+        // over all jobs, then per class.
+        let mut classes: Vec<&str> = jobs.iter().map(|j| j.class.as_str()).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        for class in std::iter::once("all").chain(classes) {
+            let mut errors: Vec<(i64, bool)> = jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| class == "all" || j.class == class)
+                .filter_map(|(i, _)| {
+                    let (at, est) = (admitted_at[i]?, estimated[i]?);
+                    Some(((at - est).abs(), at > est))
+                })
+                .collect();
+            errors.sort_unstable();
+            let pick = |q: f64| errors.get(((errors.len() as f64 - 1.0) * q).round() as usize).map_or(0, |e| e.0);
+            let late = errors.iter().filter(|e| e.1).count();
+            println!(
+                "start estimates (--runtimes {runtimes}), {class}: {} jobs; |actual - estimated| p50 {:.2} s, p90 {:.2} s; {late} started later than estimated",
+                errors.len(),
+                in_s(pick(0.5)),
+                in_s(pick(0.9)),
+            );
+        }
     }
     for class in ["small", "medium", "large"] {
         let waits: Vec<f64> = jobs
             .iter()
             .enumerate()
             .filter(|(_, j)| j.class == class)
-            .filter_map(|(i, j)| admitted_at[i].map(|a| (a - j.arrival_ms) as f64 / 1000.0))
+            .filter_map(|(i, j)| admitted_at[i].map(|a| in_s(a - j.arrival_ms)))
             .collect();
         if !waits.is_empty() {
             println!(
