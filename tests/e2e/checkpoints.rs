@@ -178,6 +178,13 @@ async fn checkpoints_are_listed_downloaded_and_fine_tuned_from() {
     let out = env.yard(&env.admin_token, &["lineage", short]);
     let tree = stdout(&out);
     assert!(tree.contains("fine-tuned as") && tree.contains(&tuned[..8]), "{tree}");
+    // A rerun starts from exactly that checkpoint again.
+    let (status, rerun) =
+        env.post(&format!("/api/v1/jobs/{tuned}/rerun"), &env.admin_token, &json!({"accept_unpinned": true})).await;
+    assert!(status.is_success(), "{rerun}");
+    assert_eq!(rerun["init_from"], json!({"job_id": id, "step": 20}), "{rerun}");
+    let rerun_id = rerun["id"].as_str().unwrap();
+    env.post(&format!("/api/v1/jobs/{rerun_id}/cancel"), &env.admin_token, &json!({})).await;
     let (_, page) = web.get(&format!("/jobs/{tuned}")).await;
     assert!(page.contains(&format!("id=\"init-from\">{id}</a>'s checkpoint at step 20")), "{page}");
 }

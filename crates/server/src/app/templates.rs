@@ -429,6 +429,16 @@ impl App {
                 // The template checks every value, the changed ones included (`params.<name>`).
                 let mut params = params.clone();
                 params.extend(request.set.clone());
+                // The checkpoint the original started from, exactly (`JOB` alone names the newest,
+                // which may have moved on since), unless the rerun changes it.
+                if let Some(source) = original.init_from {
+                    for (param, spec) in &template.manifest.parameters {
+                        if spec.kind == trainyard_templates::ParamKind::Checkpoint && !request.set.contains_key(param) {
+                            let pinned = format!("{}:{}", source.job_id, source.step);
+                            params.insert(param.clone(), serde_json::Value::String(pinned));
+                        }
+                    }
+                }
                 let run = TemplateRun {
                     version: Some(reference.version.clone()),
                     params,
