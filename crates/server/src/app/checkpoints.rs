@@ -131,6 +131,28 @@ fn folder_open(volume_dir: &std::path::Path, folder: &std::path::Path) -> Result
     }
 }
 
+/// The checkpoint of `step` in `folder` opened to read, with what the listing says of it (its
+/// size as opened); a 404 when there is none, or it was pruned between the listing and the open.
+fn checkpoint_file(
+    volume_dir: &std::path::Path,
+    folder: &std::path::Path,
+    seen_at: &str,
+    step: u64,
+) -> Result<OpenCheckpoint> {
+    let listed = checkpoints_in(volume_dir, folder, seen_at)?;
+    let checkpoint =
+        listed.into_iter().find(|c| c.step == step).ok_or_else(|| Error::not_found(ObjectKind::Checkpoint))?;
+    let dir = folder_open(volume_dir, folder)?.ok_or_else(|| Error::not_found(ObjectKind::Checkpoint))?;
+    let name = checkpoint.path.rsplit('/').next().unwrap_or_default().to_string();
+    let file = match tenant_fs::open_plain_file(&dir, &name) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Err(Error::not_found(ObjectKind::Checkpoint)),
+        Err(err) => return Err(refused_folder(err)),
+    };
+    let size_bytes = file.metadata().map_err(Error::internal)?.len();
+    Ok(OpenCheckpoint { checkpoint: Checkpoint { size_bytes, ..checkpoint }, file })
+}
+
 fn refused_folder(err: std::io::Error) -> Error {
     // ELOOP / ENOTDIR: a link or a file where a folder should be.
     if matches!(err.raw_os_error(), Some(code) if code == nix::errno::Errno::ELOOP as i32 || code == nix::errno::Errno::ENOTDIR as i32)
@@ -165,22 +187,10 @@ impl App {
         }
         let volume_dir = self.storage.volume_dir(caller.tenant_id, &folder.volume);
         let seen_at = self.volume_path(caller.tenant_id, &folder.volume).await?;
-        let listed = checkpoints_in(&volume_dir, &folder.inside, &seen_at)?;
-        let checkpoint =
-            listed.into_iter().find(|c| c.step == step).ok_or_else(|| Error::not_found(ObjectKind::Checkpoint))?;
-        let dir = folder_open(&volume_dir, &folder.inside)?.ok_or_else(|| Error::not_found(ObjectKind::Checkpoint))?;
-        let name = checkpoint.path.rsplit('/').next().unwrap_or_default().to_string();
-        let file = match tenant_fs::open_plain_file(&dir, &name) {
-            Ok(file) => file,
-            // Pruned between the listing and the open.
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::not_found(ObjectKind::Checkpoint));
-            }
-            Err(err) => return Err(refused_folder(err)),
-        };
-        // The size of what is sent: the file as opened.
-        let size_bytes = file.metadata().map_err(Error::internal)?.len();
-        Ok(OpenCheckpoint { checkpoint: Checkpoint { size_bytes, ..checkpoint }, file })
+        // Folder reads block: off the request's thread.
+        tokio::task::spawn_blocking(move || checkpoint_file(&volume_dir, &folder.inside, &seen_at, step))
+            .await
+            .map_err(Error::internal)?
     }
 
     async fn checkpoints_of(&self, caller: &Caller, job: &Job) -> Result<JobCheckpoints> {
@@ -206,7 +216,9 @@ impl App {
             return Ok(JobCheckpoints { folder: Some(shown), checkpoints: Vec::new(), note: Some(kubernetes_note()) });
         }
         let volume_dir = self.storage.volume_dir(caller.tenant_id, &folder.volume);
-        let checkpoints = checkpoints_in(&volume_dir, &folder.inside, &seen_at)?;
+        let checkpoints = tokio::task::spawn_blocking(move || checkpoints_in(&volume_dir, &folder.inside, &seen_at))
+            .await
+            .map_err(Error::internal)??;
         Ok(JobCheckpoints { folder: Some(shown), checkpoints, note: None })
     }
 
