@@ -243,8 +243,12 @@ impl App {
     ) -> Result<(String, VolumeMount, CheckpointSource)> {
         let reference = CheckpointRef::parse(text).map_err(|message| Error::invalid(field, message))?;
         let job = self.job_by_reference(caller, field, &reference.job).await?;
-        let listed = self.checkpoints_of(caller, &job).await?;
         let short = &job.id.to_string()[..8];
+        let listed = self.checkpoints_of(caller, &job).await.map_err(|err| match err {
+            // A folder the server will not go through is the parameter's problem here.
+            Error::Conflict(message) => Error::invalid(field, format!("job {short} ({}): {message}", job.name)),
+            other => other,
+        })?;
         if let Some(note) = listed.note.filter(|_| listed.checkpoints.is_empty()) {
             return Err(Error::invalid(field, format!("job {short} ({}): {note}", job.name)));
         }
