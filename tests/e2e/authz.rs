@@ -77,6 +77,10 @@ const EXPECTED: &[(&str, &str)] = &[
     ("GET /api/v1/admin/tenants", "401 403 403 403 ok 401"),
     ("POST /api/v1/admin/tenants", "401 403 403 403 ok 401"),
     ("POST /api/v1/admin/tenants/{tenant}/members", "401 403 403 403 ok 401"),
+    ("GET /api/v1/jobs/{id}/checkpoints", "401 ok ok 404 ok 401"),
+    // The job here wrote no checkpoint: 404 for all who may read it (tests/e2e/checkpoints.rs
+    // downloads one, and shows another tenant's is a 404).
+    ("GET /api/v1/jobs/{id}/checkpoints/{step}", "401 404 404 404 404 401"),
     ("GET /api/v1/jobs/{id}/artifacts", "401 ok ok 404 ok 401"),
     ("GET /api/v1/jobs/{id}/artifacts/{*path}", "401 ok ok 404 ok 401"),
     ("PUT /api/v1/jobs/{id}/artifacts/{*path}", "401 403 ok 404 ok 404"),
@@ -189,6 +193,8 @@ const EXPECTED: &[(&str, &str)] = &[
     // "Open notebook" (on tenant A's session, the platform admin's): its user and the tenant's admins.
     ("POST /jobs/{id}/notebook", "login 403 403 404 ok login"),
     ("GET /jobs/{id}/artifacts/{*path}", "login ok ok 404 ok login"),
+    // No checkpoint in this job (see the API's entry).
+    ("GET /jobs/{id}/checkpoints/{step}", "login 404 404 404 404 login"),
     ("GET /compare", "login ok ok 404 ok login"),
     ("GET /jobs/{id}/lineage", "login ok ok 404 ok login"),
     ("GET /datasets/{name}/{version}/lineage", "login ok ok 404 ok login"),
@@ -325,7 +331,8 @@ impl World {
             .replace("{id}", id)
             .replace("{tenant}", "default")
             .replace("{flavor}", "simulated-gpu")
-            .replace("{template}", "shell");
+            .replace("{template}", "shell")
+            .replace("{step}", "20");
         if route.ends_with("/files/{file}") {
             path = path.replace("{name}", "pushed").replace("{version}", "1").replace("{file}", "dataset.json");
         }

@@ -5,6 +5,7 @@ mod authz;
 mod cache_agent;
 mod chains;
 mod chaos;
+mod checkpoints;
 mod compare;
 mod confinement;
 mod control;

@@ -50,6 +50,11 @@ impl Client {
         decode(self.send(self.request(Method::GET, path)).await?).await
     }
 
+    /// GET of a body to stream (a checkpoint's file): the answer itself, its status a success.
+    pub async fn get_streamed(&self, path: &str) -> anyhow::Result<Response> {
+        self.send(self.request(Method::GET, path)).await
+    }
+
     pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
         decode(self.send(self.request(Method::POST, path).json(body)).await?).await
     }

@@ -2,6 +2,7 @@
 //! the server's message and exit non-zero.
 
 mod accounting;
+mod checkpoints;
 mod client;
 mod code;
 mod config;
@@ -188,6 +189,12 @@ enum Command {
     Artifacts {
         #[command(subcommand)]
         command: storage::ArtifactsCommand,
+    },
+    /// A job's checkpoints: list, download (`JOB[:STEP]`, progress bar); fine-tune from one
+    /// with `yard run pytorch-ddp --set init_from=JOB[:STEP]`.
+    Checkpoints {
+        #[command(subcommand)]
+        command: checkpoints::CheckpointsCommand,
     },
     /// Hyperparameter searches whose trials are jobs: grid, random, successive halving.
     Experiment {
@@ -688,12 +695,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let outputs: serde_json::Value = client.get(&format!("/api/v1/jobs/{id}/outputs")).await?;
             let schedule: Option<Schedule> = client.get(&format!("/api/v1/jobs/{id}/schedule")).await?;
             let reruns: JobPage = client.get(&format!("/api/v1/jobs?rerun_of={id}&limit=20")).await?;
+            // A folder the server will not read (409) is said, not a failed command.
+            let checkpoints: Option<trainyard_core::api::JobCheckpoints> =
+                match client.get(&format!("/api/v1/jobs/{id}/checkpoints")).await {
+                    Ok(list) => Some(list),
+                    Err(err) if err.downcast_ref::<ApiFailure>().is_some_and(|f| f.status.as_u16() == 409) => {
+                        eprintln!("yard: checkpoints: {err}");
+                        None
+                    }
+                    Err(err) => return Err(err),
+                };
             let detail = serde_json::json!({ "job": job, "attempts": attempts, "events": events, "outputs": outputs,
-                "schedule": schedule, "reruns": reruns.items.iter().map(|j| j.id).collect::<Vec<_>>() });
+                "schedule": schedule, "reruns": reruns.items.iter().map(|j| j.id).collect::<Vec<_>>(),
+                "checkpoints": checkpoints });
             output::print(out, &detail, |_| {
                 let waiting = schedule.as_ref().map(output::schedule).unwrap_or_default();
                 let reruns = output::reruns(&reruns.items);
-                format!("{}{reruns}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
+                let checkpoints = checkpoints.as_ref().map(output::checkpoints_brief).unwrap_or_default();
+                format!("{}{checkpoints}{reruns}{waiting}", output::job_detail(&job, &attempts, &events, &outputs))
             })
         }
         Command::Diff { jobs, all } => {
@@ -853,6 +872,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output::print(out, &d, |d| format!("registered {}@{} ({})\n", d.name, d.version, d.content_hash))
         }
         Command::Artifacts { command } => storage::artifacts(&client, out, command).await,
+        Command::Checkpoints { command } => checkpoints::checkpoints(&client, out, command).await,
         Command::Volumes { command } => storage::volumes(&client, out, command).await,
         Command::Experiment { command } => experiments::experiment(&client, out, command).await,
         Command::Storage { command } => storage::storage(&client, out, command).await,

@@ -7,8 +7,8 @@ use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{CellAlignment, ContentArrangement, Table};
 use serde::Serialize;
 use trainyard_core::api::{
-    Artifact, AuditPage, Job, JobAttempt, JobEvent, JobMetrics, JobPage, Nodes, QuotaReport, Schedule, TemplateDetail,
-    TemplateSummary, TokenInfo, UsageReport, UsageRow, Volume,
+    Artifact, AuditPage, Job, JobAttempt, JobCheckpoints, JobEvent, JobMetrics, JobPage, Nodes, QuotaReport, Schedule,
+    TemplateDetail, TemplateSummary, TokenInfo, UsageReport, UsageRow, Volume,
 };
 
 use std::io::Write;
@@ -448,6 +448,56 @@ pub fn artifacts_table(list: &[Artifact]) -> String {
     format!("{t}\n")
 }
 
+/// A job's checkpoints, oldest step first, under the folder they are in.
+pub fn checkpoints_table(list: &JobCheckpoints) -> String {
+    let mut text = String::new();
+    if let Some(folder) = &list.folder {
+        text.push_str(&format!("folder: {folder}\n"));
+    }
+    if let Some(note) = &list.note {
+        text.push_str(&format!("{note}\n"));
+    }
+    if list.checkpoints.is_empty() {
+        if list.folder.is_some() {
+            text.push_str("no checkpoints yet\n");
+        } else if list.note.is_none() {
+            text.push_str("this job writes no checkpoints\n");
+        }
+        return text;
+    }
+    let mut t = table(&["STEP", "SIZE", "SAVED", "PATH"]);
+    for c in &list.checkpoints {
+        t.add_row(vec![c.step.to_string(), human_memory(c.size_bytes), when(c.saved_at), c.path.clone()]);
+    }
+    for column in [0, 1] {
+        if let Some(col) = t.column_mut(column) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    format!("{text}{t}\n")
+}
+
+/// `yard jobs show`'s lines on checkpoints: where, and each step with its size and time (none
+/// for a job that writes none).
+pub fn checkpoints_brief(list: &JobCheckpoints) -> String {
+    let Some(folder) = &list.folder else {
+        return list.note.as_ref().map(|note| format!("checkpoints: {note}\n")).unwrap_or_default();
+    };
+    let mut text = format!("checkpoints: {folder}\n");
+    if list.checkpoints.is_empty() {
+        text.push_str(&format!("  {}\n", list.note.as_deref().unwrap_or("none yet")));
+    }
+    for c in &list.checkpoints {
+        text.push_str(&format!(
+            "  step {:>8}  {:>9}  saved {}\n",
+            c.step,
+            human_memory(c.size_bytes),
+            when(c.saved_at)
+        ));
+    }
+    text
+}
+
 /// The tenant's volumes, one a row; one that jobs cannot use yet says why.
 pub fn volumes_table(list: &[Volume]) -> String {
     if list.is_empty() {
@@ -553,6 +603,12 @@ pub fn job_detail(job: &Job, attempts: &[JobAttempt], events: &[JobEvent], outpu
         for input in &job.rerun_unpinned {
             text.push_str(&format!("unpinned:  {input} (accepted)\n"));
         }
+    }
+    if let Some(source) = &job.init_from {
+        text.push_str(&format!(
+            "init from: job {} checkpoint step {} (weights only: fine-tuned)\n",
+            source.job_id, source.step
+        ));
     }
     if !attempts.is_empty() {
         let mut t = table(&["ATTEMPT", "STARTED", "ENDED", "EXIT CODES", "REASON"]);

@@ -59,6 +59,9 @@ fn attempt(a: &AttemptRunRecord) -> String {
     if let Some(input) = summary::input_pipeline(r) {
         line(&mut out, "input", input);
     }
+    if let Some(source) = &r.init_from {
+        line(&mut out, "init from", format!("job {} checkpoint step {}", source.job_id, source.step));
+    }
     // A rerun that ran what it could not pin, as accepted.
     for input in &r.accepted_unpinned {
         line(&mut out, "unpinned", format!("{input} (accepted)"));

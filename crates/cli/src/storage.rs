@@ -135,8 +135,13 @@ async fn download(client: &Client, link: &ArtifactLink, target: &Path) -> anyhow
     if !response.status().is_success() {
         anyhow::bail!("the download was refused: {}", response.status());
     }
+    save_download(response, link.size_bytes, target).await
+}
+
+/// Writes a download's body to `target` (`-`: stdout) with a progress bar on a terminal.
+pub(crate) async fn save_download(response: reqwest::Response, size_bytes: u64, target: &Path) -> anyhow::Result<()> {
     let to_stdout = target == Path::new("-");
-    let bar = if to_stdout { ProgressBar::hidden() } else { progress_bar(link.size_bytes, "downloading") };
+    let bar = if to_stdout { ProgressBar::hidden() } else { progress_bar(size_bytes, "downloading") };
     // Written next to the target and renamed at the end, so a broken download leaves no file
     // that looks complete.
     let mut partial = target.as_os_str().to_owned();

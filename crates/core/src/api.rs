@@ -60,6 +60,41 @@ pub struct Job {
     pub array_id: Option<Uuid>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array_index: Option<u32>,
+    /// For a run fine-tuned from another job's checkpoint (`init_from`): that job and step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<CheckpointSource>,
+}
+
+/// The checkpoint a run started its weights from (a template's `checkpoint` parameter): the
+/// job that wrote it and the step it was written at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointSource {
+    pub job_id: Uuid,
+    pub step: u64,
+}
+
+/// One checkpoint a job wrote (`GET /api/v1/jobs/{id}/checkpoints`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Checkpoint {
+    pub step: u64,
+    pub size_bytes: u64,
+    /// When the file was last written (the time it was saved).
+    pub saved_at: DateTime<Utc>,
+    /// The file as the job's replicas see it (`/volumes/<volume>/jobs/<job>/checkpoints/ckpt-<step>.pt`).
+    pub path: String,
+}
+
+/// A job's checkpoints, oldest step first, and where they are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobCheckpoints {
+    /// The folder the job writes them to, as its replicas see it; null when the job keeps none
+    /// the server can find (not from a template that writes checkpoints).
+    pub folder: Option<String>,
+    pub checkpoints: Vec<Checkpoint>,
+    /// Why the list is empty or cannot be complete, when there is a reason to say (checkpoints
+    /// kept in a working folder, on a Kubernetes claim the server does not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Run a job again (`POST /api/v1/jobs/{id}/rerun`): the recorded template (by digest),

@@ -119,6 +119,8 @@ pub enum ObjectKind {
     Dataset,
     Artifact,
     Volume,
+    /// A checkpoint a job wrote, by step.
+    Checkpoint,
     /// An MLflow experiment.
     Experiment,
     /// An MLflow run.
@@ -147,6 +149,7 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Subscription => "subscription",
             ObjectKind::Artifact => "artifact",
             ObjectKind::Volume => "volume",
+            ObjectKind::Checkpoint => "checkpoint",
             ObjectKind::Experiment => "experiment",
             ObjectKind::Run => "run",
             ObjectKind::Tag => "tag",

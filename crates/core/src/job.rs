@@ -267,6 +267,8 @@ pub struct ValidSubmission {
     pub after: Vec<(Uuid, AfterKind)>,
     /// A job array: one job per index.
     pub array: Option<ArraySpec>,
+    /// The checkpoint its weights start from (a template's `checkpoint` parameter, resolved).
+    pub init_from: Option<crate::api::CheckpointSource>,
 }
 
 impl JobSubmission {
@@ -395,6 +397,7 @@ impl JobSubmission {
             rerun: None,
             after,
             array,
+            init_from: None,
         })
     }
 }

@@ -40,6 +40,8 @@ pub enum Relation {
     Produced,
     /// A job was run again (`yard rerun`): original -> rerun.
     Reran,
+    /// A run started its weights from a job's checkpoint (`init_from`): source -> fine-tune.
+    FineTuned,
 }
 
 /// Which way a walk goes from its root.
@@ -63,6 +65,8 @@ impl Relation {
             (Direction::Downstream, Relation::Produced) => "produced",
             (Direction::Downstream, Relation::Consumed) => "read by",
             (Direction::Downstream, Relation::Reran) => "rerun as",
+            (Direction::Upstream, Relation::FineTuned) => "fine-tuned from",
+            (Direction::Downstream, Relation::FineTuned) => "fine-tuned as",
         }
     }
 }

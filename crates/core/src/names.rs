@@ -131,6 +131,18 @@ impl fmt::Display for DatasetRef {
     }
 }
 
+/// The job ids a short id (6 to 32 hex digits, dashes ignored) stands for: from the prefix padded
+/// with `0` to it padded with `f`, so that a lookup walks the primary key's index rather than
+/// every id as text. `None` when `prefix` is not such a short id.
+pub fn job_id_range(prefix: &str) -> Option<(uuid::Uuid, uuid::Uuid)> {
+    let hex: String = prefix.chars().filter(|c| *c != '-').collect::<String>().to_ascii_lowercase();
+    if hex.len() < 6 || hex.len() > 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let pad = |with: char| format!("{hex}{}", with.to_string().repeat(32 - hex.len()));
+    Some((uuid::Uuid::parse_str(&pad('0')).ok()?, uuid::Uuid::parse_str(&pad('f')).ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

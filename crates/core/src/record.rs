@@ -62,6 +62,10 @@ pub struct ServerRecord {
     /// (`accept_unpinned`; see [`crate::rerun`]). Absent otherwise, so outside the hash.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_unpinned: Vec<UnpinnedInput>,
+    /// For a run fine-tuned from a checkpoint (`init_from`): the job that wrote it and its step.
+    /// Absent otherwise, so records before it hash as they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<crate::api::CheckpointSource>,
 }
 
 /// A template as an attempt ran it.
@@ -121,6 +125,7 @@ impl ServerRecord {
             image: image.unwrap_or(executor).to_string(),
             trainyard: TrainyardBuild::current(),
             accepted_unpinned: Vec::new(),
+            init_from: None,
         }
     }
 }
@@ -240,6 +245,9 @@ pub struct RunRecord {
     /// For a rerun: the inputs it could not pin, accepted explicitly; absent otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_unpinned: Vec<UnpinnedInput>,
+    /// For a fine-tune: the checkpoint its weights started from; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<crate::api::CheckpointSource>,
     pub environment: Option<RecordEnvironment>,
     #[schema(value_type = Option<Object>)]
     pub hardware: Option<Value>,
@@ -271,6 +279,7 @@ impl RunRecord {
             image_digests,
             trainyard: server.trainyard,
             accepted_unpinned: server.accepted_unpinned,
+            init_from: server.init_from,
             environment,
             hardware,
             seeds,

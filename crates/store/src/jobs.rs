@@ -2,7 +2,7 @@
 //! so another tenant's job id finds nothing (and the API answers 404, leaking no existence).
 
 use chrono::{DateTime, Utc};
-use trainyard_core::api::{Job, JobAttempt, JobEvent, JobPage};
+use trainyard_core::api::{CheckpointSource, Job, JobAttempt, JobEvent, JobPage};
 use trainyard_core::auth::Caller;
 use trainyard_core::error::ObjectKind;
 use trainyard_core::job::{JobSpec, JobState, ValidSubmission};
@@ -42,7 +42,8 @@ macro_rules! job_select {
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
                     j.updated_at, j.started_at, j.finished_at, j.cancel_requested_at, j.request_hash, j.params, j.datasets,
-                    j.rerun_of, j.rerun_overrides, j.rerun_unpinned, j.array_id, j.array_index
+                    j.rerun_of, j.rerun_overrides, j.rerun_unpinned, j.array_id, j.array_index,
+                    j.init_from_job, j.init_from_step
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
             $rest
         )
@@ -95,6 +96,8 @@ pub(crate) struct JobRow {
     rerun_unpinned: Option<serde_json::Value>,
     array_id: Option<Uuid>,
     array_index: Option<i32>,
+    init_from_job: Option<Uuid>,
+    init_from_step: Option<i64>,
 }
 
 impl TryFrom<JobRow> for Job {
@@ -142,6 +145,10 @@ impl TryFrom<JobRow> for Job {
                 .unwrap_or_default(),
             array_id: row.array_id,
             array_index: row.array_index.map(|i| i as u32),
+            init_from: match (row.init_from_job, row.init_from_step) {
+                (Some(job_id), Some(step)) => Some(CheckpointSource { job_id, step: step.max(0) as u64 }),
+                _ => None,
+            },
         })
     }
 }
@@ -201,12 +208,13 @@ impl Store {
                  INSERT INTO jobs (id, tenant_id, name, spec, priority, max_restarts, last_actor,
                                    idempotency_key, request_hash, created_by,
                                    template_name, template_version, template_digest, params, expected_runtime_seconds,
-                                   datasets, rerun_of, rerun_overrides, rerun_unpinned, array_id, array_index, array_limit)
+                                   datasets, rerun_of, rerun_overrides, rerun_unpinned, array_id, array_index, array_limit,
+                                   init_from_job, init_from_step)
                  SELECT u.id, $2, $3,
                         CASE WHEN u.idx IS NULL THEN $4
                              ELSE jsonb_set($4, '{env,TRAINYARD_ARRAY_INDEX}', to_jsonb(u.idx::text)) END,
                         $5, $6, $7, CASE WHEN u.ord = 1 THEN $8 END, $9, $10, $11, $12, $13, $14, $15, $16, $21, $22, $23,
-                        CASE WHEN u.idx IS NOT NULL THEN ($1::uuid[])[1] END, u.idx, $26
+                        CASE WHEN u.idx IS NOT NULL THEN ($1::uuid[])[1] END, u.idx, $26, $28, $29
                  FROM unnest($1::uuid[], $24::int[]) WITH ORDINALITY AS u(id, idx, ord)
                  ORDER BY u.ord
                  RETURNING id, created_at, updated_at),
@@ -245,6 +253,8 @@ impl Store {
         .bind(&after_ids)
         .bind(job.array.and_then(|a| a.limit).map(|l| l as i32))
         .bind(&after_kinds)
+        .bind(job.init_from.map(|source| source.job_id))
+        .bind(job.init_from.map(|source| i64::try_from(source.step).unwrap_or(i64::MAX)))
         .fetch_all(&self.pool)
         .await;
         let inserted = match inserted {
@@ -252,6 +262,9 @@ impl Store {
             Err(err) if violated_constraint(&err) == Some("jobs_idempotency_key_unique") => None,
             Err(err) if violated_constraint(&err) == Some("job_dependencies_same_tenant") => {
                 return Err(Error::invalid("after_ok", "names a job that is not one of your tenant's"));
+            }
+            Err(err) if violated_constraint(&err) == Some("jobs_init_from_same_tenant") => {
+                return Err(Error::invalid("params.init_from", "names a job that is not one of your tenant's"));
             }
             Err(err) => return Err(db_error(err)),
         };
@@ -282,6 +295,7 @@ impl Store {
                 rerun_unpinned: rerun.map(|link| link.unpinned).unwrap_or_default(),
                 array_id: job.array.map(|_| id),
                 array_index: job.array.map(|a| a.first),
+                init_from: job.init_from,
             }));
         }
         // Only a conflicting idempotency key makes the insert do nothing.

@@ -1,5 +1,5 @@
 //! The links lineage walks that are not a job's or a dataset's own columns: the jobs that read a
-//! dataset version, a job's reruns and its uploaded artefacts. Every query is scoped by tenant
+//! dataset version, a job's reruns and fine-tunes, and its uploaded artefacts. Every query is scoped by tenant
 //! and takes a limit, so one busy node cannot make a walk unbounded; each answers one more than
 //! the limit when there is more, for the caller to say the walk was cut.
 
@@ -40,6 +40,22 @@ impl Store {
         sqlx::query_as(
             "SELECT o.id, r.id FROM unnest($2::uuid[]) AS o(id),
                  LATERAL (SELECT id FROM jobs WHERE tenant_id = $1 AND rerun_of = o.id ORDER BY id LIMIT $3) AS r",
+        )
+        .bind(tenant_id)
+        .bind(jobs)
+        .bind(limit + 1)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
+    /// Up to `limit` + 1 runs fine-tuned from a checkpoint of each of `jobs`: (source, run),
+    /// oldest first.
+    pub async fn fine_tunes_of(&self, tenant_id: Uuid, jobs: &[Uuid], limit: i64) -> Result<Vec<(Uuid, Uuid)>> {
+        // language=PostgreSQL
+        sqlx::query_as(
+            "SELECT s.id, r.id FROM unnest($2::uuid[]) AS s(id),
+                 LATERAL (SELECT id FROM jobs WHERE tenant_id = $1 AND init_from_job = s.id ORDER BY id LIMIT $3) AS r",
         )
         .bind(tenant_id)
         .bind(jobs)

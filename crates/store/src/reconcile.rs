@@ -722,7 +722,7 @@ impl Store {
                  WHERE j.id = i.job_id AND j.state IN ('admitted', 'restarting') AND j.cancel_requested_at IS NULL
                    AND j.preempt_requested_at IS NULL AND (SELECT control_fence($2))
                  RETURNING j.id, j.tenant_id, j.created_by, j.template_name, j.flavor, j.params, j.datasets,
-                           j.rerun_unpinned, j.name, i.gpus, i.cpu_millis, i.memory_bytes, i.server, i.token_hash),
+                           j.rerun_unpinned, j.init_from_job, j.init_from_step, j.name, i.gpus, i.cpu_millis, i.memory_bytes, i.server, i.token_hash),
              opened AS (
                  INSERT INTO job_attempts (job_id, tenant_id, attempt)
                  SELECT m.id, m.tenant_id, coalesce((SELECT max(attempt) FROM job_attempts WHERE job_id = m.id), 0) + 1
@@ -740,6 +740,9 @@ impl Store {
                         m.server || jsonb_build_object('params', m.params, 'datasets', coalesce(m.datasets, '[]'::jsonb))
                         || CASE WHEN m.rerun_unpinned IS NULL THEN '{}'::jsonb
                                 ELSE jsonb_build_object('accepted_unpinned', m.rerun_unpinned) END
+                        || CASE WHEN m.init_from_job IS NULL THEN '{}'::jsonb
+                                ELSE jsonb_build_object('init_from', jsonb_build_object(
+                                    'job_id', m.init_from_job, 'step', m.init_from_step)) END
                  FROM moved m JOIN opened o ON o.job_id = m.id
                  ON CONFLICT (job_id, attempt) DO NOTHING),
              token AS (
@@ -888,6 +891,10 @@ impl Store {
                     -- A rerun's accepted unpinned inputs; absent otherwise, as in every record before.
                     || CASE WHEN j.rerun_unpinned IS NULL THEN '{}'::jsonb
                             ELSE jsonb_build_object('accepted_unpinned', j.rerun_unpinned) END
+                    -- A fine-tune's source checkpoint; absent otherwise.
+                    || CASE WHEN j.init_from_job IS NULL THEN '{}'::jsonb
+                            ELSE jsonb_build_object('init_from', jsonb_build_object(
+                                'job_id', j.init_from_job, 'step', j.init_from_step)) END
              FROM job_attempts a JOIN jobs j ON j.id = a.job_id
              WHERE a.job_id = $1 AND a.attempt = $2 AND (SELECT control_fence($4))
              ON CONFLICT (job_id, attempt) DO NOTHING",

@@ -19,7 +19,7 @@ use std::fmt;
 use sha2::{Digest, Sha256};
 
 pub use manifest::{ArgSpec, Manifest, OutputSpec, ParamKind, ParamSpec, Quantity};
-pub use params::Params;
+pub use params::{CheckpointRef, Params};
 
 /// The manifest's file name inside a template folder.
 pub const MANIFEST_FILE: &str = "template.yaml";

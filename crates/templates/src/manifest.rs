@@ -110,6 +110,9 @@ pub enum ParamKind {
     Dataset,
     /// A shared volume, by name.
     Volume,
+    /// Another job's checkpoint, `JOB[:STEP]` (an id, short id or name; the newest step when
+    /// none): the server resolves it to the checkpoint's file as the job sees it.
+    Checkpoint,
 }
 
 impl ParamKind {
@@ -125,6 +128,7 @@ impl ParamKind {
             ParamKind::List => "list",
             ParamKind::Dataset => "dataset",
             ParamKind::Volume => "volume",
+            ParamKind::Checkpoint => "checkpoint",
         }
     }
 }

@@ -135,6 +135,14 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
             }
             trainyard_core::names::VolumeName::parse(s).map(|_| Value::from(s))
         }
+        ParamKind::Checkpoint => {
+            let s = text(value)?;
+            // An optional checkpoint parameter may be left empty: start from fresh weights.
+            if s.is_empty() && !spec.required {
+                return Ok(Value::from(s));
+            }
+            CheckpointRef::parse(s).map(|_| Value::from(s))
+        }
         ParamKind::List => {
             let Value::Array(items) = value else {
                 return Err(format!("must be a list of strings, got {}", kind_of(value)));
@@ -150,6 +158,35 @@ pub(crate) fn coerce(spec: &ParamSpec, value: &Value) -> Result<Value, String> {
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Value::Array(items))
         }
+    }
+}
+
+/// A checkpoint parameter's value: `JOB[:STEP]`, the job an id, a short id or a name (job
+/// names hold no `:`), the step a whole number (none: the newest checkpoint).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRef {
+    pub job: String,
+    pub step: Option<u64>,
+}
+
+impl CheckpointRef {
+    pub fn parse(text: &str) -> Result<CheckpointRef, String> {
+        let (job, step) = match text.split_once(':') {
+            Some((job, step)) => {
+                let step = step.parse::<u64>().map_err(|_| {
+                    format!("must be JOB or JOB:STEP, the step a whole number, got {:?}", abbreviate(text))
+                })?;
+                (job, Some(step))
+            }
+            None => (text, None),
+        };
+        if job.is_empty() || !job.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+            return Err(format!(
+                "must be JOB or JOB:STEP, JOB a job's id, short id or name, got {:?}",
+                abbreviate(text)
+            ));
+        }
+        Ok(CheckpointRef { job: job.to_string(), step })
     }
 }
 

@@ -255,3 +255,36 @@ fn any_value() -> impl Strategy<Value = String> {
     ]
     .prop_filter("paths have no '..' parts", |s| !s.split('/').any(|p| p == "..") && !s.is_empty())
 }
+
+#[test]
+fn a_checkpoint_parameter_takes_job_or_job_and_step() {
+    let manifest = GOOD.replace(
+        "  gpus: {type: int, default: 0, min: 0, max: 8}\n",
+        "  gpus: {type: int, default: 0, min: 0, max: 8}\n  init_from: {type: checkpoint, default: \"\"}\n",
+    );
+    let t = load(&manifest).unwrap();
+    for good in ["", "01a20b11", "01a20b11:40", "my-run.2:0", "0191e5c2-7b3a-7c00-8000-000000000000:1200"] {
+        let values = t.check_params(&params(json!({"data": "d", "init_from": good}))).unwrap();
+        assert_eq!(values["init_from"], json!(good));
+    }
+    assert_eq!(
+        crate::CheckpointRef::parse("run-7:40").unwrap(),
+        crate::CheckpointRef { job: "run-7".into(), step: Some(40) }
+    );
+    assert_eq!(crate::CheckpointRef::parse("run-7").unwrap().step, None);
+    for (bad, rule) in [
+        ("run:latest", "the step a whole number"),
+        ("run:-1", "the step a whole number"),
+        (":40", "a job's id, short id or name"),
+        ("../etc:4", "a job's id, short id or name"),
+        ("a:1:2", "the step a whole number"),
+    ] {
+        match t.check_params(&params(json!({"data": "d", "init_from": bad}))) {
+            Err(trainyard_core::Error::InvalidInput { field, message }) => {
+                assert_eq!(field, "params.init_from", "{bad}");
+                assert!(message.contains(rule), "{bad}: {message}");
+            }
+            other => panic!("{bad} must be refused, got {other:?}"),
+        }
+    }
+}

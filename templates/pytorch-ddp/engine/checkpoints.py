@@ -10,6 +10,10 @@ complete file or nothing. A `latest.json` that names a missing or unreadable che
 error, never a silent start from step 0. Names carry the step zero-padded to 8 digits (longer
 beyond 10^8 steps); nothing relies on their string order: the step is parsed wherever it counts.
 
+A run can start from the model weights of another run's checkpoint (`checkpoint_weights`,
+`--init-from`: fine-tuning, with a fresh optimizer and schedule from step 0); once it has
+checkpoints of its own, a restarted attempt resumes those instead.
+
 Loading unpickles with torch.load(weights_only=True): tensors, containers and plain values only,
 so a file someone put in the checkpoint folder cannot run code when a job resumes from it. What
 the engine saves holds nothing else (seeds.py keeps NumPy's state as a list); checkpoints of
@@ -155,3 +159,22 @@ def checkpoint_latest(directory):
     except Exception as err:  # torch.load raises many kinds for a damaged file
         raise CheckpointError(f"cannot resume: {path}, named by {latest}, cannot be loaded: "
                               f"{type(err).__name__}: {_first_line(err)}") from None
+
+
+def checkpoint_weights(path):
+    """The model weights and step of the checkpoint at `path`, another run's (fine-tuning from it,
+    `--init-from`), loaded onto the CPU as a resume loads them. Raises CheckpointError when it is
+    missing or cannot be loaded, never a silent start from fresh weights."""
+    if checkpoint_step(os.path.basename(path)) is None:
+        raise CheckpointError(f"cannot fine-tune from {path}: not a checkpoint file (ckpt-<step>.pt)")
+    try:
+        state = checkpoint_load(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"cannot fine-tune from {path}: it is missing (deleted by keep_checkpoints since "
+                              f"the run was submitted?)") from None
+    except Exception as err:  # torch.load raises many kinds for a damaged file
+        raise CheckpointError(f"cannot fine-tune from {path}: {type(err).__name__}: {_first_line(err)}") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"cannot fine-tune from {path}: it holds no model weights")
+    step = state.get("step")
+    return {"model": state["model"], "step": step if isinstance(step, int) else 0}

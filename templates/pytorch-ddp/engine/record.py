@@ -23,7 +23,7 @@ import seeds
 import shards
 
 # The engine's version: the pytorch-ddp template's (a test checks they agree).
-ENGINE = {"name": "pytorch-ddp", "version": "1.10.0"}
+ENGINE = {"name": "pytorch-ddp", "version": "1.11.0"}
 # Above this many shards the record gives the rule and its inputs, not every rank's list: the
 # assignment is a pure function of the shard counts (in dataset.json, covered by its content
 # hash), the seed and the world size.

@@ -11,7 +11,8 @@ each sample at most once per epoch, resumable at any step); a dataset on Trainya
 (`--data store:NAME@VERSION`) is read through the node's shard cache (remote.py, cache.py), its
 cache hits, misses and bytes fetched reported as metrics. Decode workers and prefetch: pinned,
 or tuned while training (`auto`, autotune.py; `InputPipeline` below). Checkpoints:
-checkpoints.py. The run record (packages, hardware, seeds, data, the input pipeline's settings):
+checkpoints.py; a run fine-tuned from another's checkpoint (`--init-from`) starts from its
+model weights only. The run record (packages, hardware, seeds, data, the input pipeline's settings):
 record.py, gathered by rank 0 before the first step and posted once the input pipeline's
 settings are known.
 
@@ -98,6 +99,9 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-volume", default="",
                    help="a volume for the checkpoints (they go to <volume>/jobs/<job id>/<output>)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept (0: all)")
+    p.add_argument("--init-from", default="",
+                   help="fine-tune: start from the model weights of this checkpoint file (another run's), with a fresh "
+                        "optimizer and schedule from step 0; ignored once this run has a checkpoint of its own")
     p.add_argument("--workers", type=knob(0, autotune.MAX_WORKERS), default="auto",
                    help="decode processes per training process, or auto (tuned while training)")
     p.add_argument("--prefetch", type=knob(1, autotune.MAX_PREFETCH), default="auto",
@@ -513,6 +517,21 @@ def resume_state(directory, rank, device):
     return box[0]["state"]
 
 
+def initial_weights(path, rank, device):
+    """Rank 0 loads the model weights of the checkpoint at `path` (fine-tuning) and every rank
+    gets them; one that cannot be loaded fails every rank with the same message."""
+    box = [None]
+    if rank == 0:
+        try:
+            box[0] = {"weights": checkpoints.checkpoint_weights(path)}
+        except checkpoints.CheckpointError as err:
+            box[0] = {"error": str(err)}
+    dist.broadcast_object_list(box, src=0, device=device)
+    if "error" in box[0]:
+        raise EngineError(box[0]["error"])
+    return box[0]["weights"]
+
+
 def main():
     args = parse_args()
     args.output = checkpoints.checkpoint_dir(args.output, args.checkpoint_volume,
@@ -585,6 +604,7 @@ def main():
     autocast_dtype = settings.autocast_dtype
 
     epoch, step, cursor, rng, resumed_pipeline = 0, 0, 0, None, None
+    init_from_step = None
     state = resume_state(args.output, rank, collectives)
     if state is not None:
         resumed_pipeline = state.get("input_pipeline")
@@ -604,6 +624,16 @@ def main():
                   f"batch_size and grad_accum); epoch {epoch} starts again from its beginning", flush=True)
         print(f"resuming from step {step} (epoch {epoch}, {cursor} samples into it)", flush=True)
         del state
+    elif args.init_from:
+        # Fine-tuning: the weights only; the optimizer, the schedule, the data order and the step
+        # count start afresh. Every rank loads the same weights, as on a resume.
+        weights = initial_weights(args.init_from, rank, collectives)
+        net.load_state_dict(weights["model"])
+        init_from_step = weights["step"]
+        del weights
+        if rank == 0:
+            print(f"fine-tuning from {args.init_from} (the model weights of its step {init_from_step}); "
+                  f"a fresh optimizer, training from step 0", flush=True)
     run_record = RunRecord(args, world, local_world, backend, device, dataset.plan) if rank == 0 else None
     # Starts no decode worker yet, and draws from no generator of this process.
     pipeline = InputPipeline(args, dataset, local_world, pin_memory=settings.pin_memory,
@@ -637,6 +667,10 @@ def main():
     reporter = Reporter(rank == 0)
     AT_EXIT.append(lambda _code: reporter.close(timeout=2.0))
     votes = StepVotes(collectives, 2)
+    if init_from_step is not None:
+        # At step 0: the run's first point says which step's weights it started from.
+        reporter.add(0, init_from_step=init_from_step)
+        reporter.flush()
     if data_view is not None:
         report_data_counts(data_view, args.data, reporter, step, collectives)
     sample_log = SampleLog(rank)

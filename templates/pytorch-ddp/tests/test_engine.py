@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 import checkpoints
 from jobs import Job
@@ -209,3 +210,44 @@ def test_sigterm_ends_training_after_a_final_checkpoint(uneven_dataset, tmp_path
     assert "stopping on SIGTERM after a final checkpoint" in job.log(0)
     assert job.latest_step() >= 12
     assert job.processes_left() == []
+
+
+def test_a_run_fine_tuned_from_a_checkpoint_starts_from_its_weights_at_step_0(uneven_dataset, tmp_path):
+    """init_from: the weights of another run's checkpoint, with a fresh optimizer and step count
+    (fine-tuning, not a resume). At lr 0 the weights never move, so the fine-tune's own checkpoint
+    holds exactly the source's weights (fresh ones from build_model would differ), while its
+    optimizer counted only its own steps; a restarted attempt resumes its own checkpoint."""
+    data, _ = uneven_dataset
+    source = Job(tmp_path / "source", data, max_steps=20).start()
+    assert source.wait(120) == [0, 0], source.logs()
+    weights = os.path.join(source.replica_dir(0), "checkpoints", checkpoints.checkpoint_name(20))
+
+    tune = Job(tmp_path / "tune", data, max_steps=10, lr=0.0, init_from=weights).start()
+    assert tune.wait(120) == [0, 0], tune.logs()
+    assert f"fine-tuning from {weights} (the model weights of its step 20)" in tune.log(0), tune.logs()
+    assert [e["step"] for e in tune.steps(0)] == list(range(1, 11)), "it counts its steps from 0"
+    assert tune.steps(0)[0]["epoch"] == 0
+    assert tune.latest_step() == 10
+    saved = checkpoints.checkpoint_load(os.path.join(tune.replica_dir(0), "checkpoints", checkpoints.checkpoint_name(10)))
+    original = checkpoints.checkpoint_load(weights)
+    assert saved["model"].keys() == original["model"].keys()
+    for name, tensor in original["model"].items():
+        assert torch.equal(saved["model"][name], tensor), f"{name}: not the source's weights"
+    steps_counted = {float(s["step"]) for s in saved["optimizer"]["state"].values()}
+    assert steps_counted == {10.0}, f"a fresh optimizer counts its own 10 steps, not the source's 20: {steps_counted}"
+
+    again = Job(tmp_path / "tune", data, max_steps=10, lr=0.0, init_from=weights)
+    again.samples = os.path.join(str(tmp_path / "tune"), "samples-again")
+    assert again.start().wait(120) == [0, 0], again.logs()
+    # The log goes on from the first attempt's: one fine-tuning line, then the resume.
+    assert "resuming from step 10 " in again.log(0) and again.log(0).count("fine-tuning from") == 1, again.logs()
+
+
+def test_a_missing_checkpoint_to_fine_tune_from_fails_clearly(uneven_dataset, tmp_path):
+    data, _ = uneven_dataset
+    missing = str(tmp_path / "gone" / checkpoints.checkpoint_name(40))
+    job = Job(tmp_path / "job", data, max_steps=5, init_from=missing).start()
+    codes = job.wait(60)
+    assert codes[0] != 0, job.logs()
+    assert job.last_line(0) == f"trainyard: cannot fine-tune from {missing}: it is missing (deleted by " \
+                               f"keep_checkpoints since the run was submitted?)", job.logs()

@@ -58,6 +58,49 @@ pub fn open_dir_beneath(root: &Dir, path: &Path, create: bool) -> std::io::Resul
     Ok(dir)
 }
 
+/// A plain file in a folder, as [`files_in`] lists it: never a link, a folder or a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlainFile {
+    pub name: String,
+    pub size_bytes: u64,
+    pub modified: std::time::SystemTime,
+}
+
+/// The plain files directly in `dir` whose names `keep` accepts, each with its size and time,
+/// read from the entry itself (`lstat`): a link is left out, never followed, whatever it names.
+pub fn files_in(dir: &Dir, keep: impl Fn(&str) -> bool) -> std::io::Result<Vec<PlainFile>> {
+    let mut files = Vec::new();
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().into_string() else { continue };
+        if !keep(&name) || !entry.file_type()?.is_file() {
+            continue;
+        }
+        let meta = match dir.symlink_metadata(&name) {
+            Ok(meta) if meta.is_file() => meta,
+            // Gone since the listing (a pruned checkpoint), or replaced by something else.
+            Ok(_) => continue,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(err),
+        };
+        files.push(PlainFile { name, size_bytes: meta.len(), modified: meta.modified()?.into_std() });
+    }
+    Ok(files)
+}
+
+/// Opens the plain file `name` in `dir` to read it: a link in its place is an error
+/// (`O_NOFOLLOW`), and so is anything but a regular file (opened without blocking, so that a
+/// FIFO planted under the name cannot hold the reader).
+pub fn open_plain_file(dir: &Dir, name: &str) -> std::io::Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let file = std::fs::File::from(rustix::fs::openat(dir, name, flags, Mode::empty())?);
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{name} is not a plain file")));
+    }
+    Ok(file)
+}
+
 /// Writes `content` to the relative `path` under `root` with `mode`, making the folders on the
 /// way; a link anywhere on the way (or in the file's place) is an error, never followed.
 pub fn write_beneath(root: &Dir, path: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
@@ -136,6 +179,36 @@ mod tests {
         // A link in the folder's own place is refused too.
         std::os::unix::fs::symlink(&outside, dir.path().join("work-link")).unwrap();
         assert!(open_own_dir(&dir.path().join("work-link")).is_err());
+    }
+
+    #[test]
+    fn reading_lists_and_opens_plain_files_only_and_follows_no_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "another tenant's").unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(work.join("sub")).unwrap();
+        std::fs::write(work.join("sub/real"), "mine").unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), work.join("sub/link")).unwrap();
+        std::os::unix::fs::symlink(&outside, work.join("linked")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            work.join("sub/fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+
+        let root = open_own_dir(&work).unwrap();
+        let sub = open_dir_beneath(&root, Path::new("sub"), false).unwrap();
+        let listed: Vec<String> = files_in(&sub, |_| true).unwrap().into_iter().map(|f| f.name).collect();
+        assert_eq!(listed, ["real"], "neither the link nor the FIFO is listed");
+        assert!(open_plain_file(&sub, "link").is_err(), "a link is not followed");
+        assert!(open_plain_file(&sub, "fifo").is_err(), "a FIFO is refused without blocking");
+        assert_eq!(std::io::read_to_string(open_plain_file(&sub, "real").unwrap()).unwrap(), "mine");
+        assert!(open_dir_beneath(&root, Path::new("linked"), false).is_err(), "a linked folder is not entered");
     }
 
     #[test]

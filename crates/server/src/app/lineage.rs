@@ -1,8 +1,8 @@
 //! Lineage: the walk of [`trainyard_core::lineage`] fed from the store, a level at a time in
-//! each direction. Upstream, a job leads to the dataset versions it read and the job it reran; a
-//! dataset version to the job whose output it was registered from. Downstream, a job leads to
-//! the dataset versions registered from its output, the artefacts it uploaded and its reruns; a
-//! dataset version to the jobs that read it. Every read is the caller's tenant's: another
+//! each direction. Upstream, a job leads to the dataset versions it read, the job it reran and
+//! the job whose checkpoint it was fine-tuned from; a dataset version to the job whose output it
+//! was registered from. Downstream, a job leads to the dataset versions registered from its
+//! output, the artefacts it uploaded, its reruns and its fine-tunes; a dataset version to the jobs that read it. Every read is the caller's tenant's: another
 //! tenant's job or dataset is a 404, and nothing of another tenant is ever reached.
 
 use std::collections::HashMap;
@@ -97,7 +97,10 @@ impl App {
                 }
             }
             if let Some(original) = job.rerun_of {
-                leads.push((key, original, Relation::Reran, Some(overrides(job))));
+                leads.push((key.clone(), original, Relation::Reran, Some(overrides(job))));
+            }
+            if let Some(source) = job.init_from {
+                leads.push((key, source.job_id, Relation::FineTuned, Some(format!("checkpoint step {}", source.step))));
             }
         }
         for dataset in &frontier.datasets {
@@ -162,6 +165,16 @@ impl App {
                 }
                 leads.push((job_key(original), rerun, Relation::Reran));
             }
+            let mut tunes: HashMap<Uuid, i64> = HashMap::new();
+            for (source, run) in self.store.fine_tunes_of(tenant, &ids, RERUNS_PER_JOB).await? {
+                let count = tunes.entry(source).or_default();
+                *count += 1;
+                if *count > RERUNS_PER_JOB {
+                    walk.truncate();
+                    continue;
+                }
+                leads.push((job_key(source), run, Relation::FineTuned));
+            }
         }
         for dataset in &frontier.datasets {
             let readers = self.store.jobs_reading(tenant, &dataset.name, &dataset.version, READERS_PER_DATASET).await?;
@@ -179,6 +192,7 @@ impl App {
             let Some(job) = jobs.get(&id) else { continue };
             let note = match relation {
                 Relation::Reran => Some(overrides(job)),
+                Relation::FineTuned => job.init_from.map(|source| format!("checkpoint step {}", source.step)),
                 // The parameter the job read the dataset version through.
                 _ => job.datasets.iter().find(|u| dataset_key(&u.name, &u.version) == near).map(|u| u.param.clone()),
             };

@@ -16,6 +16,7 @@
 //! - [`throttle`]: failed authentication, throttled per client and per token.
 
 pub mod accounting;
+pub mod checkpoints;
 pub mod code;
 pub mod compare;
 pub mod datasets;

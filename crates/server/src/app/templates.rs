@@ -206,6 +206,25 @@ impl App {
             }
             values.insert(param.clone(), serde_json::Value::String(path));
         }
+        // A checkpoint parameter names another job's checkpoint (`JOB[:STEP]`): the job gets the
+        // file's path as its replicas see it, mounts the volume it is on, and records which job
+        // and step it started from (the newest step at submit when none was named).
+        let mut init_from = None;
+        for (param, spec) in &template.manifest.parameters {
+            if spec.kind != trainyard_templates::ParamKind::Checkpoint {
+                continue;
+            }
+            let Some(text) = values.get(param).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).map(str::to_string)
+            else {
+                continue;
+            };
+            let (path, mount, source) = self.checkpoint_resolve(caller, &format!("params.{param}"), &text).await?;
+            if !volumes.iter().any(|v| v.name == mount.name) {
+                volumes.push(mount);
+            }
+            values.insert(param.clone(), serde_json::Value::String(path));
+            init_from = Some(source);
+        }
         let spec = template.render(&values)?;
         // The job-level fields pass the same checks as a direct submit.
         let mut valid = JobSubmission {
@@ -231,6 +250,7 @@ impl App {
         valid.spec.template = spec.template;
         valid.spec.volumes = volumes;
         valid.datasets = datasets;
+        valid.init_from = init_from;
         // A rerun on a cluster runs its original's image by digest.
         valid.spec.image = rerun.as_ref().and_then(|link| link.image.clone());
         valid.rerun = rerun;
@@ -407,6 +427,16 @@ impl App {
                 // The template checks every value, the changed ones included (`params.<name>`).
                 let mut params = params.clone();
                 params.extend(request.set.clone());
+                // The checkpoint the original started from, exactly (`JOB` alone names the newest,
+                // which may have moved on since), unless the rerun changes it.
+                if let Some(source) = original.init_from {
+                    for (param, spec) in &template.manifest.parameters {
+                        if spec.kind == trainyard_templates::ParamKind::Checkpoint && !request.set.contains_key(param) {
+                            let pinned = format!("{}:{}", source.job_id, source.step);
+                            params.insert(param.clone(), serde_json::Value::String(pinned));
+                        }
+                    }
+                }
                 let run = TemplateRun {
                     version: Some(reference.version.clone()),
                     params,
@@ -478,7 +508,11 @@ impl App {
     }
 
     /// The template a job from a template ran, by its digest; none for a direct job.
-    async fn template_of(&self, caller: &Caller, job: &Job) -> Result<Option<Arc<trainyard_templates::Template>>> {
+    pub(super) async fn template_of(
+        &self,
+        caller: &Caller,
+        job: &Job,
+    ) -> Result<Option<Arc<trainyard_templates::Template>>> {
         match (&job.spec.template, &job.params) {
             (Some(reference), Some(serde_json::Value::Object(_))) => {
                 Ok(Some(self.templates.resolve_pinned(caller.tenant_id, reference).await?))

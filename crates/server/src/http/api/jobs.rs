@@ -119,13 +119,8 @@ pub fn list_filter(params: ListParams) -> Result<JobFilter> {
 /// The ids a prefix stands for: from the prefix padded with `0` to it padded with `f`, so that the
 /// lookup walks the primary key's index rather than every id as text.
 pub fn id_range_of(prefix: &str) -> Result<(uuid::Uuid, uuid::Uuid)> {
-    let hex: String = prefix.chars().filter(|c| *c != '-').collect::<String>().to_ascii_lowercase();
-    if hex.len() < 6 || hex.len() > 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(Error::invalid("id_prefix", "6 to 32 hex digits of a job id (dashes allowed)"));
-    }
-    let pad = |with: char| format!("{hex}{}", with.to_string().repeat(32 - hex.len()));
-    let parse = |text: String| uuid::Uuid::parse_str(&text).map_err(|err| Error::internal(err.to_string()));
-    Ok((parse(pad('0'))?, parse(pad('f'))?))
+    trainyard_core::names::job_id_range(prefix)
+        .ok_or_else(|| Error::invalid("id_prefix", "6 to 32 hex digits of a job id (dashes allowed)"))
 }
 
 /// One job.

@@ -3,6 +3,7 @@
 
 mod accounting;
 mod admin;
+mod checkpoints;
 mod compare;
 mod datasets;
 mod experiments;
@@ -87,6 +88,8 @@ pub fn routes() -> RouteTable {
 
 fn storage_routes() -> RouteTable {
     RouteTable::new()
+        .route("/api/v1/jobs/{id}/checkpoints", get(checkpoints::checkpoints_list))
+        .route("/api/v1/jobs/{id}/checkpoints/{step}", get(checkpoints::checkpoint_download))
         .route("/api/v1/jobs/{id}/artifacts", get(storage::artifacts_list))
         .route(
             "/api/v1/jobs/{id}/artifacts/{*path}",
@@ -177,6 +180,8 @@ fn storage_routes() -> RouteTable {
         admin::tenant_create,
         admin::tenant_remove,
         admin::member_add,
+        checkpoints::checkpoints_list,
+        checkpoints::checkpoint_download,
         storage::artifacts_list,
         storage::artifact_upload,
         storage::artifact_link,

@@ -315,6 +315,12 @@ struct JobPage {
     datasets: Vec<String>,
     outputs: Vec<(String, String)>,
     artifacts: Vec<super::storage::ArtifactRow>,
+    /// Its checkpoints: the folder as the job sees it, the files, why none can be listed.
+    checkpoint_folder: Option<String>,
+    checkpoints: Vec<super::storage::CheckpointRow>,
+    checkpoint_note: Option<String>,
+    /// The checkpoint it was fine-tuned from (`init_from`).
+    init_from: Option<trainyard_core::api::CheckpointSource>,
     argv: String,
     resources: String,
     replicas: Vec<u32>,
@@ -376,6 +382,8 @@ pub async fn detail(
     let can_write = can_write(&auth.caller);
     let unpinned = if can_write { rerun_unpinned(&state, &auth, job.id).await? } else { Vec::new() };
     let record = state.app.run_record_latest(&auth.caller, job.id).await?;
+    let (checkpoint_folder, checkpoints, checkpoint_note) =
+        super::storage::checkpoint_rows(&state.app, &auth, job.id).await?;
     let page = JobPage {
         nav: Nav::new(&auth, "jobs"),
         id: job.id,
@@ -389,6 +397,10 @@ pub async fn detail(
         datasets: job.datasets.iter().map(|d| format!("{}@{} ({})", d.name, d.version, d.content_hash)).collect(),
         outputs: outputs.iter().map(|(k, v)| (k.clone(), compact(v))).collect(),
         artifacts: super::storage::artifact_rows(&state.app, &auth, job.id).await?,
+        checkpoint_folder,
+        checkpoints,
+        checkpoint_note,
+        init_from: job.init_from,
         argv: job.spec.argv().join(" "),
         resources: format!(
             "{} × ({}, {} of memory, {})",

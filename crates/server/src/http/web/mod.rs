@@ -58,6 +58,7 @@ pub fn routes() -> RouteTable {
         .route("/jobs/{id}/rerun", post(jobs::rerun))
         .route("/jobs/{id}/notebook", post(jobs::notebook_open))
         .route("/jobs/{id}/artifacts/{*path}", get(storage::artifact_download))
+        .route("/jobs/{id}/checkpoints/{step}", get(storage::checkpoint_download))
         .route("/compare", get(compare::compare))
         .route("/jobs/{id}/lineage", get(lineage::job))
         .route("/datasets/{name}/{version}/lineage", get(lineage::dataset))

@@ -1,5 +1,5 @@
 //! Storage pages: a job's artefacts (on the job's page, downloaded through a fresh signed
-//! link), the tenant's datasets, and its volumes (list, create, delete).
+//! link) and checkpoints (streamed), the tenant's datasets, and its volumes (list, create, delete).
 
 use askama::Template;
 use axum::extract::{Path, State};
@@ -59,6 +59,60 @@ pub async fn artifact_download(
     let job_id = parse_id(&id, ObjectKind::Job)?;
     let link = state.app.artifact_link(&auth.caller, job_id, &path, Some(PAGE_LINK_SECONDS)).await?;
     Ok(Redirect::to(&link.url).into_response())
+}
+
+/// One checkpoint row on a job's page.
+pub struct CheckpointRow {
+    pub step: u64,
+    /// `/jobs/<id>/checkpoints/<step>`: the file, streamed.
+    pub href: String,
+    pub size: String,
+    pub saved: String,
+    pub path: String,
+}
+
+/// A job's checkpoints for its page: the folder (as the job sees it), the rows, and why there
+/// are none when there is a reason to say.
+pub async fn checkpoint_rows(
+    app: &App,
+    auth: &WebAuth,
+    job_id: Uuid,
+) -> Result<(Option<String>, Vec<CheckpointRow>, Option<String>)> {
+    let listed = match app.job_checkpoints(&auth.caller, job_id).await {
+        Ok(listed) => listed,
+        // A folder the server will not read is said on the page, not a failed page.
+        Err(Error::Conflict(note)) => return Ok((None, Vec::new(), Some(note))),
+        Err(other) => return Err(other),
+    };
+    let rows = listed
+        .checkpoints
+        .into_iter()
+        .map(|c| CheckpointRow {
+            step: c.step,
+            href: format!("/jobs/{job_id}/checkpoints/{}", c.step),
+            size: human_memory(c.size_bytes),
+            saved: when(&c.saved_at),
+            path: c.path,
+        })
+        .collect();
+    Ok((listed.folder, rows, listed.note))
+}
+
+/// A checkpoint's download button: the file, streamed as the API streams it.
+pub async fn checkpoint_download(
+    State(state): State<AppState>,
+    auth: WebAuth,
+    Path((id, step)): Path<(String, String)>,
+) -> WebResult<Response> {
+    let job_id = parse_id(&id, ObjectKind::Job)?;
+    let step: u64 = step.parse().map_err(|_| Error::not_found(ObjectKind::Checkpoint))?;
+    let open = state.app.checkpoint_open(&auth.caller, job_id, step).await?;
+    let name = open.checkpoint.path.rsplit('/').next().unwrap_or("checkpoint.pt").to_string();
+    let stream = tokio_util::io::ReaderStream::with_capacity(tokio::fs::File::from_std(open.file), 1 << 20);
+    let file = axum_extra::response::Attachment::new(axum::body::Body::from_stream(stream))
+        .filename(name)
+        .content_type("application/octet-stream");
+    Ok(([(axum::http::header::CONTENT_LENGTH, open.checkpoint.size_bytes.to_string())], file).into_response())
 }
 
 pub struct DatasetRow {
