@@ -433,3 +433,31 @@ async fn signing_out_ends_the_provider_session_and_the_next_person_is_asked_to_s
     let (_, jobs) = shared.get("/jobs").await;
     assert!(jobs.contains("bob · team-a (member)"), "{jobs}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn userinfo_about_someone_else_and_tokens_from_a_clock_far_ahead_are_refused() {
+    let provider = OidcProvider::start();
+    let env = sso_server(&provider, true).await;
+    let base = env.server.url.clone();
+
+    // Userinfo must speak of the ID token's subject.
+    provider
+        .next_account(json!({"sub": "subject-ada", "preferred_username": "ada", "groups": ["team-a-devs"],
+                             "userinfo_sub": "subject-eve"}))
+        .await;
+    let outcome = sign_in(&WebClient::new(&base), &base).await;
+    assert_eq!(outcome.status, StatusCode::UNAUTHORIZED, "{}", outcome.page);
+    assert!(outcome.page.contains("userinfo names another subject than the ID token"), "{}", outcome.page);
+    assert!(!user_exists(&env, "ada").await);
+
+    // A provider's clock a little ahead is within the leeway; five minutes ahead is not, and
+    // the refusal says why.
+    provider.next_identity("subject-ada", "ada", &["team-a-devs"]).await;
+    provider.settings(json!({"clock_skew_s": 30})).await;
+    let outcome = sign_in(&WebClient::new(&base), &base).await;
+    assert_eq!(outcome.status, StatusCode::SEE_OTHER, "{}", outcome.page);
+    provider.settings(json!({"clock_skew_s": 300})).await;
+    let outcome = sign_in(&WebClient::new(&base), &base).await;
+    assert_eq!(outcome.status, StatusCode::UNAUTHORIZED, "{}", outcome.page);
+    assert!(outcome.page.contains("in the future"), "{}", outcome.page);
+}

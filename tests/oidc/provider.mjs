@@ -14,9 +14,11 @@
 // Control (JSON bodies):
 //   POST /client   {"redirect_uri", "post_logout_redirect_uri", "id_token_alg"?}: the relying
 //                  party (Trainyard); id_token_alg "RS256" (default) or "EdDSA" (Ed25519)
-//   POST /settings {"groups_scope"?: bool, "claims_in_id_token"?: bool}: `groups` released only
-//                  for a `groups` scope (else with `profile`); scope claims also in the ID token
-//                  (else at userinfo only, as OIDC Core 5.4 has it, the provider's default)
+//   POST /settings {"groups_scope"?: bool, "claims_in_id_token"?: bool, "clock_skew_s"?: n}:
+//                  `groups` released only for a `groups` scope (else with `profile`); scope
+//                  claims also in the ID token (else at userinfo only, as OIDC Core 5.4 has it,
+//                  the provider's default); the provider's clock that many seconds ahead
+//   POST /next     ... "userinfo_sub"? makes userinfo answer with that subject instead
 //   POST /next     {"sub", "preferred_username"?, "email"?, "email_verified"?, "groups"?, ...}:
 //                  the account the next sign-in prompt signs in (its claims are kept by sub)
 //   POST /tamper   the next ID token leaves with its claims changed after signing
@@ -38,6 +40,7 @@ const jwk = (type, options, alg) => {
 let rsaKeys = [jwk('rsa', { modulusLength: 2048 }, 'RS256')];
 const edKey = jwk('ed25519', {}, 'EdDSA');
 
+const realNow = Date.now;
 const accounts = new Map();
 let nextSub = 'nobody';
 let settings = { groups_scope: false, claims_in_id_token: false };
@@ -90,7 +93,10 @@ function build() {
     interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
     findAccount: (ctx, sub) => ({
       accountId: sub,
-      claims: () => ({ sub, ...(accounts.get(sub) ?? {}) }),
+      claims: () => {
+        const { userinfo_sub: _, ...claims } = accounts.get(sub) ?? {};
+        return { ...claims, sub };
+      },
     }),
     // Everything asked is granted: the provider's consent page is not what is under test.
     loadExistingGrant: async (ctx) => {
@@ -106,6 +112,9 @@ function build() {
   });
   provider.use(async (ctx, next) => {
     await next();
+    // `userinfo_sub`: a provider gone wrong, whose userinfo speaks of somebody else.
+    const other = ctx.path === '/me' && accounts.get(ctx.body?.sub)?.userinfo_sub;
+    if (other) ctx.body = { ...ctx.body, sub: other };
     const idToken = ctx.path === '/token' ? ctx.body?.id_token : undefined;
     if (!idToken) return;
     const [header, payload, signature] = idToken.split('.');
@@ -159,6 +168,8 @@ const control = http.createServer(async (req, res) => {
     }
     if (req.method === 'POST' && req.url === '/settings') {
       settings = { ...settings, ...(await read(req)) };
+      const skew = (settings.clock_skew_s ?? 0) * 1000;
+      Date.now = () => realNow() + skew;
       build();
       return answer(200, settings);
     }
