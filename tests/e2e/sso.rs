@@ -226,8 +226,8 @@ async fn groups_decide_tenants_and_roles_and_everyone_else_is_refused() {
     // Signing out ends the session and the token behind it.
     let (_, page) = ada.get("/jobs").await;
     let csrf = trainyard_tests::web::csrf_of(&page);
-    let (status, _) = ada.post_form("/logout", &[("csrf", &csrf)]).await;
-    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (status, page) = ada.post_form("/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(status, StatusCode::OK, "a page that moves on to the provider's sign-out: {page}");
     let (status, _) = ada.get("/jobs").await;
     assert_eq!(status, StatusCode::SEE_OTHER, "signed out, /jobs sends to sign-in");
     let live: i64 = sqlx::query_scalar(
@@ -288,6 +288,30 @@ async fn a_person_signs_in_with_single_sign_on_in_a_browser() {
     assert_eq!(who, "grace · team-b (viewer)");
     assert!(c.current_url().await.unwrap().path().ends_with("/jobs"));
     browser.screenshot("sso-signed-in", 1280).await;
+
+    // Signing out signs grace out at the provider too (its confirmation page), and the browser
+    // comes back to the sign-in page; the next person there signs in as themselves.
+    c.find(Locator::Css("#sign-out")).await.unwrap().click().await.unwrap();
+    let yes = Locator::Css("button[name=logout][value=yes]");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let confirm = loop {
+        if let Ok(button) = c.find(yes).await {
+            break button;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider's sign-out page never came: {:?}",
+            c.current_url().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    confirm.click().await.unwrap();
+    browser.wait_text("#sso", Duration::from_secs(15), |text| text.contains("Acme SSO")).await;
+    assert!(c.current_url().await.unwrap().as_str().starts_with(&format!("{base}/login")));
+    provider.next_identity("subject-hal", "hal", &["team-a-devs"]).await;
+    c.find(Locator::Css("#sso")).await.unwrap().click().await.unwrap();
+    let who = browser.wait_text("#who", Duration::from_secs(15), |text| !text.is_empty()).await;
+    assert_eq!(who, "hal · team-a (member)");
 
     // Outside every group: the browser comes back to the sign-in page with the reason.
     c.delete_all_cookies().await.unwrap();
@@ -412,9 +436,11 @@ async fn signing_out_ends_the_provider_session_and_the_next_person_is_asked_to_s
     // as the hint and this server's sign-in page to come back to.
     let (_, page) = shared.get("/jobs").await;
     let csrf = trainyard_tests::web::csrf_of(&page);
-    let (status, to) = shared.post_form_location("/logout", &[("csrf", &csrf)]).await;
-    assert_eq!(status, StatusCode::SEE_OTHER);
-    let to = reqwest::Url::parse(&to.expect("a sign-out goes somewhere")).unwrap();
+    let (status, page) = shared.post_form("/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let link = page.split("id=\"provider-logout\" href=\"").nth(1).expect("a link to the provider").split('"');
+    let to =
+        reqwest::Url::parse(&link.into_iter().next().unwrap().replace("&amp;", "&").replace("&#38;", "&")).unwrap();
     assert_eq!(to.as_str().split('?').next(), Some(format!("{}/session/end", provider.issuer).as_str()));
     let query: std::collections::HashMap<_, _> = to.query_pairs().into_owned().collect();
     assert_eq!(query.get("post_logout_redirect_uri"), Some(&format!("{base}/login")));

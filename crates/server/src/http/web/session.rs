@@ -266,6 +266,27 @@ pub async fn logout(
     let mut signed_out = cookie(SIGNED_OUT_COOKIE, "1".into(), "/sso", tls);
     signed_out.set_max_age(Some(cookie::time::Duration::days(30)));
     let jar = jar.remove(Cookie::build(SSO_ID_TOKEN_COOKIE).path("/logout")).add(signed_out);
-    let to = state.app.sso_logout_url(id_token.as_deref()).await.unwrap_or_else(|| "/login".into());
-    Ok((jar, Redirect::to(&to)).into_response())
+    // Only a session single sign-on opened (its ID token kept) is ended at the provider.
+    let provider_logout = match &id_token {
+        Some(id_token) => state.app.sso_logout_url(Some(id_token)).await,
+        None => None,
+    };
+    match provider_logout {
+        // A page that moves on by itself rather than a redirect: the dashboard's CSP
+        // (`form-action 'self'`) stops a form post redirected to another origin.
+        Some(provider_logout) => {
+            let provider = state.app.sso_display_name().unwrap_or_default().to_string();
+            Ok((jar, render(&SignedOutPage { provider, provider_logout })).into_response())
+        }
+        None => Ok((jar, Redirect::to("/login")).into_response()),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "signed_out.html")]
+struct SignedOutPage {
+    /// The identity provider's name.
+    provider: String,
+    /// Its end-session URL, with this session's ID token as the hint.
+    provider_logout: String,
 }
