@@ -1,5 +1,6 @@
 //! A real OpenID Connect provider for the single sign-on tests: `tests/oidc/provider.mjs` on
-//! npm's oauth2-mock-server, installed by `tests/ensure-oidc` (which `tests/run` sources).
+//! npm's oidc-provider (OpenID-Certified), installed by `tests/ensure-oidc` (which `tests/run`
+//! sources).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -19,13 +20,13 @@ impl OidcProvider {
     /// installed: the single sign-on tests never skip.
     pub fn start() -> OidcProvider {
         let missing = "the OpenID Connect provider is not installed: run tests/run (it sources tests/ensure-oidc, \
-                       which installs npm's oauth2-mock-server and sets TRAINYARD_TEST_OIDC_ENTRY and \
+                       which installs npm's oidc-provider and sets TRAINYARD_TEST_OIDC_ENTRY and \
                        TRAINYARD_TEST_OIDC_PROVIDER)";
         let entry = std::env::var("TRAINYARD_TEST_OIDC_ENTRY").expect(missing);
         let script = std::env::var("TRAINYARD_TEST_OIDC_PROVIDER").expect(missing);
         let mut child = Command::new("node")
             .arg(&script)
-            .env("OAUTH2_MOCK_SERVER_ENTRY", &entry)
+            .env("OIDC_PROVIDER_ENTRY", &entry)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -48,15 +49,48 @@ impl OidcProvider {
         response.json().await.unwrap()
     }
 
-    /// Who the next sign-ins are: subject, user name and groups.
+    /// Registers Trainyard at `base` as the provider's client, its ID tokens signed with
+    /// `id_token_alg` ("RS256" or "EdDSA").
+    pub async fn register_client(&self, base: &str, id_token_alg: &str) {
+        let client = json!({
+            "redirect_uri": format!("{base}/sso/callback"),
+            "post_logout_redirect_uri": format!("{base}/login"),
+            "id_token_alg": id_token_alg,
+        });
+        self.control(reqwest::Method::POST, "/client", client).await;
+    }
+
+    /// What the provider releases: `groups_scope` (groups only for a `groups` scope) and
+    /// `claims_in_id_token` (else scope claims only at userinfo, the provider's default).
+    pub async fn settings(&self, settings: Value) {
+        self.control(reqwest::Method::POST, "/settings", settings).await;
+    }
+
+    /// Who the next sign-ins are: subject, user name, a verified e-mail and groups.
     pub async fn next_identity(&self, subject: &str, username: &str, groups: &[&str]) {
         let identity = json!({
             "sub": subject,
             "preferred_username": username,
             "email": format!("{username}@example.org"),
+            "email_verified": true,
             "groups": groups,
         });
-        self.control(reqwest::Method::POST, "/next", identity).await;
+        self.next_account(identity).await;
+    }
+
+    /// Who the next sign-ins are: `sub` and the claims the provider keeps for it, as given.
+    pub async fn next_account(&self, claims: Value) {
+        self.control(reqwest::Method::POST, "/next", claims).await;
+    }
+
+    /// The last ID token the provider issued: {"kid", "alg", "claims"}.
+    pub async fn last_id_token(&self) -> Value {
+        self.control(reqwest::Method::GET, "/last", Value::Null).await
+    }
+
+    /// How many times the provider asked somebody to sign in (what a person sees as a prompt).
+    pub async fn login_prompts(&self) -> u64 {
+        self.control(reqwest::Method::GET, "/prompts", Value::Null).await["login"].as_u64().unwrap()
     }
 
     /// The next ID token leaves the provider signed and then altered.

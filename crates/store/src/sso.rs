@@ -174,18 +174,41 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
+        // A platform admin no longer: the viewer seat a platform admin was given (below) in a
+        // tenant the mapping does not name ends too.
         // language=PostgreSQL
         sqlx::query(
             "DELETE FROM memberships m USING tenants n
              WHERE m.tenant_id = n.id AND m.user_id = $1 AND m.granted_by_sso
-               AND n.name = ANY($2) AND NOT n.name = ANY($3)",
+               AND (n.name = ANY($2) OR $4) AND NOT n.name = ANY($3)",
         )
         .bind(user_id)
         .bind(sign_in.mapped_tenants)
         .bind(&grant_tenants)
+        .bind(sign_in.platform_admin == Some(false))
         .execute(&mut *tx)
         .await
         .map_err(db_error)?;
+        if sign_in.platform_admin == Some(true) {
+            // A platform admin by the admin group alone has no tenant of their own: a session
+            // needs one, so they get a viewer seat in the tenant asked for, else the oldest
+            // (their platform-admin powers do not depend on it).
+            // language=PostgreSQL
+            sqlx::query(
+                "INSERT INTO memberships (tenant_id, user_id, role, granted_by_sso)
+                 SELECT n.id, $1, 'viewer', true FROM tenants n
+                 WHERE ($2::text IS NULL OR n.name = $2) AND n.removal_requested_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM memberships m JOIN tenants t ON t.id = m.tenant_id
+                                   WHERE m.user_id = $1 AND ($2::text IS NULL OR t.name = $2))
+                 ORDER BY n.created_at, n.name LIMIT 1
+                 ON CONFLICT (tenant_id, user_id) DO NOTHING",
+            )
+            .bind(user_id)
+            .bind(sign_in.tenant)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_error)?;
+        }
         // language=PostgreSQL
         let tenant_id: Option<Uuid> = sqlx::query_scalar(
             "SELECT n.id FROM memberships m JOIN tenants n ON n.id = m.tenant_id

@@ -35,13 +35,14 @@ impl App {
     }
 
     /// Starts a sign-in (into `tenant`, if named): the URL to send the browser to and the
-    /// `state` it must come back with.
-    pub async fn sso_begin(&self, tenant: Option<&str>) -> Result<(String, String)> {
+    /// `state` it must come back with. `sign_in_again` (the browser signed out before) makes
+    /// the provider ask who is there instead of signing its last user in again.
+    pub async fn sso_begin(&self, tenant: Option<&str>, sign_in_again: bool) -> Result<(String, String)> {
         let oidc = self.oidc()?;
         if let Some(tenant) = tenant {
             trainyard_core::names::TenantName::parse(tenant).map_err(|err| Error::invalid("tenant", err))?;
         }
-        let authorization = oidc.authorization().await?;
+        let authorization = oidc.authorization(sign_in_again).await?;
         let pending = PendingLogin {
             pkce_verifier: authorization.pkce_verifier,
             nonce: authorization.nonce,
@@ -52,14 +53,29 @@ impl App {
     }
 
     /// Finishes a sign-in that came back with `code` and `state`: verifies the identity, keeps
-    /// its user and memberships in step with its groups, and opens a dashboard session. Failures
-    /// count against the client like a wrong token.
-    pub async fn sso_finish(&self, code: &str, state: &str, client: Option<IpAddr>) -> Result<(WebSession, Caller)> {
+    /// its user and memberships in step with its groups, and opens a dashboard session (with
+    /// the ID token, for signing out at the provider). Failures count against the client like
+    /// a wrong token.
+    pub async fn sso_finish(
+        &self,
+        code: &str,
+        state: &str,
+        client: Option<IpAddr>,
+    ) -> Result<(WebSession, Caller, String)> {
         let oidc = self.oidc()?;
         self.throttled(state, client, async {
             let pending = self.store.sso_login_take(state).await?;
             let identity = oidc.identity(code, &pending.pkce_verifier, &pending.nonce).await?;
             let grants = grants(&oidc.group_roles, oidc.admin_group.as_deref(), &identity.groups);
+            if !grants.any() && !identity.groups_claim_sent {
+                tracing::info!(issuer = %identity.issuer, subject = %identity.subject, "single sign-on refused: no groups claim");
+                return Err(Error::Forbidden(format!(
+                    "the identity provider sent no `{}` claim, in the ID token or at userinfo, so no group gives you \
+                     access; an operator may need to ask for the scope that carries it (`--oidc-scopes`, e.g. \
+                     `openid profile email groups`)",
+                    oidc.groups_claim
+                )));
+            }
             if !grants.any() {
                 tracing::info!(issuer = %identity.issuer, subject = %identity.subject, "single sign-on refused: no mapped group");
                 return Err(Error::Forbidden(
@@ -69,7 +85,8 @@ impl App {
             let user_name = user_name_for(identity.name_hint.as_deref(), &identity.subject);
             let mapped_tenants = oidc.mapped_tenants();
             let roles: Vec<_> = grants.roles.into_iter().collect();
-            self.store
+            let (session, caller) = self
+                .store
                 .sso_sign_in(&SsoSignIn {
                     issuer: &identity.issuer,
                     subject: &identity.subject,
@@ -81,8 +98,15 @@ impl App {
                     source: client,
                     tenant: pending.tenant.as_deref(),
                 })
-                .await
+                .await?;
+            Ok((session, caller, identity.id_token))
         })
         .await
+    }
+
+    /// Where a browser that signs out goes next: the provider's end-session endpoint (with the
+    /// session's ID token as the hint) when it has one, else `None` (the sign-in page).
+    pub async fn sso_logout_url(&self, id_token_hint: Option<&str>) -> Option<String> {
+        self.oidc.as_deref()?.logout_url(id_token_hint).await
     }
 }

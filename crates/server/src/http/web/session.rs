@@ -26,6 +26,12 @@ const SESSION_COOKIE: &str = "trainyard_session";
 const LOGIN_COOKIE: &str = "trainyard_login";
 /// Binds a single sign-on to the browser that started it: the `state` it left with.
 const SSO_COOKIE: &str = "trainyard_sso";
+/// The ID token of a single sign-on session, the hint of the RP-initiated logout; sent only
+/// with the sign-out form.
+const SSO_ID_TOKEN_COOKIE: &str = "trainyard_sso_id";
+/// Left by a sign-out: the next single sign-on asks the provider for `prompt=login`, so the
+/// next person at a shared browser is asked who they are.
+const SIGNED_OUT_COOKIE: &str = "trainyard_signed_out";
 
 /// The caller of a signed-in browser, with the CSRF value its forms must carry.
 pub struct WebAuth {
@@ -171,7 +177,8 @@ pub async fn sso_start(
     axum::extract::Query(start): axum::extract::Query<SsoStart>,
 ) -> Response {
     let tls = over_tls(&headers);
-    match state.app.sso_begin(start.tenant.as_deref().filter(|t| !t.is_empty())).await {
+    let sign_in_again = jar.get(SIGNED_OUT_COOKIE).is_some();
+    match state.app.sso_begin(start.tenant.as_deref().filter(|t| !t.is_empty()), sign_in_again).await {
         Ok((url, sso_state)) => {
             let jar = jar.add(cookie(SSO_COOKIE, sso_state, "/sso", tls));
             (jar, Redirect::to(&url)).into_response()
@@ -221,8 +228,14 @@ pub async fn sso_callback(
         return refuse(jar, StatusCode::FORBIDDEN, "this sign-in was not started by this browser; start again".into());
     }
     match state.app.sso_finish(&code, &sso_state, client).await {
-        Ok((session, caller)) => {
+        Ok((session, caller, id_token)) => {
             tracing::info!(user = %caller.user, tenant = %caller.tenant, "dashboard sign-in by single sign-on");
+            let jar = jar.remove(Cookie::build(SIGNED_OUT_COOKIE).path("/sso")).add(cookie(
+                SSO_ID_TOKEN_COOKIE,
+                id_token,
+                "/logout",
+                tls,
+            ));
             signed_in(jar, session, tls)
         }
         Err(err) => match sign_in_refusal(err) {
@@ -234,6 +247,7 @@ pub async fn sso_callback(
 
 pub async fn logout(
     State(state): State<AppState>,
+    headers: HeaderMap,
     auth: WebAuth,
     jar: CookieJar,
     CsrfForm(_form): CsrfForm,
@@ -241,6 +255,38 @@ pub async fn logout(
     if let Some(secret) = jar.get(SESSION_COOKIE).map(|c| c.value().to_string()) {
         state.app.session_close(&secret, auth.caller.source).await?;
     }
+    let tls = over_tls(&headers);
+    let id_token = jar.get(SSO_ID_TOKEN_COOKIE).map(|c| c.value().to_string());
     let jar = jar.remove(Cookie::build(SESSION_COOKIE).path("/"));
-    Ok((jar, Redirect::to("/login")).into_response())
+    if state.app.sso_display_name().is_none() {
+        return Ok((jar, Redirect::to("/login")).into_response());
+    }
+    // Signed out here; at the provider too when it offers RP-initiated logout, and in any case
+    // the next single sign-on from this browser asks who is there.
+    let mut signed_out = cookie(SIGNED_OUT_COOKIE, "1".into(), "/sso", tls);
+    signed_out.set_max_age(Some(cookie::time::Duration::days(30)));
+    let jar = jar.remove(Cookie::build(SSO_ID_TOKEN_COOKIE).path("/logout")).add(signed_out);
+    // Only a session single sign-on opened (its ID token kept) is ended at the provider.
+    let provider_logout = match &id_token {
+        Some(id_token) => state.app.sso_logout_url(Some(id_token)).await,
+        None => None,
+    };
+    match provider_logout {
+        // A page that moves on by itself rather than a redirect: the dashboard's CSP
+        // (`form-action 'self'`) stops a form post redirected to another origin.
+        Some(provider_logout) => {
+            let provider = state.app.sso_display_name().unwrap_or_default().to_string();
+            Ok((jar, render(&SignedOutPage { provider, provider_logout })).into_response())
+        }
+        None => Ok((jar, Redirect::to("/login")).into_response()),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "signed_out.html")]
+struct SignedOutPage {
+    /// The identity provider's name.
+    provider: String,
+    /// Its end-session URL, with this session's ID token as the hint.
+    provider_logout: String,
 }
