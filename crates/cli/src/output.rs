@@ -502,9 +502,10 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
     if nodes.items.is_empty() {
         return "no nodes: the executor has not reported any yet\n".into();
     }
-    let mut t = table(&["NODE", "STATE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE", "CACHED"])
-        .flexible(&[0, 7, 8]);
-    // Each drain's reason below the table, whole: the column says only DRAINED.
+    let mut t =
+        table(&["NODE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE", "CACHED"]).flexible(&[0, 6, 7]);
+    // Drained nodes below the table, each on a line with its reason, whole (a column would not
+    // fit 80 columns beside the rest).
     let mut drains = String::new();
     for n in &nodes.items {
         if let Some(drain) = &n.drained {
@@ -522,7 +523,6 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
         let free_memory = n.memory_bytes.saturating_sub(n.memory_bytes_allocated);
         t.add_row(vec![
             n.name.clone(),
-            if n.drained.is_some() { "DRAINED".into() } else { "ready".into() },
             n.gpu_type.clone().unwrap_or_else(|| "-".into()),
             format!("{}/{}", n.gpus_allocated, n.gpus),
             format!("{}/{}", cores(n.cpu_millis_allocated), cores(n.cpu_millis)),
