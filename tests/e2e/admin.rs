@@ -78,6 +78,11 @@ async fn a_removed_member_is_locked_out_at_once_and_their_jobs_are_kept() {
     let tam = body["token"]["token"].as_str().unwrap().to_string();
     assert_eq!(delete(&env, "/api/v1/admin/tenants/solo/members/sol", &tam).await.0, StatusCode::OK);
     assert_eq!(delete(&env, "/api/v1/admin/tenants/solo/members/tam", &tam).await.0, StatusCode::CONFLICT);
+    // A tenant admin cannot remove a platform admin from the tenant (it could be their only one).
+    let ted = env.member("default", "ted", "admin").await;
+    let (status, body) = delete(&env, "/api/v1/admin/tenants/default/members/admin", &ted).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(env.get("/api/v1/me", &admin).await.0, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -89,16 +89,23 @@ impl Store {
     /// `cancel_jobs` their unfinished jobs there are cancelled as a cancel by `audit`'s actor
     /// would; otherwise their jobs are kept as they are. The tenant's last admin is not removed
     /// (409): nobody would be left to manage it. The admin rows are locked first, so two
-    /// removals of the last two admins cannot both pass.
+    /// removals of the last two admins cannot both pass. A platform admin is removed by a
+    /// platform admin only (`may_remove_platform_admins`, else 403): a tenant admin could
+    /// otherwise lock the installation's admin out of their only tenant, and with it out of the
+    /// recovery path (`trainyard admin-token` mints in a tenant the admin is a member of).
     pub async fn member_remove(
         &self,
         tenant: &str,
         user: &str,
         cancel_jobs: bool,
+        may_remove_platform_admins: bool,
         audit: &Audit,
     ) -> Result<MemberRemoved> {
         let mut tx = self.begin().await?;
         let member = membership_lock(&mut tx, tenant, user).await?;
+        if member.platform_admin && !may_remove_platform_admins {
+            return Err(Error::Forbidden(format!("{user} is a platform admin: only a platform admin may remove them")));
+        }
         if member.role == "admin" {
             // language=PostgreSQL
             let admins: i64 = sqlx::query_scalar(

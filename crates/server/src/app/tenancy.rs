@@ -196,7 +196,8 @@ impl App {
         let removed = self
             .audited(&audit, async {
                 Self::require_members_admin(caller, tenant, "remove members")?;
-                self.store.member_remove(tenant, user, cancel_jobs, &audit).await
+                let may_remove_platform_admins = caller.platform_admin;
+                self.store.member_remove(tenant, user, cancel_jobs, may_remove_platform_admins, &audit).await
             })
             .await?;
         if removed.jobs_cancelled > 0 {
