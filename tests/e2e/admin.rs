@@ -38,7 +38,7 @@ async fn a_removed_member_is_locked_out_at_once_and_their_jobs_are_kept() {
     let removed = env.yard(&admin, &["admin", "member", "rm", "default", "mo"]);
     assert!(removed.status.success(), "{}", stderr(&removed));
     assert!(
-        stdout(&removed).contains("removed mo from default: 1 tokens revoked, 0 jobs cancelled"),
+        stdout(&removed).contains("removed mo from default: 1 token revoked, 0 jobs cancelled"),
         "{}",
         stdout(&removed)
     );
@@ -215,7 +215,7 @@ async fn a_drained_node_takes_no_new_jobs_survives_a_restart_and_preempts_on_req
     // With --preempt, what runs there goes back to the queue, no restart counted.
     let preempt = env.yard(&admin, &["admin", "node", "drain", "local", "--preempt", "--reason", "new cooling"]);
     assert!(preempt.status.success(), "{}", stderr(&preempt));
-    assert!(stdout(&preempt).contains("1 jobs sent back to the queue"), "{}", stdout(&preempt));
+    assert!(stdout(&preempt).contains("1 job sent back to the queue"), "{}", stdout(&preempt));
     let back = env.wait_state(&running, "queued", Duration::from_secs(60)).await;
     assert_eq!(back["restart_count"], 0, "{back}");
     let (_, events) = env.get(&format!("/api/v1/jobs/{running}/events"), &admin).await;

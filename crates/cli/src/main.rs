@@ -1009,8 +1009,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let removed: MemberRemoved = client.delete_json(&path).await?;
             output::print(out, &removed, |r| {
                 format!(
-                    "removed {} from {}: {} tokens revoked, {} jobs cancelled\n",
-                    r.user, r.tenant, r.tokens_revoked, r.jobs_cancelled
+                    "removed {} from {}: {} revoked, {} cancelled\n",
+                    r.user,
+                    r.tenant,
+                    counted(r.tokens_revoked, "token"),
+                    counted(r.jobs_cancelled, "job")
                 )
             })
         }
@@ -1024,7 +1027,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let path = format!("/api/v1/admin/tenants/{tenant}/members/{user}/tokens");
             let reissued: MemberToken = client.post(&path, &body).await?;
             if revoke_others {
-                eprintln!("revoked {} other tokens of {user} in {tenant}", reissued.tokens_revoked);
+                eprintln!("revoked {} of {user} in {tenant}", counted(reissued.tokens_revoked, "other token"));
             }
             // The secret on standard output alone, once, as `member-add` prints an invitation's.
             output::print(out, &reissued, |r| format!("{}\n", r.token.token))
@@ -1036,8 +1039,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .put_json(&format!("/api/v1/admin/nodes/{node}/drain"), &NodeDrainRequest { reason, preempt })
                 .await?;
             output::print(out, &drain, |d| {
-                let preempted =
-                    if preempt { format!("; {} jobs sent back to the queue", d.jobs_preempted) } else { String::new() };
+                let preempted = if preempt {
+                    format!("; {} sent back to the queue", counted(d.jobs_preempted, "job"))
+                } else {
+                    String::new()
+                };
                 format!("drained {}: no new jobs there{preempted}\n", d.node)
             })
         }
@@ -1062,6 +1068,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+/// "1 token", "3 tokens".
+fn counted(n: u64, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
 }
 
 /// `NAME@VERSION`.

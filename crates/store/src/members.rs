@@ -73,17 +73,6 @@ async fn tokens_revoke_of(
 }
 
 impl Store {
-    /// Whether `user` is a platform admin (the reissue of such a user's token is a platform
-    /// admin's to make: a token of theirs carries platform-wide powers). `None`: no such user.
-    pub async fn user_is_platform_admin(&self, user: &str) -> Result<Option<bool>> {
-        // language=PostgreSQL
-        sqlx::query_scalar("SELECT platform_admin FROM users WHERE name = $1")
-            .bind(user)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db_error)
-    }
-
     /// Removes `user` from `tenant`, all in one transaction: their tokens for the tenant are
     /// revoked (and then go with the membership), their dashboard sessions end, and with
     /// `cancel_jobs` their unfinished jobs there are cancelled as a cancel by `audit`'s actor
