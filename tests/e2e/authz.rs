@@ -81,6 +81,14 @@ const EXPECTED: &[(&str, &str)] = &[
     // The job here wrote no checkpoint: 404 for all who may read it (tests/e2e/checkpoints.rs
     // downloads one, and shows another tenant's is a 404).
     ("GET /api/v1/jobs/{id}/checkpoints/{step}", "401 404 404 404 404 401"),
+    // Removing a member (a fresh one of tenant A per caller) and reissuing a member's token: the
+    // tenant's admins and platform admins (tenant B's admin is not one of A's).
+    ("DELETE /api/v1/admin/tenants/{tenant}/members/{user}", "401 403 403 403 ok 401"),
+    ("POST /api/v1/admin/tenants/{tenant}/members/{user}/tokens", "401 403 403 403 ok 401"),
+    // Draining a node is the platform's (a reason too long: refused as input, nothing drained;
+    // undraining a node not drained: 409).
+    ("PUT /api/v1/admin/nodes/{node}/drain", "401 403 403 403 ok 401"),
+    ("DELETE /api/v1/admin/nodes/{node}/drain", "401 403 403 403 ok 401"),
     ("GET /api/v1/jobs/{id}/artifacts", "401 ok ok 404 ok 401"),
     ("GET /api/v1/jobs/{id}/artifacts/{*path}", "401 ok ok 404 ok 401"),
     ("PUT /api/v1/jobs/{id}/artifacts/{*path}", "401 403 ok 404 ok 404"),
@@ -377,6 +385,16 @@ impl World {
             assert_eq!(status, StatusCode::CREATED, "{body}");
             path = route.replace("{tenant}", &name);
         }
+        path = path.replace("{node}", "local");
+        if route == "/api/v1/admin/tenants/{tenant}/members/{user}" {
+            // A fresh member for each caller: removing one is destructive.
+            let user = format!("rm{caller}-{}", self.next());
+            let invite = json!({"user": user, "role": "viewer"});
+            let (status, body) = self.env.post("/api/v1/admin/tenants/default/members", &admin, &invite).await;
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            path = path.replace("{user}", &user);
+        }
+        path = path.replace("{user}", "vera");
         if route.contains("/volumes/{name}") {
             let name = format!("v{caller}-{}", self.next());
             let (status, body) = self.env.post("/api/v1/volumes", &admin, &json!({"name": name, "size": "1Mi"})).await;
@@ -449,6 +467,8 @@ impl World {
                 search
             }
             ("PUT", "/api/v1/admin/tenants/{tenant}/storage") => json!({"log_retention_days": 30}),
+            ("PUT", "/api/v1/admin/nodes/{node}/drain") => json!({"reason": "x".repeat(501)}),
+            ("POST", "/api/v1/admin/tenants/{tenant}/members/{user}/tokens") => json!({"name": format!("r{n}")}),
             // MLflow's writes name tenant A's experiment or run (a param's value is the same each
             // time: params are written once).
             ("POST", "/api/2.0/mlflow/experiments/create") => json!({"name": format!("authz-{n}")}),

@@ -1,5 +1,6 @@
 //! End-to-end tests: the real binaries against a real Postgres, through real HTTP.
 
+mod admin;
 mod api;
 mod authz;
 mod cache_agent;

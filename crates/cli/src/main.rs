@@ -23,9 +23,9 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use trainyard_core::api::{
-    Dataset, DatasetRegister, Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded, QuotaReport,
-    QuotaSet, RerunRequest, Schedule, TemplateRun, Tenant, TenantCreate, TenantPolicyUpdate, TokenCreate, TokenCreated,
-    TokenInfo,
+    Dataset, DatasetRegister, Job, JobAttempt, JobEvent, JobMetrics, JobPage, Me, MemberAdd, MemberAdded,
+    MemberRemoved, MemberToken, MemberTokenReissue, NodeDrain, NodeDrainRequest, QuotaReport, QuotaSet, RerunRequest,
+    Schedule, TemplateRun, Tenant, TenantCreate, TenantPolicyUpdate, TokenCreate, TokenCreated, TokenInfo,
 };
 use trainyard_core::auth::Role;
 use trainyard_core::job::{JobState, JobSubmission};
@@ -383,6 +383,12 @@ enum JobsCommand {
         /// Continue from a previous page's cursor.
         #[arg(long)]
         cursor: Option<String>,
+        /// Every tenant's jobs, with a TENANT column (platform admins).
+        #[arg(long)]
+        all_tenants: bool,
+        /// Only this tenant's jobs (platform admins; implies --all-tenants).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// One job: spec, attempts and state history.
     Show {
@@ -479,6 +485,60 @@ enum AdminCommand {
         #[arg(long, value_parser = ["viewer", "member", "admin"], default_value = "member")]
         role: String,
     },
+    /// A tenant's members (platform admins, and the tenant's admins): remove, reissue a token.
+    Member {
+        #[command(subcommand)]
+        command: AdminMemberCommand,
+    },
+    /// Drain or undrain a node (platform admins): `yard admin node drain NODE --reason TEXT`.
+    Node {
+        #[command(subcommand)]
+        command: AdminNodeCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminMemberCommand {
+    /// Remove a user from a tenant: their tokens for it are revoked at once; their jobs are kept
+    /// (listed, left running) unless --cancel-jobs. The tenant's last admin cannot be removed.
+    Rm {
+        tenant: String,
+        user: String,
+        /// Also cancel their unfinished jobs in the tenant.
+        #[arg(long)]
+        cancel_jobs: bool,
+    },
+    /// A new token for a member who lost theirs, printed once, for you to hand over.
+    Token {
+        tenant: String,
+        user: String,
+        /// Revoke their other tokens in the tenant (the lost one's too).
+        #[arg(long)]
+        revoke_others: bool,
+        /// The new token's label.
+        #[arg(long, default_value = "reissued")]
+        name: String,
+        /// Days until it stops working (default: never).
+        #[arg(long)]
+        expires_in_days: Option<u32>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminNodeCommand {
+    /// No new jobs on NODE (as `yard nodes` names it) until undrained; its running jobs stay
+    /// unless --preempt, which sends them back to the queue (no restart counted).
+    Drain {
+        node: String,
+        /// Send its running jobs back to the queue now.
+        #[arg(long)]
+        preempt: bool,
+        /// Why, shown in `yard nodes` and in the reason of jobs that wait for it.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// NODE takes new jobs again.
+    Undrain { node: String },
 }
 
 #[derive(Subcommand)]
@@ -669,8 +729,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let job: Job = client.post_idempotent("/api/v1/jobs", &submission).await?;
             output::print(out, &job, |job| format!("{}\n", job.id))
         }
-        Command::Jobs { command: JobsCommand::Ls { state, name, search, user, template, limit, cursor } } => {
+        Command::Jobs {
+            command: JobsCommand::Ls { state, name, search, user, template, limit, cursor, all_tenants, tenant },
+        } => {
+            let every_tenant = all_tenants || tenant.is_some();
             let mut query = vec![("limit", limit.to_string())];
+            query.extend(every_tenant.then(|| ("all_tenants", "true".to_string())));
+            query.extend(tenant.map(|v| ("tenant", v)));
             query.extend(state.map(|v| ("state", v)));
             query.extend(name.map(|v| ("name", v)));
             query.extend(search.map(|v| ("search", v)));
@@ -679,7 +744,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             query.extend(cursor.map(|v| ("cursor", v)));
             let query = serde_urlencoded::to_string(&query)?;
             let page: JobPage = client.get(&format!("/api/v1/jobs?{query}")).await?;
-            output::print(out, &page, output::jobs_table)
+            output::print(out, &page, if every_tenant { output::jobs_table_every_tenant } else { output::jobs_table })
         }
         Command::Jobs { command: JobsCommand::Show { id, record: true } } => {
             let id = client.job_id(&id).await?;
@@ -957,6 +1022,55 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             output::print(out, &tenant, |t| format!("tenant {}{}\n", t.name, tenant_removal(t)))
         }
+        Command::Admin {
+            command: AdminCommand::Member { command: AdminMemberCommand::Rm { tenant, user, cancel_jobs } },
+        } => {
+            let path = format!("/api/v1/admin/tenants/{tenant}/members/{user}?cancel_jobs={cancel_jobs}");
+            let removed: MemberRemoved = client.delete_json(&path).await?;
+            output::print(out, &removed, |r| {
+                format!(
+                    "removed {} from {}: {} revoked, {} cancelled\n",
+                    r.user,
+                    r.tenant,
+                    counted(r.tokens_revoked, "token"),
+                    counted(r.jobs_cancelled, "job")
+                )
+            })
+        }
+        Command::Admin {
+            command:
+                AdminCommand::Member {
+                    command: AdminMemberCommand::Token { tenant, user, revoke_others, name, expires_in_days },
+                },
+        } => {
+            let body = MemberTokenReissue { name: Some(name), expires_in_days, revoke_others };
+            let path = format!("/api/v1/admin/tenants/{tenant}/members/{user}/tokens");
+            let reissued: MemberToken = client.post(&path, &body).await?;
+            if revoke_others {
+                eprintln!("revoked {} of {user} in {tenant}", counted(reissued.tokens_revoked, "other token"));
+            }
+            // The secret on standard output alone, once, as `member-add` prints an invitation's.
+            output::print(out, &reissued, |r| format!("{}\n", r.token.token))
+        }
+        Command::Admin {
+            command: AdminCommand::Node { command: AdminNodeCommand::Drain { node, preempt, reason } },
+        } => {
+            let drain: NodeDrain = client
+                .put_json(&format!("/api/v1/admin/nodes/{node}/drain"), &NodeDrainRequest { reason, preempt })
+                .await?;
+            output::print(out, &drain, |d| {
+                let preempted = if preempt {
+                    format!("; {} sent back to the queue", counted(d.jobs_preempted, "job"))
+                } else {
+                    String::new()
+                };
+                format!("drained {}: no new jobs there{preempted}\n", d.node)
+            })
+        }
+        Command::Admin { command: AdminCommand::Node { command: AdminNodeCommand::Undrain { node } } } => {
+            let drain: NodeDrain = client.delete_json(&format!("/api/v1/admin/nodes/{node}/drain")).await?;
+            output::print(out, &drain, |d| format!("undrained {}: it takes new jobs again\n", d.node))
+        }
         Command::Admin { command: AdminCommand::MemberAdd { tenant, user, role } } => {
             let role = Role::parse(&role).expect("clap checked the role");
             let body = MemberAdd { user, role, token_name: "default".into(), expires_in_days: None };
@@ -974,6 +1088,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+/// "1 token", "3 tokens".
+fn counted(n: u64, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
 }
 
 /// `NAME@VERSION`.

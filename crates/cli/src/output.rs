@@ -181,11 +181,31 @@ pub(crate) fn when_short(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
 
 /// Jobs as `squeue` shows them: a short id (what every id argument takes), who, how long.
 pub fn jobs_table(page: &JobPage) -> String {
+    jobs_table_of(page, false)
+}
+
+/// Every tenant's jobs (`yard jobs ls --all-tenants`): the same table with a TENANT column.
+pub fn jobs_table_every_tenant(page: &JobPage) -> String {
+    jobs_table_of(page, true)
+}
+
+fn jobs_table_of(page: &JobPage, with_tenant: bool) -> String {
     if page.items.is_empty() {
         return "no jobs match\n".into();
     }
     // One line a job in 80 columns: names, users and reasons give way (-o wide has them whole).
-    let mut t = table(&["ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ELAPSED", "REASON"]).flexible(&[1, 2, 7]);
+    let mut t = if with_tenant {
+        table(&["ID", "TENANT", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ELAPSED", "REASON"])
+            .flexible(&[1, 2, 3, 8])
+    } else {
+        table(&["ID", "NAME", "USER", "STATE", "GPUS", "SUBMITTED", "ELAPSED", "REASON"]).flexible(&[1, 2, 7])
+    };
+    let tenant_column = |job: &Job, mut row: Vec<String>| {
+        if with_tenant {
+            row.insert(1, job.tenant.clone());
+        }
+        row
+    };
     let now = Utc::now();
     // An array's queued jobs are one line, as squeue shows a pending array: `sweep[4-19]`.
     let mut queued_of_array: std::collections::HashMap<uuid::Uuid, Vec<&Job>> = Default::default();
@@ -203,37 +223,46 @@ pub fn jobs_table(page: &JobPage) -> String {
             }
             let indexes: Vec<u32> = group.iter().filter_map(|j| j.array_index).collect();
             let (low, high) = (indexes.iter().min().copied().unwrap_or(0), indexes.iter().max().copied().unwrap_or(0));
-            t.add_row(vec![
-                id[..13].to_string(),
-                format!("{}[{low}-{high}] ({} jobs)", job.name, group.len()),
-                job.created_by.clone(),
-                job.state.to_string(),
-                (job.spec.resources.gpus * job.spec.replicas).to_string(),
-                when(job.created_at),
-                "-".into(),
-                job.reason.clone().unwrap_or_default(),
-            ]);
+            t.add_row(tenant_column(
+                job,
+                vec![
+                    id[..13].to_string(),
+                    format!("{}[{low}-{high}] ({} jobs)", job.name, group.len()),
+                    job.created_by.clone(),
+                    job.state.to_string(),
+                    (job.spec.resources.gpus * job.spec.replicas).to_string(),
+                    when(job.created_at),
+                    "-".into(),
+                    job.reason.clone().unwrap_or_default(),
+                ],
+            ));
             continue;
         }
         let name = match job.array_index {
             Some(index) => format!("{}[{index}]", job.name),
             None => job.name.clone(),
         };
-        t.add_row(vec![
-            // The first 13 characters (the submit time to the millisecond): what `yard logs` takes.
-            id[..13].to_string(),
-            name,
-            job.created_by.clone(),
-            job.state.to_string(),
-            (job.spec.resources.gpus * job.spec.replicas).to_string(),
-            when_short(job.created_at, now),
-            job.started_at.map(|start| elapsed(job.finished_at.unwrap_or(now) - start)).unwrap_or_else(|| "-".into()),
-            job.reason.clone().unwrap_or_default(),
-        ]);
+        t.add_row(tenant_column(
+            job,
+            vec![
+                // The first 13 characters (the submit time to the millisecond): what `yard logs` takes.
+                id[..13].to_string(),
+                name,
+                job.created_by.clone(),
+                job.state.to_string(),
+                (job.spec.resources.gpus * job.spec.replicas).to_string(),
+                when_short(job.created_at, now),
+                job.started_at
+                    .map(|start| elapsed(job.finished_at.unwrap_or(now) - start))
+                    .unwrap_or_else(|| "-".into()),
+                job.reason.clone().unwrap_or_default(),
+            ],
+        ));
     }
     let mut text = format!("{t}\n");
     if let Some(cursor) = &page.next_cursor {
-        text.push_str(&format!("more: yard jobs ls --cursor {cursor}\n"));
+        let every = if with_tenant { "--all-tenants " } else { "" };
+        text.push_str(&format!("more: yard jobs ls {every}--cursor {cursor}\n"));
     }
     text
 }
@@ -525,7 +554,19 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
     }
     let mut t =
         table(&["NODE", "GPU TYPE", "GPUS", "CPU", "MEMORY", "REPLICAS", "FREE", "CACHED"]).flexible(&[0, 6, 7]);
+    // Drained nodes below the table, each on a line with its reason, whole (a column would not
+    // fit 80 columns beside the rest).
+    let mut drains = String::new();
     for n in &nodes.items {
+        if let Some(drain) = &n.drained {
+            let reason = if drain.reason.is_empty() { "no reason given".to_string() } else { drain.reason.clone() };
+            drains.push_str(&format!(
+                "{} is DRAINED (no new jobs): {reason}; by {} at {}\n",
+                n.name,
+                drain.drained_by,
+                when(drain.drained_at)
+            ));
+        }
         let cores = |millis: u64| format!("{:.1}", millis as f64 / 1000.0);
         let free_gpus = n.gpus.saturating_sub(n.gpus_allocated);
         let free_cpu = n.cpu_millis.saturating_sub(n.cpu_millis_allocated);
@@ -546,7 +587,7 @@ pub fn nodes_table(nodes: &trainyard_core::api::Nodes) -> String {
             if n.cached_datasets.is_empty() { "-".into() } else { n.cached_datasets.join(", ") },
         ]);
     }
-    format!("{t}\n")
+    format!("{t}\n{drains}")
 }
 
 /// The jobs that run this one again, for `yard jobs show`.
@@ -1220,6 +1261,7 @@ mod tests {
             memory_bytes_allocated: 0,
             replicas: 0,
             cached_datasets: Vec::new(),
+            drained: None,
         }
     }
 

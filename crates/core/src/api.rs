@@ -266,6 +266,71 @@ pub struct MemberAdded {
     pub token: Option<TokenCreated>,
 }
 
+/// A member removed from a tenant (`DELETE /api/v1/admin/tenants/{tenant}/members/{user}`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MemberRemoved {
+    pub user: String,
+    pub tenant: String,
+    /// Their tokens for this tenant, revoked by the removal (a request with one is 401 now).
+    pub tokens_revoked: u64,
+    /// Their unfinished jobs in this tenant cancelled (only with `cancel_jobs`); their jobs are
+    /// otherwise kept, listed and left running.
+    pub jobs_cancelled: u64,
+}
+
+/// A new token for a member who lost theirs (`POST .../members/{user}/tokens`), made by a
+/// tenant admin or a platform admin.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemberTokenReissue {
+    /// The new token's label (default `reissued`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Days until it stops working; never when absent.
+    #[serde(default)]
+    pub expires_in_days: Option<u32>,
+    /// Revoke the member's other tokens in this tenant (a lost laptop's).
+    #[serde(default)]
+    pub revoke_others: bool,
+}
+
+/// The reissued token: its secret is here once and nowhere else (not in the audit log).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MemberToken {
+    pub user: String,
+    pub tenant: String,
+    pub token: TokenCreated,
+    /// Their other tokens revoked (with `revoke_others`).
+    pub tokens_revoked: u64,
+}
+
+/// Drain a node (`PUT /api/v1/admin/nodes/{node}/drain`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeDrainRequest {
+    /// Why, for the people whose jobs wait (up to 500 characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Send the jobs running on it back to the queue now (as a preemption: no restart counted);
+    /// without it they run to their end.
+    #[serde(default)]
+    pub preempt: bool,
+}
+
+/// A drained node: it takes no new placements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NodeDrain {
+    pub node: String,
+    /// Empty when none was given.
+    pub reason: String,
+    /// `user:<name>`.
+    pub drained_by: String,
+    pub drained_at: DateTime<Utc>,
+    /// Jobs this drain sent back to the queue (with `preempt`).
+    #[serde(default)]
+    pub jobs_preempted: u64,
+}
+
 /// The error body of every non-2xx response.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
@@ -644,6 +709,9 @@ pub struct NodeUsage {
     /// engines reported them within the last day); never another tenant's.
     #[serde(default)]
     pub cached_datasets: Vec<String>,
+    /// Drained by an admin: no new placements here (`yard admin node drain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained: Option<NodeDrain>,
 }
 
 /// Every node the scheduler may place on, by name.

@@ -131,6 +131,10 @@ pub enum ObjectKind {
     Session,
     /// A notification subscription.
     Subscription,
+    /// A user's membership of a tenant.
+    Member,
+    /// A node the executor reports.
+    Node,
 }
 
 impl fmt::Display for ObjectKind {
@@ -147,6 +151,8 @@ impl fmt::Display for ObjectKind {
             ObjectKind::Dataset => "dataset",
             ObjectKind::Session => "session",
             ObjectKind::Subscription => "subscription",
+            ObjectKind::Member => "member",
+            ObjectKind::Node => "node",
             ObjectKind::Artifact => "artifact",
             ObjectKind::Volume => "volume",
             ObjectKind::Checkpoint => "checkpoint",

@@ -29,6 +29,7 @@ pub fn cluster(pending: usize) -> Snapshot {
             gpus: 8,
             cpu_millis: 192_000,
             memory_bytes: 2 << 40,
+            drained: None,
         })
         .collect();
     // 40,000 GPUs, about 13,333 per type; nominal quotas add up to that per type.

@@ -192,6 +192,7 @@ fn main() {
                 gpus: n.gpus,
                 cpu_millis: 1 << 40,
                 memory_bytes: 1 << 50,
+                drained: None,
             })
             .collect(),
         tenants: workload

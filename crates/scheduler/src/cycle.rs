@@ -469,10 +469,16 @@ fn never_or_no_room(state: &State<'_>, job: Uuid, d: &Shape, flavor: Option<Flav
         memory_bytes: d.memory_bytes,
         free_gpus,
     };
+    let drained = |state: &State<'_>| {
+        state.drained_placement(d, flavor).map(|nodes| {
+            let reason = state.snap.nodes.iter().find(|n| n.name == nodes[0]).and_then(|n| n.drained.clone());
+            PendingReason::Drained { nodes, reason: reason.unwrap_or_default() }
+        })
+    };
     let Some(f) = flavor else {
         let fits = state.snap.nodes.iter().any(|n| n.cpu_millis >= d.cpu_millis && n.memory_bytes >= d.memory_bytes);
         return if fits {
-            no_room(None, 0)
+            drained(state).unwrap_or_else(|| no_room(None, 0))
         } else {
             PendingReason::NeverFits {
                 detail: format!(
@@ -507,7 +513,7 @@ fn never_or_no_room(state: &State<'_>, job: Uuid, d: &Shape, flavor: Option<Flav
     if let Some(holder) = state.reserved_for(f).filter(|holder| *holder != job) {
         return PendingReason::Reserved { for_job: holder };
     }
-    no_room(Some(state.flavor_names[f].clone()), state.free_of(f))
+    drained(state).unwrap_or_else(|| no_room(Some(state.flavor_names[f].clone()), state.free_of(f)))
 }
 
 fn flavor_for_reservation(state: &State<'_>, job: &Queued, t: Option<usize>, flavors: &[FlavorId]) -> Option<FlavorId> {

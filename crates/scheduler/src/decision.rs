@@ -82,6 +82,9 @@ pub enum PendingReason {
     /// The job asked to wait for room on a node whose cache holds its data, until `until`
     /// (seconds since the epoch); `nodes` of the cluster's nodes hold it.
     WaitingForCache { nodes: usize, until: i64 },
+    /// Room enough for it is on drained nodes only (an admin's drain): it waits for room
+    /// elsewhere or for the nodes' undrain. `nodes`: the drained nodes it would take, by name.
+    Drained { nodes: Vec<String>, reason: String },
     /// A job on spare room: no set of nodes has room for it that no job with quota waits for.
     NoSpareRoom { flavor: Option<FlavorName>, replicas: u32, gpus_per_replica: u32, free_gpus: u64 },
 }
@@ -139,6 +142,14 @@ impl fmt::Display for PendingReason {
                     "runs on spare room only (GPUs no job within its quota waits for): no set of nodes has \
                      {replicas} x {gpus} free now ({free_gpus} free in all)"
                 )
+            }
+            PendingReason::Drained { nodes, reason } => {
+                let (noun, verb) = if nodes.len() == 1 { ("node", "is") } else { ("nodes", "are") };
+                write!(f, "{noun} {} {verb} drained", nodes.join(", "))?;
+                if !reason.is_empty() {
+                    write!(f, ": {reason}")?;
+                }
+                write!(f, "; no other node has room for the job now")
             }
             PendingReason::WaitingForCache { nodes, until } => {
                 let until = chrono::DateTime::from_timestamp(*until, 0)

@@ -144,6 +144,7 @@ mod tests {
             gpus,
             cpu_millis: cores * 1000,
             memory_bytes: memory_gib * GI,
+            drained: None,
         }
     }
 

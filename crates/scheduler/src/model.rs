@@ -18,6 +18,9 @@ pub struct Node {
     pub gpus: u32,
     pub cpu_millis: u64,
     pub memory_bytes: u64,
+    /// Drained by an admin, with the reason given (empty when none): it takes no new
+    /// placements; what runs there keeps its resources until it ends or is preempted.
+    pub drained: Option<String>,
 }
 
 /// A tenant's quota for one flavor, in GPUs.

@@ -43,6 +43,11 @@ pub(crate) struct State<'a> {
     free_cpu: Vec<u64>,
     free_mem: Vec<u64>,
     reserved: Vec<Option<Uuid>>,
+    /// Drained nodes ([`crate::Node::drained`]): out of the best-fit index like reserved ones,
+    /// so that nothing new is placed there, but their capacity is still tracked.
+    drained: Vec<bool>,
+    /// Whether any node is drained (the drain's reason is searched for only then).
+    pub any_drained: bool,
     /// The first job that holds nodes this cycle, per flavor.
     reserved_holder: Vec<Option<Uuid>>,
     /// Per flavor: the largest node (GPUs, cpu, memory) and node counts by size, for "can this
@@ -155,6 +160,8 @@ impl<'a> State<'a> {
             free_cpu: snap.nodes.iter().map(|n| n.cpu_millis).collect(),
             free_mem: snap.nodes.iter().map(|n| n.memory_bytes).collect(),
             reserved: vec![None; snap.nodes.len()],
+            drained: snap.nodes.iter().map(|n| n.drained.is_some()).collect(),
+            any_drained: snap.nodes.iter().any(|n| n.drained.is_some()),
             reserved_holder: vec![None; nf],
             largest: vec![(0, 0, 0); nf],
             sizes: vec![BTreeMap::new(); nf],
@@ -291,7 +298,7 @@ impl<'a> State<'a> {
     }
 
     fn index_insert(&mut self, flavor: FlavorId, node: usize) {
-        if self.reserved[node].is_some() {
+        if self.reserved[node].is_some() || self.drained[node] {
             return;
         }
         let free = self.free_gpus[node];
@@ -300,7 +307,7 @@ impl<'a> State<'a> {
     }
 
     fn index_remove(&mut self, flavor: FlavorId, node: usize) {
-        if self.reserved[node].is_some() {
+        if self.reserved[node].is_some() || self.drained[node] {
             return;
         }
         let free = self.free_gpus[node];
@@ -507,7 +514,7 @@ impl<'a> State<'a> {
             None => {
                 // CPU-only: nodes without GPUs first, then the fullest.
                 let mut nodes: Vec<(usize, u32)> = (0..self.snap.nodes.len())
-                    .filter(|&i| self.reserved[i].is_none() && allowed(i))
+                    .filter(|&i| self.reserved[i].is_none() && !self.drained[i] && allowed(i))
                     .map(|i| (i, self.fits_on(i, demand)))
                     .filter(|(_, n)| *n > 0)
                     .collect();
@@ -538,11 +545,37 @@ impl<'a> State<'a> {
         greedy_fill(pool, replicas, |i| self.free_gpus[i])
     }
 
+    /// The drained nodes a placement of `demand` would take were drains lifted, when it has one
+    /// now only that way: what a job waiting for a drain is told. Scans the nodes (called only
+    /// for a job that found no room, and only while some node is drained).
+    pub fn drained_placement(&self, demand: &Shape, flavor: Option<FlavorId>) -> Option<Vec<String>> {
+        if !self.any_drained {
+            return None;
+        }
+        let candidates: Vec<(usize, u32)> = (0..self.snap.nodes.len())
+            .filter(|&i| self.reserved[i].is_none())
+            .filter(|&i| match flavor {
+                Some(f) => self.node_flavor[i] == Some(f),
+                None => true,
+            })
+            .map(|i| (i, self.fits_on(i, demand)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if candidates.iter().map(|(_, n)| u64::from(*n)).sum::<u64>() < u64::from(demand.replicas) {
+            return None;
+        }
+        let placement = greedy_fill(candidates, demand.replicas as usize, |i| self.free_gpus[i])?;
+        let mut drained: Vec<String> =
+            placement.iter().filter(|&&i| self.drained[i]).map(|&i| self.snap.nodes[i].name.clone()).collect();
+        drained.dedup();
+        (!drained.is_empty()).then_some(drained)
+    }
+
     /// Nodes of `flavor` that, once empty, would hold the gang: the ones with most free GPUs
     /// first (closest to ready).
     pub fn reservation_for(&self, demand: &Shape, flavor: FlavorId) -> Vec<usize> {
         let mut nodes: Vec<usize> = (0..self.snap.nodes.len())
-            .filter(|&i| self.node_flavor[i] == Some(flavor) && self.reserved[i].is_none())
+            .filter(|&i| self.node_flavor[i] == Some(flavor) && self.reserved[i].is_none() && !self.drained[i])
             .filter(|&i| self.snap.nodes[i].gpus >= demand.gpus)
             .collect();
         nodes.sort_by_key(|&i| (std::cmp::Reverse(self.free_gpus[i]), i));

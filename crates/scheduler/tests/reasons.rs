@@ -17,7 +17,7 @@ fn asks(replicas: u32, gpus: u32, flavor: Option<&str>) -> Demand {
 }
 
 fn cpu_node(name: &str, cpu_millis: u64, memory_bytes: u64) -> Node {
-    Node { name: name.into(), rack: None, gpu_type: None, gpus: 0, cpu_millis, memory_bytes }
+    Node { name: name.into(), rack: None, gpu_type: None, gpus: 0, cpu_millis, memory_bytes, drained: None }
 }
 
 /// A CPU-only job holding `cpu_millis` of `node`.
@@ -164,6 +164,7 @@ fn no_kind_of_reason_prints_millicores_or_bytes() {
         // 2026-11-29 22:05:00 UTC
         PendingReason::WaitingForCache { nodes: 2, until: 1_795_989_900 },
         PendingReason::NoSpareRoom { flavor: Some(flavor.clone()), replicas: 2, gpus_per_replica: 8, free_gpus: 6 },
+        PendingReason::Drained { nodes: vec!["n1".into()], reason: "new cooling".into() },
     ];
     for sample in &samples {
         // Exhaustive on purpose: no wildcard.
@@ -176,6 +177,7 @@ fn no_kind_of_reason_prints_millicores_or_bytes() {
             PendingReason::WaitingForCache { .. } => {
                 "the 2 nodes that cache its data, as the job asked, until 22:05:00 UTC"
             }
+            PendingReason::Drained { .. } => "node n1 is drained: new cooling",
             PendingReason::NoSpareRoom { .. } => {
                 "spare room only (GPUs no job within its quota waits for): no set of nodes has 2 x 8 GPUs of nvidia-a100-40gb free now (6 free in all)"
             }

@@ -339,6 +339,7 @@ pub fn reason_class(reason: &trainyard_scheduler::PendingReason) -> &'static str
         R::WaitingForPreemption { .. } => "preemption",
         R::WaitingForCache { .. } => "data_locality",
         R::NoSpareRoom { .. } => "spare_room",
+        R::Drained { .. } => "drained",
     }
 }
 

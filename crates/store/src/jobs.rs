@@ -37,7 +37,7 @@ pub const MAX_PAGE: u32 = 500;
 /// A `SELECT` of every column a job read needs, joined with the names people know, followed by
 /// the rest of the statement. A macro rather than `format!` so the SQL stays a static string.
 macro_rules! job_select {
-    ($rest:literal) => {
+    ($($rest:expr),+) => {
         concat!(
             "SELECT j.id, n.name AS tenant_name, j.name, j.state, j.reason, j.priority, j.max_restarts,
                     j.restart_count, j.spec, j.idempotency_key, u.name AS created_by_name, j.created_at,
@@ -45,8 +45,25 @@ macro_rules! job_select {
                     j.rerun_of, j.rerun_overrides, j.rerun_unpinned, j.array_id, j.array_index,
                     j.init_from_job, j.init_from_step
              FROM jobs j JOIN tenants n ON n.id = j.tenant_id JOIN users u ON u.id = j.created_by ",
-            $rest
+            $($rest),+
         )
+    };
+}
+
+/// The filters and order of a page of jobs ([`Store::jobs_list`]), after its tenant clause.
+macro_rules! jobs_page_filters {
+    () => {
+        "
+               AND ($2::text IS NULL OR j.state = $2)
+               AND ($3::text IS NULL OR j.name = $3)
+               AND ($4::uuid IS NULL OR j.id < $4)
+               AND ($6::text IS NULL OR j.template_name = $6)
+               AND ($7::uuid IS NULL OR j.id BETWEEN $7 AND $8)
+               AND ($9::text IS NULL OR u.name = $9)
+               AND ($10::text IS NULL OR strpos(lower(j.name), lower($10)) > 0)
+               AND ($11::uuid IS NULL OR j.rerun_of = $11)
+             ORDER BY j.id DESC
+             LIMIT $5"
     };
 }
 
@@ -339,34 +356,51 @@ impl Store {
     /// One page of the tenant's jobs, newest first. Keyset pagination on the time-ordered id, so
     /// a page costs the same however deep it is.
     pub async fn jobs_list(&self, tenant_id: Uuid, filter: &JobFilter) -> Result<JobPage> {
+        self.jobs_page(Some(tenant_id), filter).await
+    }
+
+    /// One page of every tenant's jobs, or of the tenant named `tenant` (404 for no such
+    /// tenant), newest first: platform admins' list, read across tenants after
+    /// `Caller::require_platform_admin` in `app/`.
+    pub async fn jobs_list_every_tenant(&self, tenant: Option<&str>, filter: &JobFilter) -> Result<JobPage> {
+        let tenant_id = match tenant {
+            None => None,
+            // language=PostgreSQL
+            Some(name) => Some(
+                sqlx::query_scalar::<_, Uuid>("SELECT id FROM tenants WHERE name = $1")
+                    .bind(name)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .ok_or_else(|| Error::not_found(ObjectKind::Tenant))?,
+            ),
+        };
+        self.jobs_page(tenant_id, filter).await
+    }
+
+    /// A page of one tenant's jobs (`Some`) or every tenant's (`None`). The tenant's own list
+    /// keeps its plain `tenant_id = $1` (its index), whatever the other's plan.
+    async fn jobs_page(&self, tenant_id: Option<Uuid>, filter: &JobFilter) -> Result<JobPage> {
         let limit = filter.limit.clamp(1, MAX_PAGE);
-        let rows: Vec<JobRow> = sqlx::query_as(job_select!(
-            "WHERE j.tenant_id = $1
-               AND ($2::text IS NULL OR j.state = $2)
-               AND ($3::text IS NULL OR j.name = $3)
-               AND ($4::uuid IS NULL OR j.id < $4)
-               AND ($6::text IS NULL OR j.template_name = $6)
-               AND ($7::uuid IS NULL OR j.id BETWEEN $7 AND $8)
-               AND ($9::text IS NULL OR u.name = $9)
-               AND ($10::text IS NULL OR strpos(lower(j.name), lower($10)) > 0)
-               AND ($11::uuid IS NULL OR j.rerun_of = $11)
-             ORDER BY j.id DESC
-             LIMIT $5"
-        ))
-        .bind(tenant_id)
-        .bind(filter.state.map(JobState::as_str))
-        .bind(&filter.name)
-        .bind(filter.before)
-        .bind(i64::from(limit) + 1)
-        .bind(&filter.template)
-        .bind(filter.id_range.map(|(low, _)| low))
-        .bind(filter.id_range.map(|(_, high)| high))
-        .bind(&filter.user)
-        .bind(&filter.name_contains)
-        .bind(filter.rerun_of)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_error)?;
+        let query = match tenant_id {
+            Some(_) => sqlx::query_as::<_, JobRow>(job_select!("WHERE j.tenant_id = $1", jobs_page_filters!())),
+            None => sqlx::query_as::<_, JobRow>(job_select!("WHERE $1::uuid IS NULL", jobs_page_filters!())),
+        };
+        let rows: Vec<JobRow> = query
+            .bind(tenant_id)
+            .bind(filter.state.map(JobState::as_str))
+            .bind(&filter.name)
+            .bind(filter.before)
+            .bind(i64::from(limit) + 1)
+            .bind(&filter.template)
+            .bind(filter.id_range.map(|(low, _)| low))
+            .bind(filter.id_range.map(|(_, high)| high))
+            .bind(&filter.user)
+            .bind(&filter.name_contains)
+            .bind(filter.rerun_of)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)?;
         let mut items = rows.into_iter().map(Job::try_from).collect::<Result<Vec<_>>>()?;
         let next_cursor = if items.len() > limit as usize {
             items.truncate(limit as usize);

@@ -636,7 +636,7 @@ impl Store {
     }
 }
 
-async fn token_create_in<'e>(
+pub(crate) async fn token_create_in<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     tenant_id: Uuid,
     user_id: Uuid,

@@ -30,6 +30,7 @@ pub fn node(name: &str, rack: &str, flavor: &str, gpus: u32) -> Node {
         gpus,
         cpu_millis: 64_000,
         memory_bytes: 512 << 30,
+        drained: None,
     }
 }
 

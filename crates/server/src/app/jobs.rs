@@ -80,6 +80,18 @@ impl App {
         self.store.jobs_list(caller.tenant_id, filter).await
     }
 
+    /// Every tenant's jobs, or one tenant's by name (platform admins only: 403 for anyone else,
+    /// whatever their role), paged like [`App::jobs_list`].
+    pub async fn jobs_list_every_tenant(
+        &self,
+        caller: &Caller,
+        tenant: Option<&str>,
+        filter: &JobFilter,
+    ) -> Result<JobPage> {
+        caller.require_platform_admin()?;
+        self.store.jobs_list_every_tenant(tenant, filter).await
+    }
+
     pub async fn job_get(&self, caller: &Caller, job_id: Uuid) -> Result<Job> {
         caller.authorize(Action::ReadJobs)?;
         self.store.job_get(caller.tenant_id, job_id).await

@@ -78,10 +78,52 @@ impl App {
         for (node, version) in self.store.node_cached_datasets(caller.tenant_id).await? {
             cached.entry(node).or_default().push(version);
         }
+        let drains = self.store.node_drains().await?;
         for node in &mut items {
             node.cached_datasets = cached.remove(&node.name).unwrap_or_default();
+            node.drained = drains.iter().find(|d| d.node == node.name).cloned();
         }
         Ok(trainyard_core::api::Nodes { items })
+    }
+
+    /// Drains a node (platform admins): no new placements there from the next pass; with
+    /// `preempt`, its jobs go back to the queue as preempted. The node must be one the executor
+    /// reports (404 otherwise: a typo would drain nothing).
+    pub async fn node_drain(
+        &self,
+        caller: &Caller,
+        node: &str,
+        request: trainyard_core::api::NodeDrainRequest,
+    ) -> Result<trainyard_core::api::NodeDrain> {
+        let audit = Audit::by(caller, "node.drain", format!("node:{node}")).platform_wide();
+        let drain = self
+            .audited(&audit, async {
+                caller.require_platform_admin()?;
+                let reason = request.reason.as_deref().unwrap_or("").trim();
+                if reason.chars().count() > 500 {
+                    return Err(Error::invalid("reason", "at most 500 characters"));
+                }
+                if !crate::scheduling::snapshot::node_names(self.executor.as_ref()).iter().any(|n| n == node) {
+                    return Err(Error::not_found(ObjectKind::Node));
+                }
+                self.store.node_drain(node, reason, request.preempt, &audit).await
+            })
+            .await?;
+        self.scheduling_changed();
+        Ok(drain)
+    }
+
+    /// Undrains a node (platform admins): it takes placements again. 409 when not drained.
+    pub async fn node_undrain(&self, caller: &Caller, node: &str) -> Result<trainyard_core::api::NodeDrain> {
+        let audit = Audit::by(caller, "node.undrain", format!("node:{node}")).platform_wide();
+        let drain = self
+            .audited(&audit, async {
+                caller.require_platform_admin()?;
+                self.store.node_undrain(node, &audit).await
+            })
+            .await?;
+        self.scheduling_changed();
+        Ok(drain)
     }
 
     /// Why a queued job waits, where it stands, and when it should start.

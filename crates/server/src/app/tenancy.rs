@@ -1,6 +1,8 @@
 //! Tenants, members and tokens: who may create what in whose name (see `docs/security.md`).
 
-use trainyard_core::api::{MemberAdd, MemberAdded, Tenant, TokenCreated, TokenInfo};
+use trainyard_core::api::{
+    MemberAdd, MemberAdded, MemberRemoved, MemberToken, MemberTokenReissue, Tenant, TokenCreated, TokenInfo,
+};
 use trainyard_core::auth::{Action, Caller};
 use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
@@ -164,11 +166,73 @@ impl App {
     pub async fn member_add(&self, caller: &Caller, tenant: &str, member: MemberAdd) -> Result<MemberAdded> {
         let audit = Audit::by(caller, "member.add", format!("tenant:{tenant}/user:{}", member.user));
         self.audited(&audit, async {
-            if !(caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok())) {
-                return Err(Error::Forbidden("only platform admins and this tenant's admins may add members".into()));
-            }
+            Self::require_members_admin(caller, tenant, "add members")?;
             let may_add_existing_users = caller.platform_admin;
             self.store.member_add(tenant, &member, may_add_existing_users, &audit).await
+        })
+        .await
+    }
+
+    /// Platform admins, and the admins of `tenant` itself, manage its members.
+    fn require_members_admin(caller: &Caller, tenant: &str, what: &str) -> Result<()> {
+        if caller.platform_admin || (caller.tenant == tenant && caller.authorize(Action::ManageTenant).is_ok()) {
+            Ok(())
+        } else {
+            Err(Error::Forbidden(format!("only platform admins and this tenant's admins may {what}")))
+        }
+    }
+
+    /// Removes a member from a tenant: their tokens there are revoked at once, their jobs kept
+    /// (cancelled too with `cancel_jobs`). The tenant's last admin stays (409); someone not a
+    /// member is 404 (see [`trainyard_store::Store::member_remove`]).
+    pub async fn member_remove(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        user: &str,
+        cancel_jobs: bool,
+    ) -> Result<MemberRemoved> {
+        let audit = Audit::by(caller, "member.remove", format!("tenant:{tenant}/user:{user}"));
+        let removed = self
+            .audited(&audit, async {
+                Self::require_members_admin(caller, tenant, "remove members")?;
+                let may_remove_platform_admins = caller.platform_admin;
+                self.store.member_remove(tenant, user, cancel_jobs, may_remove_platform_admins, &audit).await
+            })
+            .await?;
+        if removed.jobs_cancelled > 0 {
+            self.scheduling_changed();
+        }
+        Ok(removed)
+    }
+
+    /// A new token for a member who lost theirs, printed once to the admin who hands it over
+    /// (the invitation's path: [`trainyard_store::Store::member_token_reissue`]); with
+    /// `revoke_others`, their other tokens in the tenant are revoked. A platform admin's token is
+    /// reissued by a platform admin only: it carries powers beyond the tenant.
+    pub async fn member_token_reissue(
+        &self,
+        caller: &Caller,
+        tenant: &str,
+        user: &str,
+        request: MemberTokenReissue,
+    ) -> Result<MemberToken> {
+        let audit = Audit::by(caller, "member.token_reissue", format!("tenant:{tenant}/user:{user}"));
+        self.audited(&audit, async {
+            Self::require_members_admin(caller, tenant, "reissue members' tokens")?;
+            let name = request.name.as_deref().unwrap_or("reissued");
+            let may_reissue_platform_admins = caller.platform_admin;
+            self.store
+                .member_token_reissue(
+                    tenant,
+                    user,
+                    name,
+                    request.expires_in_days,
+                    request.revoke_others,
+                    may_reissue_platform_admins,
+                    &audit,
+                )
+                .await
         })
         .await
     }

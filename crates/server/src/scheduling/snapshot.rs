@@ -35,6 +35,7 @@ pub fn nodes_of_cluster(nodes: &[NodeInventory]) -> Vec<Node> {
             gpus: n.gpus,
             cpu_millis: n.cpu_millis,
             memory_bytes: n.memory_bytes,
+            drained: None,
         })
         .collect()
 }
@@ -54,6 +55,7 @@ pub fn nodes_of(inventory: &Inventory) -> Vec<Node> {
             gpus: 0,
             cpu_millis: inventory.cpu_millis,
             memory_bytes: inventory.memory_bytes,
+            drained: None,
         }];
     }
     let parts = by_type.len() as u64;
@@ -67,6 +69,7 @@ pub fn nodes_of(inventory: &Inventory) -> Vec<Node> {
             gpus: *count,
             cpu_millis: inventory.cpu_millis / parts,
             memory_bytes: inventory.memory_bytes / parts,
+            drained: None,
         })
         .collect()
 }
@@ -140,6 +143,7 @@ pub fn node_usage(nodes: &[Node], jobs: &[Arc<UnfinishedJob>]) -> Vec<trainyard_
             memory_bytes_allocated: 0,
             replicas: 0,
             cached_datasets: Vec::new(),
+            drained: None,
         })
         .collect();
     usage.sort_by(|a, b| a.name.cmp(&b.name));
@@ -174,7 +178,25 @@ pub async fn snapshot_now(
     ended: &HashSet<Uuid>,
 ) -> trainyard_core::Result<Snapshot> {
     let tenants = policies(&store.tenant_policies().await?);
-    Ok(snapshot(Utc::now(), nodes_for(executor), tenants, jobs, ended))
+    let mut nodes = nodes_for(executor);
+    drains_apply(&mut nodes, &store.node_drains().await?);
+    Ok(snapshot(Utc::now(), nodes, tenants, jobs, ended))
+}
+
+/// Marks the drained nodes among `nodes` (Trainyard's drains, by node name, whichever executor
+/// reports the node): the scheduler places nothing new on them.
+pub fn drains_apply(nodes: &mut [Node], drains: &[trainyard_core::api::NodeDrain]) {
+    for node in nodes {
+        node.drained = drains.iter().find(|d| d.node == node.name).map(|d| d.reason.clone());
+    }
+}
+
+/// The names of every node the executor reports, schedulable or not: what a drain may name.
+pub fn node_names(executor: &dyn Executor) -> Vec<String> {
+    match executor.nodes() {
+        Some(nodes) => nodes.into_iter().map(|n| n.name).collect(),
+        None => nodes_of(&executor.inventory()).into_iter().map(|n| n.name).collect(),
+    }
 }
 
 /// The snapshot the scheduler decides on. Jobs in `ended` (finished in this pass) hold nothing.

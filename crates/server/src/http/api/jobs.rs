@@ -61,13 +61,20 @@ pub struct ListParams {
     pub id_prefix: Option<String>,
     /// Only the jobs that run this job again (`yard rerun`).
     pub rerun_of: Option<String>,
+    /// Every tenant's jobs, not only the caller's tenant's (platform admins; 403 for others).
+    pub all_tenants: Option<bool>,
+    /// Only this tenant's jobs, by name (platform admins; implies `all_tenants`; 404 for no such tenant).
+    pub tenant: Option<String>,
 }
 
-/// List the tenant's jobs, newest first.
+/// List the tenant's jobs, newest first; with `all_tenants` or `tenant`, every tenant's or one
+/// tenant's (platform admins), each job naming its tenant.
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", params(ListParams), security(("bearer" = [])),
     responses(
         (status = 200, body = JobPage),
         (status = 401, body = ErrorBody),
+        (status = 403, description = "`all_tenants` or `tenant` from someone not a platform admin", body = ErrorBody),
+        (status = 404, description = "No tenant of that name", body = ErrorBody),
         (status = 422, description = "A bad filter or cursor", body = ErrorBody),
     ))]
 pub async fn jobs_list(
@@ -75,8 +82,14 @@ pub async fn jobs_list(
     Auth(caller): Auth,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<JobPage>> {
+    let every_tenant = params.all_tenants.unwrap_or(false) || params.tenant.is_some();
+    let tenant = params.tenant.clone();
     let filter = list_filter(params)?;
-    Ok(Json(state.app.jobs_list(&caller, &filter).await?))
+    Ok(Json(if every_tenant {
+        state.app.jobs_list_every_tenant(&caller, tenant.as_deref(), &filter).await?
+    } else {
+        state.app.jobs_list(&caller, &filter).await?
+    }))
 }
 
 /// The store filter for list parameters, naming the parameter that is wrong.

@@ -80,6 +80,9 @@ pub fn routes() -> RouteTable {
         .route("/api/v1/tokens/{id}", delete(tokens::token_revoke))
         .route("/api/v1/admin/tenants", get(admin::tenants_list).post(admin::tenant_create))
         .route("/api/v1/admin/tenants/{tenant}/members", post(admin::member_add))
+        .route("/api/v1/admin/tenants/{tenant}/members/{user}", delete(admin::member_remove))
+        .route("/api/v1/admin/tenants/{tenant}/members/{user}/tokens", post(admin::member_token_reissue))
+        .route("/api/v1/admin/nodes/{node}/drain", put(admin::node_drain).delete(admin::node_undrain))
         .route("/api/v1/sessions", post(interactive::session_create))
         .route("/api/v1/sessions/{id}", get(interactive::session_get))
         .route("/api/v1/sessions/{id}/link", post(interactive::session_link_create))
@@ -182,6 +185,10 @@ fn storage_routes() -> RouteTable {
         admin::member_add,
         checkpoints::checkpoints_list,
         checkpoints::checkpoint_download,
+        admin::member_remove,
+        admin::member_token_reissue,
+        admin::node_drain,
+        admin::node_undrain,
         storage::artifacts_list,
         storage::artifact_upload,
         storage::artifact_link,
@@ -215,7 +222,7 @@ fn storage_routes() -> RouteTable {
         (name = "experiments", description = "Hyperparameter searches whose trials are jobs: grid, random, successive halving"),
         (name = "tokens", description = "Your identity and API tokens"),
         (name = "notifications", description = "Webhooks when jobs end, fail, are preempted or wait too long"),
-        (name = "admin", description = "Tenants and members"),
+        (name = "admin", description = "Tenants, members and their tokens, node drains"),
         (name = "health", description = "Liveness and readiness"),
         (name = "sessions", description = "Interactive sessions (notebooks): opened as jobs, reached through the proxy at /sessions/{id}/"),
     )

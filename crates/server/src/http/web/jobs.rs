@@ -97,6 +97,8 @@ impl Filter {
             limit: Some(PAGE_SIZE),
             id_prefix: None,
             rerun_of: None,
+            all_tenants: None,
+            tenant: None,
         }
     }
 
