@@ -232,8 +232,11 @@ impl App {
         let spec = &valid.spec;
         self.fits_cluster(spec)?;
         let locality = self.cache_locality(caller.tenant_id, &valid.datasets).await?;
-        let mut snapshot = self.scheduling_snapshot().await?;
+        // One read of the unfinished jobs for the snapshot and for naming what it would wait for.
         let jobs = self.store.jobs_unfinished().await?.jobs;
+        let mut snapshot =
+            crate::scheduling::snapshot::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default())
+                .await?;
         let guesses = self.run_history.guesses(&self.store, &jobs).await?;
         crate::scheduling::history::apply(&mut snapshot, &guesses);
         let guess = self
