@@ -30,11 +30,12 @@ async fn a_chain_whose_middle_job_fails_cancels_the_last_with_the_reason() {
         })
         .await;
     assert_eq!(waiting["state"], "queued", "{waiting}");
-    // Its schedule says the same, with no estimate (when the first ends is not known).
+    // Its schedule says the same, estimated after the first's expected end, naming it.
     let (status, schedule) = env.get(&format!("/api/v1/jobs/{middle}/schedule"), &env.admin_token).await;
     assert_eq!(status, StatusCode::OK, "{schedule}");
     assert!(schedule["reason"].as_str().unwrap().starts_with("waiting for "), "{schedule}");
-    assert!(schedule["estimated_start"].is_null() && schedule["admitted_now"] == false, "{schedule}");
+    assert!(schedule["estimated_start"].is_string() && schedule["admitted_now"] == false, "{schedule}");
+    assert_eq!(schedule["waits_for"][0]["job"], first.as_str(), "{schedule}");
     let (_, first_now) = env.get(&format!("/api/v1/jobs/{first}"), &env.admin_token).await;
     assert_ne!(first_now["state"], "succeeded", "the middle job waited while the first had not ended: {first_now}");
 
@@ -45,6 +46,64 @@ async fn a_chain_whose_middle_job_fails_cancels_the_last_with_the_reason() {
     let reason = cancelled["reason"].as_str().unwrap();
     assert!(reason.contains(short(&middle)) && reason.contains("failed"), "the reason names the dependency: {reason}");
     assert!(cancelled["started_at"].is_null(), "it never ran: {cancelled}");
+}
+
+/// Seconds from now to an RFC 3339 time.
+fn seconds_from_now(at: &Value) -> i64 {
+    let at = chrono::DateTime::parse_from_rfc3339(at.as_str().unwrap_or_else(|| panic!("no time: {at}"))).unwrap();
+    (at.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_seconds()
+}
+
+#[tokio::test]
+async fn estimates_run_down_a_chain_link_by_link() {
+    let env = TestEnv::start().await;
+    // Each link's run time is guessed from its time limit (no history): 10 min, 20 min, 30 min.
+    let first = env.submit(json!({"name": "prepare", "command": ["sleep", "600"], "time_limit_seconds": 600})).await;
+    let second = env
+        .submit(json!({"name": "train", "command": ["true"], "time_limit_seconds": 1200, "after_ok": [first]}))
+        .await;
+    let third = env
+        .submit(json!({"name": "report", "command": ["true"], "time_limit_seconds": 1800, "after_ok": [second]}))
+        .await;
+    env.wait_state(&first, "running", Duration::from_secs(30)).await;
+
+    let (status, two) = env.get(&format!("/api/v1/jobs/{second}/schedule"), &env.admin_token).await;
+    assert_eq!(status, StatusCode::OK, "{two}");
+    let starts_in = seconds_from_now(&two["estimated_start"]);
+    assert!((560..=610).contains(&starts_in), "the second starts when the first is expected to end, in ~600 s: {two}");
+    assert_eq!(two["waits_for"][0]["job"], first.as_str(), "{two}");
+    assert!(two["waits_for"][0]["assuming"].as_str().unwrap().contains("10 min"), "{two}");
+
+    let (_, three) = env.get(&format!("/api/v1/jobs/{third}/schedule"), &env.admin_token).await;
+    let starts_in = seconds_from_now(&three["estimated_start"]);
+    assert!((1760..=1810).contains(&starts_in), "the third 20 min after the second: ~1,800 s: {three}");
+    assert_eq!(three["waits_for"][0]["job"], second.as_str(), "it names the link before it: {three}");
+    assert!(three["reason"].as_str().unwrap().starts_with(&format!("waiting for {}", short(&second))), "{three}");
+
+    // The queue lists the held links after the jobs the cluster's queue places, with estimates.
+    let (_, queue) = env.get("/api/v1/queue", &env.admin_token).await;
+    let ids: Vec<&str> = queue["items"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [second.as_str(), third.as_str()], "{queue}");
+    // `yard jobs show` says when and after what.
+    let shown = env.yard(&env.admin_token, &["jobs", "show", &third]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let text = stdout(&shown);
+    assert!(text.contains("after:") && text.contains(short(&second)), "{text}");
+
+    // A what-if of a fourth link says it would wait for the third, ~50 min away.
+    let (status, what_if) = env
+        .post(
+            "/api/v1/jobs/what-if",
+            &env.admin_token,
+            &json!({"command": ["true"], "time_limit_seconds": 60, "after_ok": [third]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{what_if}");
+    assert_eq!(what_if["admitted_now"], false, "{what_if}");
+    assert!(what_if["reason"].as_str().unwrap().contains(short(&third)), "{what_if}");
+    let starts_in = seconds_from_now(&what_if["estimated_start"]);
+    assert!((3560..=3610).contains(&starts_in), "after the third's 30 min: ~3,600 s: {what_if}");
+    env.post(&format!("/api/v1/jobs/{first}/cancel"), &env.admin_token, &json!({})).await;
 }
 
 #[tokio::test]

@@ -95,5 +95,15 @@ pub fn cluster(pending: usize) -> Snapshot {
             }
         })
         .collect();
-    Snapshot { now: 2_000, nodes, tenants, running, pending, settings: Settings::default(), nominated: Vec::new() }
+    Snapshot {
+        now: 2_000,
+        nodes,
+        tenants,
+        running,
+        pending,
+        settings: Settings::default(),
+        nominated: Vec::new(),
+        held: Vec::new(),
+        arrays: Vec::new(),
+    }
 }

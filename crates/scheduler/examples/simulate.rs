@@ -215,6 +215,8 @@ fn main() {
         pending: Vec::new(),
         settings: Settings { starvation_after_secs: i64::MAX / 4, ..Settings::default() },
         nominated: Vec::new(),
+        held: Vec::new(),
+        arrays: Vec::new(),
     };
     let jobs = &workload.jobs;
     let demand = |j: &JobSpec| Demand {

@@ -24,7 +24,9 @@ pub mod usage;
 
 pub use cycle::{CycleOptions, admission_cycle, run_cycle};
 pub use decision::{Admission, CycleResult, Pending, PendingReason, Preemption, PreemptionKind};
-pub use estimate::{Estimate, ExpectedStart, estimate_starts, estimate_starts_explained, what_if};
+pub use estimate::{Estimate, ExpectedStart, estimate_starts, estimate_starts_explained, what_if, what_if_after};
 pub use fit::{Unfit, never_fits};
 pub use history::{RuntimeBasis, RuntimeFacts, RuntimeGuess, guess_runtime};
-pub use model::{Demand, Flavor, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy};
+pub use model::{
+    ArrayWindow, Demand, Flavor, HeldJob, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy,
+};

@@ -120,6 +120,28 @@ pub struct PendingJob {
     pub spare: bool,
 }
 
+/// A waiting job kept out of admission until other jobs end: a chain's dependencies
+/// (`--after-ok` and kin) or its array's limit of jobs at once. No cycle admits it; start
+/// estimates release it once what it waits for has ended in their simulation, assuming each
+/// dependency ends as it must for it to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldJob {
+    pub job: PendingJob,
+    /// Its dependencies that have not ended.
+    pub after: Vec<Uuid>,
+    /// The array whose limit holds it back ([`Snapshot::arrays`]), if one does.
+    pub array: Option<Uuid>,
+}
+
+/// A job array with a limit of jobs at once (`--array 0-99%8`), as estimates need it: its
+/// members that count against the limit now (admitted, running, or queued within the limit).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrayWindow {
+    pub id: Uuid,
+    pub limit: u32,
+    pub members: Vec<Uuid>,
+}
+
 /// A job holding resources: admitted, starting, running, or being stopped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunningJob {
@@ -194,6 +216,11 @@ pub struct Snapshot {
     /// order, so that the room goes to the job it was taken for. Otherwise tenants served
     /// before it (using less of their share) take it, and it preempts again, round after round.
     pub nominated: Vec<Uuid>,
+    /// Waiting jobs no cycle admits yet, in the order they are to be released (an array's
+    /// members by index): only start estimates look at them.
+    pub held: Vec<HeldJob>,
+    /// The arrays that hold some of `held` back.
+    pub arrays: Vec<ArrayWindow>,
 }
 
 impl Snapshot {

@@ -90,4 +90,40 @@ impl Store {
         .await
         .map_err(db_error)
     }
+
+    /// What start estimates need to run down chains and through arrays' windows, across
+    /// tenants (the board serves each reader its own tenant's jobs only): each queued job's
+    /// dependencies that have not ended, and every unfinished member of a limited array, by
+    /// array and index.
+    pub async fn chains_now(&self) -> Result<ChainsNow> {
+        // language=PostgreSQL
+        let dependencies = sqlx::query_as(
+            "SELECT d.job_id, d.depends_on
+             FROM jobs j JOIN job_dependencies d ON d.job_id = j.id JOIN jobs p ON p.id = d.depends_on
+             WHERE j.state = 'queued' AND p.state NOT IN ('succeeded', 'failed', 'cancelled')
+             ORDER BY d.job_id, d.depends_on",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        // language=PostgreSQL
+        let arrays = sqlx::query_as(
+            "SELECT array_id, array_limit, id FROM jobs
+             WHERE array_limit IS NOT NULL AND state IN ('queued', 'admitted', 'starting', 'running', 'restarting')
+             ORDER BY array_id, array_index",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)?;
+        Ok(ChainsNow { dependencies, arrays })
+    }
+}
+
+/// See [`Store::chains_now`].
+#[derive(Debug, Clone, Default)]
+pub struct ChainsNow {
+    /// `(job, dependency)` for each queued job's dependencies that have not ended.
+    pub dependencies: Vec<(Uuid, Uuid)>,
+    /// `(array, its limit, member)` for each unfinished member of a limited array.
+    pub arrays: Vec<(Uuid, i32, Uuid)>,
 }

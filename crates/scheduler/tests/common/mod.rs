@@ -99,5 +99,15 @@ pub fn snapshot(
     running: Vec<RunningJob>,
     pending: Vec<PendingJob>,
 ) -> Snapshot {
-    Snapshot { now: 1_000_100, nodes, tenants, running, pending, settings: Settings::default(), nominated: Vec::new() }
+    Snapshot {
+        now: 1_000_100,
+        nodes,
+        tenants,
+        running,
+        pending,
+        settings: Settings::default(),
+        nominated: Vec::new(),
+        held: Vec::new(),
+        arrays: Vec::new(),
+    }
 }

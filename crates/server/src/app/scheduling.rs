@@ -9,6 +9,7 @@ use trainyard_core::{Error, Result};
 use trainyard_store::audit::Audit;
 use trainyard_store::reconcile::{QUEUE_WINDOW_PER_TENANT, QUEUED_AHEAD_COUNTED, QueuedAhead, UnfinishedJob};
 
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -39,20 +40,11 @@ impl App {
         let (store, executor, history) =
             (self.store.clone(), Arc::clone(&self.executor), Arc::clone(&self.run_history));
         async move {
-            let mut jobs = store.jobs_unfinished().await?.jobs;
-            // Chained and arrays' jobs the leader holds out of the cycle are not on the board
-            // either (no place, no estimate; their schedule says why: `App::job_schedule`).
-            let held: std::collections::HashSet<Uuid> =
-                store.jobs_held().await?.into_iter().map(|(id, _)| id).collect();
-            if !held.is_empty() {
-                jobs.retain(|j| !held.contains(&j.id));
-            }
-            let mut snapshot =
-                crate::scheduling::snapshot::snapshot_now(&store, executor.as_ref(), &jobs, &Default::default())
-                    .await?;
+            let jobs = store.jobs_unfinished().await?.jobs;
+            let (mut snapshot, held) = snapshot_with_holds(&store, executor.as_ref(), &jobs).await?;
             let guesses = history.guesses(&store, &jobs).await?;
             crate::scheduling::history::apply(&mut snapshot, &guesses);
-            Ok(BoardInput { snapshot, jobs, guesses })
+            Ok(BoardInput { snapshot, jobs, guesses, held })
         }
     }
 
@@ -134,9 +126,17 @@ impl App {
             return Ok(None);
         }
         if let Some(held) = self.store.job_hold_reason(caller.tenant_id, job_id).await? {
-            // No estimate: when its dependencies end is not known (the estimate does not run
-            // down the chain yet).
-            return Ok(Some(Schedule { reason: Some(held), ..Schedule::default() }));
+            // Estimated as the board runs down its chain (or its array's window), with the
+            // reason as of now.
+            let mut board = self.schedule.get(|| self.board_input()).await?;
+            if board.standing(job_id).is_none() {
+                self.schedule.changed();
+                board = self.schedule.get(|| self.board_input()).await?;
+            }
+            let mut schedule = board.schedule(job_id).unwrap_or_default();
+            schedule.admitted_now = false;
+            schedule.reason = Some(held);
+            return Ok(Some(schedule));
         }
         let mut board = self.schedule.get(|| self.board_input()).await?;
         if board.standing(job_id).is_none() {
@@ -234,9 +234,7 @@ impl App {
         let locality = self.cache_locality(caller.tenant_id, &valid.datasets).await?;
         // One read of the unfinished jobs for the snapshot and for naming what it would wait for.
         let jobs = self.store.jobs_unfinished().await?.jobs;
-        let mut snapshot =
-            crate::scheduling::snapshot::snapshot_now(&self.store, self.executor.as_ref(), &jobs, &Default::default())
-                .await?;
+        let (mut snapshot, _) = snapshot_with_holds(&self.store, self.executor.as_ref(), &jobs).await?;
         let guesses = self.run_history.guesses(&self.store, &jobs).await?;
         crate::scheduling::history::apply(&mut snapshot, &guesses);
         let guess = self
@@ -257,10 +255,20 @@ impl App {
             cache_wait_secs: spec.cache_wait_seconds.unwrap_or(0),
             spare: spec.spare,
         };
-        let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if(&snapshot, probe))
+        // A chained submission waits for its dependencies that have not ended.
+        let unfinished: std::collections::HashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
+        let after: Vec<Uuid> = valid.after.iter().map(|(id, _)| *id).filter(|id| unfinished.contains(id)).collect();
+        let chained = (!after.is_empty()).then(|| {
+            let ids: Vec<String> = after.iter().map(|id| id.to_string()[..8].to_string()).collect();
+            format!("would wait for {}", ids.join(", "))
+        });
+        let answer = tokio::task::spawn_blocking(move || trainyard_scheduler::what_if_after(&snapshot, probe, after))
             .await
             .map_err(|err| Error::internal(format!("answering what-if: {err}")))?;
         let mut schedule = schedule_of(answer.admitted_now, answer.pending.as_ref(), answer.estimated_start);
+        if chained.is_some() {
+            schedule.reason = chained;
+        }
         schedule.cached_on = locality.map(|(l, _)| l);
         schedule.runtime_assumed = Some(guess.to_string());
         schedule.would_preempt = answer.preempts.len();
@@ -424,4 +432,22 @@ impl App {
         self.ceiling_push(tenant).await;
         Ok(())
     }
+}
+
+/// The scheduler's snapshot of `jobs` as the board and the what-if see it: the jobs the leader
+/// holds out of the cycle (chains, arrays' limits: `Store::jobs_held`) held out of it here too,
+/// for estimates to release when what they wait for ends; with why each is held.
+async fn snapshot_with_holds(
+    store: &trainyard_store::Store,
+    executor: &dyn trainyard_executor::Executor,
+    jobs: &[Arc<UnfinishedJob>],
+) -> Result<(trainyard_scheduler::Snapshot, FxHashMap<Uuid, String>)> {
+    let held: FxHashMap<Uuid, String> = store.jobs_held().await?.into_iter().collect();
+    let (held_jobs, cycled): (Vec<_>, Vec<_>) = jobs.iter().cloned().partition(|j| held.contains_key(&j.id));
+    let mut snapshot = crate::scheduling::snapshot::snapshot_now(store, executor, &cycled, &Default::default()).await?;
+    if !held_jobs.is_empty() {
+        let chains = store.chains_now().await?;
+        crate::scheduling::snapshot::held_add(&mut snapshot, &held_jobs, &chains);
+    }
+    Ok((snapshot, held))
 }

@@ -51,11 +51,17 @@ pub struct Standing {
     /// The jobs whose expected end its estimated start waits for (shared by the jobs that
     /// start at the same instant).
     pub after: Arc<[Uuid]>,
+    /// Held out of admission (a chain's dependencies, an array's limit), and why.
+    pub held: Option<String>,
 }
 
 impl Standing {
     pub fn schedule(&self) -> Schedule {
-        schedule_of(self.admitted_now, self.pending.as_ref(), self.estimated_start)
+        let mut schedule = schedule_of(self.admitted_now, self.pending.as_ref(), self.estimated_start);
+        if let Some(held) = &self.held {
+            schedule.reason = Some(held.clone());
+        }
+        schedule
     }
 }
 
@@ -93,6 +99,8 @@ pub struct BoardInput {
     pub snapshot: Snapshot,
     pub jobs: Vec<Arc<UnfinishedJob>>,
     pub guesses: FxHashMap<Uuid, RuntimeGuess>,
+    /// The queued jobs held out of the cycle ([`Snapshot::held`]), with why.
+    pub held: FxHashMap<Uuid, String>,
 }
 
 /// Every job's standing as of one snapshot.
@@ -125,6 +133,7 @@ impl Board {
                     pending: None,
                     estimated_start: Some(snapshot.now),
                     after: Arc::clone(&none),
+                    held: None,
                 },
             );
         }
@@ -134,7 +143,22 @@ impl Board {
                 Some(start) => (Some(start.at), start.after),
                 None => (None, Arc::clone(&none)),
             };
-            jobs.insert(pending.job, Standing { admitted_now: false, pending: Some(pending), estimated_start, after });
+            jobs.insert(
+                pending.job,
+                Standing { admitted_now: false, pending: Some(pending), estimated_start, after, held: None },
+            );
+        }
+        for held in &snapshot.held {
+            let id = held.job.id;
+            let (estimated_start, after) = match starts.get(&id).cloned().flatten() {
+                Some(start) => (Some(start.at), start.after),
+                None => (None, Arc::clone(&none)),
+            };
+            let reason = input.held.get(&id).cloned().unwrap_or_else(|| "waiting for other jobs".into());
+            jobs.insert(
+                id,
+                Standing { admitted_now: false, pending: None, estimated_start, after, held: Some(reason) },
+            );
         }
         let mut queue: Vec<(Uuid, QueueEntry)> = input
             .jobs
@@ -153,7 +177,10 @@ impl Board {
                 Some((job.tenant_id, entry))
             })
             .collect();
-        queue.sort_by_key(|(_, e)| (!e.schedule.admitted_now, e.schedule.cluster_position.unwrap_or(0)));
+        // Held jobs (no place in the cluster's queue yet) last, by their expected start.
+        queue.sort_by_key(|(_, e)| {
+            (!e.schedule.admitted_now, e.schedule.cluster_position.unwrap_or(usize::MAX), e.schedule.estimated_start)
+        });
         Board {
             jobs,
             queue,
@@ -351,9 +378,12 @@ mod tests {
                 pending: Vec::new(),
                 settings: Default::default(),
                 nominated: Vec::new(),
+                held: Vec::new(),
+                arrays: Vec::new(),
             },
             jobs: Vec::new(),
             guesses: Default::default(),
+            held: Default::default(),
         }
     }
 

@@ -189,7 +189,7 @@ pub fn apply(snapshot: &mut trainyard_scheduler::Snapshot, guesses: &FxHashMap<U
             job.expected_runtime = Some(guess.seconds);
         }
     }
-    for job in &mut snapshot.pending {
+    for job in snapshot.pending.iter_mut().chain(snapshot.held.iter_mut().map(|h| &mut h.job)) {
         if let Some(guess) = guesses.get(&job.id) {
             job.expected_runtime = Some(guess.seconds);
         }

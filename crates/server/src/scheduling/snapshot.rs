@@ -1,13 +1,15 @@
 //! The bridge between Postgres rows and the pure scheduler: builds a [`Snapshot`] from what the
 //! store holds and what the executor offers.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use trainyard_core::job::JobState;
 use trainyard_executor::{Executor, Inventory, NodeInventory};
-use trainyard_scheduler::{Demand, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy};
+use trainyard_scheduler::{
+    ArrayWindow, Demand, HeldJob, Node, PendingJob, Quota, RunningJob, Settings, Snapshot, TenantPolicy,
+};
 use trainyard_store::reconcile::{TenantPolicyRow, UnfinishedJob};
 use uuid::Uuid;
 
@@ -226,29 +228,82 @@ pub fn snapshot(
             saved_at: j.saved_at.map(seconds),
         })
         .collect();
-    let pending = jobs
-        .iter()
-        .filter(|j| j.state == JobState::Queued)
-        .map(|j| PendingJob {
-            id: j.id,
-            tenant: j.tenant_id,
-            priority: j.priority,
-            // Time-ordered ids: submission order.
-            seq: j.created_at.timestamp_micros().max(0) as u64,
-            submitted_at: seconds(j.created_at),
-            demand: demand_of(j),
-            expected_runtime: j.expected_runtime_seconds.map(i64::from),
-            warm_nodes: j.warm_nodes.clone(),
-            cache_wait_secs: j.spec.cache_wait_seconds.unwrap_or(0),
-            spare: j.spec.spare,
-        })
-        .collect();
+    let pending = jobs.iter().filter(|j| j.state == JobState::Queued).map(|j| pending_of(j)).collect();
     // The preemptors whose victims ended in this pass: the room is theirs now.
     let mut nominated: Vec<Uuid> =
         jobs.iter().filter(|j| ended.contains(&j.id)).filter_map(|j| room_promised_to(j)).collect();
     nominated.sort_unstable();
     nominated.dedup();
-    Snapshot { now: seconds(now), nodes, tenants, running, pending, settings: Settings::default(), nominated }
+    Snapshot {
+        now: seconds(now),
+        nodes,
+        tenants,
+        running,
+        pending,
+        settings: Settings::default(),
+        nominated,
+        held: Vec::new(),
+        arrays: Vec::new(),
+    }
+}
+
+/// A queued job as the scheduler sees it.
+fn pending_of(j: &UnfinishedJob) -> PendingJob {
+    PendingJob {
+        id: j.id,
+        tenant: j.tenant_id,
+        priority: j.priority,
+        // Time-ordered ids: submission order.
+        seq: j.created_at.timestamp_micros().max(0) as u64,
+        submitted_at: seconds(j.created_at),
+        demand: demand_of(j),
+        expected_runtime: j.expected_runtime_seconds.map(i64::from),
+        warm_nodes: j.warm_nodes.clone(),
+        cache_wait_secs: j.spec.cache_wait_seconds.unwrap_or(0),
+        spare: j.spec.spare,
+    }
+}
+
+/// Adds the queued jobs held out of the cycle (`held`: a chain's or an array's, as
+/// `Store::jobs_held` says) to the snapshot for start estimates, with their dependencies and
+/// their arrays' windows from `chains`. A member of an array counts against its window unless
+/// it is held.
+pub fn held_add(snapshot: &mut Snapshot, held: &[Arc<UnfinishedJob>], chains: &trainyard_store::chains::ChainsNow) {
+    let is_held: HashSet<Uuid> = held.iter().map(|j| j.id).collect();
+    let mut after: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+    for (job, dependency) in &chains.dependencies {
+        after.entry(*job).or_default().push(*dependency);
+    }
+    let mut windows: Vec<ArrayWindow> = Vec::new();
+    let mut array_of: HashMap<Uuid, Uuid> = HashMap::new();
+    for (array, limit, member) in &chains.arrays {
+        if windows.last().is_none_or(|w| w.id != *array) {
+            windows.push(ArrayWindow { id: *array, limit: (*limit).max(1) as u32, members: Vec::new() });
+        }
+        if let Some(window) = windows.last_mut() {
+            if is_held.contains(member) {
+                array_of.insert(*member, *array);
+            } else {
+                window.members.push(*member);
+            }
+        }
+    }
+    // Released in the order the store lists an array's members (by index), the rest by
+    // submission.
+    let rank: HashMap<Uuid, usize> = chains.arrays.iter().enumerate().map(|(i, (_, _, m))| (*m, i)).collect();
+    let mut jobs: Vec<&Arc<UnfinishedJob>> = held.iter().filter(|j| j.state == JobState::Queued).collect();
+    jobs.sort_by_key(|j| (rank.get(&j.id).copied().unwrap_or(usize::MAX), j.created_at));
+    snapshot.held = jobs
+        .into_iter()
+        .map(|j| HeldJob {
+            job: pending_of(j),
+            after: after.remove(&j.id).unwrap_or_default(),
+            array: array_of.get(&j.id).copied(),
+        })
+        .collect();
+    let holding: HashSet<Uuid> = array_of.values().copied().collect();
+    windows.retain(|w| holding.contains(&w.id));
+    snapshot.arrays = windows;
 }
 
 /// A job whose row does not decode, as the scheduler counts it while it holds capacity: what its
