@@ -11,6 +11,7 @@ mod compare;
 mod confinement;
 mod control;
 mod dashboard;
+mod dashboard_narrow;
 mod dashboard_usage;
 mod data;
 mod dev;
