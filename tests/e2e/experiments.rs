@@ -505,13 +505,15 @@ async fn trials_on_spare_room_make_way_for_a_tenant_with_quota_and_resume_where_
     let alice = env.member("team-a", "alice", "member").await;
 
     // The admin's tenant has no GPU quota at all: its trials take the two idle GPUs, one each,
-    // checkpointing every 4 steps of 48.
+    // checkpointing every 4 steps of STEPS: long enough that neither can end before Alice's
+    // job arrives, even on a machine loaded by a full test run (at 48 steps one did).
+    const STEPS: u64 = 160;
     let (data, _) = crate::training::packed_dataset_by(&env).await;
     let mut search = asha_search(data.to_str().unwrap(), "loss");
     search["name"] = json!("spare-search");
     search["params"]["gpus"] = json!(1);
     search["params"]["checkpoint_every"] = json!(4);
-    search["searcher"] = json!({"method": "random", "metric": "loss", "max_length": 48, "max_trials": 2,
+    search["searcher"] = json!({"method": "random", "metric": "loss", "max_length": STEPS, "max_trials": 2,
                                 "max_concurrent_trials": 2, "seed": 5});
     let (status, created) = env.post("/api/v1/experiments", &admin, &search).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
@@ -589,7 +591,7 @@ async fn trials_on_spare_room_make_way_for_a_tenant_with_quota_and_resume_where_
         assert!(resumed_at >= 4, "it resumed from a checkpoint, not from the start: {second}");
         // The loss goes on from there to the end, each step once.
         let steps: Vec<u64> = series(&env, job, "loss").await.into_iter().map(|(s, _)| s).collect();
-        assert_eq!(steps.last(), Some(&48), "{steps:?}");
+        assert_eq!(steps.last(), Some(&STEPS), "{steps:?}");
         assert!(steps.windows(2).all(|w| w[0] < w[1]), "no step trained twice: {steps:?}");
     }
     let shown = env.yard(&admin, &["experiment", "show", &id]);

@@ -4,8 +4,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
+
+/// How long the provider may take to say it is ready (it takes about a second), and how many
+/// times it is started before a test gives up.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+const START_ATTEMPTS: u32 = 3;
 
 /// The provider process and its control endpoint. Killed on drop.
 pub struct OidcProvider {
@@ -24,17 +30,40 @@ impl OidcProvider {
                        TRAINYARD_TEST_OIDC_PROVIDER)";
         let entry = std::env::var("TRAINYARD_TEST_OIDC_ENTRY").expect(missing);
         let script = std::env::var("TRAINYARD_TEST_OIDC_PROVIDER").expect(missing);
-        let mut child = Command::new("node")
-            .arg(&script)
-            .env("OIDC_PROVIDER_ENTRY", &entry)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|err| panic!("starting node {script}: {err}"));
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let ready: Value =
-            serde_json::from_str(&line).unwrap_or_else(|err| panic!("the provider said {line:?} when starting: {err}"));
+        // Node has been seen to hang at start-up (every thread waiting on a futex, nothing
+        // listening) once in hundreds of starts: a start that says nothing in time is killed
+        // and tried again, so that the hang is neither a test failure nor a run that never ends.
+        let (mut child, line) = (1..=START_ATTEMPTS)
+            .find_map(|attempt| {
+                let mut child = Command::new("node")
+                    .arg(&script)
+                    .env("OIDC_PROVIDER_ENTRY", &entry)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .unwrap_or_else(|err| panic!("starting node {script}: {err}"));
+                let stdout = child.stdout.take().unwrap();
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let mut line = String::new();
+                    let _ = BufReader::new(stdout).read_line(&mut line);
+                    let _ = tx.send(line);
+                });
+                match rx.recv_timeout(START_TIMEOUT) {
+                    Ok(line) => Some((child, line)),
+                    Err(_) => {
+                        eprintln!("the OpenID provider said nothing in {START_TIMEOUT:?} (attempt {attempt}): starting another");
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        None
+                    }
+                }
+            })
+            .unwrap_or_else(|| panic!("the OpenID provider did not start in {START_ATTEMPTS} attempts"));
+        let ready: Value = serde_json::from_str(&line).unwrap_or_else(|err| {
+            let _ = child.kill();
+            panic!("the provider said {line:?} when starting: {err}")
+        });
         OidcProvider {
             issuer: ready["issuer"].as_str().unwrap().to_string(),
             control: ready["control"].as_str().unwrap().to_string(),
